@@ -1,0 +1,115 @@
+"""The one attention function every kvviz model runs with.
+
+Normal runs (one model, one contiguous cache) use transformers' own SDPA path with the mask the
+model built, so results equal the stock implementation.
+
+Cache handoffs break an assumption of that path: after KVComm, layer 3 may hold the sender's 40
+context keys while layer 4 holds only the 1-token attention sink, yet the receiver's query tokens
+sit at positions 40, 41, ... in every layer. transformers builds one mask from layer 0's length,
+which gives a wrong causal alignment in the shorter layers (the KVComm reference code's quirk).
+A handoff therefore passes an ``AttentionPlan`` (keyword ``kvviz_plan``) naming, per layer, the
+positions of the foreign prefix keys; this function then builds the mask from real positions:
+a key is visible when its position is <= the query's position (and inside the sliding window for
+sliding layers). The plan can also capture attention mass on the prefix, which KVComm's layer
+selection needs (TransformerLens style: one capture mechanism, a stable name per value).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+ATTENTION_NAME = "kvviz"
+_registered = False
+
+
+@dataclass
+class AttentionPlan:
+    """Per-layer facts the mask needs when layers hold different numbers of prefix keys.
+
+    prefix_positions[l]: positions of the keys at the front of layer l's cache that came from
+    another model (or another run). Keys after them are the receiver's own, contiguous, ending at
+    the current query position. Layers not listed hold only contiguous own keys.
+    """
+
+    prefix_positions: dict[int, torch.Tensor] = field(default_factory=dict)
+    # When set, record per layer the attention mass that the query tokens put on prefix keys,
+    # skipping the first `capture_skip` prefix keys (the attention sink).
+    capture: bool = False
+    capture_skip: int = 1
+    captured_mass: dict[int, float] = field(default_factory=dict)
+
+    def key_positions(self, layer: int, key_length: int, last_query_position: int, device) -> torch.Tensor:
+        prefix = self.prefix_positions.get(layer)
+        prefix_length = 0 if prefix is None else prefix.numel()
+        own_count = key_length - prefix_length
+        if own_count < 0:
+            raise ValueError(f"layer {layer}: {key_length} keys but {prefix_length} prefix positions")
+        own = torch.arange(last_query_position - own_count + 1, last_query_position + 1, device=device)
+        if prefix is None:
+            return own
+        return torch.cat([prefix.to(device), own])
+
+
+def positional_mask(query_positions, key_positions, sliding_window=None) -> torch.Tensor:
+    """Boolean [1, 1, q, k] mask: True where the query may attend to the key."""
+    difference = query_positions[:, None] - key_positions[None, :]
+    allowed = difference >= 0
+    if sliding_window:
+        allowed &= difference < sliding_window
+    return allowed[None, None]
+
+
+def kvviz_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    plan: AttentionPlan | None = kwargs.pop("kvviz_plan", None)
+    if plan is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None:
+        raise ValueError("A kvviz attention plan needs explicit position_ids on every forward call.")
+    query_positions = position_ids[0].to(query.device)
+    layer = module.layer_idx
+    key_positions = plan.key_positions(layer, key.shape[2], int(query_positions[-1]), query.device)
+    mask = positional_mask(query_positions, key_positions, kwargs.get("sliding_window"))
+    if plan.capture:
+        return _eager_with_capture(module, query, key, value, mask, scaling, plan, kwargs.get("softcap"))
+    kwargs.pop("sliding_window", None)
+    return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+def _eager_with_capture(module, query, key, value, mask, scaling, plan: AttentionPlan, softcap=None):
+    """Plain attention that also records the mass the queries put on the prefix keys."""
+    groups = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    probabilities = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    prefix = plan.prefix_positions.get(module.layer_idx)
+    if prefix is not None:
+        start, end = min(plan.capture_skip, prefix.numel()), prefix.numel()
+        # mean over batch, heads and query tokens of the mass on the (non-sink) prefix keys
+        plan.captured_mass[module.layer_idx] = float(probabilities[..., start:end].sum(-1).mean())
+    output = torch.matmul(probabilities, value).transpose(1, 2).contiguous()
+    return output, probabilities
+
+
+def register() -> None:
+    """Register the kvviz attention (and its mask builder) with transformers, once."""
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, kvviz_attention)
+    # Without a mask function under the same name the model passes no mask at all (REFERENCE §3).
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    _registered = True

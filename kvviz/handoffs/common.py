@@ -1,0 +1,82 @@
+"""Pieces every handoff shares: the loaded pair and "prefill these segments, then decode"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from kvviz.cache import KVState
+from kvviz.decode import DecodeOutput, generate, prefill
+from kvviz.measure import StageTimer, decode_flops, forward_flops
+from kvviz.models import LoadedModel, PairSpec
+from kvviz.prompts import PromptSegments
+from kvviz.results import GenerationSettings, HandoffRequest, HandoffResult
+
+TokenCallback = Callable[[str], None]
+
+
+@dataclass
+class LoadedPair:
+    spec: PairSpec
+    sharer: LoadedModel
+    receiver: LoadedModel
+    kvcomm_sender: LoadedModel
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def answer(
+    model: LoadedModel,
+    segments: PromptSegments,
+    settings: GenerationSettings,
+    timer: StageTimer,
+    role: str,
+    on_token: TokenCallback | None = None,
+    state: KVState | None = None,
+    max_new_tokens: int | None = None,
+) -> tuple[DecodeOutput, float]:
+    """Prefill ``segments`` (on top of ``state`` if given), decode; time both under ``role``.
+
+    Returns the decode output and the time to first token measured from the start of the prefill.
+    """
+    state = state or KVState()
+    with timer.stage(f"{role}_prefill"):
+        logits, _ = prefill(model, state, segments.input_ids)
+    prefill_seconds = timer.seconds[f"{role}_prefill"]
+    with timer.stage(f"{role}_decode"):
+        output = generate(model, state, logits, settings, on_token=on_token, max_new_tokens=max_new_tokens)
+    return output, prefill_seconds + output.first_token_seconds
+
+
+def single_model_result(
+    handoff: str,
+    pair: LoadedPair,
+    model: LoadedModel,
+    segments: PromptSegments,
+    request: HandoffRequest,
+    role: str,
+    on_token: TokenCallback | None,
+) -> HandoffResult:
+    """One model answers from one prompt: the receiver-alone, sharer-alone and Skyline cases."""
+    timer = StageTimer()
+    output, first_token = answer(model, segments, request.generation, timer, role, on_token)
+    prompt_length = len(segments.input_ids)
+    flops = forward_flops(model.facts, prompt_length, 0, logits_tokens=1) + decode_flops(
+        model.facts, len(output.token_ids), prompt_length
+    )
+    return HandoffResult(
+        handoff=handoff,
+        pair=pair.name,
+        answer=output.text,
+        answer_ids=output.token_ids,
+        seen={role: segments.text},
+        timings=timer.as_dict(),
+        bytes_communicated=0,
+        communication="none",
+        flops={role: flops},
+        tokens={f"{role}_prompt": prompt_length, "generated": len(output.token_ids)},
+        first_token_seconds=first_token,
+        details={"stopped_by": output.stopped_by, f"{role}_model": model.name},
+    )

@@ -1,0 +1,239 @@
+"""KVComm: the receiver attends to the sender's KV of the context in a selected set of layers.
+
+Protocol (KVComm, arXiv 2510.03346; REFERENCE.md §2):
+1. The sender prefills the context C (its cache, keys after RoPE, positions 0..|C|-1).
+2. Calibration, once per pair and calibration sample: the receiver prefills a calibration query
+   with the sender's context KV present in every layer; for each layer, the attention importance
+   S_a(l) is the mean over heads and query tokens of the attention mass on the context keys
+   (the first key, the attention sink, excluded).
+3. Score S = alpha * minmax(S_a) + (1 - alpha) * minmax(P) with the Gaussian prior
+   P(l) = exp(-(l - mu)^2 / (2 sigma^2)); the top M = ceil(r * L) layers are sent (non-contiguous).
+4. Selected receiver layers see the whole context KV before their own; the others keep only the
+   sender's first token as an attention sink. Query positions continue after |C| in every layer,
+   and the mask is causal by real positions (the reference code's mask quirk is not reproduced).
+
+Layer 0: with ``always_send_layer0`` (the default, as the reference code does) layer 0 is one of
+the M sent layers whenever M >= 1, and the other M - 1 are the best-scoring of layers 1..L-1.
+So "exactly M layers" holds in every strategy, and r = 0 sends nothing but the sink.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+
+from kvviz import cache as kv
+from kvviz.decode import generate, prefill
+from kvviz.handoffs.common import LoadedPair, TokenCallback
+from kvviz.measure import StageTimer, decode_flops, forward_flops
+from kvviz.prompts import build_segments
+from kvviz.results import HandoffRequest, HandoffResult, KVCommOptions
+
+STRATEGIES = ("kvcomm", "attention", "prior", "contiguous", "random", "explicit")
+
+# The built-in calibration sample, written for this project (one sample is enough: paper §5).
+CALIBRATION_CONTEXT = "Mira keeps her red bicycle in the garden shed behind the old library in Lisbon."
+CALIBRATION_QUERY = "Where does Mira keep her bicycle?"
+
+
+def applicability(pair: LoadedPair) -> str | None:
+    """None when KVComm can run on this pair, else the reason it cannot."""
+    sender, receiver = pair.kvcomm_sender.facts, pair.receiver.facts
+    if sender.kv_shape_signature != receiver.kv_shape_signature:
+        return (
+            "KVComm needs a sender with the receiver's architecture and KV shape: "
+            f"{sender.name} is {sender.model_type} with {sender.num_layers} layers x {sender.num_kv_heads} KV heads x "
+            f"{sender.head_dim} dims, {receiver.name} is {receiver.model_type} with {receiver.num_layers} x "
+            f"{receiver.num_kv_heads} x {receiver.head_dim}."
+        )
+    if sender.tokenizer_hash != receiver.tokenizer_hash:
+        return "KVComm needs sender and receiver to share a tokenizer (positions and the sink must line up)."
+    return None
+
+
+def default_alpha(model_type: str) -> float:
+    """The paper's alpha: 1.0 for Llama pairs, 0.8 for Qwen, Falcon and the rest."""
+    return 1.0 if model_type == "llama" else 0.8
+
+
+def minmax(values: list[float]) -> list[float]:
+    low, high = min(values), max(values)
+    if high - low < 1e-12:
+        return [1.0 for _ in values]
+    return [(value - low) / (high - low) for value in values]
+
+
+def gaussian_prior(num_layers: int, mu: float | None, sigma: float) -> list[float]:
+    mu = (num_layers - 1) / 2 if mu is None else mu
+    return [math.exp(-((layer - mu) ** 2) / (2 * sigma**2)) for layer in range(num_layers)]
+
+
+def layer_budget(ratio: float, num_layers: int) -> int:
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"KVComm ratio must be between 0 and 1, got {ratio}")
+    return min(num_layers, math.ceil(ratio * num_layers - 1e-9))
+
+
+def select_layers(scores: list[float], options: KVCommOptions, num_layers: int) -> list[int]:
+    """The layers to send, sorted. ``scores`` is the combined score per layer."""
+    strategy = options.strategy
+    if strategy not in STRATEGIES:
+        raise ValueError(f"Unknown KVComm strategy '{strategy}'; choose one of {', '.join(STRATEGIES)}.")
+    if strategy == "explicit":
+        layers = sorted(set(options.layers or ()))
+        bad = [layer for layer in layers if not 0 <= layer < num_layers]
+        if bad:
+            raise ValueError(f"Layers {bad} do not exist: the receiver has layers 0..{num_layers - 1}.")
+        return layers
+    budget = layer_budget(options.ratio, num_layers)
+    if budget == 0:
+        return []
+    forced = [0] if options.always_send_layer0 else []
+    candidates = [layer for layer in range(num_layers) if layer not in forced]
+    remaining = budget - len(forced)
+    if strategy == "random":
+        chosen = random.Random(options.seed).sample(candidates, remaining)
+    elif strategy == "contiguous":
+        # the best block of `remaining` consecutive candidate layers by total score
+        best_start = max(
+            range(len(candidates) - remaining + 1),
+            key=lambda start: sum(scores[layer] for layer in candidates[start : start + remaining]),
+        )
+        chosen = candidates[best_start : best_start + remaining]
+    else:  # kvcomm / attention / prior: top scores (alpha already applied)
+        chosen = sorted(candidates, key=lambda layer: (-scores[layer], layer))[:remaining]
+    return sorted(forced + chosen)
+
+
+# --- calibration ------------------------------------------------------------------------------
+
+_calibration_cache: dict[tuple, dict] = {}
+_calibration_lock = threading.Lock()
+
+
+def calibrate(pair: LoadedPair, context: str, query: str) -> dict:
+    """Raw attention importance per receiver layer, from one sample; cached per pair and sample."""
+    key = (pair.kvcomm_sender.name, pair.receiver.name, context, query)
+    with _calibration_lock:
+        if key in _calibration_cache:
+            return {**_calibration_cache[key], "cached": True}
+    started = time.perf_counter()
+    segments = build_segments(pair.receiver.tokenizer, query, context)
+    sender_state = kv.KVState()
+    prefill(pair.kvcomm_sender, sender_state, segments.context_ids, need_logits=False)
+    num_layers = pair.receiver.facts.num_layers
+    state = kv.splice_prefix(sender_state.cache, num_layers, selected=set(range(num_layers)))
+    _, plan = prefill(pair.receiver, state, segments.query_ids, need_logits=False, capture=True)
+    raw = [plan.captured_mass.get(layer, 0.0) for layer in range(num_layers)]
+    calibration = {
+        "attention_raw": raw,
+        "context": context,
+        "query": query,
+        "seconds": time.perf_counter() - started,
+    }
+    with _calibration_lock:
+        _calibration_cache[key] = calibration
+    return {**calibration, "cached": False}
+
+
+def layer_scores(attention_raw: list[float], options: KVCommOptions, model_type: str) -> dict:
+    """Normalised attention, prior and combined score per layer, with the alpha used."""
+    num_layers = len(attention_raw)
+    alpha = {"attention": 1.0, "prior": 0.0}.get(options.strategy)
+    if alpha is None:
+        alpha = options.alpha if options.alpha is not None else default_alpha(model_type)
+    attention_norm = minmax(attention_raw)
+    prior = minmax(gaussian_prior(num_layers, options.mu, options.sigma))
+    combined = [alpha * a + (1 - alpha) * p for a, p in zip(attention_norm, prior)]
+    return {"alpha": alpha, "attention_norm": attention_norm, "prior": prior, "score": combined}
+
+
+# --- the handoff ------------------------------------------------------------------------------
+
+
+def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+    reason = applicability(pair)
+    if reason:
+        return HandoffResult.not_applicable("kvcomm", pair.name, reason)
+    if not request.has_context:
+        return HandoffResult.not_applicable(
+            "kvcomm", pair.name, "KVComm shares the KV of a private context; this request has none."
+        )
+    options = request.kvcomm
+    sender, receiver = pair.kvcomm_sender, pair.receiver
+    num_layers = receiver.facts.num_layers
+
+    if options.strategy in ("kvcomm", "attention", "contiguous") or options.calibration_query:
+        calibration_context, calibration_query = (
+            (request.context, request.query) if options.calibration_query == "self" else (CALIBRATION_CONTEXT, CALIBRATION_QUERY)
+        )
+        calibration = calibrate(pair, calibration_context, calibration_query)
+    else:  # prior, random and explicit selections need no attention scores
+        calibration = {"attention_raw": [0.0] * num_layers, "context": None, "query": None, "seconds": 0.0, "cached": False}
+    scores = layer_scores(calibration["attention_raw"], options, receiver.facts.model_type)
+
+    timer = StageTimer()
+    segments = build_segments(receiver.tokenizer, request.query, request.context)
+    sender_state = kv.KVState()
+    with timer.stage("sharer_prefill"):
+        prefill(sender, sender_state, segments.context_ids, need_logits=False)
+    with timer.stage("transfer"):
+        selected = select_layers(scores["score"], options, num_layers)
+        state = kv.splice_prefix(sender_state.cache, num_layers, set(selected))
+        sent_bytes = kv.kv_bytes(state.cache)
+    with timer.stage("receiver_prefill"):
+        logits, _ = prefill(receiver, state, segments.query_ids)
+    with timer.stage("receiver_decode"):
+        output = generate(receiver, state, logits, request.generation, on_token=on_token)
+    timings = timer.as_dict()
+
+    context_length, query_length = len(segments.context_ids), len(segments.query_ids)
+    # receiver attention sees |C| keys in sent layers and 1 (the sink) in the others
+    mean_prefix = (len(selected) * context_length + (num_layers - len(selected)) * min(1, context_length)) / num_layers
+    receiver_flops = forward_flops(receiver.facts, query_length, int(round(mean_prefix)), 1) + decode_flops(
+        receiver.facts, len(output.token_ids), int(round(mean_prefix)) + query_length
+    )
+    layers = [
+        {
+            "layer": layer,
+            "attention_raw": calibration["attention_raw"][layer],
+            "attention_norm": scores["attention_norm"][layer],
+            "prior": scores["prior"][layer],
+            "score": scores["score"][layer],
+            "selected": layer in selected,
+        }
+        for layer in range(num_layers)
+    ]
+    return HandoffResult(
+        handoff="kvcomm",
+        pair=pair.name,
+        answer=output.text,
+        answer_ids=output.token_ids,
+        seen={"sharer": segments.context_text, "receiver": segments.query_text},
+        timings=timings,
+        bytes_communicated=sent_bytes,
+        communication="kv",
+        flops={"sharer": forward_flops(sender.facts, context_length, 0, 0), "receiver": receiver_flops},
+        tokens={"context": context_length, "receiver_prompt": query_length, "generated": len(output.token_ids)},
+        layers=layers,
+        first_token_seconds=timings["receiver_prefill"] + output.first_token_seconds,
+        details={
+            "strategy": options.strategy,
+            "ratio": options.ratio,
+            "alpha": scores["alpha"],
+            "mu": options.mu if options.mu is not None else (num_layers - 1) / 2,
+            "sigma": options.sigma,
+            "selected_layers": selected,
+            "num_selected": len(selected),
+            "sender_model": sender.name,
+            "calibration": {
+                "context": calibration["context"],
+                "query": calibration["query"],
+                "seconds": calibration["seconds"],
+                "cached": calibration["cached"],
+            },
+            "stopped_by": output.stopped_by,
+        },
+    )

@@ -1,0 +1,78 @@
+"""Text handoff: the sharer writes a short message, the receiver reads it with the query.
+
+With a private context the sharer relays what matters in it (KVComm's setting); with a shared
+question it writes the background that helps (the C2C paper's text-to-text protocol). The
+receiver reads the message in the context slot of its prompt, so an empty message gives exactly
+the receiver-alone prompt.
+"""
+
+from __future__ import annotations
+
+from kvviz.handoffs.common import LoadedPair, TokenCallback, answer
+from kvviz.measure import StageTimer, decode_flops, forward_flops
+from kvviz.prompts import build_segments
+from kvviz.results import GenerationSettings, HandoffRequest, HandoffResult
+
+RELAY_INSTRUCTION = (
+    "Another assistant must answer this question but cannot see the context. "
+    "Write the facts from the context that it needs, in one or two short sentences."
+)
+BACKGROUND_INSTRUCTION = "Briefly describe the most useful background to solve the problem."
+
+
+def sharer_message_segments(pair: LoadedPair, request: HandoffRequest):
+    instruction = RELAY_INSTRUCTION if request.has_context else BACKGROUND_INSTRUCTION
+    return build_segments(pair.sharer.tokenizer, request.query, request.context, instruction=instruction)
+
+
+def receiver_segments(pair: LoadedPair, request: HandoffRequest, message: str):
+    return build_segments(pair.receiver.tokenizer, request.query, context=message or None)
+
+
+def run(
+    pair: LoadedPair,
+    request: HandoffRequest,
+    on_token: TokenCallback | None = None,
+    message_override: str | None = None,
+) -> HandoffResult:
+    """``message_override`` skips the sharer and hands over that text (tests, teaching)."""
+    timer = StageTimer()
+    sharer_segments = sharer_message_segments(pair, request)
+    sharer_flops = 0.0
+    if message_override is None:
+        # The message is always greedy: sampling settings apply to the final answer only.
+        settings = GenerationSettings(max_new_tokens=request.text_message_tokens, greedy=True)
+        output, _ = answer(
+            pair.sharer, sharer_segments, settings, timer, "sharer", max_new_tokens=request.text_message_tokens
+        )
+        message, message_tokens = output.text, len(output.token_ids)
+        prompt_length = len(sharer_segments.input_ids)
+        sharer_flops = forward_flops(pair.sharer.facts, prompt_length, 0, 1) + decode_flops(
+            pair.sharer.facts, message_tokens, prompt_length
+        )
+    else:
+        message = message_override
+        message_tokens = len(pair.sharer.tokenizer(message, add_special_tokens=False)["input_ids"]) if message else 0
+
+    segments = receiver_segments(pair, request, message)
+    output, receiver_first_token = answer(pair.receiver, segments, request.generation, timer, "receiver", on_token)
+    prompt_length = len(segments.input_ids)
+    receiver_flops = forward_flops(pair.receiver.facts, prompt_length, 0, 1) + decode_flops(
+        pair.receiver.facts, len(output.token_ids), prompt_length
+    )
+    timings = timer.as_dict()
+    return HandoffResult(
+        handoff="text",
+        pair=pair.name,
+        answer=output.text,
+        answer_ids=output.token_ids,
+        seen={"sharer": sharer_segments.text, "message": message, "receiver": segments.text},
+        timings=timings,
+        bytes_communicated=len(message.encode("utf-8")),
+        communication="text",
+        flops={"sharer": sharer_flops, "receiver": receiver_flops},
+        tokens={"message": message_tokens, "receiver_prompt": prompt_length, "generated": len(output.token_ids)},
+        # the receiver cannot start before the message is written
+        first_token_seconds=timings["sharer_prefill"] + timings["sharer_decode"] + receiver_first_token,
+        details={"mode": "relay" if request.has_context else "background", "stopped_by": output.stopped_by},
+    )

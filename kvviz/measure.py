@@ -1,0 +1,70 @@
+"""Timers and compute estimates used by every handoff (one way of measuring for all)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+from kvviz.models import ModelFacts
+from kvviz.results import STAGES
+
+
+class StageTimer:
+    """Accumulates wall-clock seconds per stage; ``total`` spans the first start to the last stop."""
+
+    def __init__(self):
+        self.seconds = {stage: 0.0 for stage in STAGES}
+        self._first_start: float | None = None
+        self._last_stop: float | None = None
+
+    @contextmanager
+    def stage(self, name: str):
+        if name not in self.seconds:
+            raise KeyError(f"unknown stage '{name}'")
+        started = time.perf_counter()
+        if self._first_start is None:
+            self._first_start = started
+        try:
+            yield
+        finally:
+            stopped = time.perf_counter()
+            self.seconds[name] += stopped - started
+            self._last_stop = stopped
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] += seconds
+
+    def as_dict(self) -> dict[str, float]:
+        timings = dict(self.seconds)
+        if self._first_start is not None and self._last_stop is not None:
+            timings["total"] = self._last_stop - self._first_start
+        else:
+            timings["total"] = sum(self.seconds.values())
+        return timings
+
+
+def forward_flops(facts: ModelFacts, new_tokens: int, past_tokens: int, logits_tokens: int = 0) -> float:
+    """Approximate FLOPs of feeding ``new_tokens`` after ``past_tokens`` cached keys.
+
+    2 FLOPs per weight per token for the matrix multiplies (embeddings excluded), plus the
+    attention scores and weighted sum (2 x 2 x heads x head_dim per query-key pair per layer), plus
+    the output head for the positions whose logits are computed.
+    """
+    if new_tokens <= 0:
+        return 0.0
+    embedding = facts.vocab_size * facts.hidden_size
+    weights = max((facts.num_parameters or 0) - embedding, 0)
+    dense = 2.0 * weights * new_tokens
+    # query i (0-based among the new tokens) sees past_tokens + i + 1 keys
+    key_pairs = new_tokens * past_tokens + new_tokens * (new_tokens + 1) / 2
+    attention = 4.0 * facts.num_layers * facts.num_heads * facts.head_dim * key_pairs
+    head = 2.0 * embedding * logits_tokens
+    return dense + attention + head
+
+
+def decode_flops(facts: ModelFacts, generated: int, past_tokens: int) -> float:
+    """FLOPs of generating ``generated`` tokens one at a time after ``past_tokens``."""
+    total = 0.0
+    for step in range(generated):
+        total += forward_flops(facts, 1, past_tokens + step, logits_tokens=1)
+    return total

@@ -1,0 +1,123 @@
+"""The one request shape and the one result shape every handoff shares.
+
+Plain data only (strings, numbers, lists, dicts): results cross process boundaries (ZeroGPU
+workers, the benchmark's worker processes), go to JSON for export, and feed the plots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+# Stage names, in the order they happen. Every timing dict uses these keys (seconds).
+STAGES = (
+    "sharer_prefill",
+    "sharer_decode",
+    "transfer",
+    "receiver_prefill",
+    "receiver_decode",
+)
+
+MAX_QUERY_CHARS = 4000
+MAX_CONTEXT_CHARS = 16000
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    max_new_tokens: int = 32
+    greedy: bool = True
+    temperature: float = 0.7
+    top_p: float = 0.95
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 1 <= self.max_new_tokens <= 1024:
+            raise ValueError("max_new_tokens must be between 1 and 1024")
+        if not self.greedy and self.temperature <= 0:
+            raise ValueError("temperature must be positive when sampling")
+
+
+@dataclass(frozen=True)
+class KVCommOptions:
+    ratio: float = 0.5
+    strategy: str = "kvcomm"  # kvcomm | attention | prior | contiguous | random | explicit
+    alpha: float | None = None  # None: the paper's default for the receiver's family
+    mu: float | None = None  # None: the middle layer
+    sigma: float = 10.0
+    layers: tuple[int, ...] | None = None  # for strategy "explicit"
+    seed: int = 0
+    always_send_layer0: bool = True
+    calibration_query: str | None = None  # None: the built-in calibration sample
+
+
+@dataclass(frozen=True)
+class HandoffRequest:
+    query: str
+    context: str | None = None
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
+    text_message_tokens: int = 64
+    kvcomm: KVCommOptions = field(default_factory=KVCommOptions)
+    c2c_fuser: str | None = None  # path of a fuser checkpoint; None: the pair's shipped fuser
+
+    def __post_init__(self):
+        if not self.query or not self.query.strip():
+            raise ValueError("The query is empty: type a question.")
+        if len(self.query) > MAX_QUERY_CHARS:
+            raise ValueError(f"The query is {len(self.query)} characters; the limit is {MAX_QUERY_CHARS}.")
+        if self.context and len(self.context) > MAX_CONTEXT_CHARS:
+            raise ValueError(f"The context is {len(self.context)} characters; the limit is {MAX_CONTEXT_CHARS}.")
+        if not 1 <= self.text_message_tokens <= 512:
+            raise ValueError("text_message_tokens must be between 1 and 512")
+
+    @property
+    def has_context(self) -> bool:
+        return bool(self.context and self.context.strip())
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "HandoffRequest":
+        data = dict(data)
+        data["generation"] = GenerationSettings(**data.get("generation", {}))
+        kvcomm = dict(data.get("kvcomm", {}))
+        if kvcomm.get("layers") is not None:
+            kvcomm["layers"] = tuple(kvcomm["layers"])
+        data["kvcomm"] = KVCommOptions(**kvcomm)
+        return cls(**data)
+
+
+@dataclass
+class HandoffResult:
+    handoff: str
+    pair: str
+    answer: str = ""
+    answer_ids: list[int] = field(default_factory=list)
+    applicable: bool = True
+    reason: str = ""  # why not applicable, or an error message
+    # What each model saw, as text, for the UI ("sharer", "receiver", "message").
+    seen: dict[str, str] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # STAGES -> seconds, plus "total"
+    bytes_communicated: int = 0
+    communication: str = ""  # "none" | "text" | "kv"
+    flops: dict[str, float] = field(default_factory=dict)  # "sharer", "receiver"
+    tokens: dict[str, int] = field(default_factory=dict)  # prompt/generated/message token counts
+    layers: list[dict] = field(default_factory=list)  # per receiver layer records for plots
+    details: dict = field(default_factory=dict)  # handoff specific facts (calibration, gates, ...)
+    first_token_seconds: float | None = None  # receiver's time to first token from its start
+    precomputed: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "HandoffResult":
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+    @classmethod
+    def not_applicable(cls, handoff: str, pair: str, reason: str) -> "HandoffResult":
+        return cls(handoff=handoff, pair=pair, applicable=False, reason=reason)
+
+    @property
+    def total_seconds(self) -> float:
+        return self.timings.get("total", 0.0)
