@@ -236,9 +236,12 @@ def facts_from_config(name: str, config, tokenizer=None, num_parameters=None) ->
 
 def tokenizer_fingerprint(tokenizer) -> str:
     """A short hash of the vocabulary: equal hashes mean token ids can be shared as they are."""
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
-    digest = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode("utf-8"))
-    return digest.hexdigest()[:16]
+    vocab = tokenizer.get_vocab()
+    tokens_by_id = [""] * (max(vocab.values()) + 1)
+    for token, token_id in vocab.items():
+        tokens_by_id[token_id] = token
+    # NUL cannot occur inside a token, so the joined text identifies the id -> token map
+    return hashlib.sha256("\x00".join(tokens_by_id).encode("utf-8")).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------------------------

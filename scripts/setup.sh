@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install everything kvviz needs into the current Python environment.
+#   bash scripts/setup.sh          runtime: the app, the CLI and the embedded models
+#   bash scripts/setup.sh --test   also the test tools, and Debian's Chromium for browser tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+with_tests=0
+for argument in "$@"; do
+  case "$argument" in
+    --test) with_tests=1 ;;
+    *) echo "usage: bash scripts/setup.sh [--test]" >&2; exit 2 ;;
+  esac
+done
+
+python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-embedded.txt
+
+if [ "$with_tests" = 1 ]; then
+  python -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
+  # Browser tests drive Debian's Chromium through Playwright; never `playwright install`.
+  if [ ! -x /usr/bin/chromium ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "Installing Debian's chromium for the browser tests ..."
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-dejavu-core >/dev/null
+    else
+      echo "note: /usr/bin/chromium is missing and this user cannot apt-get install it;" \
+           "browser tests will skip (sudo apt-get install chromium)." >&2
+    fi
+  fi
+fi
+echo "kvviz setup done ($(python -c 'import torch, transformers, gradio; print(f"torch {torch.__version__}, transformers {transformers.__version__}, gradio {gradio.__version__}")'))"

@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny models (no weights) and the real embedded pair (slow tests)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Tests never need the hub: fail fast instead of waiting on network retries.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+
+from kvviz.handoffs.common import LoadedPair
+from kvviz.models import PairSpec
+from tests.tiny_models import tiny_gemma, tiny_llama
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def tiny_pair(kind: str) -> LoadedPair:
+    """sharer and receiver of one tiny architecture (same weights: KVComm == Skyline exactly)."""
+    model = tiny_llama() if kind == "llama" else tiny_gemma()
+    spec = PairSpec(name=f"tiny-{kind}", sharer=model.name, receiver=model.name, description="tiny test pair")
+    return LoadedPair(spec=spec, sharer=model, receiver=model, kvcomm_sender=model)
+
+
+@pytest.fixture(scope="session", params=["llama", "gemma"])
+def tiny(request) -> LoadedPair:
+    return tiny_pair(request.param)
+
+
+@pytest.fixture(scope="session")
+def mixed_tiny_pair() -> LoadedPair:
+    """Different architectures: KVComm must say it does not apply."""
+    sharer, receiver = tiny_llama(), tiny_gemma()
+    spec = PairSpec(name="tiny-mixed", sharer=sharer.name, receiver=receiver.name, description="tiny mixed pair")
+    return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, kvcomm_sender=sharer)
+
+
+@pytest.fixture(scope="session")
+def embedded_pair() -> LoadedPair:
+    """The real embedded pair (converted once into the kvviz cache directory)."""
+    from kvviz.engine import load_pair
+
+    return load_pair("embedded", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data: required in CI, skipped with a reason elsewhere."""
+    from kvviz.data import get_data_dir
+
+    try:
+        return get_data_dir()
+    except FileNotFoundError as error:
+        if IN_CI:
+            pytest.fail(f"CI needs ../shared/data: {error}")
+        pytest.skip(f"../shared/data is not here: {error}")
