@@ -1,0 +1,525 @@
+"""``python -m kvviz bench --perf [--json]``: the performance table, measured side by side.
+
+Everything is measured in one process on the same inputs, interleaved per repeat (so slow
+moments of a shared machine hit every handoff alike), and reported as the median over repeats
+with the spread (min and max) of the per-repeat values.
+
+1. **C2C against text and the receiver alone** on shared questions (no private context; the text
+   handoff's sharer writes background of at most ``--message-tokens`` tokens, 64 by default).
+   Latency = the handoff's total wall time. Rows say "c2c not available" when the pair has no
+   fuser (``--fuser`` names one).
+2. **KVComm against Skyline, time to first token**, on synthetic contexts of exactly 128 ... 2048
+   receiver tokens (the context segment the sender prefills and Skyline reads; filler sentences
+   written for this project with one fact sentence in the middle) and a short question. Two ways,
+   labelled: *receiver side* = KV transfer + the receiver's prefill of the question + choosing the
+   first token (the sender's prefill of the context is its own work, done once and reusable);
+   *end to end* = the sender's prefill + receiver side. Skyline's TTFT is its prefill of context +
+   question + choosing the first token. KVComm's one-off calibration is done before timing.
+3. **The same for FLOPs** (``kvviz.measure`` estimates, the ones the handoffs report).
+4. **Bytes** KVComm sends at r = 0.3, 0.5, 1.0 against the text handoff's message, per length
+   (KV bytes depend on the dtype: float32 on CPU, bfloat16 on GPU).
+5. **Peak memory** of each handoff at one context length: on GPU ``torch.cuda.max_memory_allocated``
+   above what was allocated before; on CPU the growth of the process's resident set (sampled every
+   millisecond from /proc) above its level before the handoff. The CPU number is a lower bound:
+   memory the allocator kept from earlier runs is reused without showing as growth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+from kvviz.results import GenerationSettings, HandoffRequest, KVCommOptions
+
+# Written for this project: neutral filler that says nothing about the fact.
+FILLER_SENTENCES = [
+    "The morning train left the station a few minutes after the bakery opened its doors.",
+    "Several visitors stopped to read the notice about the new opening hours of the museum.",
+    "A light rain fell over the hills while the farmers checked the fences along the road.",
+    "The committee agreed to meet again next month to review the budget for the school year.",
+    "Children played near the fountain as the street musicians tuned their old guitars.",
+    "The library added a shelf of travel guides and a quiet corner for reading newspapers.",
+    "Engineers inspected the bridge and reported that the repairs would take two more weeks.",
+    "In the evening the harbour lights came on one by one along the curved stone pier.",
+]
+FACT = "The key to the blue storage room is kept in the drawer of the kitchen table."
+QUESTION = "Where is the key to the blue storage room kept?"
+
+# Shared questions for the C2C / text / receiver comparison (no private context).
+SHARED_QUESTIONS = [
+    "Why does ice float on water?",
+    "What causes the seasons on Earth?",
+]
+
+TIMING_RATIOS = (0.3,)  # KVComm ratios timed against Skyline (receiver-side cost barely depends on r)
+BYTES_RATIOS = (0.3, 0.5, 1.0)
+ANSWER_TOKENS = 16
+
+
+# --- inputs -----------------------------------------------------------------------------------
+
+
+def synthetic_context(tokenizer, length: int, question: str = QUESTION) -> tuple[str, int]:
+    """A context whose prompt segment (what the sender prefills, Skyline's prefix) has ``length`` tokens.
+
+    Filler sentences around one fact sentence in the middle. The left filler is half the token
+    budget; the right filler is cut character by character (binary search) until the receiver's
+    context segment measures exactly ``length`` tokens. Returns (text, measured length): the
+    measured length differs only when no cut reaches ``length`` exactly (then the closest).
+    """
+    from kvviz.prompts import build_segments, encode
+
+    filler_text = " ".join(FILLER_SENTENCES * (length // 100 + 2))
+    filler_ids = encode(tokenizer, filler_text)
+
+    def measure(text: str) -> int:
+        return len(build_segments(tokenizer, question, text).context_ids)
+
+    base = measure(FACT)
+    left_tokens = max(0, (length - base) // 2)
+    left = tokenizer.decode(filler_ids[:left_tokens]).strip() if left_tokens else ""
+    head = f"{left} {FACT}".strip()
+
+    def build(chars: int) -> tuple[str, int]:
+        text = f"{head} {filler_text[:chars]}".strip() if chars else head
+        return text, measure(text)
+
+    low, high = 0, len(filler_text)
+    while low < high:  # smallest cut whose count reaches the target
+        middle = (low + high) // 2
+        if build(middle)[1] >= length:
+            high = middle
+        else:
+            low = middle + 1
+    best = None
+    for chars in [low] + [low + d for d in (-1, 1, -2, 2, -3, 3, 4, 5, 6)]:
+        if 0 <= chars <= len(filler_text):
+            text, measured = build(chars)
+            if measured == length:
+                return text, measured
+            if best is None or abs(measured - length) < abs(best[1] - length):
+                best = (text, measured)
+    return best
+
+
+# --- measuring --------------------------------------------------------------------------------
+
+
+class PeakMemory:
+    """Peak memory growth during a block: CUDA allocator on GPU, sampled resident set on CPU."""
+
+    def __init__(self, device):
+        self.device = device
+        self.cuda = str(device).startswith("cuda")
+        self.peak_bytes = 0
+        self.method = (
+            "torch.cuda.max_memory_allocated above the allocation before"
+            if self.cuda
+            else "CPU: resident-set growth above the level after gc + malloc_trim, sampled every 1 ms from "
+            "/proc/self/statm; a lower bound (memory the allocator still holds is reused unseen)"
+        )
+
+    @staticmethod
+    def _trim() -> None:
+        """Hand freed heap memory back to the OS so that growth during the block shows in the RSS."""
+        import ctypes
+        import gc
+
+        gc.collect()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
+    @staticmethod
+    def _rss() -> int:
+        try:
+            with open("/proc/self/statm", encoding="ascii") as handle:
+                return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            import resource
+
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def __enter__(self):
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._before = torch.cuda.memory_allocated(self.device)
+        else:
+            self._trim()
+            self._before = self._rss()
+            self._max = self._before
+            self._stop = threading.Event()
+
+            def sample():
+                while not self._stop.is_set():
+                    self._max = max(self._max, self._rss())
+                    time.sleep(0.001)
+
+            self._thread = threading.Thread(target=sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._before
+        else:
+            self._stop.set()
+            self._thread.join()
+            self._max = max(self._max, self._rss())
+            self.peak_bytes = self._max - self._before
+        return False
+
+
+def spread(values: list[float]) -> dict:
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def machine_facts(device) -> dict:
+    import torch
+
+    facts = {
+        "uname": " ".join(platform.uname()),
+        "cpu_cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    try:
+        import transformers
+
+        facts["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    if str(device).startswith("cuda"):
+        facts["gpu"] = torch.cuda.get_device_name(device)
+    try:
+        facts["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        facts["git_commit"] = "unknown"
+    return facts
+
+
+def _kvcomm_flops(pair, context_length: int, query_length: int, selected: int) -> tuple[float, float]:
+    """(receiver-side, sender prefill) FLOPs to the first token, as kvcomm.run estimates them."""
+    from kvviz.measure import forward_flops
+
+    layers = pair.receiver.facts.num_layers
+    mean_prefix = (selected * context_length + (layers - selected) * min(1, context_length)) / layers
+    receiver = forward_flops(pair.receiver.facts, query_length, int(round(mean_prefix)), 1)
+    sender = forward_flops(pair.kvcomm_sender.facts, context_length, 0, 0)
+    return receiver, sender
+
+
+# --- the measurement --------------------------------------------------------------------------
+
+
+def kv_bytes_for(ratio: float, num_layers: int, context_tokens: int, bytes_per_token_layer: float) -> int:
+    """KVComm bytes: the context in the M = ceil(r L) sent layers, the 1-token sink in the others."""
+    from kvviz.handoffs.kvcomm import layer_budget
+
+    sent = layer_budget(ratio, num_layers)
+    return int(round(bytes_per_token_layer * (sent * context_tokens + (num_layers - sent) * min(1, context_tokens))))
+
+
+def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, message_tokens: int = 64,
+            fuser: str | None = None, memory_length: int | None = None, progress=None) -> dict:
+    from kvviz.engine import run_handoff
+    from kvviz.handoffs import HANDOFFS
+    from kvviz.prompts import build_segments
+
+    progress = progress or (lambda message: None)
+    device = pair.receiver.device
+    report: dict = {"machine": machine_facts(device), "repeats": repeats, "pair": pair.name}
+    one_token = GenerationSettings(max_new_tokens=1)
+    answer_settings = GenerationSettings(max_new_tokens=ANSWER_TOKENS)
+
+    # ---- 1. C2C vs text vs receiver, shared questions
+    c2c_available = "c2c" in HANDOFFS
+    names = ["receiver", "text"] + (["c2c"] if c2c_available else [])
+    requests = [HandoffRequest(query=q, generation=answer_settings, text_message_tokens=message_tokens, c2c_fuser=fuser)
+                for q in SHARED_QUESTIONS]
+    unavailable = "" if c2c_available else "c2c not available in this version of kvviz"
+    for name in names:  # warm-up, and find out whether c2c runs on this pair
+        result = run_handoff(name, pair, requests[0])
+        if name == "c2c" and not result.applicable:
+            unavailable = f"c2c not available: {result.reason}"
+    if unavailable and "c2c" in names:
+        names.remove("c2c")
+    per_repeat: dict[str, list[float]] = {name: [] for name in names}
+    message_lengths, answer_lengths = [], {name: [] for name in names}
+    for repeat in range(repeats):
+        progress(f"shared questions, repeat {repeat + 1}/{repeats}")
+        totals = {name: 0.0 for name in names}
+        for request in requests:
+            for name in names[repeat % len(names):] + names[: repeat % len(names)]:  # rotate the order
+                result = run_handoff(name, pair, request)
+                totals[name] += result.total_seconds
+                answer_lengths[name].append(result.tokens.get("generated", 0))
+                if name == "text":
+                    message_lengths.append(result.tokens.get("message", 0))
+        for name in names:
+            per_repeat[name].append(totals[name] / len(requests))
+    shared = {
+        "questions": SHARED_QUESTIONS,
+        "message_tokens_bound": message_tokens,
+        "answer_tokens_bound": ANSWER_TOKENS,
+        "message_tokens_mean": statistics.fmean(message_lengths) if message_lengths else None,
+        "answer_tokens_mean": {name: statistics.fmean(v) for name, v in answer_lengths.items() if v},
+        "latency_s": {name: spread(values) for name, values in per_repeat.items()},
+        "c2c_unavailable": unavailable,
+    }
+    ratios_out = {}
+    text_over_receiver = [t / r for t, r in zip(per_repeat["text"], per_repeat["receiver"])]
+    ratios_out["text / receiver"] = spread(text_over_receiver)
+    if not unavailable:
+        ratios_out["c2c / text"] = spread([c / t for c, t in zip(per_repeat["c2c"], per_repeat["text"])])
+        ratios_out["c2c / receiver"] = spread([c / r for c, r in zip(per_repeat["c2c"], per_repeat["receiver"])])
+    shared["ratios"] = ratios_out
+    report["shared_question"] = shared
+
+    # ---- 2-4. KVComm vs Skyline over context lengths
+    contexts = {}
+    for length in lengths:
+        text, measured = synthetic_context(pair.receiver.tokenizer, length)
+        contexts[length] = (text, measured)
+    # warm-up: kernels, and KVComm's one-off calibration (cached per pair)
+    warm = HandoffRequest(query=QUESTION, context=contexts[lengths[0]][0], generation=one_token)
+    run_handoff("skyline", pair, warm)
+    calibration = run_handoff("kvcomm", pair, warm).details.get("calibration", {})
+    timing: dict = {length: {"skyline": [], **{f"kvcomm@{r:g}": {"receiver": [], "e2e": []} for r in ratios}} for length in lengths}
+    flops: dict = {}
+    bytes_table: dict = {}
+    for repeat in range(repeats):
+        for length in lengths:
+            progress(f"context {length} tokens, repeat {repeat + 1}/{repeats}")
+            context, measured = contexts[length]
+            order = ["skyline"] + [f"kvcomm@{r:g}" for r in ratios]
+            if repeat % 2:
+                order.reverse()
+            for label in order:
+                if label == "skyline":
+                    request = HandoffRequest(query=QUESTION, context=context, generation=one_token)
+                    result = run_handoff("skyline", pair, request)
+                    timing[length]["skyline"].append(result.first_token_seconds)
+                    if repeat == 0:
+                        segments = build_segments(pair.receiver.tokenizer, QUESTION, context)
+                        from kvviz.measure import forward_flops
+
+                        flops.setdefault(length, {})["skyline"] = forward_flops(pair.receiver.facts, len(segments.input_ids), 0, 1)
+                        flops[length]["query_tokens"] = len(segments.query_ids)
+                    continue
+                ratio = float(label.split("@")[1])
+                request = HandoffRequest(query=QUESTION, context=context, generation=one_token,
+                                         kvcomm=KVCommOptions(ratio=ratio))
+                result = run_handoff("kvcomm", pair, request)
+                if not result.applicable:
+                    raise RuntimeError(f"KVComm does not run on pair {pair.name}: {result.reason}")
+                receiver_side = result.timings["transfer"] + result.first_token_seconds
+                timing[length][label]["receiver"].append(receiver_side)
+                timing[length][label]["e2e"].append(result.timings["sharer_prefill"] + receiver_side)
+                if repeat == 0:
+                    receiver_flops, sender_flops = _kvcomm_flops(
+                        pair, result.tokens["context"], result.tokens["receiver_prompt"], result.details["num_selected"]
+                    )
+                    flops[length][label] = {"receiver": receiver_flops, "e2e": receiver_flops + sender_flops}
+                    selected, context_tokens = result.details["num_selected"], result.tokens["context"]
+                    layers = pair.receiver.facts.num_layers
+                    per_token_layer = result.bytes_communicated / (selected * context_tokens + (layers - selected) * min(1, context_tokens))
+                    bytes_table.setdefault(length, {})["per_token_layer"] = per_token_layer
+                    bytes_table[length]["measured"] = {label: result.bytes_communicated}
+    # the text message for the bytes comparison (deterministic: once per length)
+    for length in lengths:
+        progress(f"text message for context {length}")
+        request = HandoffRequest(query=QUESTION, context=contexts[length][0], generation=one_token,
+                                 text_message_tokens=message_tokens)
+        result = run_handoff("text", pair, request)
+        bytes_table[length]["text"] = result.bytes_communicated
+        bytes_table[length]["text_message_tokens"] = result.tokens.get("message", 0)
+
+    curve = []
+    for length in lengths:
+        sky = timing[length]["skyline"]
+        row = {"context_tokens": contexts[length][1], "target_tokens": length, "skyline_ttft_s": spread(sky),
+               "skyline_flops": flops[length]["skyline"], "query_tokens": flops[length]["query_tokens"], "kvcomm": {}}
+        for r in ratios:
+            label = f"kvcomm@{r:g}"
+            entry = timing[length][label]
+            row["kvcomm"][label] = {
+                "receiver_ttft_s": spread(entry["receiver"]),
+                "e2e_ttft_s": spread(entry["e2e"]),
+                "ttft_ratio_receiver": spread([k / s for k, s in zip(entry["receiver"], sky)]),
+                "ttft_ratio_e2e": spread([k / s for k, s in zip(entry["e2e"], sky)]),
+                "flops_ratio_receiver": flops[length][label]["receiver"] / flops[length]["skyline"],
+                "flops_ratio_e2e": flops[length][label]["e2e"] / flops[length]["skyline"],
+            }
+        layers = pair.receiver.facts.num_layers
+        row["kvcomm_bytes"] = {
+            f"kvcomm@{r:g}": kv_bytes_for(r, layers, contexts[length][1], bytes_table[length]["per_token_layer"]) for r in BYTES_RATIOS
+        }
+        row["kvcomm_bytes_measured"] = bytes_table[length]["measured"]
+        row["text_bytes"] = bytes_table[length]["text"]
+        row["text_message_tokens"] = bytes_table[length]["text_message_tokens"]
+        curve.append(row)
+    report["context_curve"] = curve
+    report["calibration"] = {"seconds": calibration.get("seconds"), "note": "one-off per pair, excluded from TTFT"}
+
+    # ---- 5. peak memory per handoff at one length
+    memory_length = memory_length or (1024 if 1024 in lengths else lengths[-1])
+    context = contexts[memory_length][0]
+    memory_names = ["receiver", "skyline", "text"] + [f"kvcomm@{r:g}" for r in BYTES_RATIOS] + (["c2c"] if not unavailable else [])
+    peaks: dict[str, list[float]] = {name: [] for name in memory_names}
+    measured_bytes: dict[str, int] = {}
+    method = PeakMemory(device).method
+    for repeat in range(max(1, min(repeats, 2))):
+        progress(f"peak memory, repeat {repeat + 1}")
+        for label in memory_names:
+            name, _, ratio = label.partition("@")
+            request = HandoffRequest(
+                query=QUESTION, context=context, generation=GenerationSettings(max_new_tokens=8),
+                text_message_tokens=message_tokens, kvcomm=KVCommOptions(ratio=float(ratio) if ratio else 0.5), c2c_fuser=fuser,
+            )
+            with PeakMemory(device) as meter:
+                result = run_handoff(name, pair, request)
+            peaks[label].append(meter.peak_bytes)
+            if name == "kvcomm" and repeat == 0:  # the bytes table's formula, checked against a real run
+                measured_bytes[label] = result.bytes_communicated
+    for row in curve:
+        if row["target_tokens"] == memory_length:
+            row["kvcomm_bytes_measured"].update(measured_bytes)
+    report["memory"] = {"context_tokens": contexts[memory_length][1], "method": method,
+                        "peak_bytes": {name: spread(values) for name, values in peaks.items()}}
+    return report
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def _fmt_spread(entry: dict, digits: int = 3, unit: str = "") -> str:
+    if not entry or entry.get("median") is None:
+        return "n/a"
+    return f"{entry['median']:.{digits}f}{unit} [{entry['min']:.{digits}f}, {entry['max']:.{digits}f}]"
+
+
+def _mib(value) -> str:
+    return "n/a" if value is None else f"{value / 2**20:.1f}"
+
+
+def markdown(report: dict) -> str:
+    lines = []
+    machine = report["machine"]
+    lines.append(
+        f"Measured {machine['date']} on `{machine['uname']}` ({machine['cpu_cores']} cores, device {machine['device']}"
+        + (f", {machine['gpu']}" if machine.get("gpu") else "")
+        + f"), torch {machine['torch']}, commit {machine['git_commit']}; pair `{report['pair']}`; "
+        f"median [min, max] over {report['repeats']} repeats."
+    )
+    shared = report["shared_question"]
+    lines += ["", "**C2C, text and the receiver alone on shared questions** "
+              f"(text message bound {shared['message_tokens_bound']} tokens, mean written "
+              f"{shared['message_tokens_mean'] or 0:.0f}; answers up to {shared['answer_tokens_bound']} tokens; latency = total wall time per question)", "",
+              "| ratio | value | target |", "|---|---|---|"]
+    ratios = shared["ratios"]
+    if shared["c2c_unavailable"]:
+        lines.append(f"| C2C / text latency | {shared['c2c_unavailable']} | <= 0.4 |")
+        lines.append(f"| C2C / receiver latency | {shared['c2c_unavailable']} | |")
+    else:
+        c2c_text = ratios["c2c / text"]
+        met = "met" if c2c_text["median"] <= 0.4 else "missed"
+        lines.append(f"| C2C / text latency | {_fmt_spread(c2c_text, 2)} | <= 0.4 ({met}) |")
+        lines.append(f"| C2C / receiver latency | {_fmt_spread(ratios['c2c / receiver'], 2)} | |")
+    lines.append(f"| text / receiver latency | {_fmt_spread(ratios['text / receiver'], 2)} | |")
+    latency = ", ".join(f"{name} {_fmt_spread(value, 3)} s" for name, value in shared["latency_s"].items())
+    lines += ["", f"Latencies: {latency}.", ""]
+
+    curve = report["context_curve"]
+    labels = list(curve[0]["kvcomm"])
+    lines += ["**KVComm time to first token / Skyline's, by context length** (receiver side: KV transfer + the "
+              "receiver's prefill of the question + first token; end to end: plus the sender's prefill of the "
+              "context; target receiver side <= 0.3 at 1024 tokens)", ""]
+    header = ["context tokens", "Skyline TTFT s"] + [f"{label} {way}" for label in labels for way in ("receiver-side", "end-to-end")]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in curve:
+        cells = [str(row["context_tokens"]), _fmt_spread(row["skyline_ttft_s"], 3)]
+        for label in labels:
+            entry = row["kvcomm"][label]
+            cells += [_fmt_spread(entry["ttft_ratio_receiver"], 3), _fmt_spread(entry["ttft_ratio_e2e"], 2)]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "**FLOPs to the first token, KVComm / Skyline** (estimates from `kvviz.measure`)", ""]
+    header = ["context tokens", "Skyline GFLOPs"] + [f"{label} {way}" for label in labels for way in ("receiver-side", "end-to-end")]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in curve:
+        cells = [str(row["context_tokens"]), f"{row['skyline_flops'] / 1e9:.2f}"]
+        for label in labels:
+            entry = row["kvcomm"][label]
+            cells += [f"{entry['flops_ratio_receiver']:.3f}", f"{entry['flops_ratio_e2e']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "**Bytes communicated** (KVComm: KV of the context in the sent layers plus the 1-token sink "
+              "elsewhere; text: the UTF-8 message)", ""]
+    byte_labels = list(curve[0]["kvcomm_bytes"])
+    header = ["context tokens"] + [f"{label} bytes" for label in byte_labels] + ["text bytes (message tokens)"] + [f"{label} / text" for label in byte_labels]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    checked = []
+    for row in curve:
+        text_bytes = row["text_bytes"]
+        cells = [str(row["context_tokens"])] + [f"{row['kvcomm_bytes'][label]:,}" for label in byte_labels]
+        cells.append(f"{text_bytes:,} ({row['text_message_tokens']})")
+        cells += [f"{row['kvcomm_bytes'][label] / text_bytes:,.0f}x" if text_bytes else "n/a" for label in byte_labels]
+        lines.append("| " + " | ".join(cells) + " |")
+        for label, value in row.get("kvcomm_bytes_measured", {}).items():
+            checked.append(f"{label} at {row['context_tokens']} tokens: measured {value:,}, table {row['kvcomm_bytes'].get(label, 0):,}")
+    lines += ["", "KVComm bytes = (per token and layer KV size measured in the timed r=0.3 run) x (context tokens in the "
+              "M = ceil(r L) sent layers + the 1-token sink in the others); real runs: " + "; ".join(checked) + "."]
+    memory = report["memory"]
+    lines += ["", f"**Peak memory per handoff** at {memory['context_tokens']} context tokens, MiB "
+              f"({memory['method']})", "", "| handoff | peak MiB |", "|---|---|"]
+    for name, entry in memory["peak_bytes"].items():
+        lines.append(f"| {name} | {_mib(entry['median'])} [{_mib(entry['min'])}, {_mib(entry['max'])}] |")
+    if report.get("calibration", {}).get("seconds") is not None:
+        lines += ["", f"KVComm's one-off calibration took {report['calibration']['seconds']:.3f} s (excluded)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(args) -> int:
+    from pathlib import Path
+
+    from kvviz.engine import load_pair
+
+    lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    if not lengths or min(lengths) < 16:
+        raise ValueError("--lengths needs context lengths of at least 16 tokens")
+    if args.repeats < 1:
+        raise ValueError("--repeats must be at least 1")
+    pair = load_pair(args.pair, args.device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
+    quiet = getattr(args, "quiet", False)
+    report = measure(
+        pair, lengths, args.repeats, message_tokens=args.message_tokens, fuser=getattr(args, "fuser", None),
+        progress=None if quiet else (lambda message: print(message, file=sys.stderr)),
+    )
+    text = markdown(report)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "perf.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+        (out / "perf.md").write_text(text, encoding="utf-8")
+    print(json.dumps(report, indent=2) if args.json else text)
+    return 0
