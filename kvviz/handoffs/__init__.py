@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kvviz.handoffs import baselines, kvcomm, text
+from kvviz.handoffs import baselines, c2c, kvcomm, text
 from kvviz.handoffs.common import LoadedPair
 from kvviz.results import HandoffRequest, HandoffResult
 
@@ -19,6 +19,8 @@ HANDOFFS: dict[str, Handoff] = {
     "skyline": baselines.skyline,
     "text": text.run,
     "kvcomm": kvcomm.run,
+    "c2c": c2c.run,
+    "c2c_control": c2c.run_control,
 }
 
 # One line each, for the CLI help and the app's "how it works".
@@ -29,6 +31,7 @@ DESCRIPTIONS = {
     "text": "the sharer writes a short message; the receiver reads it",
     "kvcomm": "the receiver attends to the sender's context KV in selected layers",
     "c2c": "a trained fuser projects the sharer's KV cache into the receiver's",
+    "c2c_control": "the control fuser (trained without the sharer's information): adaptation only",
 }
 
 

@@ -1,0 +1,330 @@
+"""The c2c handoff and token alignment.
+
+Fast tests run on tiny random models (a Llama-like sharer, a Gemma-3-like receiver). The token
+alignment test reads the two real tokenizers when the embedded models are prepared (tokenizer
+files only, no weights). Slow tests: the real pair end to end, and two training processes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvviz import cache as kv
+from kvviz.align import align_prompt, map_tokens, message_span
+from kvviz.decode import prefill
+from kvviz.engine import run_handoff
+from kvviz.fuser import new_fuser
+from kvviz.handoffs import HANDOFFS
+from kvviz.handoffs import c2c
+from kvviz.prompts import build_segments
+from kvviz.results import GenerationSettings, HandoffRequest
+from tests.test_fuser import mixed_pair, trained_like
+
+QUERY = "What is the secret code word? Uma is at the Mahaffie House."
+CONTEXT = "The secret code word is pineapple."
+LAYER_KEYS = {
+    "layer", "sharer_layer", "gate_k_logit", "gate_v_logit", "gate_k", "gate_v", "gate_k_open", "gate_v_open",
+    "head_weights_k", "head_weights_v",
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, above all on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return mixed_pair()
+
+
+def request(folder, **kwargs) -> HandoffRequest:
+    return HandoffRequest(query=QUERY, context=kwargs.pop("context", None), generation=GenerationSettings(max_new_tokens=6), c2c_fuser=str(folder) if folder else None, **kwargs)
+
+
+def save(pair, folder, gate: float, zero_projection: bool = False, control: bool = False):
+    fuser = trained_like(new_fuser(pair.sharer.facts, pair.receiver.facts, width=16, pair=pair.name, control=control))
+    with torch.no_grad():
+        fuser.gate_logits.fill_(gate)
+        if zero_projection:
+            for projector in list(fuser.key_projectors) + list(fuser.value_projectors):
+                projector.proj_out.weight.zero_()
+    fuser.save(folder)
+    return folder
+
+
+def last_logits(pair, result_fuser_folder, query=QUERY):
+    """The receiver's first-token logits on the fused cache, through the handoff's own code path."""
+    fuser = c2c.get_fuser(Path(result_fuser_folder), pair)
+    alignment = align_prompt(pair.receiver.tokenizer, pair.sharer.tokenizer, query)
+    state, _, _, _ = c2c.fused_state(pair, fuser, alignment, c2c.StageTimer())
+    logits, _ = prefill(pair.receiver, state, alignment.receiver_ids[-1:])
+    return logits
+
+
+def receiver_logits(pair, query=QUERY):
+    segments = build_segments(pair.receiver.tokenizer, query)
+    logits, _ = prefill(pair.receiver, kv.KVState(), segments.input_ids)
+    return logits
+
+
+def test_closed_gates_equal_the_receiver_alone(pair, tmp_path):
+    folder = save(pair, tmp_path / "closed", gate=-2.0)
+    fused = run_handoff("c2c", pair, request(folder))
+    alone = run_handoff("receiver", pair, request(None))
+    assert fused.applicable, fused.reason
+    assert fused.answer_ids == alone.answer_ids and fused.answer == alone.answer
+    assert torch.allclose(last_logits(pair, folder), receiver_logits(pair), atol=1e-5)
+    assert fused.details["open_gates"] == {"k": 0, "v": 0, "layers": pair.receiver.facts.num_layers}
+
+
+def test_zero_projection_leaves_the_receiver_unchanged_even_with_open_gates(pair, tmp_path):
+    folder = save(pair, tmp_path / "zero", gate=2.0, zero_projection=True)
+    fused = run_handoff("c2c", pair, request(folder))
+    alone = run_handoff("receiver", pair, request(None))
+    assert fused.answer_ids == alone.answer_ids
+    assert torch.allclose(last_logits(pair, folder), receiver_logits(pair), atol=1e-5)
+    assert fused.details["open_gates"]["k"] == pair.receiver.facts.num_layers
+
+
+def test_open_gates_change_the_receiver_and_report_every_layer(pair, tmp_path):
+    folder = save(pair, tmp_path / "open", gate=2.0)
+    assert not torch.allclose(last_logits(pair, folder), receiver_logits(pair), atol=1e-3)
+    result = run_handoff("c2c", pair, request(folder, context=CONTEXT))
+    assert result.applicable, result.reason
+    assert result.communication == "kv" and result.bytes_communicated > 0
+    assert len(result.layers) == pair.receiver.facts.num_layers
+    assert all(set(layer) == LAYER_KEYS for layer in result.layers)
+    assert [layer["sharer_layer"] for layer in result.layers] == [0, 0, 0, 1, 2, 3]  # 4 sharer, 6 receiver layers
+    assert all(layer["gate_k_open"] and 0 < layer["gate_k"] < 1 for layer in result.layers)
+    assert all(len(layer["head_weights_v"]) == pair.receiver.facts.num_kv_heads for layer in result.layers)
+    for key in ("fuser_path", "fusion_seconds", "parameters", "control", "trained"):
+        assert key in result.details
+    assert result.details["control"] is False
+    for stage in ("sharer_prefill", "transfer", "receiver_prefill", "receiver_decode"):
+        assert result.timings[stage] > 0
+    # the bytes: sharer KV of the layers the fuser reads, at the fused tokens (fp32)
+    alignment = align_prompt(pair.receiver.tokenizer, pair.sharer.tokenizer, QUERY, CONTEXT)
+    sharer_layers = len(set(result.details["layer_map"]))
+    per_token = 2 * pair.sharer.facts.num_kv_heads * pair.sharer.facts.head_dim * 4
+    assert result.bytes_communicated == sharer_layers * per_token * alignment.num_fused
+    json.dumps(result.to_dict())  # plain data
+
+
+def test_control_handoff_uses_no_sharer(pair, tmp_path):
+    save(pair, tmp_path / "run" / "c2c", gate=2.0)
+    save(pair, tmp_path / "run" / "control", gate=2.0, control=True)
+    result = run_handoff("c2c_control", pair, request(tmp_path / "run" / "c2c"))
+    assert result.applicable, result.reason
+    assert result.details["control"] is True and result.bytes_communicated == 0
+    assert result.timings["sharer_prefill"] == 0
+    wrong = run_handoff("c2c", pair, request(tmp_path / "run" / "control"))
+    assert not wrong.applicable and "control" in wrong.reason
+
+
+def test_missing_or_foreign_fuser_is_not_applicable(pair, tmp_path, monkeypatch):
+    monkeypatch.setattr(c2c, "ASSETS_DIR", tmp_path / "no-assets")
+    result = run_handoff("c2c", pair, request(None))
+    assert not result.applicable and "No trained" in result.reason and "train-fuser" in result.reason
+    other = mixed_pair()
+    other_pair_fuser = new_fuser(other.receiver.facts, other.sharer.facts, width=8, pair="reversed")  # gemma -> llama
+    other_pair_fuser.save(tmp_path / "reversed")
+    result = run_handoff("c2c", pair, request(tmp_path / "reversed"))
+    assert not result.applicable and "reversed" in result.reason and pair.name in result.reason
+    assert "c2c" in HANDOFFS and "c2c_control" in HANDOFFS
+
+
+def test_shipped_fusers_are_found_by_fingerprint(pair, tmp_path, monkeypatch):
+    monkeypatch.setattr(c2c, "ASSETS_DIR", tmp_path)
+    save(pair, tmp_path / "any-name" / "c2c", gate=-1.0)
+    assert c2c.find_shipped(pair, "c2c") == tmp_path / "any-name" / "c2c"
+    assert c2c.find_shipped(pair, "control") is None
+    assert run_handoff("c2c", pair, request(None)).applicable
+
+
+def test_identical_tokenizers_take_the_fast_path(pair):
+    alignment = align_prompt(pair.receiver.tokenizer, pair.receiver.tokenizer, QUERY, CONTEXT)
+    assert alignment.identical_tokenizers
+    fused_receiver = [alignment.receiver_ids[i] for i in alignment.receiver_positions]
+    assert [alignment.sharer_ids[i] for i in alignment.sharer_positions] == fused_receiver
+    assert alignment.receiver_positions == alignment.sharer_positions  # same prompt layout: same positions
+
+
+# --- the two real tokenizers -------------------------------------------------------------------
+
+HARD_TEXTS = [
+    "Café crème, déjà vu, naïve façade — Zürich Straße, São Paulo, Kraków.",
+    "Order #12345 costs $6,789.01 on 2024-03-15 at 07:45; π ≈ 3.14159, 1e-9.",
+    "Emoji: 😀🎉👍🏽 and 🇫🇷 flags, ❤️ hearts, 日本語のテキスト, 한국어.",
+    "def f(x):\n    return {'k': [x**2, x // 3]}  # code\n\tif a != b: print(f\"{a}\")",
+]
+
+
+def real_tokenizers():
+    return _real_tokenizers()
+
+
+@functools.lru_cache(maxsize=1)
+def _real_tokenizers():
+    from kvviz.models import converted_dir, is_prepared
+
+    if not (is_prepared("smollm2-135m") and is_prepared("gemma3-270m")):
+        pytest.skip("the embedded models are not prepared (python -m kvviz prepare)")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(converted_dir("gemma3-270m")), AutoTokenizer.from_pretrained(converted_dir("smollm2-135m"))
+
+
+@pytest.mark.parametrize("text", HARD_TEXTS)
+def test_real_tokenizers_map_every_message_token_to_one_sharer_token(text):
+    gemma, smollm = real_tokenizers()
+    for receiver, sharer in ((gemma, smollm), (smollm, gemma)):
+        alignment = align_prompt(receiver, sharer, text)
+        span = message_span(receiver, text)
+        assert not alignment.identical_tokenizers
+        assert len(alignment.sharer_positions) == len(alignment.receiver_positions) == alignment.num_fused > 0
+        # every message token (but the last prompt token) is fused; template tokens are not
+        assert alignment.receiver_positions == list(range(span.start, min(span.end, len(span.input_ids) - 1)))
+        message_text = receiver.decode(span.message_ids)
+        assert "Question: " + text in message_text
+        mapped = alignment.sharer_ids[len(alignment.sharer_ids) - alignment.num_fused :]
+        assert all(isinstance(t, int) and 0 <= t < len(sharer) for t in mapped)
+        # the sharer reads nearly the same text: most tokens map to exactly their own text
+        receiver_texts = [receiver.decode([t]) for t in span.message_ids[: alignment.num_fused]]
+        same = sum(receiver.decode([r]) == sharer.decode([s]) for r, s in zip(span.message_ids, mapped))
+        assert same >= 0.5 * len(receiver_texts)
+        assert sharer.decode(alignment.sharer_ids[: alignment.sharer_positions[0]]) in sharer.decode(
+            build_segments(sharer, text).input_ids
+        )
+
+
+def test_real_tokenizers_longest_piece():
+    gemma, smollm = real_tokenizers()
+    ids = gemma(" déjà", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 1  # one Gemma token, several SmolLM2 tokens
+    [mapped] = map_tokens(gemma, smollm, ids)
+    pieces = smollm(" déjà", add_special_tokens=False)["input_ids"]
+    assert len(pieces) > 1 and mapped in pieces
+    assert len(smollm.decode([mapped])) == max(len(smollm.decode([p])) for p in pieces)
+
+
+# --- slow: the real pair and two training processes -----------------------------------------------
+
+
+@pytest.mark.slow
+def test_embedded_pair_c2c_and_control_run(embedded_pair):
+    result = run_handoff("c2c", embedded_pair, HandoffRequest(query="What is the capital of France?", generation=GenerationSettings(max_new_tokens=8)))
+    if not result.applicable:
+        pytest.skip(result.reason)
+    assert len(result.layers) == 18 and result.communication == "kv" and result.bytes_communicated > 0
+    control = run_handoff("c2c_control", embedded_pair, HandoffRequest(query="What is the capital of France?", generation=GenerationSettings(max_new_tokens=8)))
+    assert control.applicable and control.details["control"]
+
+
+TRAIN_SCRIPT = """
+import sys, torch
+torch.set_num_threads(1)
+from kvviz.models import register_loaded
+from tests.tiny_models import tiny_gemma, tiny_llama
+register_loaded(tiny_llama())
+register_loaded(tiny_gemma())
+from kvviz.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_train_with_gloo(tmp_path):
+    """`accelerate launch` with two CPU processes (gloo): a few steps, one checkpoint.
+
+    ``--cpu`` makes accelerate start a single process (multi-CPU needs mpirun), so the test uses
+    the torchrun launcher (``--multi_gpu``) and ``--device cpu`` selects the gloo backend.
+    """
+    data = tmp_path / "data.jsonl"
+    rows = [
+        {"instruction": f"What is item {i}?", "input": f"Item {i} is a red bicycle number {i}.", "output": f"A red bicycle {i}."}
+        for i in range(12)
+    ]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", str(script),
+        "train-fuser", "--pair", "tiny-llama+tiny-gemma", "--data", str(data), "--out", str(tmp_path / "out"),
+        "--steps", "3", "--heldout", "2", "--width", "8", "--device", "cpu", "--no-progress", "--save-every", "2",
+    ]
+    done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary_c2c.json").read_text())
+    assert summary["kind"] == "c2c"
+    config = json.loads((tmp_path / "out" / "c2c" / "config.json").read_text())
+    assert config["training"]["processes"] == 2 and config["training"]["steps"] == 3
+    assert (tmp_path / "out" / "checkpoint_c2c" / "optimizer.safetensors").exists()
+    assert "gloo" in done.stdout + done.stderr
+    assert len((tmp_path / "out" / "loss_c2c.csv").read_text().strip().splitlines()) == 4
+
+
+def test_train_cli_checkpoints_resumes_and_writes_the_curve(tmp_path):
+    """Two steps with a checkpoint every step, then resume to four: the curve continues."""
+    import argparse
+
+    from kvviz import train_fuser
+    from kvviz.models import register_loaded
+    from tests.tiny_models import tiny_gemma, tiny_llama
+
+    register_loaded(tiny_llama())
+    register_loaded(tiny_gemma())
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps({"instruction": f"Name thing {i}.", "input": "", "output": f"Thing {i}."}) for i in range(8)))
+
+    def run(steps, resume):
+        parser = argparse.ArgumentParser()
+        train_fuser.configure_parser(parser)
+        argv = ["--pair", "tiny-llama+tiny-gemma", "--data", str(data), "--out", str(tmp_path / "out"), "--steps", str(steps),
+                "--heldout", "2", "--width", "8", "--device", "cpu", "--no-progress", "--save-every", "1", "--fp16"]
+        return train_fuser.main(parser.parse_args(argv + (["--resume"] if resume else [])))
+
+    assert run(2, False) == 0
+    assert json.loads((tmp_path / "out" / "checkpoint_c2c" / "trainer.json").read_text())["step"] == 1
+    assert run(4, True) == 0
+    rows = (tmp_path / "out" / "loss_c2c.csv").read_text().strip().splitlines()
+    assert [r.split(",")[0] for r in rows] == ["step", "1", "2", "3", "4"]  # resumed at step 1: no duplicate rows
+    config = json.loads((tmp_path / "out" / "c2c" / "config.json").read_text())
+    assert config["training"]["steps"] == 4 and config["training"]["storage"] == "float16"
+    assert "heldout_nll" in config["training"] and (tmp_path / "out" / "loss_c2c.html").exists()
+
+
+def test_private_context_goes_to_the_sharer_only(pair, tmp_path):
+    shared = align_prompt(pair.receiver.tokenizer, pair.sharer.tokenizer, QUERY, CONTEXT, receiver_sees_context=True)
+    private = align_prompt(pair.receiver.tokenizer, pair.sharer.tokenizer, QUERY, CONTEXT, receiver_sees_context=False)
+    alone = build_segments(pair.receiver.tokenizer, QUERY)
+    assert private.receiver_ids == alone.input_ids  # the receiver reads the query alone
+    assert "pineapple" in pair.sharer.tokenizer.decode(private.sharer_ids[: private.sharer_positions[0]])
+    assert "pineapple" not in pair.receiver.tokenizer.decode(private.receiver_ids)
+    assert private.num_fused < shared.num_fused  # only the query's tokens are fused
+    fused = [private.receiver_ids[i] for i in private.receiver_positions]
+    assert [private.sharer_ids[i] for i in private.sharer_positions] == fused  # same tokenizer: fast path
+    # the handoff follows the fuser's training setting; closed gates still equal the receiver alone
+    fuser = new_fuser(pair.sharer.facts, pair.receiver.facts, width=8, pair=pair.name)
+    fuser.config.training = {"receiver_sees_context": False}
+    with torch.no_grad():
+        fuser.gate_logits.fill_(-1.0)
+    fuser.save(tmp_path / "private")
+    result = run_handoff("c2c", pair, request(tmp_path / "private", context=CONTEXT))
+    assert result.details["receiver_sees_context"] is False
+    assert result.answer_ids == run_handoff("receiver", pair, request(None, context=CONTEXT)).answer_ids
