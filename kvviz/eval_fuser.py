@@ -132,6 +132,7 @@ def format_report(report: dict) -> str:
 def main(args) -> int:
     from kvviz.engine import load_pair
     from kvviz.handoffs import parse_handoffs
+    from kvviz.fuser import checkpoint_label
     from kvviz.handoffs.c2c import resolve_fuser
     from kvviz.results import GenerationSettings, HandoffRequest
 
@@ -150,7 +151,7 @@ def main(args) -> int:
         control_folder, _ = resolve_fuser(pair, HandoffRequest(query="probe", c2c_fuser=str(c2c_folder)), control=True)
     report = {
         "pair": pair.name, "sharer": pair.sharer.name, "receiver": pair.receiver.name,
-        "fuser": str(c2c_folder), "control": str(control_folder) if control_folder else None,
+        "fuser": checkpoint_label(c2c_folder), "control": checkpoint_label(control_folder) if control_folder else None,
     }
     log("held-out NLL ...")
     report["heldout"] = heldout_nll(pair, c2c_folder, control_folder, args.heldout)

@@ -299,6 +299,19 @@ class C2CFuser(nn.Module):
         return folder
 
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def checkpoint_label(folder: str | Path) -> str:
+    """A checkpoint's path for results and reports: relative to the project when inside it, so
+    that shipped results name no machine-specific folder."""
+    path = Path(folder).resolve()
+    try:
+        return str(path.relative_to(PROJECT_ROOT))
+    except ValueError:
+        return str(path)
+
+
 def read_config(folder: str | Path) -> FuserConfig:
     folder = Path(folder)
     path = folder / CONFIG_FILE

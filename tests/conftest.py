@@ -24,6 +24,17 @@ def tiny_pair(kind: str) -> LoadedPair:
     return LoadedPair(spec=spec, sharer=model, receiver=model, kvcomm_sender=model)
 
 
+@pytest.fixture
+def one_thread():
+    """Run a test on one torch thread (tiny models run fastest so), then restore the count."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session", params=["llama", "gemma"])
 def tiny(request) -> LoadedPair:
     return tiny_pair(request.param)

@@ -17,13 +17,8 @@ from kvviz.handoffs.common import LoadedPair
 from tests.tiny_models import tiny_gemma, tiny_llama
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, above all on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# tiny models run fastest on one thread, above all on a busy machine
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def mixed_pair() -> LoadedPair:
@@ -226,3 +221,11 @@ def test_gradients_reach_the_fuser_only_and_training_lowers_the_loss():
     torch.manual_seed(1)
     after = total_loss()
     assert after < before - 0.1, (before, after)
+
+
+def test_checkpoint_label_names_no_machine_folder(tmp_path):
+    from kvviz.fuser import PROJECT_ROOT, checkpoint_label
+
+    shipped = PROJECT_ROOT / "assets" / "fusers" / "some-pair" / "c2c"
+    assert checkpoint_label(shipped) == "assets/fusers/some-pair/c2c"
+    assert checkpoint_label(tmp_path) == str(tmp_path.resolve())

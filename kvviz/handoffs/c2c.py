@@ -31,7 +31,7 @@ import torch
 from kvviz import cache as kv
 from kvviz.align import align_prompt
 from kvviz.decode import generate, prefill
-from kvviz.fuser import C2CFuser, FuserError, fingerprints_match, load_fuser, model_fingerprint, read_config
+from kvviz.fuser import C2CFuser, FuserError, checkpoint_label, fingerprints_match, load_fuser, model_fingerprint, read_config
 from kvviz.handoffs.common import LoadedPair, TokenCallback
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.results import HandoffRequest, HandoffResult
@@ -223,7 +223,7 @@ def run(
         layers=[asdict(record) for record in records],
         first_token_seconds=timings["sharer_prefill"] + timings["transfer"] + timings["receiver_prefill"] + output.first_token_seconds,
         details={
-            "fuser_path": str(folder),
+            "fuser_path": checkpoint_label(folder),
             "fusion_seconds": fusion_seconds,
             "parameters": fuser.num_parameters,
             "control": fuser.config.control,
