@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 from pathlib import Path
 
 # Tests never need the hub: fail fast instead of waiting on network retries.
@@ -67,3 +69,18 @@ def shared_data() -> Path:
         if IN_CI:
             pytest.fail(f"CI needs ../shared/data: {error}")
         pytest.skip(f"../shared/data is not here: {error}")
+
+
+@contextlib.contextmanager
+def served_on_loopback(demo):
+    """Launch a Gradio demo on a free 127.0.0.1 port; yield its URL; close it afterwards."""
+    from kvviz import ui
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **ui.launch_kwargs())
+    try:
+        yield demo.local_url.rstrip("/")
+    finally:
+        demo.close()

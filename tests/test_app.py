@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import socket
 
 import pytest
 
@@ -18,26 +17,17 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from kvviz import ui  # noqa: E402
 from kvviz.handoffs import HANDOFFS  # noqa: E402
 from kvviz.presets import PRESETS, load_precomputed  # noqa: E402
+from tests.conftest import served_on_loopback  # noqa: E402
 
 # Outputs of the run endpoint, in order (gr.State is not part of the API).
 N_COLUMN_OUTPUTS = 3 * len(ui.COLUMNS)
 PLOT_NAMES = ("kvcomm", "c2c", "latency", "bytes")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def app_url():
-    demo = ui.build_demo()
-    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, **ui.launch_kwargs())
-    try:
-        yield demo.local_url.rstrip("/")
-    finally:
-        demo.close()
+    with served_on_loopback(ui.build_demo()) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,11 @@ shown as text and never executed. Never runs `playwright install`: the browser c
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import served_on_loopback
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -40,12 +41,6 @@ def artifacts_dir() -> Path:
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def browser():
     if not Path(CHROMIUM).exists():
@@ -66,12 +61,8 @@ def browser():
 def app_url(embedded_pair):
     from kvviz import ui
 
-    demo = ui.build_demo(default_max_new_tokens=MAX_NEW_TOKENS)
-    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, **ui.launch_kwargs())
-    try:
-        yield demo.local_url
-    finally:
-        demo.close()
+    with served_on_loopback(ui.build_demo(default_max_new_tokens=MAX_NEW_TOKENS)) as url:
+        yield url
 
 
 @pytest.fixture()
