@@ -18,6 +18,10 @@ with the spread (min and max) of the per-repeat values.
 3. **The same for FLOPs** (``kvviz.measure`` estimates, the ones the handoffs report).
 4. **Bytes** KVComm sends at r = 0.3, 0.5, 1.0 against the text handoff's message, per length
    (KV bytes depend on the dtype: float32 on CPU, bfloat16 on GPU).
+6. **Speed** (``kvviz.speed``): ms per decode step and per prefilled token for each model, tokens
+   per second, the warm full run of the page's handoffs, and the machine's own limits measured in
+   the same run (streaming the weights once, the full output-head product), each as a ratio.
+
 5. **Peak memory** of each handoff at one context length: on GPU ``torch.cuda.max_memory_allocated``
    above what was allocated before; on CPU the growth of the process's resident set (sampled every
    millisecond from /proc) above its level before the handoff. The CPU number is a lower bound:
@@ -408,6 +412,13 @@ def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, messag
             row["kvcomm_bytes_measured"].update(measured_bytes)
     report["memory"] = {"context_tokens": contexts[memory_length][1], "method": method,
                         "peak_bytes": {name: spread(values) for name, values in peaks.items()}}
+
+    # ---- 6. speed of each model and the warm full run
+    from kvviz import speed
+
+    report["speed"] = speed.measure(pair, repeats, progress)
+    report["decode_ms_per_token"] = report["speed"]["decode_ms_per_token"]
+    report["warm_full_run_seconds"] = report["speed"]["warm_full_run_seconds"]
     return report
 
 
@@ -496,6 +507,10 @@ def markdown(report: dict) -> str:
         lines.append(f"| {name} | {_mib(entry['median'])} [{_mib(entry['min'])}, {_mib(entry['max'])}] |")
     if report.get("calibration", {}).get("seconds") is not None:
         lines += ["", f"KVComm's one-off calibration took {report['calibration']['seconds']:.3f} s (excluded)."]
+    if report.get("speed"):
+        from kvviz import speed
+
+        lines += ["", speed.markdown(report["speed"])]
     return "\n".join(lines) + "\n"
 
 

@@ -350,6 +350,14 @@ def test_perf_report_on_the_tiny_pair(tiny_engine):
     assert set(report["memory"]["peak_bytes"]) >= {"receiver", "skyline", "text", "kvcomm@0.3"}
     text = perf.markdown(report)
     assert "C2C / text latency | c2c not available" in text and "receiver-side" in text and "end-to-end" in text
+    # the speed table: every model's decode speed beside the machine's limits, and the full run
+    assert set(report["decode_ms_per_token"]) == {pair.receiver.name}
+    assert report["decode_ms_per_token"][pair.receiver.name] > 0
+    assert report["warm_full_run_seconds"] > 0
+    model = report["speed"]["models"][0]
+    assert model["limits"]["stream_weights_ms"]["median"] > 0 and model["limits"]["head_product_ms"]["median"] > 0
+    assert model["ratios"]["decode / stream weights"]["n"] == 2
+    assert "decode ms/token" in text and "Warm full run" in text
     json.dumps(report)  # plain data
 
 
