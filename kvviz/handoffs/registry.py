@@ -8,9 +8,10 @@ handoff. ``kvviz.handoffs`` registers the files' descriptors, one line per file.
 
 A descriptor in short::
 
-    HANDOFFS = (Handoff(name="ac", title="AC: activation merge", label="AC", color="#F0E442",
+    HANDOFFS = (Handoff(name="echo", title="Echo: the first words", label="Echo", color="#123456",
                         summary="one line", explanation="how it works, in words", run=run,
-                        applicable=needs_context("..."), options=(Option("k", ...), ...)),)
+                        applicable=needs_context("..."), options=(Option("words", ...),),
+                        no_receiver_prompt="not computed: ..."),)
 """
 
 from __future__ import annotations
