@@ -21,6 +21,7 @@ HANDOFF_MODULES = (
     "kvviz.handoffs.text",
     "kvviz.handoffs.c2c",
     "kvviz.handoffs.kvcomm",
+    "kvviz.handoffs.ac",
 )
 
 for _module in HANDOFF_MODULES:
