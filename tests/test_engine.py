@@ -235,3 +235,18 @@ def test_bad_requests_get_clear_errors(kwargs, message):
 def test_request_round_trips_through_plain_data():
     original = request(strategy="explicit", layers=(0, 2))
     assert HandoffRequest.from_dict(original.to_dict()) == original
+
+
+def test_prefill_from_vectors_equals_prefill_from_tokens(tiny):
+    """Feeding a prompt's own embeddings as vectors is the same forward as feeding its ids."""
+    from kvviz.decode import prefill_vectors
+
+    model = tiny.receiver
+    segments = build_segments(model.tokenizer, "What is the code?", "The code is 4471.")
+    by_ids, by_vectors = kv.KVState(), kv.KVState()
+    expected, _ = prefill(model, by_ids, segments.input_ids)
+    embeddings = model.model.get_input_embeddings()(torch.tensor(segments.input_ids))
+    got = prefill_vectors(model, by_vectors, embeddings)
+    assert torch.allclose(got, expected, atol=1e-5) and by_vectors.next_position == by_ids.next_position
+    with pytest.raises(ValueError, match="vectors"):
+        prefill_vectors(model, kv.KVState(), embeddings[:, :3])
