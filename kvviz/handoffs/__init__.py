@@ -22,6 +22,7 @@ HANDOFF_MODULES = (
     "kvviz.handoffs.c2c",
     "kvviz.handoffs.kvcomm",
     "kvviz.handoffs.ac",
+    "kvviz.handoffs.cipher",
 )
 
 for _module in HANDOFF_MODULES:
