@@ -49,7 +49,7 @@ def test_at_temperature_zero_the_message_is_the_greedy_tokens_own_embeddings():
 def test_the_receiver_reads_one_hot_vectors_exactly_as_the_tokens(tiny):
     receiver = tiny.receiver
     message = cipher.write_message(tiny.sharer, sharer_message_segments(tiny, request()).input_ids, 0.0, 5)
-    prompt = cipher.read_message(receiver, request(), message.vectors)
+    prompt, attention = cipher.read_message(receiver, request(), message.vectors)
     before, after, _, _ = cipher.receiver_pieces(receiver, request())
     by_tokens = read_prompt(receiver, before + message.likeliest_ids + after)
     assert torch.allclose(prompt.logits, by_tokens.logits, atol=1e-5)
@@ -57,13 +57,15 @@ def test_the_receiver_reads_one_hot_vectors_exactly_as_the_tokens(tiny):
     answer = generate(receiver, prompt.state, prompt.logits, GenerationSettings(max_new_tokens=5))
     expected = generate(receiver, by_tokens.state, by_tokens.logits, GenerationSettings(max_new_tokens=5))
     assert answer.token_ids == expected.token_ids
+    # per receiver layer, the share of attention the tokens after the slot give the message
+    assert len(attention) == receiver.facts.num_layers and all(0.0 < mass < 1.0 for mass in attention)
 
 
 def test_an_empty_message_leaves_the_receiver_alone(tiny):
     empty = torch.zeros(0, tiny.receiver.facts.hidden_size)
-    prompt = cipher.read_message(tiny.receiver, request(), empty)
+    prompt, attention = cipher.read_message(tiny.receiver, request(), empty)
     alone = read_prompt(tiny.receiver, build_segments(tiny.receiver.tokenizer, QUERY).input_ids)
-    assert torch.equal(prompt.logits, alone.logits)
+    assert torch.equal(prompt.logits, alone.logits) and attention == []
 
 
 def test_above_zero_each_vector_is_a_blend_of_embeddings():
@@ -89,6 +91,7 @@ def test_the_run_reports_the_vectors_their_reading_and_the_costs(tiny):
     assert registry.get("cipher").notes(result.to_dict())[0].startswith(f"message: {count} vectors")
     prompt = registry.get("cipher").receiver_prompt(tiny, request(temperature=0.5), result)
     assert int(prompt.logits.argmax()) == result.answer_ids[0]
+    assert [r["layer"] for r in result.layers] == list(range(tiny.receiver.facts.num_layers))
     figure = cipher.figure(result.to_dict())
     assert bar_counts(figure) == {"top_probability": count}
     assert figure.layout.height == cipher.FIGURE_HEIGHT == cipher.figure(None).layout.height

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 import torch
+from plotly.subplots import make_subplots
 
+from kvviz.attention import AttentionPlan
 from kvviz.cache import KVState
 from kvviz.decode import generate, prefill, prefill_vectors
 from kvviz.handoffs.common import LoadedPair, TokenCallback, read_prompt
@@ -43,7 +45,7 @@ OPTIONS = (
     Option("temperature", "CIPHER temperature of the sharer's softmax (0: one-hot, the text handoff's tokens)", 1.0,
            minimum=0.0, maximum=2.0, step=0.05),
 )
-FIGURE_HEIGHT = 400
+FIGURE_HEIGHT = 480
 # Marks the message slot in the receiver's prompt while it is split around it (never in user text).
 _SLOT = "\u2063kvviz-message\u2063"
 
@@ -149,22 +151,31 @@ def receiver_pieces(receiver: LoadedModel, request: HandoffRequest) -> tuple[lis
 
 
 @torch.no_grad()
-def read_message(receiver: LoadedModel, request: HandoffRequest, vectors: torch.Tensor) -> ReceiverPrompt:
-    """The receiver after reading its prompt with ``vectors`` in the message slot (the receiver
-    alone's prompt when there are none, as for an empty text message)."""
+def read_message(receiver: LoadedModel, request: HandoffRequest, vectors: torch.Tensor) -> tuple[ReceiverPrompt, list[float]]:
+    """The receiver after reading its prompt with ``vectors`` in the message slot, and per layer the
+    attention mass its tokens after the slot put on the message (mean over heads and tokens; the
+    measure KVComm ranks layers by). With no vectors: the receiver alone's prompt, as for an empty
+    text message, and no attention to report."""
     if vectors.shape[0] == 0:
-        return read_prompt(receiver, build_segments(receiver.tokenizer, request.query).input_ids)
+        return read_prompt(receiver, build_segments(receiver.tokenizer, request.query).input_ids), []
     before, after, _, _ = receiver_pieces(receiver, request)
-    embed = receiver.model.get_input_embeddings()
     device = receiver.device
-    inputs = torch.cat([
-        embed(torch.tensor(before, device=device)),
-        vectors.to(device=device, dtype=receiver.dtype),
-        embed(torch.tensor(after, device=device)),
-    ])
+    embedded_before = receiver.model.get_input_embeddings()(torch.tensor(before, device=device))
     state = KVState()
-    logits = prefill_vectors(receiver, state, inputs)
-    return ReceiverPrompt(model=receiver, state=state, logits=logits, last_token=after[-1])
+    prefill_vectors(receiver, state, torch.cat([embedded_before, vectors.to(device=device, dtype=receiver.dtype)]),
+                    need_logits=False)
+    # The tokens after the slot, with an attention plan of its own: every key before them is a
+    # "prefix" at its real position, and the mass on keys [len(before), len(before) + vectors) is
+    # recorded per layer (the plan's capture window).
+    layers = range(receiver.facts.num_layers)
+    keys_so_far = torch.arange(state.next_position, device=device)
+    plan = AttentionPlan(prefix_positions={layer: keys_so_far for layer in layers}, capture=True, capture_skip=len(before))
+    output = receiver.model(input_ids=torch.tensor([after], device=device), cache=state.cache,
+                            position_ids=state.positions(len(after), device), use_cache=True, kvviz_plan=plan,
+                            logits_to_keep=1)
+    state.next_position += len(after)
+    prompt = ReceiverPrompt(model=receiver, state=state, logits=output.logits[:, -1, :].float(), last_token=after[-1])
+    return prompt, [plan.captured_mass.get(layer, 0.0) for layer in layers]
 
 
 # --- the handoff ------------------------------------------------------------------------------
@@ -192,7 +203,7 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     sharer_segments = sharer_message_segments(pair, request)
     message = write_message(sharer, sharer_segments.input_ids, temperature, request.text_message_tokens, timer)
     with timer.stage("receiver_prefill"):
-        prompt = read_message(receiver, request, message.vectors)
+        prompt, attention = read_message(receiver, request, message.vectors)
     with timer.stage("receiver_decode"):
         output = generate(receiver, prompt.state, prompt.logits, request.generation, on_token=on_token)
     timings = timer.as_dict()
@@ -219,6 +230,7 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
         communication="embeddings",
         flops={"sharer": sharer_flops, "receiver": receiver_flops},
         tokens={"message": count, "receiver_prompt": prompt_length, "generated": len(output.token_ids)},
+        layers=[{"layer": layer, "attention_on_message": mass} for layer, mass in enumerate(attention)],
         # the receiver cannot start before the whole message is written
         first_token_seconds=timings["sharer_prefill"] + timings["sharer_decode"] + timings["receiver_prefill"]
         + output.first_token_seconds,
@@ -242,36 +254,43 @@ def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffRe
     temperature = option_values(request, NAME, OPTIONS)["temperature"]
     message = write_message(pair.sharer, sharer_message_segments(pair, request).input_ids, temperature,
                             request.text_message_tokens)
-    return read_message(pair.receiver, request, message.vectors)
+    return read_message(pair.receiver, request, message.vectors)[0]
 
 
 def figure(result) -> go.Figure:
-    """Per message vector: how sure the sharer was (the likeliest token's probability), labelled
-    with the vector's nearest-token reading; the dots: how close the vector is to that token."""
-    title = "CIPHER: how soft each message vector is"
+    """Top, per message vector: how sure the sharer was (the likeliest token's probability),
+    labelled with the vector's nearest-token reading. Below, per receiver layer: the attention
+    mass its question tokens put on the message."""
+    title = "CIPHER: the message vectors and how the receiver reads them"
     if result is None:
         return empty_figure(title, "Run a pair that shares an embedding space to see CIPHER's message.", FIGURE_HEIGHT)
     result = as_dict(result)
     steps = result.get("details", {}).get("steps") or []
     if not result.get("applicable", True) or not steps:
         return empty_figure(title, "CIPHER did not run: " + (result.get("reason") or "the message is empty."), FIGURE_HEIGHT)
+    records = sorted(result.get("layers") or [], key=lambda r: r["layer"])
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.2, row_heights=[0.55, 0.45],
+                        subplot_titles=("per message vector: probability of the likeliest token (label: nearest token)",
+                                        "per receiver layer: attention on the message"))
     x = [s["step"] for s in steps]
-    fig = go.Figure()
     fig.add_trace(go.Bar(
         x=x, y=[s["top_probability"] for s in steps], name="probability of the likeliest token",
         marker=dict(color=COLOR), text=[s["nearest"] for s in steps], textposition="outside",
         hovertext=[f"vector {s['step']}: nearest token {s['nearest']!r} (cosine {s['cosine_nearest']:.2f}), likeliest "
                    f"{s['likeliest']!r} p={s['top_probability']:.2f}, entropy {s['entropy']:.2f} nats" for s in steps],
         hoverinfo="text", meta={"series": "top_probability"},
-    ))
+    ), row=1, col=1)
     fig.add_trace(go.Scatter(
-        x=x, y=[s["cosine_nearest"] for s in steps], mode="markers", name="cosine to the nearest token",
-        marker=dict(color="#999999", size=8, symbol="diamond"), meta={"series": "cosine_nearest"},
-    ))
-    fig.update_xaxes(title_text="message vector", dtick=1 if len(x) <= 40 else None)
-    fig.update_yaxes(title_text="probability / cosine", range=[0, 1.2])
+        x=[r["layer"] for r in records], y=[r["attention_on_message"] for r in records], mode="lines+markers",
+        name="attention on the message", line=dict(color=COLOR), meta={"series": "attention_on_message"},
+    ), row=2, col=1)
+    fig.update_xaxes(title_text="message vector", dtick=1 if len(x) <= 40 else None, row=1, col=1)
+    fig.update_xaxes(title_text="receiver layer", dtick=1 if len(records) <= 40 else None, row=2, col=1)
+    fig.update_yaxes(title_text="probability", range=[0, 1.25], row=1, col=1)
+    fig.update_yaxes(title_text="attention mass", rangemode="tozero", row=2, col=1)
+    fig.update_annotations(font_size=11)
     subtitle = f"{len(steps)} vectors at temperature {result['details'].get('temperature')}; 1.0 = one token, lower = a blend"
-    return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT)
+    return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT, margin=dict(l=60, r=20, t=80, b=60))
 
 
 def notes(result: dict) -> list[str]:
