@@ -72,14 +72,15 @@ def empty_figure(title: str, message: str, height: int = 300) -> go.Figure:
     return layout(fig, title, height=height)
 
 
-def not_run_figure(title: str, result, height: int, hint: str) -> go.Figure | None:
+def not_run_figure(title: str, result, height: int, hint: str, label: str) -> go.Figure | None:
     """The empty figure for a result that is missing (``hint`` says how to get one), not
-    applicable or without per-layer records; None when there is something to plot."""
+    applicable, or without per-layer records (it says why, naming the handoff by ``label``);
+    None when there is something to plot."""
     if result is None:
         return empty_figure(title, hint, height)
     result = as_dict(result)
     if not result.get("applicable", True) or not result.get("layers"):
-        return empty_figure(title, "Did not run: " + (result.get("reason") or "no per-layer data."), height)
+        return empty_figure(title, f"{label} did not run: " + (result.get("reason") or "no per-layer data."), height)
     return None
 
 

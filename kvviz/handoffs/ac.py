@@ -276,7 +276,7 @@ def figure(result) -> go.Figure:
     """Top: how alike the two models' last-token states are at each depth (cosine), with where the
     vector was taken (sender layer k) and merged (receiver layer j). Below: their sizes (norms)."""
     title = "AC: where the activation was taken and merged (per layer)"
-    missing = not_run_figure(title, result, FIGURE_HEIGHT, "Run a preset with a private context to see AC's layers.")
+    missing = not_run_figure(title, result, FIGURE_HEIGHT, "Run a preset with a private context to see AC's layers.", "AC")
     if missing is not None:
         return missing
     records = sorted(result["layers"], key=lambda r: r["layer"])

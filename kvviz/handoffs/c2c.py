@@ -38,7 +38,7 @@ from kvviz.fuser import C2CFuser, FuserError, checkpoint_label, fingerprints_mat
 from kvviz.handoffs.common import LoadedPair, TokenCallback
 from kvviz.handoffs.registry import Handoff, Option
 from kvviz.measure import StageTimer, decode_flops, forward_flops
-from kvviz.plotkit import SELECTED_OUTLINE, as_dict, empty_figure, layout
+from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
 from kvviz.results import HandoffRequest, HandoffResult
 
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets" / "fusers"
@@ -264,11 +264,10 @@ def gates_figure(result) -> go.Figure:
     """Top: soft gate value per receiver layer for K and V (coloured = open at inference, pale =
     closed). Below, on the same layer axis: head weights as KV head x layer heatmaps for K and V."""
     title = "C2C: gates and head weights per receiver layer"
-    if result is None:
-        return empty_figure(title, "C2C did not run.", FIGURE_HEIGHT)
+    missing = not_run_figure(title, result, FIGURE_HEIGHT, "C2C did not run.", "C2C")
+    if missing is not None:
+        return missing
     result = as_dict(result)
-    if not result.get("applicable", True) or not result.get("layers"):
-        return empty_figure(title, "C2C did not run: " + (result.get("reason") or "no per-layer data."), FIGURE_HEIGHT)
     records = sorted(result["layers"], key=lambda r: r["layer"])
     layers = [int(r["layer"]) for r in records]
     heads = max((len(r.get("head_weights_k") or []) for r in records), default=0)

@@ -32,7 +32,7 @@ from kvviz.decode import generate, prefill
 from kvviz.handoffs.common import LoadedPair, TokenCallback, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, Sweep, all_of, needs_context
 from kvviz.measure import StageTimer, decode_flops, forward_flops
-from kvviz.plotkit import SELECTED_OUTLINE, as_dict, empty_figure, layout
+from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
 from kvviz.prompts import build_segments
 from kvviz.results import HandoffRequest, HandoffResult, KVCommOptions
 
@@ -259,11 +259,11 @@ def layers_figure(result) -> go.Figure:
     marker above the group; the others are faded.
     """
     title = "KVComm: which layers get the context (per receiver layer)"
-    if result is None:
-        return empty_figure(title, "Run a preset with a private context to see KVComm's layer choice.", FIGURE_HEIGHT)
+    hint = "Run a preset with a private context to see KVComm's layer choice."
+    missing = not_run_figure(title, result, FIGURE_HEIGHT, hint, "KVComm")
+    if missing is not None:
+        return missing
     result = as_dict(result)
-    if not result.get("applicable", True) or not result.get("layers"):
-        return empty_figure(title, "KVComm did not run: " + (result.get("reason") or "no per-layer data."), FIGURE_HEIGHT)
     records = sorted(result["layers"], key=lambda r: r["layer"])
     layers = [int(r["layer"]) for r in records]
     selected = [bool(r.get("selected")) for r in records]
