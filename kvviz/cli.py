@@ -121,8 +121,9 @@ def _configure_run(parser):
     parser.add_argument("--context", default=None, help="private context only the sharer sees")
     parser.add_argument(
         "--handoffs",
-        default="receiver,skyline,text,kvcomm",
-        help="comma-separated, or all: " + "; ".join(f"{h.name} = {h.summary}" for h in registry.all_handoffs()),
+        default=",".join(registry.default_handoffs()),
+        help="comma-separated, or all (default: the page's columns shown at first): "
+        + "; ".join(f"{h.name} = {h.summary}" for h in registry.all_handoffs()),
     )
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")

@@ -68,7 +68,7 @@ def column_names() -> list[str]:
 
 
 def default_columns() -> list[str]:
-    return [handoff.name for handoff in registry.page_handoffs() if handoff.page_default]
+    return registry.default_handoffs()
 
 
 def plot_names() -> list[str]:

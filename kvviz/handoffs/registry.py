@@ -270,6 +270,11 @@ def page_handoffs() -> list[Handoff]:
     return sorted((h for h in HANDOFFS.values() if h.page is not None), key=lambda h: (h.page, h.name))
 
 
+def default_handoffs() -> list[str]:
+    """What runs when nobody says: the page's columns shown at first, in their order."""
+    return [h.name for h in page_handoffs() if h.page_default]
+
+
 def with_role(role: str) -> list[Handoff]:
     return [h for h in HANDOFFS.values() if h.role == role]
 
