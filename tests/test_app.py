@@ -88,7 +88,9 @@ def test_preset_paints_precomputed_results_and_plots(client):
     assert "precomputed" in view["status"]
     assert view["json"]["precomputed"] is True
     assert {r["handoff"] for r in view["json"]["results"]} >= set(ui.default_columns())
-    assert [row["handoff"] for row in view["table"]["data"]] == [r["handoff"] for r in view["json"]["results"]]
+    table = view["table"]
+    assert table["headers"] == present.RESULT_COLUMNS
+    assert [row[0] for row in table["data"]] == [r["handoff"] for r in view["json"]["results"]]
     for name in ("receiver", "text", "kvcomm", "skyline"):
         assert view["columns"][name]["answer"], name
         assert "precomputed" in view["columns"][name]["stats"]
