@@ -111,6 +111,10 @@ def test_option_values_are_checked_with_clear_messages():
         Option("f", "merge", "max", kind="choice", choices=("sum",))
     with pytest.raises(ValueError, match="Unknown option"):
         parse_values((option,), {"ratoi": 1})
+    layer = Option("k", "layer k", -2, kind="int")
+    assert layer.parse("-3") == -3 and layer.parse(4.0) == 4
+    with pytest.raises(ValueError, match="not an integer"):
+        layer.parse(1.5)
     assert option.cli_flag("kvcomm") == "--kvcomm-ratio" and Option("x", "x", 1, flag="--x").cli_flag("h") == "--x"
 
 

@@ -79,7 +79,10 @@ class Option:
             if self.kind == "float":
                 parsed: Any = float(value)
             elif self.kind == "int":
-                parsed = int(float(value)) if not isinstance(value, str) else int(value.strip())
+                number = float(value)  # a page's number box sends 3.0
+                if not number.is_integer():
+                    raise ValueError(value)
+                parsed = int(number)
             else:
                 parsed = str(value).strip() if self.kind == "choice" else str(value)
         except (TypeError, ValueError) as error:
