@@ -38,18 +38,18 @@ def test_merging_the_receivers_own_state_equals_the_receiver_alone(tiny, f):
     for j in (0, model.facts.num_layers - 1):
         own = ac.read_layer_inputs(model, prompt_ids)[j]
         merged, states = ac.receive(model, prompt_ids, own, j, f)
-        assert torch.equal(merged.logits, alone.logits)
+        assert torch.equal(merged.next_token.logits, alone.next_token.logits)
         assert torch.equal(states[j], own)
 
 
 def test_a_zero_vector_summed_in_changes_nothing_and_a_real_one_does(tiny):
     model = tiny.receiver
     prompt_ids = build_segments(model.tokenizer, QUERY).input_ids
-    alone = read_prompt(model, prompt_ids).logits
+    alone = read_prompt(model, prompt_ids).next_token.logits
     zero = torch.zeros(model.facts.hidden_size)
-    assert torch.equal(ac.receive(model, prompt_ids, zero, 1, "sum")[0].logits, alone)
+    assert torch.equal(ac.receive(model, prompt_ids, zero, 1, "sum")[0].next_token.logits, alone)
     context_state = ac.read_layer_inputs(model, build_segments(model.tokenizer, QUERY, CONTEXT).context_ids)[1]
-    assert not torch.allclose(ac.receive(model, prompt_ids, context_state, 1, "replace")[0].logits, alone)
+    assert not torch.allclose(ac.receive(model, prompt_ids, context_state, 1, "replace")[0].next_token.logits, alone)
 
 
 def test_the_run_reports_the_vector_the_layers_and_the_costs(tiny):
@@ -72,7 +72,7 @@ def test_the_run_reports_the_vector_the_layers_and_the_costs(tiny):
 def test_the_likelihood_state_is_the_one_the_run_answered_from(tiny):
     result = run_handoff("ac", tiny, request(k=2, j=2))
     prompt = registry.get("ac").receiver_prompt(tiny, request(k=2, j=2), result)
-    assert int(prompt.logits.argmax()) == result.answer_ids[0]
+    assert int(prompt.next_token.logits.argmax()) == result.answer_ids[0]
 
 
 def test_not_applicable_without_a_context_another_width_or_a_missing_layer():
@@ -120,7 +120,7 @@ def test_the_merge_ends_with_its_block_even_on_error():
     pair = tiny_pair("llama")
     model = pair.receiver
     prompt_ids = build_segments(model.tokenizer, QUERY).input_ids
-    alone = read_prompt(model, prompt_ids).logits
+    alone = read_prompt(model, prompt_ids).next_token.logits
 
     def explode(hidden):
         raise RuntimeError("boom")
@@ -128,7 +128,7 @@ def test_the_merge_ends_with_its_block_even_on_error():
     with pytest.raises(RuntimeError, match="boom"):
         with ac.on_layer_inputs(model, {0: explode}):
             read_prompt(model, prompt_ids)
-    assert torch.equal(read_prompt(model, prompt_ids).logits, alone)
+    assert torch.equal(read_prompt(model, prompt_ids).next_token.logits, alone)
 
 
 def test_the_figure_marks_where_the_vector_was_taken_and_merged(tiny):

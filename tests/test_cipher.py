@@ -37,8 +37,8 @@ def test_at_temperature_zero_the_message_is_the_greedy_tokens_own_embeddings():
     prompt_ids = sharer_message_segments(pair, request()).input_ids
     message = cipher.write_message(sharer, prompt_ids, 0.0, 6)
     state = KVState()
-    logits, _ = prefill(sharer, state, prompt_ids)
-    greedy = generate(sharer, state, logits, GenerationSettings(max_new_tokens=6), max_new_tokens=6)
+    first, _ = prefill(sharer, state, prompt_ids)
+    greedy = generate(sharer, state, first, GenerationSettings(max_new_tokens=6), max_new_tokens=6)
     assert message.likeliest_ids == greedy.token_ids  # what the text handoff's sharer writes
     embeddings = sharer.model.get_input_embeddings()(torch.tensor(greedy.token_ids))
     assert torch.equal(message.vectors, embeddings)
@@ -52,10 +52,10 @@ def test_the_receiver_reads_one_hot_vectors_exactly_as_the_tokens(tiny):
     prompt, attention = cipher.read_message(receiver, request(), message.vectors)
     before, after, _, _ = cipher.receiver_pieces(receiver, request())
     by_tokens = read_prompt(receiver, before + message.likeliest_ids + after)
-    assert torch.allclose(prompt.logits, by_tokens.logits, atol=1e-5)
+    assert torch.allclose(prompt.next_token.logits, by_tokens.next_token.logits, atol=1e-5)
     assert prompt.state.next_position == len(before) + len(message.likeliest_ids) + len(after)
-    answer = generate(receiver, prompt.state, prompt.logits, GenerationSettings(max_new_tokens=5))
-    expected = generate(receiver, by_tokens.state, by_tokens.logits, GenerationSettings(max_new_tokens=5))
+    answer = generate(receiver, prompt.state, prompt.next_token, GenerationSettings(max_new_tokens=5))
+    expected = generate(receiver, by_tokens.state, by_tokens.next_token, GenerationSettings(max_new_tokens=5))
     assert answer.token_ids == expected.token_ids
     # per receiver layer, the share of attention the tokens after the slot give the message
     assert len(attention) == receiver.facts.num_layers and all(0.0 < mass < 1.0 for mass in attention)
@@ -65,7 +65,7 @@ def test_an_empty_message_leaves_the_receiver_alone(tiny):
     empty = torch.zeros(0, tiny.receiver.facts.hidden_size)
     prompt, attention = cipher.read_message(tiny.receiver, request(), empty)
     alone = read_prompt(tiny.receiver, build_segments(tiny.receiver.tokenizer, QUERY).input_ids)
-    assert torch.equal(prompt.logits, alone.logits) and attention == []
+    assert torch.equal(prompt.next_token.logits, alone.next_token.logits) and attention == []
 
 
 def test_above_zero_each_vector_is_a_blend_of_embeddings():
@@ -90,7 +90,7 @@ def test_the_run_reports_the_vectors_their_reading_and_the_costs(tiny):
     assert result.first_token_seconds >= result.timings["sharer_decode"]
     assert registry.get("cipher").notes(result.to_dict())[0].startswith(f"message: {count} vectors")
     prompt = registry.get("cipher").receiver_prompt(tiny, request(temperature=0.5), result)
-    assert int(prompt.logits.argmax()) == result.answer_ids[0]
+    assert int(prompt.next_token.logits.argmax()) == result.answer_ids[0]
     assert [r["layer"] for r in result.layers] == list(range(tiny.receiver.facts.num_layers))
     figure = cipher.figure(result.to_dict())
     assert bar_counts(figure) == {"top_probability": count}

@@ -48,7 +48,7 @@ def score_answer(record, answer: str) -> dict:
 def option_scores(prompt: ReceiverPrompt, options: list[str]) -> list[float]:
     """Length-normalised log-likelihood of each option continuing the prompt (on copies of the state)."""
     model, state = prompt.model, prompt.state
-    first = torch.log_softmax(prompt.logits[0], dim=-1)
+    first = torch.log_softmax(prompt.next_token.logits[0], dim=-1)
     tokenizer = model.tokenizer
     separator = "" if tokenizer.decode([prompt.last_token]).endswith((" ", "\n")) else " "
     scores = []

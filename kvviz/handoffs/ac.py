@@ -149,8 +149,8 @@ def receive(model: LoadedModel, token_ids: list[int], activation: torch.Tensor, 
     edits[j] = merge_into_j
     state = KVState()
     with on_layer_inputs(model, edits):
-        logits, _ = prefill(model, state, token_ids)
-    prompt = ReceiverPrompt(model=model, state=state, logits=logits, last_token=token_ids[-1])
+        next_token, _ = prefill(model, state, token_ids)
+    prompt = ReceiverPrompt(model=model, state=state, next_token=next_token, last_token=token_ids[-1])
     return prompt, [store[layer] for layer in range(model.facts.num_layers)]
 
 
@@ -214,7 +214,7 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     with timer.stage("receiver_prefill"):
         prompt, receiver_states = receive(receiver, segments.input_ids, activation, j, values["f"])
     with timer.stage("receiver_decode"):
-        output = generate(receiver, prompt.state, prompt.logits, request.generation, on_token=on_token)
+        output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=on_token)
     timings = timer.as_dict()
 
     context_length, prompt_length = len(sender_segments.context_ids), len(segments.input_ids)

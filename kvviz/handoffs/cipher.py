@@ -29,7 +29,7 @@ from plotly.subplots import make_subplots
 
 from kvviz.attention import AttentionPlan
 from kvviz.cache import KVState
-from kvviz.decode import generate, prefill, prefill_vectors
+from kvviz.decode import NextToken, generate, prefill, prefill_vectors
 from kvviz.handoffs.common import LoadedPair, TokenCallback, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, option_values
 from kvviz.handoffs.text import sharer_message_segments
@@ -99,19 +99,20 @@ def write_message(sender: LoadedModel, prompt_ids: list[int], temperature: float
     stop_at_newline = not has_chat_template(tokenizer)
     state = KVState()
     with timer.stage("sharer_prefill"):
-        logits, _ = prefill(sender, state, prompt_ids)
+        next_token, _ = prefill(sender, state, prompt_ids)
     with timer.stage("sharer_decode"):
-        return _write(sender, state, logits, weight, scale, temperature, max_vectors, stop_ids, stop_at_newline)
+        return _write(sender, state, next_token, weight, scale, temperature, max_vectors, stop_ids, stop_at_newline)
 
 
-def _write(sender, state, logits, weight, scale, temperature, max_vectors, stop_ids, stop_at_newline) -> Message:
+def _write(sender, state, next_token, weight, scale, temperature, max_vectors, stop_ids, stop_at_newline) -> Message:
     tokenizer = sender.tokenizer
     vectors, steps, likeliest, nearest = [], [], [], []
     for step in range(max_vectors):
+        logits = next_token.logits[0]
         if temperature > 0:
-            probabilities = torch.softmax(logits[0] / temperature, dim=-1)
+            probabilities = torch.softmax(logits / temperature, dim=-1)
         else:
-            probabilities = torch.nn.functional.one_hot(logits[0].argmax(), logits.shape[-1]).float()
+            probabilities = torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).float()
         top = int(probabilities.argmax())
         if top in stop_ids:
             break
@@ -133,7 +134,7 @@ def _write(sender, state, logits, weight, scale, temperature, max_vectors, stop_
         likeliest.append(top)
         nearest.append(near)
         if step + 1 < max_vectors:
-            logits = prefill_vectors(sender, state, vector[None])
+            next_token = prefill_vectors(sender, state, vector[None])
     width = sender.facts.hidden_size
     stacked = torch.stack(vectors) if vectors else torch.zeros(0, width, dtype=weight.dtype)
     return Message(vectors=stacked, steps=steps, likeliest_ids=likeliest, nearest_ids=nearest)
@@ -170,11 +171,11 @@ def read_message(receiver: LoadedModel, request: HandoffRequest, vectors: torch.
     layers = range(receiver.facts.num_layers)
     keys_so_far = torch.arange(state.next_position, device=device)
     plan = AttentionPlan(prefix_positions={layer: keys_so_far for layer in layers}, capture=True, capture_skip=len(before))
-    output = receiver.model(input_ids=torch.tensor([after], device=device), cache=state.cache,
-                            position_ids=state.positions(len(after), device), use_cache=True, kvviz_plan=plan,
-                            logits_to_keep=1)
+    hidden = receiver.model.model(input_ids=torch.tensor([after], device=device), cache=state.cache,
+                                  position_ids=state.positions(len(after), device), use_cache=True,
+                                  kvviz_plan=plan).last_hidden_state
     state.next_position += len(after)
-    prompt = ReceiverPrompt(model=receiver, state=state, logits=output.logits[:, -1, :].float(), last_token=after[-1])
+    prompt = ReceiverPrompt(model=receiver, state=state, next_token=NextToken(receiver, hidden[:, -1, :]), last_token=after[-1])
     return prompt, [plan.captured_mass.get(layer, 0.0) for layer in layers]
 
 
@@ -205,7 +206,7 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     with timer.stage("receiver_prefill"):
         prompt, attention = read_message(receiver, request, message.vectors)
     with timer.stage("receiver_decode"):
-        output = generate(receiver, prompt.state, prompt.logits, request.generation, on_token=on_token)
+        output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=on_token)
     timings = timer.as_dict()
 
     count = len(message.steps)

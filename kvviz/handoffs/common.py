@@ -44,10 +44,10 @@ def answer(
     """
     state = state or KVState()
     with timer.stage(f"{role}_prefill"):
-        logits, _ = prefill(model, state, segments.input_ids)
+        first, _ = prefill(model, state, segments.input_ids)
     prefill_seconds = timer.seconds[f"{role}_prefill"]
     with timer.stage(f"{role}_decode"):
-        output = generate(model, state, logits, settings, on_token=on_token, max_new_tokens=max_new_tokens)
+        output = generate(model, state, first, settings, on_token=on_token, max_new_tokens=max_new_tokens)
     return output, prefill_seconds + output.first_token_seconds
 
 
@@ -87,5 +87,5 @@ def read_prompt(model: LoadedModel, token_ids: list[int], state: KVState | None 
     """The receiver after reading ``token_ids`` (on top of ``state``): what a descriptor's
     ``receiver_prompt`` returns for the benchmark's likelihood scoring."""
     state = state or KVState()
-    logits, _ = prefill(model, state, token_ids)
-    return ReceiverPrompt(model=model, state=state, logits=logits, last_token=token_ids[-1])
+    next_token, _ = prefill(model, state, token_ids)
+    return ReceiverPrompt(model=model, state=state, next_token=next_token, last_token=token_ids[-1])

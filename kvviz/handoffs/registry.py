@@ -25,6 +25,7 @@ from kvviz.results import HandoffRequest, HandoffResult
 
 if TYPE_CHECKING:  # type names only: the registry imports no model code
     from kvviz.cache import KVState
+    from kvviz.decode import NextToken
     from kvviz.handoffs.common import LoadedPair
     from kvviz.models import LoadedModel
 
@@ -149,11 +150,11 @@ def all_of(*checks: Check) -> Check:
 @dataclass(frozen=True)
 class ReceiverPrompt:
     """The receiver right after reading its prompt the way a handoff left it: what the
-    benchmark's likelihood scoring continues from (``logits`` predict the first answer token)."""
+    benchmark's likelihood scoring continues from (``next_token`` predicts the first answer token)."""
 
     model: "LoadedModel"
     state: "KVState"
-    logits: Any
+    next_token: "NextToken"
     last_token: int  # the prompt's last token (whether an option continues it after a space)
 
 
