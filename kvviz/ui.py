@@ -150,11 +150,8 @@ def walkthrough_steps() -> list[tuple[str, str | None, str]]:
     return [(f"Step {i + 1} of {len(steps)}: {title}", key, text) for i, (title, key, text) in enumerate(steps)]
 
 
-WALKTHROUGH = walkthrough_steps()
-
-
-def walkthrough_markdown(step: int, steps=None) -> str:
-    title, _, text = (steps or WALKTHROUGH)[step]
+def walkthrough_markdown(step: int, steps: list[tuple[str, str | None, str]]) -> str:
+    title, _, text = steps[step]
     return f"### {title}\n\n{text}"
 
 
