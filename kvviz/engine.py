@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import traceback
 
-from kvviz.handoffs import HANDOFFS, parse_handoffs
+from kvviz.handoffs import get, parse_handoffs
 from kvviz.handoffs.common import LoadedPair, TokenCallback
 from kvviz.models import load_model, resolve_pair
 from kvviz.results import HandoffRequest, HandoffResult
@@ -19,10 +19,17 @@ def load_pair(pair_name, device: str | None = None, dtype=None, progress=print) 
 
 
 def run_handoff(name: str, pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
-    """Run one handoff; an unexpected failure becomes a result that says what went wrong."""
-    parse_handoffs([name])
+    """Run one handoff; an unexpected failure becomes a result that says what went wrong.
+
+    A handoff whose requirements the pair or the request do not meet says so at once, without
+    running a model (its descriptor's ``applicable`` check).
+    """
+    handoff = get(name)
     try:
-        return HANDOFFS[name](pair, request, on_token=on_token)
+        reason = handoff.applicable(pair, request)
+        if reason:
+            return handoff.not_applicable(pair.name, reason)
+        return handoff.run(pair, request, on_token=on_token)
     except (ValueError, RuntimeError) as error:
         result = HandoffResult.not_applicable(name, pair.name, f"{type(error).__name__}: {error}")
         result.details["traceback"] = traceback.format_exc(limit=5)

@@ -32,7 +32,6 @@ import torch
 PROMPT_TOKENS = 32
 PREFILL_TOKENS = 128
 DECODE_STEPS = 16
-FULL_RUN_HANDOFFS = ("receiver", "text", "c2c", "kvcomm", "skyline")
 FULL_RUN_QUERY = "What is the code for locker 12?"
 FULL_RUN_CONTEXT = "The code for locker 12 is 4471."
 FULL_RUN_TOKENS = 32
@@ -140,11 +139,13 @@ def model_speed(loaded, repeats: int) -> dict:
     }
 
 
-def full_run(pair, repeats: int, handoffs=FULL_RUN_HANDOFFS) -> dict:
-    """The page's default handoffs one after another on the locker preset, warm."""
+def full_run(pair, repeats: int, handoffs: list[str] | None = None) -> dict:
+    """The page's default handoffs (or ``handoffs``) one after another on the locker preset, warm."""
     from kvviz.engine import run_handoff
+    from kvviz.handoffs.registry import default_handoffs
     from kvviz.results import GenerationSettings, HandoffRequest
 
+    handoffs = list(handoffs or default_handoffs())
     request = HandoffRequest(
         query=FULL_RUN_QUERY, context=FULL_RUN_CONTEXT, generation=GenerationSettings(max_new_tokens=FULL_RUN_TOKENS)
     )

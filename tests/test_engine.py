@@ -273,3 +273,18 @@ def test_sees_every_key_respects_the_sliding_window():
     assert not plan.sees_every_key(0, 8, 10, 10)  # key 0 is 10 positions back: outside a window of 10
     # layer 1 holds own keys only: 6 keys ending at the query position 10 (positions 5..10)
     assert plan.sees_every_key(1, 6, 10, 6) and not plan.sees_every_key(1, 6, 10, 5)
+
+
+def test_prefill_from_vectors_equals_prefill_from_tokens(tiny):
+    """Feeding a prompt's own embeddings as vectors is the same forward as feeding its ids."""
+    from kvviz.decode import prefill_vectors
+
+    model = tiny.receiver
+    segments = build_segments(model.tokenizer, "What is the code?", "The code is 4471.")
+    by_ids, by_vectors = kv.KVState(), kv.KVState()
+    expected, _ = prefill(model, by_ids, segments.input_ids)
+    embeddings = model.model.get_input_embeddings()(torch.tensor(segments.input_ids))
+    got = prefill_vectors(model, by_vectors, embeddings)
+    assert torch.allclose(got.logits, expected.logits, atol=1e-5) and by_vectors.next_position == by_ids.next_position
+    with pytest.raises(ValueError, match="vectors"):
+        prefill_vectors(model, kv.KVState(), embeddings[:, :3])
