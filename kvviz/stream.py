@@ -22,9 +22,12 @@ def stream_handoffs(pair_name: str, request: HandoffRequest, names: Iterable[str
     ``status`` (a progress line), ``start``, ``token`` (answer so far), ``done`` (result dict),
     ``error`` (a message).
 
+    Handoffs that cannot run on this pair or request are ``done`` at once, before any model runs,
+    so that their columns never wait behind the others.
+
     Closing the generator (the user cancelled or left) stops the worker at its next token.
     """
-    from kvviz.engine import load_pair, run_handoff
+    from kvviz.engine import load_pair, not_applicable, run_handoff
 
     names = list(names)
     events: queue.Queue = queue.Queue()
@@ -34,7 +37,14 @@ def stream_handoffs(pair_name: str, request: HandoffRequest, names: Iterable[str
         try:
             events.put(("status", None, f"Loading the pair '{pair_name}' (once per server) ..."))
             pair = load_pair(pair_name, progress=lambda message: events.put(("status", None, str(message))))
+            runnable = []
             for name in names:
+                refused = not_applicable(name, pair, request)
+                if refused is None:
+                    runnable.append(name)
+                else:
+                    events.put(("done", name, refused.to_dict()))
+            for name in runnable:
                 if cancel.is_set():
                     return
                 events.put(("start", name, None))

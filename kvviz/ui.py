@@ -440,6 +440,7 @@ def build_demo(
             states = {name: "waiting" for name in names}
             log = "starting ..."
             last = 0.0
+            started = time.perf_counter()
 
             def snapshot(final=False):
                 """Every output: at the start, when a handoff finishes, and at the end."""
@@ -449,9 +450,10 @@ def build_demo(
                 return dict(zip(run_outputs, values))
 
             def header(final=False):
+                wall = present.format_seconds(time.perf_counter() - started)
                 if final:
-                    return "**Live run finished.** Every number below was measured in this run."
-                return f"**Live run** ({len(results)} of {len(names)} done): {present.md(log)}"
+                    return f"**Live run finished** in {wall} (wall time). Every number below was measured in this run."
+                return f"**Live run** ({len(results)} of {len(names)} done, {wall} so far): {present.md(log)}"
 
             def small(name=None):
                 """While a handoff streams, only its answer box, its stats and the status change
