@@ -26,9 +26,17 @@ def main(argv=None) -> None:
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), help="default 127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), help="default 7860")
     parser.add_argument("--pair", default="embedded", help="the pair selected when the page opens")
+    parser.add_argument("--device", default=None,
+                        help="cpu, cuda, cuda:N, or auto (spread each model over every GPU); default: CUDA where available")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU)")
     parser.add_argument("--no-preload", action="store_true", help="load models on the first run, not at start")
     parser.add_argument("--share", action="store_true", help="ask Gradio for a public share link")
     args = parser.parse_args(argv)
+    # every model the page loads (kvviz.models.default_device / parse_dtype) follows these
+    if args.device:
+        os.environ["KVVIZ_DEVICE"] = args.device
+    if args.dtype:
+        os.environ["KVVIZ_DTYPE"] = args.dtype
 
     from kvviz.ui import build_demo, launch_kwargs
 

@@ -338,6 +338,14 @@ class LoadedModel:
         return next(self.model.parameters()).dtype
 
     @property
+    def layer_devices(self) -> list[torch.device]:
+        """The device each decoder layer computes on: one device, or several when accelerate spread
+        the model over GPUs (``--device auto``). A layer's KV cache must live there. Where
+        accelerate placed a layer, its hook names the device (the weights of a layer offloaded to
+        the CPU sit on ``meta`` between forwards)."""
+        return [execution_device(layer) for layer in self.model.model.layers]
+
+    @property
     def head(self):
         """The output head (``kvviz.head.OutputHead``): exact logits, and a fast greedy path."""
         if self._head is None:
@@ -349,8 +357,15 @@ class LoadedModel:
         return self._head
 
 
+def execution_device(module: torch.nn.Module) -> torch.device:
+    """Where ``module`` computes: its accelerate hook's execution device, else its weights' device."""
+    device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+    return torch.device(device) if device is not None else next(module.parameters()).device
+
+
 def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """$KVVIZ_DEVICE (``app.py --device`` sets it for the page), else CUDA where available."""
+    return os.environ.get("KVVIZ_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def default_dtype(device: str) -> torch.dtype:
@@ -363,6 +378,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    """The dtype given, else $KVVIZ_DTYPE (``app.py --dtype``), else the device's default."""
+    dtype = dtype or os.environ.get("KVVIZ_DTYPE") or None
     if dtype is None or dtype == "auto":
         return default_dtype(device)
     if isinstance(dtype, torch.dtype):
