@@ -9,6 +9,10 @@ import argparse
 import os
 import threading
 
+# First, before anything imports torch: on a ZeroGPU Space the `spaces` package must be imported
+# before CUDA is touched (kvviz.zerogpu imports it where it is installed, and no torch).
+from kvviz import zerogpu
+
 
 def _preload(pair: str) -> None:
     """Load the pair in the background so the first live run does not wait for it."""
@@ -41,7 +45,11 @@ def main(argv=None) -> None:
     from kvviz.ui import build_demo, launch_kwargs
 
     demo = build_demo(default_pair=args.pair)
-    if not args.no_preload:
+    if zerogpu.on_zerogpu():
+        # ZeroGPU: the models go to CUDA now, on the main thread, where the `spaces` package
+        # intercepts `.to("cuda")`; each @spaces.GPU call then finds them on its GPU.
+        _preload(args.pair)
+    elif not args.no_preload:
         threading.Thread(target=_preload, args=(args.pair,), daemon=True, name="kvviz-preload").start()
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_kwargs())
 

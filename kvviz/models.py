@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from kvviz import attention
+from kvviz import attention, zerogpu
 
 # Marker written last into a converted folder: a folder without it is an interrupted conversion.
 CONVERSION_MARKER = "kvviz-converted.json"
@@ -370,6 +370,10 @@ def default_device() -> str:
 
 def default_dtype(device: str) -> torch.dtype:
     if device.startswith("cuda") or device == "auto":
+        if zerogpu.on_zerogpu():
+            # ZeroGPU lends bfloat16-capable GPUs; asking torch in the main process, where CUDA
+            # is only emulated until a GPU function runs, is not something to rely on
+            return torch.bfloat16
         return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
 

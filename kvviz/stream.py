@@ -18,6 +18,17 @@ class Cancelled(Exception):
 
 
 def stream_handoffs(pair_name: str, request: HandoffRequest, names: Iterable[str]) -> Iterator[tuple[str, str | None, object]]:
+    """``run_events``; on a Space (the ``spaces`` package installed) inside ``@spaces.GPU``, with
+    only plain data crossing (``kvviz.zerogpu``)."""
+    from kvviz import zerogpu
+
+    if zerogpu.available():
+        yield from zerogpu.gpu_run_events(pair_name, request.to_dict(), list(names))
+    else:
+        yield from run_events(pair_name, request, names)
+
+
+def run_events(pair_name: str, request: HandoffRequest, names: Iterable[str]) -> Iterator[tuple[str, str | None, object]]:
     """Run the handoffs one after another in a worker thread; yield ``(kind, name, data)`` events:
     ``status`` (a progress line), ``start``, ``token`` (answer so far), ``done`` (result dict),
     ``error`` (a message).

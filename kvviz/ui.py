@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from kvviz import plots, present
+from kvviz import plots, present, zerogpu
 from kvviz.handoffs import registry
 from kvviz.handoffs.registry import Handoff, Option
 from kvviz.models import PAIRS, resolve_pair
@@ -508,7 +508,10 @@ def build_demo(
                 """Run the sweep on the built-in set; returns the figure and the data."""
                 progress(0.0, desc="Loading models ...")
                 try:
-                    data = run_sweep(pair, series, int(max_new_tokens), progress=progress, handoff=swept.name)
+                    if zerogpu.available():  # on a Space: inside @spaces.GPU, plain data across, no progress bar
+                        data = zerogpu.gpu_sweep(pair, list(series or []), int(max_new_tokens), swept.name)
+                    else:
+                        data = run_sweep(pair, series, int(max_new_tokens), progress=progress, handoff=swept.name)
                 except ValueError as error:
                     raise gr.Error(str(error)) from error
                 text = f"**Live sweep finished** in {data['seconds']:.0f} s ({data['n']} questions, {len(data['answers'])} runs)."
