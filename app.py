@@ -1,6 +1,7 @@
 """kvviz lab: `python app.py` serves the page on 127.0.0.1:7860 (see --help for flags).
 
-Thin by design: the page lives in kvviz/ui.py, the figures in kvviz/plots.py.
+Thin by design: the page lives in kvviz/ui.py, the figures in kvviz/plots.py. The same file is a
+Hugging Face Space's app (`python -m kvviz space export DIR`).
 """
 
 from __future__ import annotations
