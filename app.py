@@ -43,8 +43,10 @@ def main(argv=None) -> None:
     if args.dtype:
         os.environ["KVVIZ_DTYPE"] = args.dtype
 
+    from kvviz.stream import use_one_thread_per_handoff
     from kvviz.ui import build_demo, launch_kwargs
 
+    use_one_thread_per_handoff()
     demo = build_demo(default_pair=args.pair)
     if zerogpu.on_zerogpu():
         # ZeroGPU: the models go to CUDA now, on the main thread, where the `spaces` package

@@ -109,10 +109,10 @@ def test_with_the_package_the_run_crosses_as_plain_data(with_spaces, monkeypatch
     seen = events(monkeypatch)
     (call,) = with_spaces.calls
     assert call["function"] == "_run_events"
-    pair_name, sent, names = call["args"]
-    assert pair_name == "tiny" and names == NAMES and plain(sent) and sent == request().to_dict()
+    pair_name, sent, names, workers = call["args"]
+    assert pair_name == "tiny" and names == NAMES and workers == 1 and plain(sent) and sent == request().to_dict()
     # the duration was computed from this request: tokens x handoffs
-    assert call["seconds"] == zerogpu.run_seconds("tiny", request().to_dict(), NAMES)
+    assert call["seconds"] == zerogpu.run_seconds("tiny", request().to_dict(), NAMES, 1)
     # every event came back through pickle, as plain data, and the run is complete
     assert all(plain(event) for event in seen), [e for e in seen if not plain(e)][:1]
     assert [name for kind, name, _ in seen if kind == "done"] == NAMES
@@ -170,7 +170,7 @@ def test_on_zerogpu_models_default_to_cuda_bfloat16_without_asking_cuda(with_spa
 def test_app_loads_the_models_on_the_main_thread_on_zerogpu(with_spaces, monkeypatch):
     """ZeroGPU intercepts `.to("cuda")` on the main thread only: the preload must run there, before launch."""
     import app
-    from kvviz import ui
+    from kvviz import stream, ui
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     order = []
@@ -181,5 +181,6 @@ def test_app_loads_the_models_on_the_main_thread_on_zerogpu(with_spaces, monkeyp
             order.append(("launch",))
 
     monkeypatch.setattr(ui, "build_demo", lambda default_pair: Demo())
+    monkeypatch.setattr(stream, "use_one_thread_per_handoff", lambda: None)  # no thread change for the session
     app.main(["--pair", "embedded-gemma"])
     assert order == [("preload", "embedded-gemma", True), ("launch",)]
