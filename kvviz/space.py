@@ -38,6 +38,8 @@ SPACE_PYTHON = "3.11"
 DEFAULT_HARDWARE = "cpu-upgrade"  # the embedded pair runs on CPU; 8 vCPUs keep a live run short
 # Hub pairs whose models a GPU Space preloads: the C2C paper's pair and the KVComm same-model pair.
 PAPER_PAIRS = ("qwen", "qwen3-self")
+# The hub refuses a short_description longer than 60 characters.
+SHORT_DESCRIPTION = "Two LLMs talk through their KV caches: text, C2C, KVComm"
 # What the export copies from the repository, and what it leaves out of the package.
 COPIED = ("app.py", "requirements.txt", "kvviz", "assets")
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
@@ -126,7 +128,7 @@ def front_matter(hardware: str, requirements: str) -> dict:
         "app_file": "app.py",
         "suggested_hardware": hardware,
         "pinned": False,
-        "short_description": "Watch two LLMs talk through their KV caches (text, C2C, KVComm)",
+        "short_description": SHORT_DESCRIPTION,
         "models": [repo for repo, _ in models],
         "preload_from_hub": [" ".join([repo, ",".join(files)]).strip() for repo, files in models],
     }

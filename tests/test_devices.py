@@ -234,6 +234,15 @@ def test_gpu_check_runs_every_handoff_on_tiny_models(capsys, tmp_path, monkeypat
     assert gemma.layer_types.count("full_attention") == 3
     facts = facts_from_config("qwen2.5", gpu_check.config_for("Qwen/Qwen2.5-0.5B-Instruct", tiny=False))
     assert (facts.num_layers, facts.num_heads, facts.num_kv_heads, facts.head_dim, facts.hidden_size) == (24, 14, 2, 64, 896)
+    from transformers import AutoModelForCausalLM
+
+    counts = {}
+    for name in gpu_check.ARCHITECTURES:  # built on meta: shapes only, no memory
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(gpu_check.config_for(name, tiny=False))
+        counts[name] = round(sum(p.numel() for p in model.parameters()) / 1e6)
+    # the published sizes: Qwen3-0.6B 0.60B, Qwen2.5-0.5B 0.49B, Gemma-3-270M 268M (tied heads)
+    assert counts == {"Qwen/Qwen3-0.6B": 596, "Qwen/Qwen2.5-0.5B-Instruct": 494, "google/gemma-3-270m": 268}
 
     monkeypatch.setenv("KVVIZ_CACHE_DIR", str(tmp_path))  # the random fusers go here
     out = tmp_path / "check.json"

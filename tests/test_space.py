@@ -47,6 +47,7 @@ def test_the_export_is_a_complete_gradio_space(exported):
     assert meta["sdk_version"] == space.pinned_version(REQUIREMENTS, "gradio") == "6.31.0"
     assert meta["python_version"] == "3.11" and meta["app_file"] == "app.py" and (exported / "app.py").is_file()
     assert meta["suggested_hardware"] == "cpu-upgrade"
+    assert 0 < len(meta["short_description"]) <= 60  # the hub's limit
     fallback = EMBEDDED_MODELS["smollm2-135m"]
     assert meta["models"] == [fallback.hub_fallback] == ["HuggingFaceTB/SmolLM2-135M-Instruct"]
     assert meta["preload_from_hub"] == [f"{fallback.hub_fallback} {','.join(fallback.hub_files)}"]
