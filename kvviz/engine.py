@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import traceback
 
+from kvviz import limits
 from kvviz.handoffs import get, parse_handoffs
 from kvviz.handoffs.common import LoadedPair, TokenCallback
 from kvviz.models import load_model, resolve_pair
@@ -22,7 +23,9 @@ def run_handoff(name: str, pair: LoadedPair, request: HandoffRequest, on_token: 
     """Run one handoff; an unexpected failure becomes a result that says what went wrong.
 
     A handoff whose requirements the pair or the request do not meet says so at once, without
-    running a model (its descriptor's ``applicable`` check).
+    running a model (its descriptor's ``applicable`` check). Any error inside a handoff becomes
+    its result (the other handoffs of a run still run); a stopped run (``kvviz.stream.Cancelled``,
+    not an ``Exception``) is not caught.
     """
     handoff = get(name)
     try:
@@ -30,11 +33,18 @@ def run_handoff(name: str, pair: LoadedPair, request: HandoffRequest, on_token: 
         if reason:
             return handoff.not_applicable(pair.name, reason)
         return handoff.run(pair, request, on_token=on_token)
-    except (ValueError, RuntimeError) as error:
+    except Exception as error:  # one failing handoff never takes the others (or the server) down
         result = HandoffResult.not_applicable(name, pair.name, f"{type(error).__name__}: {error}")
         result.details["traceback"] = traceback.format_exc(limit=5)
         return result
 
 
+def check_fits(pair: LoadedPair, request: HandoffRequest) -> None:
+    """Refuse a request whose prompt is longer than the pair takes (``kvviz.limits``)."""
+    limits.check_prompt_tokens(pair, request)
+
+
 def run_handoffs(names, pair: LoadedPair, request: HandoffRequest) -> list[HandoffResult]:
-    return [run_handoff(name, pair, request) for name in parse_handoffs(names)]
+    names = parse_handoffs(names)
+    check_fits(pair, request)
+    return [run_handoff(name, pair, request) for name in names]

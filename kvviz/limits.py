@@ -57,16 +57,22 @@ class Setting:
         check_range(self.label, value, self.minimum, self.maximum, self.integer)
 
 
+def show(value) -> str:
+    """A number as people write it: 4294967295, 0.5, inf."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(int(value)) if float(value).is_integer() else f"{value:g}"
+    return repr(value)
+
+
 def range_message(label: str, minimum: float, maximum: float, value) -> str:
     """The one wording of an out-of-range value, everywhere."""
-    shown = f"{value:g}" if isinstance(value, (int, float)) else repr(value)
-    return f"{label} must be between {minimum:g} and {maximum:g}, got {shown}."
+    return f"{label} must be between {show(minimum)} and {show(maximum)}, got {show(value)}."
 
 
 def check_range(label: str, value, minimum: float, maximum: float, integer: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not float(value).is_integer()):
         kind = "an integer" if integer else "a number"
-        raise ValueError(f"{label} must be {kind} between {minimum:g} and {maximum:g}, got {value!r}.")
+        raise ValueError(f"{label} must be {kind} between {show(minimum)} and {show(maximum)}, got {value!r}.")
     if value != value or not minimum <= value <= maximum:  # value != value: NaN
         raise ValueError(range_message(label, minimum, maximum, value))
 

@@ -50,6 +50,31 @@ def caps() -> Caps:
     return PUBLIC if public_mode() else LOCAL
 
 
+# How many model runs the server makes at once (``KVVIZ_CONCURRENCY`` overrides); see
+# docs/RESULTS.md "Load test" for the measurements behind these defaults.
+DEFAULT_CONCURRENCY = {"cpu": 1, "cuda": 2}
+
+
+def model_concurrency() -> int:
+    """Model runs at once: ``KVVIZ_CONCURRENCY``, else the default for this machine's device."""
+    given = os.environ.get("KVVIZ_CONCURRENCY", "").strip()
+    if given:
+        try:
+            return max(1, int(given))
+        except ValueError as error:
+            raise ValueError(f"KVVIZ_CONCURRENCY must be a whole number of model runs, got {given!r}.") from error
+    from kvviz.models import default_device
+
+    return DEFAULT_CONCURRENCY["cuda" if default_device().startswith("cuda") else "cpu"]
+
+
+def threads_per_run(concurrency: int, cores: int | None = None) -> int:
+    """Torch threads for each model run: the cores shared out, one at least. Threads of one
+    process that outnumber the cores wait on each other (OpenMP), which costs more than it gives."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // max(1, concurrency))
+
+
 PUBLIC_PAIR_REFUSAL = (
     "This is a public server: choose one of the registered pairs ({pairs}). Typed model names, local "
     "folders and hub ids are turned off here; run kvviz on your own machine to use them."

@@ -11,7 +11,11 @@ Serving rules kept here:
 * models load once per process (``kvviz.models.load_model`` caches them); per-user data lives only
   in ``gr.State`` and event arguments, never in module globals;
 * every model-running event shares one queue (``concurrency_id="models"``), limit
-  ``KVVIZ_CONCURRENCY`` (default 1: one model run at a time uses every core already);
+  ``kvviz.policy.model_concurrency()`` (``KVVIZ_CONCURRENCY``; the defaults were measured); the
+  queue holds at most ``policy.caps().queue_size`` waiting requests and says so when full;
+* in public mode (``kvviz.policy``) the pair box offers registered pairs only and the sliders stop
+  at the public caps; every limit is checked again on the server (``kvviz.limits``), so the API
+  gets the same refusals as the page;
 * every event has an explicit ``api_name`` so scripts can drive the app with ``gradio_client``;
 * user text (query, context, answers, prompts) only ever goes into text boxes or escaped
   markdown: it is shown as text, never run as HTML.
@@ -24,14 +28,13 @@ setting takes two inputs: the auto checkbox, then the value), then the handoffs 
 from __future__ import annotations
 
 import inspect
-import os
 import tempfile
 import time
 from dataclasses import dataclass
 
 import gradio as gr
 
-from kvviz import plots, present
+from kvviz import limits, plots, policy, present
 from kvviz.handoffs import registry
 from kvviz.handoffs.registry import Handoff, Option
 from kvviz.models import PAIRS, resolve_pair
@@ -40,7 +43,7 @@ from kvviz.stream import stream_handoffs
 from kvviz.sweep import run_sweep
 
 MODEL_QUEUE = "models"
-MAX_UI_NEW_TOKENS = 256
+MAX_UI_NEW_TOKENS = 256  # the slider's end (the server's cap, kvviz.limits, may be lower)
 STREAM_INTERVAL = 0.12  # seconds between streamed UI updates
 FIXED_PLOTS = ("latency", "bytes")
 
@@ -194,7 +197,9 @@ def build_demo(
     ``default_max_new_tokens`` sets the slider's start value (tests use a small one)."""
     precomputed = load_precomputed() if precomputed is None else precomputed
     sweep = load_precomputed_sweep() if sweep is None else sweep
-    concurrency = max(1, int(os.environ.get("KVVIZ_CONCURRENCY", "1")))
+    concurrency = policy.model_concurrency()
+    public = policy.public_mode()
+    setting = limits.settings()
     pre_presets = precomputed.get("presets", {})
     pre_pair = precomputed.get("pair", default_pair)
     columns, shown_at_first, figure_names = column_names(), default_columns(), plot_names()
@@ -263,8 +268,8 @@ def build_demo(
                     choices=list(PAIRS),
                     value=default_pair,
                     label="Model pair (sharer -> receiver)",
-                    allow_custom_value=True,
-                    info="A registered pair, or SHARER+RECEIVER with any two model names.",
+                    allow_custom_value=not public,
+                    info="A registered pair." if public else "A registered pair, or SHARER+RECEIVER with any two model names.",
                     elem_id="kv-pair",
                 )
             with gr.Column(scale=3):
@@ -294,12 +299,16 @@ def build_demo(
         )
         with gr.Accordion("Settings", open=False, elem_id="kv-settings"):
             with gr.Row():
-                max_new_tokens = gr.Slider(1, MAX_UI_NEW_TOKENS, value=int(default_max_new_tokens), step=1,
+                top = min(MAX_UI_NEW_TOKENS, int(setting["max_new_tokens"].maximum))
+                max_new_tokens = gr.Slider(1, top, value=min(top, int(default_max_new_tokens)), step=1,
                                            label="Max new tokens (answer length bound)")
-                message_tokens = gr.Slider(1, 256, value=64, step=1, label="Message length bound (tokens), for handoffs that write a message")
+                message_top = min(256, int(setting["message_tokens"].maximum))
+                message_tokens = gr.Slider(1, message_top, value=min(64, message_top), step=1,
+                                           label="Message length bound (tokens), for handoffs that write a message")
             with gr.Row():
                 sample = gr.Checkbox(value=False, label="Sample instead of greedy decoding")
-                temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature (when sampling)")
+                temperature = gr.Slider(setting["temperature"].minimum, setting["temperature"].maximum, value=0.7, step=0.05,
+                                        label="Temperature (when sampling)")
                 seed = gr.Number(value=0, precision=0, label="Seed (sampling and random choices)")
             option_inputs = []
             for handoff in registry.all_handoffs():
@@ -440,6 +449,7 @@ def build_demo(
             states = {name: "waiting" for name in names}
             log = "starting ..."
             last = 0.0
+            stopped = ""  # why the run stopped early (the server's time limit), if it did
 
             def snapshot(final=False):
                 """Every output: at the start, when a handoff finishes, and at the end."""
@@ -449,6 +459,8 @@ def build_demo(
                 return dict(zip(run_outputs, values))
 
             def header(final=False):
+                if final and stopped:
+                    return f"**{present.md(stopped)}** Every number below was measured in this run."
                 if final:
                     return "**Live run finished.** Every number below was measured in this run."
                 return f"**Live run** ({len(results)} of {len(names)} done): {present.md(log)}"
@@ -483,6 +495,8 @@ def build_demo(
                     partial.pop(name, None)
                     states.pop(name, None)
                     yield snapshot()
+                elif kind == "stopped":
+                    stopped = data
                 elif kind == "error":
                     raise gr.Error(f"The run failed: {data}")
             yield snapshot(final=True)
@@ -526,7 +540,13 @@ def build_demo(
 
         def export(results):
             """Write the current results as JSON and CSV files to download."""
-            return present.write_exports(results or {}, tempfile.mkdtemp(prefix="kvviz-export-"))
+            try:
+                return present.write_exports(results or {}, tempfile.mkdtemp(prefix="kvviz-export-"))
+            except OSError as error:  # a full or read-only disk: say so; the results stay on the page
+                raise gr.Error(
+                    f"Could not write the export files ({error.strerror or error}). The results are still on the "
+                    "page: copy them from 'Structured results', or try again when the server has disk space."
+                ) from error
 
         export_button.click(export, inputs=[results_state], outputs=[export_files], api_name="export")
 
@@ -541,7 +561,7 @@ def build_demo(
                         api_name="walkthrough_back", show_progress="hidden")
 
     # light events (presets, facts, export, walk-through) run side by side; model runs share one queue
-    demo.queue(max_size=64, default_concurrency_limit=4)
+    demo.queue(max_size=policy.caps().queue_size, default_concurrency_limit=4)
     return demo
 
 
