@@ -167,6 +167,17 @@ def build_request(query, context, max_new_tokens=32, sample=False, temperature=0
 # --- the page -----------------------------------------------------------------------------------
 
 
+class Slider(gr.Slider):
+    """A slider whose value the server checks with ``kvviz.limits``, so that an API call out of
+    range hears which setting and what is allowed ("KVComm ratio r must be between 0 and 1, got
+    1.5"), as the CLI does; Gradio's own check would not name the setting."""
+
+    is_template = True  # the page draws it as a plain slider
+
+    def preprocess(self, payload):
+        return payload
+
+
 def _option_widget(spec: PageOption):
     """The widgets of one option: [auto checkbox,] value."""
     option, handoff = spec.option, spec.handoff
@@ -179,7 +190,7 @@ def _option_widget(spec: PageOption):
     elif option.kind == "text":
         widgets.append(gr.Textbox(value=option.default, label=option.label, elem_id=elem))
     elif option.kind == "float" and option.minimum is not None and option.maximum is not None:
-        widgets.append(gr.Slider(option.minimum, option.maximum, value=option.default, step=option.step or 0.01,
+        widgets.append(Slider(option.minimum, option.maximum, value=option.default, step=option.step or 0.01,
                                  label=option.label, elem_id=elem))
     else:
         widgets.append(gr.Number(value=option.default, precision=0 if option.kind == "int" else None, label=option.label,
@@ -300,14 +311,14 @@ def build_demo(
         with gr.Accordion("Settings", open=False, elem_id="kv-settings"):
             with gr.Row():
                 top = min(MAX_UI_NEW_TOKENS, int(setting["max_new_tokens"].maximum))
-                max_new_tokens = gr.Slider(1, top, value=min(top, int(default_max_new_tokens)), step=1,
+                max_new_tokens = Slider(1, top, value=min(top, int(default_max_new_tokens)), step=1,
                                            label="Max new tokens (answer length bound)")
                 message_top = min(256, int(setting["message_tokens"].maximum))
-                message_tokens = gr.Slider(1, message_top, value=min(64, message_top), step=1,
+                message_tokens = Slider(1, message_top, value=min(64, message_top), step=1,
                                            label="Message length bound (tokens), for handoffs that write a message")
             with gr.Row():
                 sample = gr.Checkbox(value=False, label="Sample instead of greedy decoding")
-                temperature = gr.Slider(setting["temperature"].minimum, setting["temperature"].maximum, value=0.7, step=0.05,
+                temperature = Slider(setting["temperature"].minimum, setting["temperature"].maximum, value=0.7, step=0.05,
                                         label="Temperature (when sampling)")
                 seed = gr.Number(value=0, precision=0, label="Seed (sampling and random choices)")
             option_inputs = []
