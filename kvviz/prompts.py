@@ -124,7 +124,12 @@ def _user_spans(marked: str) -> tuple[str, list[tuple[int, int]]]:
 
 def encode(tokenizer, text: str) -> list[int]:
     """Token ids for prompt text that holds the special tokens it needs (a template's
-    ``<|im_start|>``, a ``<bos>``); the user's words in it (marked by ``render``) are plain text.
+    ``<|im_start|>``, a ``<bos>``); the user's words in it (marked by ``render``) are plain text."""
+    return encode_with_offsets(tokenizer, text)[0]
+
+
+def encode_with_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """``encode``, with each token's (begin, end) characters in the text without the marks.
 
     The text is encoded as usual; only when a special token lies inside the user's words is it
     read again: the template's own special tokens stay, and each stretch between them is encoded
@@ -132,28 +137,33 @@ def encode(tokenizer, text: str) -> list[int]:
     """
     text, users = _user_spans(text)
     if not text:
-        return []
+        return [], []
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
-    if not users:
-        return ids
-    special = _special_ids(tokenizer)
+    ids, offsets = list(encoded["input_ids"]), [tuple(span) for span in encoded["offset_mapping"]]
+    special = _special_ids(tokenizer) if users else set()
 
     def typed(begin: int, end: int) -> bool:
         return any(start <= begin and end <= stop for start, stop in users)
 
     if not any(token in special and typed(*span) for token, span in zip(ids, offsets)):
-        return ids
-    out, cursor = [], 0
+        return ids, offsets
+    out_ids, out_offsets, cursor = [], [], 0
+
+    def as_text(end: int):
+        if end > cursor:
+            piece = tokenizer(text[cursor:end], add_special_tokens=False, split_special_tokens=True,
+                              return_offsets_mapping=True)
+            out_ids.extend(piece["input_ids"])
+            out_offsets.extend((cursor + b, cursor + e) for b, e in piece["offset_mapping"])
+
     for token, (begin, end) in zip(ids, offsets):
         if token in special and not typed(begin, end):
-            out += _as_text(tokenizer, text[cursor:begin]) + [token]
+            as_text(begin)
+            out_ids.append(token)
+            out_offsets.append((begin, end))
             cursor = end
-    return out + _as_text(tokenizer, text[cursor:])
-
-
-def _as_text(tokenizer, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] if text else []
+    as_text(len(text))
+    return out_ids, out_offsets
 
 
 def _special_ids(tokenizer) -> set[int]:
