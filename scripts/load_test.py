@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -119,7 +120,7 @@ def answers_of(data: dict) -> dict:
     return {r["handoff"]: r["answer_ids"] if r["applicable"] else f"n/a: {r['reason'][:60]}" for r in data["results"]}
 
 
-def live_run(client, question: int, tokens: int, timeout: float):
+def live_run(client, question: int, tokens: int):
     query, context = QUESTIONS[question]
     return client.submit(pair="embedded", query=query, context=context or "", max_new_tokens=tokens, message_tokens=tokens,
                          api_name="/run")
@@ -136,7 +137,7 @@ def one_request(client, kind: str, question: int, args, presets: list[str]) -> O
 
     try:
         if kind == "typed":
-            outputs = live_run(client, question, args.tokens, args.request_timeout).result(timeout=args.request_timeout)
+            outputs = live_run(client, question, args.tokens).result(timeout=args.request_timeout)
             data = outputs[-1]
             if "finished" not in outputs[0]:
                 return Outcome(kind, "failed", took(), f"status: {outputs[0][:120]}", question=question)
@@ -155,7 +156,7 @@ def one_request(client, kind: str, question: int, args, presets: list[str]) -> O
                 return Outcome(kind, "failed", took(), f"unexpected refusal: {error}")
             return Outcome(kind, "failed", took(), "a bad input was accepted")
         if kind == "cancel":
-            job = live_run(client, question, args.tokens, args.request_timeout)
+            job = live_run(client, question, args.tokens)
             time.sleep(args.cancel_after)
             job.cancel()
             return Outcome(kind, "cancelled", took())
@@ -166,6 +167,23 @@ def one_request(client, kind: str, question: int, args, presets: list[str]) -> O
         return Outcome(kind, "failed", took(), f"AppError: {error}"[:200])
     except Exception as error:  # timeouts, connection errors, 5xx
         return Outcome(kind, "failed", took(), f"{type(error).__name__}: {error}"[:200])
+
+
+def server_errors_in(log: str) -> list[str]:
+    """The exceptions in the server's log that are not a refusal shown to the user: Gradio logs
+    every ``gr.Error`` with its traceback, so those (and the exceptions that caused them) are left
+    out; what is left is a crash of a request (what a client sees as HTTP 500)."""
+    lines = log.splitlines()
+    final = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+    errors = []
+    for index, line in enumerate(lines):
+        if not final.match(line) or line.startswith("gradio.exceptions.Error"):
+            continue
+        following = "\n".join(lines[index + 1 : index + 4])
+        if "The above exception was the direct cause" in following or "During handling of the above" in following:
+            continue  # the first link of a chain: judged by its last link
+        errors.append(line[:200])
+    return errors
 
 
 def parse_mix(text: str) -> list[str]:
@@ -218,11 +236,11 @@ def main() -> int:
         wait_until_up(url, server, 300)
         client = Client(url, verbose=False)
         print(f"server up on {url} (log {log_path}); warming up and asking each question alone ...", file=sys.stderr)
-        live_run(client, 0, args.tokens, args.request_timeout).result(timeout=args.request_timeout)  # loads the models
+        live_run(client, 0, args.tokens).result(timeout=args.request_timeout)  # loads the models
         serial, serial_seconds = {}, []
         for index in range(len(QUESTIONS)):
             started = time.perf_counter()
-            serial[index] = answers_of(live_run(client, index, args.tokens, args.request_timeout).result(timeout=args.request_timeout)[-1])
+            serial[index] = answers_of(live_run(client, index, args.tokens).result(timeout=args.request_timeout)[-1])
             serial_seconds.append(time.perf_counter() - started)
         before = rss_mib(server.pid)
         memory.peak = before
@@ -254,7 +272,7 @@ def main() -> int:
         after_load = rss_mib(server.pid)
         memory.stop.set()
         try:
-            normal_after = "finished" in live_run(client, 2, args.tokens, args.request_timeout).result(timeout=args.request_timeout)[0]
+            normal_after = "finished" in live_run(client, 2, args.tokens).result(timeout=args.request_timeout)[0]
         except Exception as error:
             normal_after = False
             print(f"the normal request afterwards failed: {error}", file=sys.stderr)
@@ -272,7 +290,7 @@ def main() -> int:
     differ = [o for o in outcomes if o.kind == "typed" and o.status == "completed" and o.answers != serial[o.question]]
     live = [o.seconds for o in outcomes if o.kind == "typed" and o.status == "completed"]
     every = [o.seconds for o in outcomes if o.status in ("completed", "refused")]
-    server_errors = log.count("Traceback") + sum(f'" {code}' in log for code in (500, 502, 504))
+    server_errors = len(server_errors_in(log))
     report = {
         "command": "python scripts/load_test.py " + " ".join(sys.argv[1:]),
         "sessions": args.sessions, "requests_per_session": args.requests, "tokens": args.tokens, "mix": args.mix,
@@ -287,6 +305,7 @@ def main() -> int:
         "rss_after_vs_before": (after - before) / before,
         "normal_request_after": normal_after,
         "failures": [f"{o.kind}: {o.detail}" for o in outcomes if o.status == "failed"][:10],
+        "server_error_lines": server_errors_in(log)[:10],
         "load_average": os.getloadavg(),
     }
     if args.json:
@@ -315,6 +334,8 @@ def markdown(r: dict) -> str:
     lines = [f"`{r['command']}`", "", "| measure | value |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
     if r["failures"]:
         lines += ["", "Failures: " + "; ".join(r["failures"])]
+    if r["server_error_lines"]:
+        lines += ["", "Server errors: " + "; ".join(r["server_error_lines"])]
     return "\n".join(lines)
 
 
