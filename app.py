@@ -33,23 +33,19 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     from kvviz import policy
+    from kvviz.stream import use_one_thread_per_handoff
+    from kvviz.ui import build_demo, launch_kwargs
 
     if args.public:
         policy.set_public_mode()
-    concurrency = policy.model_concurrency()
-    if concurrency > 1:
-        # concurrent runs share the cores: more torch threads than cores wait on each other
-        import torch
 
-        torch.set_num_threads(policy.threads_per_run(concurrency))
-
-    from kvviz.ui import build_demo, launch_kwargs
-
+    use_one_thread_per_handoff()
     demo = build_demo(default_pair=args.pair)
     if not args.no_preload:
         threading.Thread(target=_preload, args=(args.pair,), daemon=True, name="kvviz-preload").start()
     mode = "public mode" if policy.public_mode() else "local mode"
-    print(f"kvviz: {mode}, {concurrency} model run(s) at once, queue of {policy.caps().queue_size}", flush=True)
+    runs = policy.model_concurrency()
+    print(f"kvviz: {mode}, {runs} run(s) at once, queue of {policy.caps().queue_size}", flush=True)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_kwargs())
 
 

@@ -19,20 +19,26 @@ def load_pair(pair_name, device: str | None = None, dtype=None, progress=print) 
     return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, kvcomm_sender=kvcomm_sender)
 
 
+def not_applicable(name: str, pair: LoadedPair, request: HandoffRequest) -> HandoffResult | None:
+    """The "not applicable" result of a handoff whose requirements the pair or the request do not
+    meet (its descriptor's ``applicable`` check, no model runs), or None when it can run."""
+    handoff = get(name)
+    reason = handoff.applicable(pair, request)
+    return handoff.not_applicable(pair.name, reason) if reason else None
+
+
 def run_handoff(name: str, pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
     """Run one handoff; an unexpected failure becomes a result that says what went wrong.
 
-    A handoff whose requirements the pair or the request do not meet says so at once, without
-    running a model (its descriptor's ``applicable`` check). Any error inside a handoff becomes
-    its result (the other handoffs of a run still run); a stopped run (``kvviz.stream.Cancelled``,
-    not an ``Exception``) is not caught.
+    A handoff that cannot run says so at once, without running a model (``not_applicable``).
+    Any error inside a handoff becomes its result (the other handoffs of a run still run); a
+    stopped run (``kvviz.stream.Cancelled``, not an ``Exception``) is not caught.
     """
-    handoff = get(name)
     try:
-        reason = handoff.applicable(pair, request)
-        if reason:
-            return handoff.not_applicable(pair.name, reason)
-        return handoff.run(pair, request, on_token=on_token)
+        refused = not_applicable(name, pair, request)
+        if refused is not None:
+            return refused
+        return get(name).run(pair, request, on_token=on_token)
     except Exception as error:  # one failing handoff never takes the others (or the server) down
         result = HandoffResult.not_applicable(name, pair.name, f"{type(error).__name__}: {error}")
         result.details["traceback"] = traceback.format_exc(limit=5)

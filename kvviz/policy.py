@@ -68,13 +68,6 @@ def model_concurrency() -> int:
     return DEFAULT_CONCURRENCY["cuda" if default_device().startswith("cuda") else "cpu"]
 
 
-def threads_per_run(concurrency: int, cores: int | None = None) -> int:
-    """Torch threads for each model run: the cores shared out, one at least. Threads of one
-    process that outnumber the cores wait on each other (OpenMP), which costs more than it gives."""
-    cores = cores or os.cpu_count() or 1
-    return max(1, cores // max(1, concurrency))
-
-
 PUBLIC_PAIR_REFUSAL = (
     "This is a public server: choose one of the registered pairs ({pairs}). Typed model names, local "
     "folders and hub ids are turned off here; run kvviz on your own machine to use them."

@@ -30,6 +30,7 @@ from __future__ import annotations
 import inspect
 import tempfile
 import time
+from pathlib import Path
 from dataclasses import dataclass
 
 import gradio as gr
@@ -39,7 +40,7 @@ from kvviz.handoffs import registry
 from kvviz.handoffs.registry import Handoff, Option
 from kvviz.models import PAIRS, resolve_pair
 from kvviz.presets import DEFAULT_PRESET, PRESETS, SWEEP_ITEMS, load_precomputed, load_precomputed_sweep, preset
-from kvviz.stream import stream_handoffs
+from kvviz.stream import default_workers, stream_handoffs
 from kvviz.sweep import run_sweep
 
 MODEL_QUEUE = "models"
@@ -209,6 +210,7 @@ def build_demo(
     precomputed = load_precomputed() if precomputed is None else precomputed
     sweep = load_precomputed_sweep() if sweep is None else sweep
     concurrency = policy.model_concurrency()
+    workers = default_workers()
     public = policy.public_mode()
     setting = limits.settings()
     pre_presets = precomputed.get("presets", {})
@@ -460,6 +462,7 @@ def build_demo(
             states = {name: "waiting" for name in names}
             log = "starting ..."
             last = 0.0
+            started = time.perf_counter()
             stopped = ""  # why the run stopped early (the server's time limit), if it did
 
             def snapshot(final=False):
@@ -470,11 +473,17 @@ def build_demo(
                 return dict(zip(run_outputs, values))
 
             def header(final=False):
+                wall = present.format_seconds(time.perf_counter() - started)
                 if final and stopped:
-                    return f"**{present.md(stopped)}** Every number below was measured in this run."
+                    return f"**{present.md(stopped)}** ({wall}) Every number below was measured in this run."
                 if final:
-                    return "**Live run finished.** Every number below was measured in this run."
-                return f"**Live run** ({len(results)} of {len(names)} done): {present.md(log)}"
+                    side_by_side = (
+                        f" The handoffs ran {workers} at a time, so each one's own times include sharing the CPU."
+                        if workers > 1 else ""
+                    )
+                    return (f"**Live run finished** in {wall} (wall time). Every number below was measured in this run."
+                            + side_by_side)
+                return f"**Live run** ({len(results)} of {len(names)} done, {wall} so far): {present.md(log)}"
 
             def small(name=None):
                 """While a handoff streams, only its answer box, its stats and the status change
@@ -487,7 +496,7 @@ def build_demo(
                 return update
 
             yield snapshot()
-            for kind, name, data in stream_handoffs(pair_name, request, names):
+            for kind, name, data in stream_handoffs(pair_name, request, names, workers):
                 if kind == "status":
                     log = data
                     yield small()
@@ -579,6 +588,16 @@ def build_demo(
 THEME_KWARGS = dict(primary_hue="blue", neutral_hue="slate")
 
 
+def plot_script_preload() -> str:
+    """A ``<link rel="modulepreload">`` for Gradio's plotly chunk, so the browser fetches it with
+    the page instead of when the first plot mounts (about a second sooner to the first plot,
+    ``scripts/bench_app.py``); empty when this Gradio build has no such chunk."""
+    frontend = Path(gr.__file__).parent / "templates" / "frontend" / "assets"
+    chunks = sorted(frontend.glob("PlotlyPlot-*.js"))
+    # relative to the page, so that it also works under a root path (a proxy, a Space)
+    return "".join(f'<link rel="modulepreload" href="assets/{chunk.name}">' for chunk in chunks[:1])
+
+
 def launch_kwargs() -> dict:
-    """theme and css belong to launch() in Gradio 6."""
-    return {"theme": gr.themes.Soft(**THEME_KWARGS), "css": CSS}
+    """theme, css and head belong to launch() in Gradio 6."""
+    return {"theme": gr.themes.Soft(**THEME_KWARGS), "css": CSS, "head": plot_script_preload()}

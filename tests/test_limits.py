@@ -222,5 +222,3 @@ def test_model_concurrency_reads_the_environment(monkeypatch):
         policy.model_concurrency()
     monkeypatch.delenv("KVVIZ_CONCURRENCY")
     assert policy.model_concurrency() == policy.DEFAULT_CONCURRENCY["cpu"]
-    assert policy.threads_per_run(1, cores=2) == 2 and policy.threads_per_run(2, cores=2) == 1
-    assert policy.threads_per_run(4, cores=2) == 1
