@@ -343,14 +343,19 @@ class LoadedModel:
 
     @property
     def head(self):
-        """The output head (``kvviz.head.OutputHead``): exact logits, and a fast greedy path."""
-        if self._head is None:
-            from kvviz.head import OutputHead
+        """The output head (``kvviz.head.OutputHead``): exact logits, and a fast greedy path.
+        Made once, by the first of the concurrent runs that asks (the others wait for it)."""
+        with _head_lock:
+            if self._head is None:
+                from kvviz.head import OutputHead
 
-            # KVVIZ_FAST_HEAD=0 turns the fast greedy path off (to compare, or to rule it out)
-            fast = os.environ.get("KVVIZ_FAST_HEAD", "1") != "0"
-            self._head = OutputHead(self.model, allow_scan=fast, cache_folder=cache_dir() / "heads")
+                # KVVIZ_FAST_HEAD=0 turns the fast greedy path off (to compare, or to rule it out)
+                fast = os.environ.get("KVVIZ_FAST_HEAD", "1") != "0"
+                self._head = OutputHead(self.model, allow_scan=fast, cache_folder=cache_dir() / "heads")
         return self._head
+
+
+_head_lock = threading.Lock()
 
 
 def default_device() -> str:

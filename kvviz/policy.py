@@ -42,7 +42,7 @@ class Caps:
 
 
 LOCAL = Caps(max_new_tokens=1024, max_message_tokens=512, max_prompt_tokens=4096, max_run_seconds=None, queue_size=64)
-# A public CPU server: a run of every page column at the caps takes about a minute on two cores.
+# A shared public server: smaller answers and prompts; a run past max_run_seconds stops at its next token.
 PUBLIC = Caps(max_new_tokens=64, max_message_tokens=64, max_prompt_tokens=1024, max_run_seconds=180.0, queue_size=16)
 
 
@@ -50,22 +50,23 @@ def caps() -> Caps:
     return PUBLIC if public_mode() else LOCAL
 
 
-# How many model runs the server makes at once (``KVVIZ_CONCURRENCY`` overrides); see
-# docs/RESULTS.md "Load test" for the measurements behind these defaults.
-DEFAULT_CONCURRENCY = {"cpu": 1, "cuda": 2}
+# How many runs the server makes at once (``KVVIZ_CONCURRENCY`` overrides). One run already keeps
+# two CPU cores busy (two handoffs side by side, one torch thread each: kvviz.stream); measured on
+# the 2-core CPU machine (docs/RESULTS.md "Load test"), two runs at once gave the same throughput
+# and a slower run for each user, so 1. On a GPU nothing has been measured yet: 1 there too, until
+# ``python scripts/load_test.py --concurrency 2`` on a GPU says otherwise.
+DEFAULT_CONCURRENCY = 1
 
 
 def model_concurrency() -> int:
-    """Model runs at once: ``KVVIZ_CONCURRENCY``, else the default for this machine's device."""
+    """Runs at once: ``KVVIZ_CONCURRENCY``, else ``DEFAULT_CONCURRENCY``."""
     given = os.environ.get("KVVIZ_CONCURRENCY", "").strip()
     if given:
         try:
             return max(1, int(given))
         except ValueError as error:
             raise ValueError(f"KVVIZ_CONCURRENCY must be a whole number of model runs, got {given!r}.") from error
-    from kvviz.models import default_device
-
-    return DEFAULT_CONCURRENCY["cuda" if default_device().startswith("cuda") else "cpu"]
+    return DEFAULT_CONCURRENCY
 
 
 PUBLIC_PAIR_REFUSAL = (

@@ -168,15 +168,14 @@ def build_request(query, context, max_new_tokens=32, sample=False, temperature=0
 # --- the page -----------------------------------------------------------------------------------
 
 
-class Slider(gr.Slider):
+def server_checked_slider(*args, **kwargs) -> gr.Slider:
     """A slider whose value the server checks with ``kvviz.limits``, so that an API call out of
     range hears which setting and what is allowed ("KVComm ratio r must be between 0 and 1, got
-    1.5"), as the CLI does; Gradio's own check would not name the setting."""
-
-    is_template = True  # the page draws it as a plain slider
-
-    def preprocess(self, payload):
-        return payload
+    1.5"), as the CLI does; Gradio's own check would not name the setting. (Not a subclass: Gradio
+    writes a type stub beside the file of every component subclass.)"""
+    slider = gr.Slider(*args, **kwargs)
+    slider.preprocess = lambda payload: payload
+    return slider
 
 
 def _option_widget(spec: PageOption):
@@ -191,7 +190,7 @@ def _option_widget(spec: PageOption):
     elif option.kind == "text":
         widgets.append(gr.Textbox(value=option.default, label=option.label, elem_id=elem))
     elif option.kind == "float" and option.minimum is not None and option.maximum is not None:
-        widgets.append(Slider(option.minimum, option.maximum, value=option.default, step=option.step or 0.01,
+        widgets.append(server_checked_slider(option.minimum, option.maximum, value=option.default, step=option.step or 0.01,
                                  label=option.label, elem_id=elem))
     else:
         widgets.append(gr.Number(value=option.default, precision=0 if option.kind == "int" else None, label=option.label,
@@ -313,14 +312,14 @@ def build_demo(
         with gr.Accordion("Settings", open=False, elem_id="kv-settings"):
             with gr.Row():
                 top = min(MAX_UI_NEW_TOKENS, int(setting["max_new_tokens"].maximum))
-                max_new_tokens = Slider(1, top, value=min(top, int(default_max_new_tokens)), step=1,
+                max_new_tokens = server_checked_slider(1, top, value=min(top, int(default_max_new_tokens)), step=1,
                                            label="Max new tokens (answer length bound)")
                 message_top = min(256, int(setting["message_tokens"].maximum))
-                message_tokens = Slider(1, message_top, value=min(64, message_top), step=1,
+                message_tokens = server_checked_slider(1, message_top, value=min(64, message_top), step=1,
                                            label="Message length bound (tokens), for handoffs that write a message")
             with gr.Row():
                 sample = gr.Checkbox(value=False, label="Sample instead of greedy decoding")
-                temperature = Slider(setting["temperature"].minimum, setting["temperature"].maximum, value=0.7, step=0.05,
+                temperature = server_checked_slider(setting["temperature"].minimum, setting["temperature"].maximum, value=0.7, step=0.05,
                                         label="Temperature (when sampling)")
                 seed = gr.Number(value=0, precision=0, label="Seed (sampling and random choices)")
             option_inputs = []

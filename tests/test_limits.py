@@ -221,4 +221,4 @@ def test_model_concurrency_reads_the_environment(monkeypatch):
     with pytest.raises(ValueError, match="KVVIZ_CONCURRENCY must be a whole number"):
         policy.model_concurrency()
     monkeypatch.delenv("KVVIZ_CONCURRENCY")
-    assert policy.model_concurrency() == policy.DEFAULT_CONCURRENCY["cpu"]
+    assert policy.model_concurrency() == policy.DEFAULT_CONCURRENCY

@@ -101,9 +101,7 @@ def on_layer_inputs(model: LoadedModel, edits: dict[int, Callable[[torch.Tensor]
 def layer_index(layer: int, num_layers: int) -> int:
     """A layer number (negative counts from the end) as 0..num_layers-1."""
     if not -num_layers <= layer < num_layers:
-        raise ValueError(
-            f"layer {layer} does not exist in a model with {num_layers} layers: use {-num_layers} to {num_layers - 1}"
-        )
+        raise ValueError(f"layer {layer} does not exist in a model with {num_layers} layers")
     return layer % num_layers
 
 
