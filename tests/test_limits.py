@@ -222,3 +222,19 @@ def test_model_concurrency_reads_the_environment(monkeypatch):
         policy.model_concurrency()
     monkeypatch.delenv("KVVIZ_CONCURRENCY")
     assert policy.model_concurrency() == policy.DEFAULT_CONCURRENCY
+
+
+def test_the_cli_refuses_the_same_inputs_with_the_same_messages(local, capsys, monkeypatch):
+    from kvviz import cli
+
+    for argv, message in [
+        (["run", "--query", "  \x00 "], "The query is empty: type a question."),
+        (["run", "--query", "Q?", "--ratio", "1.5"], "KVComm ratio r (share of layers sent) must be between 0 and 1, got 1.5."),
+        (["run", "--query", "Q?", "--max-new-tokens", "0"], "Max new tokens must be between 1 and 1024, got 0."),
+        (["run", "--query", "Q?", "--seed", "-3"], "Seed must be between 0 and 4294967295, got -3."),
+    ]:
+        assert cli.main(argv) == 2
+        assert f"error: {message}" in capsys.readouterr().err
+    monkeypatch.setenv("KVVIZ_PUBLIC", "1")
+    assert cli.main(["run", "--query", "Q?", "--pair", "./my-models/a+./my-models/b"]) == 2
+    assert "This is a public server: choose one of the registered pairs" in capsys.readouterr().err
