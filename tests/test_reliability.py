@@ -207,6 +207,17 @@ def endless(tokens: list):
     return run_forever
 
 
+def assert_the_run_stops(tokens: list, within: float) -> None:
+    """The run's worker threads end within ``within`` seconds, and no token comes after that."""
+    deadline = time.monotonic() + within
+    while run_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not run_threads(), "the run went on"
+    stopped_at = len(tokens)
+    time.sleep(0.5)
+    assert len(tokens) == stopped_at
+
+
 def test_a_run_cancelled_mid_token_stops_at_the_next_token_and_frees_the_queue(lab, monkeypatch):
     client, *_ = lab
     tokens: list = []
@@ -217,13 +228,7 @@ def test_a_run_cancelled_mid_token_stops_at_the_next_token_and_frees_the_queue(l
         time.sleep(0.05)
     assert len(tokens) >= 5, "the run never started streaming"
     job.cancel()
-    deadline = time.monotonic() + 10
-    while run_threads() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not run_threads(), "the worker did not stop after the cancel"
-    stopped_at = len(tokens)
-    time.sleep(0.5)
-    assert len(tokens) == stopped_at
+    assert_the_run_stops(tokens, within=10)
     monkeypatch.undo()
     assert_normal_request_succeeds(client)  # with one model run at a time: the queue is free again
 
@@ -255,13 +260,7 @@ def test_closing_the_tab_stops_the_run_at_the_next_token(lab, monkeypatch):
             for line in stream.iter_lines():
                 if line.startswith("data:") and json.loads(line[5:]).get("msg") == "process_generating" and len(tokens) >= 3:
                     break  # the tab closes
-    deadline = time.monotonic() + 30
-    while run_threads() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not run_threads(), "the worker went on after the page closed"
-    stopped_at = len(tokens)
-    time.sleep(0.5)
-    assert len(tokens) == stopped_at
+    assert_the_run_stops(tokens, within=30)
     monkeypatch.undo()
     assert_normal_request_succeeds(client)
 
