@@ -265,23 +265,19 @@ def test_closing_the_tab_stops_the_run_at_the_next_token(lab, monkeypatch):
     assert_normal_request_succeeds(client)
 
 
-def test_an_export_to_a_full_or_read_only_disk_says_so_then_works(lab, monkeypatch):
+@pytest.mark.parametrize("failing, code", [("write", errno.ENOSPC), ("folder", errno.EROFS)])
+def test_an_export_to_a_full_or_read_only_disk_says_so_then_works(lab, monkeypatch, failing, code):
     client, *_ = lab
     from kvviz import present
 
-    def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    def fail(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(present.Path, "write_text", full)
-    with pytest.raises(AppError, match="Could not write the export files .No space left on device."):
-        client.predict(api_name="/export")
-    monkeypatch.undo()
-
-    def read_only(*args, **kwargs):
-        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
-
-    monkeypatch.setattr(ui.tempfile, "mkdtemp", read_only)
-    with pytest.raises(AppError, match="Could not write the export files .Read-only file system."):
+    if failing == "write":  # the disk is full
+        monkeypatch.setattr(present.Path, "write_text", fail)
+    else:  # the temporary folder is read-only
+        monkeypatch.setattr(ui.tempfile, "mkdtemp", fail)
+    with pytest.raises(AppError, match=f"Could not write the export files .{os.strerror(code)}."):
         client.predict(api_name="/export")
     monkeypatch.undo()
     files = client.predict(api_name="/export")
