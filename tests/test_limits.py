@@ -170,6 +170,8 @@ def test_public_mode_is_on_with_kvviz_public_or_on_a_space(monkeypatch):
     monkeypatch.setenv("SPACE_ID", "someone/kvviz")
     assert policy.public_mode() and policy.caps() == policy.PUBLIC
     monkeypatch.delenv("SPACE_ID")
+    monkeypatch.setenv("KVVIZ_PUBLIC", "0")  # recorded, so that the test leaves it unset
+    assert not policy.public_mode()
     policy.set_public_mode()
     assert os.environ["KVVIZ_PUBLIC"] == "1" and policy.public_mode()
 
