@@ -28,15 +28,24 @@ def main(argv=None) -> None:
     parser.add_argument("--pair", default="embedded", help="the pair selected when the page opens")
     parser.add_argument("--no-preload", action="store_true", help="load models on the first run, not at start")
     parser.add_argument("--share", action="store_true", help="ask Gradio for a public share link")
+    parser.add_argument("--public", action="store_true",
+                        help="public mode (on by itself on a Hugging Face Space): registered pairs only, smaller caps")
     args = parser.parse_args(argv)
 
+    from kvviz import policy
     from kvviz.stream import use_one_thread_per_handoff
     from kvviz.ui import build_demo, launch_kwargs
+
+    if args.public:
+        policy.set_public_mode()
 
     use_one_thread_per_handoff()
     demo = build_demo(default_pair=args.pair)
     if not args.no_preload:
         threading.Thread(target=_preload, args=(args.pair,), daemon=True, name="kvviz-preload").start()
+    mode = "public mode" if policy.public_mode() else "local mode"
+    runs = policy.model_concurrency()
+    print(f"kvviz: {mode}, {runs} run(s) at once, queue of {policy.caps().queue_size}", flush=True)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_kwargs())
 
 
