@@ -36,6 +36,8 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU)")
     parser.add_argument("--no-preload", action="store_true", help="load models on the first run, not at start")
     parser.add_argument("--share", action="store_true", help="ask Gradio for a public share link")
+    parser.add_argument("--public", action="store_true",
+                        help="public mode (on by itself on a Hugging Face Space): registered pairs only, smaller caps")
     args = parser.parse_args(argv)
     # every model the page loads (kvviz.models.default_device / parse_dtype) follows these
     if args.device:
@@ -43,8 +45,12 @@ def main(argv=None) -> None:
     if args.dtype:
         os.environ["KVVIZ_DTYPE"] = args.dtype
 
+    from kvviz import policy
     from kvviz.stream import use_one_thread_per_handoff
     from kvviz.ui import build_demo, launch_kwargs
+
+    if args.public:
+        policy.set_public_mode()
 
     use_one_thread_per_handoff()
     demo = build_demo(default_pair=args.pair)
@@ -54,6 +60,9 @@ def main(argv=None) -> None:
         _preload(args.pair)
     elif not args.no_preload:
         threading.Thread(target=_preload, args=(args.pair,), daemon=True, name="kvviz-preload").start()
+    mode = "public mode" if policy.public_mode() else "local mode"
+    runs = policy.model_concurrency()
+    print(f"kvviz: {mode}, {runs} run(s) at once, queue of {policy.caps().queue_size}", flush=True)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_kwargs())
 
 

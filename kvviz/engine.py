@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import traceback
 
+from kvviz import limits
 from kvviz.handoffs import get, parse_handoffs
 from kvviz.handoffs.common import LoadedPair, TokenCallback
 from kvviz.measure import PeakGpuMemory
@@ -38,6 +39,8 @@ def run_handoff(name: str, pair: LoadedPair, request: HandoffRequest, on_token: 
     A handoff that cannot run says so at once, without running a model (``not_applicable``).
     On CUDA, ``details["peak_gpu_memory_bytes"]`` holds the peak allocated memory per GPU during
     the run (``torch.cuda.max_memory_allocated``, weights included).
+    Any error inside a handoff becomes its result (the other handoffs of a run still run); a
+    stopped run (``kvviz.stream.Cancelled``, not an ``Exception``) is not caught.
     """
     try:
         refused = not_applicable(name, pair, request)
@@ -48,11 +51,18 @@ def run_handoff(name: str, pair: LoadedPair, request: HandoffRequest, on_token: 
         if memory.peak_bytes:
             result.details["peak_gpu_memory_bytes"] = memory.peak_bytes
         return result
-    except (ValueError, RuntimeError) as error:
+    except Exception as error:  # one failing handoff never takes the others (or the server) down
         result = HandoffResult.not_applicable(name, pair.name, f"{type(error).__name__}: {error}")
         result.details["traceback"] = traceback.format_exc(limit=5)
         return result
 
 
+def check_fits(pair: LoadedPair, request: HandoffRequest) -> None:
+    """Refuse a request whose prompt is longer than the pair takes (``kvviz.limits``)."""
+    limits.check_prompt_tokens(pair, request)
+
+
 def run_handoffs(names, pair: LoadedPair, request: HandoffRequest) -> list[HandoffResult]:
-    return [run_handoff(name, pair, request) for name in parse_handoffs(names)]
+    names = parse_handoffs(names)
+    check_fits(pair, request)
+    return [run_handoff(name, pair, request) for name in names]

@@ -178,11 +178,15 @@ PAIRS: dict[str, PairSpec] = {
 
 def resolve_pair(name_or_spec: str | PairSpec) -> PairSpec:
     """A registered pair name, or 'SHARER+RECEIVER' with any two model names."""
+    from kvviz import policy
+
     if isinstance(name_or_spec, PairSpec):
         return name_or_spec
-    name = name_or_spec.strip()
+    name = (name_or_spec or "").strip()
     if name in PAIRS:
         return PAIRS[name]
+    if policy.public_mode():
+        raise ValueError(policy.PUBLIC_PAIR_REFUSAL.format(pairs=", ".join(PAIRS)))
     if "+" in name:
         sharer, receiver = (part.strip() for part in name.split("+", 1))
         if sharer and receiver:
@@ -363,13 +367,15 @@ class LoadedModel:
 
     @property
     def head(self):
-        """The output head (``kvviz.head.OutputHead``): exact logits, and a fast greedy path."""
-        if self._head is None:
-            from kvviz.head import OutputHead
+        """The output head (``kvviz.head.OutputHead``): exact logits, and a fast greedy path.
+        Made once, by the first of the concurrent runs that asks (the others wait for it)."""
+        with _head_lock:
+            if self._head is None:
+                from kvviz.head import OutputHead
 
-            # KVVIZ_FAST_HEAD=0 turns the fast greedy path off (to compare, or to rule it out)
-            fast = os.environ.get("KVVIZ_FAST_HEAD", "1") != "0"
-            self._head = OutputHead(self.model, allow_scan=fast, cache_folder=cache_dir() / "heads")
+                # KVVIZ_FAST_HEAD=0 turns the fast greedy path off (to compare, or to rule it out)
+                fast = os.environ.get("KVVIZ_FAST_HEAD", "1") != "0"
+                self._head = OutputHead(self.model, allow_scan=fast, cache_folder=cache_dir() / "heads")
         return self._head
 
 
@@ -377,6 +383,9 @@ def execution_device(module: torch.nn.Module) -> torch.device:
     """Where ``module`` computes: its accelerate hook's execution device, else its weights' device."""
     device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
     return torch.device(device) if device is not None else next(module.parameters()).device
+
+
+_head_lock = threading.Lock()
 
 
 def default_device() -> str:
@@ -426,6 +435,7 @@ def locate(name: str, progress=print) -> tuple[str, str | None, str]:
             return str(path.parent), path.name, "local-gguf"
         if path.is_dir():
             if (path / "config.json").exists():
+                check_weights_format(path)
                 return str(path), None, "local"
             ggufs = sorted(path.glob("*.gguf"))
             if len(ggufs) == 1:
@@ -441,6 +451,24 @@ def locate(name: str, progress=print) -> tuple[str, str | None, str]:
         f"Unknown model '{name}': not an embedded model ({', '.join(EMBEDDED_MODELS)}), "
         "not an existing folder or .gguf file, and not a hub id of the form 'owner/name'."
     )
+
+
+# Weights are read as safetensors only: a pickle file (PyTorch's .bin/.pt) can run code when loaded.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def check_weights_format(folder: Path) -> None:
+    """Refuse a model folder whose weights are not safetensors (never unpickle a file)."""
+    if any(folder.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickled:
+        raise ModelLoadError(
+            f"The model folder {folder} holds only pickle weights ({', '.join(pickled[:3])}); kvviz reads "
+            "safetensors only, because loading a pickle file can run code. Convert the weights to "
+            "safetensors (model.save_pretrained(folder, safe_serialization=True) in a trusted environment)."
+        )
+    raise ModelLoadError(f"The model folder {folder} holds config.json but no .safetensors weights.")
 
 
 _loaded: dict[tuple, LoadedModel] = {}
@@ -469,6 +497,8 @@ def _load_uncached(name: str, device: str, dtype: torch.dtype, progress) -> Load
     kwargs = {"dtype": dtype, "attn_implementation": attention.ATTENTION_NAME}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
+    else:
+        kwargs["use_safetensors"] = True  # never fall back to pickle weights
     if device == "auto":
         # Spread a model bigger than one GPU over every visible device (accelerate).
         kwargs["device_map"] = "auto"

@@ -155,4 +155,20 @@ def write_results_markdown(path: str, runs: list[str], perf_dir: str | None, com
         pass
     text = results_markdown(pairs, Path(perf_dir) if perf_dir else None, machine, command)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text, encoding="utf-8")
+    Path(path).write_text(text + kept_sections(Path(path)), encoding="utf-8")
+
+
+# Sections of docs/RESULTS.md that other scripts write (scripts/load_test.py): kept when the rest
+# is regenerated, each between its own start and end marks.
+KEPT = ("load-test",)
+
+
+def kept_sections(path: Path) -> str:
+    """The kept sections of the file as it is now ("" when it has none)."""
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    out = ""
+    for name in KEPT:
+        start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+        if start in old and end in old:
+            out += "\n" + old[old.index(start) : old.index(end) + len(end)] + "\n"
+    return out
