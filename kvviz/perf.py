@@ -534,11 +534,19 @@ def main(args) -> int:
         raise ValueError("--repeats must be at least 1")
     pair = load_pair(args.pair, args.device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
     quiet = getattr(args, "quiet", False)
-    report = measure(
-        pair, lengths, args.repeats, message_tokens=args.message_tokens, fuser=option_arguments(args).get("c2c", {}).get("fuser"),
-        progress=None if quiet else (lambda message: print(message, file=sys.stderr)),
-    )
-    text = markdown(report)
+    progress = None if quiet else (lambda message: print(message, file=sys.stderr))
+    if getattr(args, "speed_only", False):
+        from kvviz import speed
+
+        report = {"machine": machine_facts(pair.receiver.device), "repeats": args.repeats, "pair": pair.name,
+                  "speed": speed.measure(pair, args.repeats, progress)}
+        text = speed.markdown(report["speed"]) + "\n"
+    else:
+        report = measure(
+            pair, lengths, args.repeats, message_tokens=args.message_tokens,
+            fuser=option_arguments(args).get("c2c", {}).get("fuser"), progress=progress,
+        )
+        text = markdown(report)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -63,3 +63,14 @@ def test_targets_give_a_verdict_only_for_what_was_measured():
     summaries = {"countries": [{"variant": "skyline", "acc_f1": 0.2}, {"variant": "kvcomm@0.3", "acc_f1": 0.1}]}
     (target, measured, verdict), = perf.targets(None, summaries)
     assert "Countries" in target and measured == "0.10 vs 0.20 (50%)" and verdict == "missed"
+
+
+def test_speed_only_prints_the_speed_table_and_nothing_else(tiny_engine, capsys, tmp_path):
+    from kvviz.cli import main
+
+    assert main(["bench", "--perf", "--speed-only", "--pair", "tiny", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "decode ms/token" in printed and "Warm full run" in printed
+    assert "KVComm / Skyline" not in printed  # the context curve was not measured
+    report = json.loads((tmp_path / "perf.json").read_text())
+    assert set(report) == {"machine", "repeats", "pair", "speed"}

@@ -58,6 +58,10 @@ def configure_parser(parser) -> None:
     parser.add_argument("--json", action="store_true", help="--perf: print JSON")
     parser.add_argument("--lengths", default="128,256,512,1024,2048", help="--perf: context lengths in tokens")
     parser.add_argument("--repeats", type=int, default=5, help="--perf: repeats per measurement")
+    parser.add_argument(
+        "--speed-only", action="store_true",
+        help="--perf: only the speed table (each model's decode and prefill beside the machine's limits, the warm full run)",
+    )
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (default: torch's choice; 1 is much faster on a busy shared machine)")
     parser.add_argument("--device", default=None)
