@@ -14,24 +14,31 @@ A request's context: a fuser trained with shared input (the paper) gives it to b
 fuser trained with a private context (``train-fuser --context private``, the shipped one) gives
 it to the sharer only, as the text and KVComm handoffs do; the fuser's config says which.
 
-Fusers: ``request.c2c_fuser`` (a checkpoint folder) overrides the shipped ones. Shipped fusers
-live in ``assets/fusers/<sharer>__<receiver>/c2c`` and ``.../control`` and are found by matching
-the pair's architecture fingerprint (models, KV shapes, tokenizer hash), whatever the pair's name.
+Fusers: ``request.c2c_fuser`` (a checkpoint folder, a folder in the C2C paper's published layout,
+or a hub path to one) overrides the shipped ones. Shipped fusers live in
+``assets/fusers/<sharer>__<receiver>/c2c`` and ``.../control`` and are found by matching the
+pair's architecture fingerprint (models, KV shapes, tokenizer hash), whatever the pair's name.
+A pair with no shipped fuser for which the paper publishes one (``--pair qwen``) uses that one,
+fetched from the hub and converted once (``kvviz.fuser_reference``); without network the result
+says how to fetch it. The paper publishes no control fuser.
+
+The pipeline (sharer prefill, receiver prefill, fusion) is ``kvviz.fusion.fuse_prompt``, the one
+the trainer and the evaluator run too.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from kvviz import cache as kv
+from kvviz import fuser_reference
 from kvviz.align import align_prompt
 from kvviz.decode import generate, prefill
 from kvviz.fuser import C2CFuser, FuserError, checkpoint_label, fingerprints_match, load_fuser, model_fingerprint, read_config
+from kvviz.fusion import fuse_prompt
 from kvviz.handoffs.common import LoadedPair, TokenCallback
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.results import HandoffRequest, HandoffResult
@@ -70,21 +77,39 @@ _fusers: dict[tuple, C2CFuser] = {}
 _fusers_lock = threading.Lock()
 
 
-def get_fuser(folder: Path, pair: LoadedPair) -> C2CFuser:
-    """Load once per process (keyed by folder, file time and device)."""
+def get_fuser(folder: Path | str, pair: LoadedPair) -> C2CFuser:
+    """Load once per process (keyed by folder, file time and device).
+
+    ``folder`` may also be a fuser in the C2C paper's layout or a hub path to one: it is
+    converted once (``kvviz.fuser_reference``) and the converted folder is loaded.
+    """
+    folder = fuser_reference.prepare(folder, pair.sharer.facts, pair.receiver.facts, pair.name)
     weights = folder / "fuser.safetensors"
     stamp = weights.stat().st_mtime_ns if weights.exists() else 0
     key = (str(folder.resolve()), stamp, str(pair.receiver.device), pair.sharer.name, pair.receiver.name)
+    # the fuser computes in float32 on a CPU; on an accelerator in the receiver's dtype
+    dtype = torch.float32 if pair.receiver.device.type == "cpu" else pair.receiver.dtype
     with _fusers_lock:
         if key not in _fusers:
-            _fusers[key] = load_fuser(folder, pair.sharer.facts, pair.receiver.facts, pair.name, device=pair.receiver.device)
+            _fusers[key] = load_fuser(
+                folder, pair.sharer.facts, pair.receiver.facts, pair.name, device=pair.receiver.device, dtype=dtype
+            )
         return _fusers[key]
 
 
+def published_fuser(pair: LoadedPair) -> str | None:
+    """The paper's published fuser for this pair (a hub path), if the authors publish one."""
+    return fuser_reference.PUBLISHED_FUSERS.get((pair.sharer.name, pair.receiver.name))
+
+
 def resolve_fuser(pair: LoadedPair, request: HandoffRequest, control: bool) -> tuple[Path | None, str]:
-    """(folder, "") or (None, reason)."""
+    """(folder, "") or (None, reason). A hub path comes back as a Path of the hub path's text."""
     kind = "control" if control else "c2c"
     if request.c2c_fuser:
+        if fuser_reference.is_hub_path(request.c2c_fuser):
+            if control:
+                return None, f"No control fuser for the published fuser {request.c2c_fuser}: the paper publishes none."
+            return Path(request.c2c_fuser), ""
         folder = Path(request.c2c_fuser).expanduser()
         if control:
             # a user checkpoint's control sits beside it: <dir>/c2c and <dir>/control
@@ -99,6 +124,14 @@ def resolve_fuser(pair: LoadedPair, request: HandoffRequest, control: bool) -> t
         return folder, ""
     found = find_shipped(pair, kind)
     if found is None:
+        published = published_fuser(pair)
+        if published and not control:
+            return Path(published), ""
+        if published:
+            return None, (
+                f"The C2C paper publishes a fuser for pair '{pair.name}' ({published}) but no control fuser. "
+                f"Train a control with: python -m kvviz train-fuser --pair {pair.name} --control"
+            )
         return None, (
             f"No trained {'control ' if control else ''}C2C fuser for pair '{pair.name}' "
             f"(sharer {pair.sharer.name} -> receiver {pair.receiver.name}) in {ASSETS_DIR}. "
@@ -112,56 +145,20 @@ def receiver_sees_context_for(fuser: C2CFuser) -> bool:
     return bool((fuser.config.training or {}).get("receiver_sees_context", True))
 
 
-def sharer_bytes(cache, layers: list[int], positions: list[int]) -> int:
-    """Bytes of the sharer KV the fuser reads: the used layers at the fused tokens."""
-    total = 0
-    for layer in sorted(set(layers)):
-        keys, values = kv.layer_kv(cache, layer)
-        per_token = (keys[..., :1, :].numel() * keys.element_size()) + (values[..., :1, :].numel() * values.element_size())
-        total += per_token * len(positions)
-    return total
-
-
 @torch.no_grad()
-def fused_state(pair: LoadedPair, fuser: C2CFuser, alignment, timer: StageTimer):
-    """Sharer prefill, receiver prefill of all but the last prompt token, fusion.
+def fused_state(pair: LoadedPair, fuser: C2CFuser, alignment, timer: StageTimer, sharer="right"):
+    """Sharer prefill, receiver prefill of all but the last prompt token, fusion (``kvviz.fusion``).
 
     Returns (receiver state ready for the last prompt token, layer records, bytes read, fusion s).
     """
-    control = fuser.config.control
-    sharer_cache, sent = None, 0
-    if not control:
-        sharer_state = kv.KVState(next_position=alignment.sharer_start_position)
-        with timer.stage("sharer_prefill"):
-            prefill(pair.sharer, sharer_state, alignment.sharer_ids, need_logits=False)
-        sharer_cache = sharer_state.cache
-        sent = sharer_bytes(sharer_cache, fuser.config.layer_map, alignment.sharer_positions)
-    state = kv.KVState()
-    head = alignment.receiver_ids[:-1]
-    with timer.stage("receiver_prefill"):
-        if head:
-            prefill(pair.receiver, state, head, need_logits=False)
-    started = time.perf_counter()
-    with timer.stage("transfer"):
-        if head and alignment.num_fused:
-            receiver_layers = [kv.layer_kv(state.cache, i) for i in range(kv.num_layers(state.cache))]
-            sharer_layers = None
-            if sharer_cache is not None:
-                sharer_layers = [kv.layer_kv(sharer_cache, i) for i in range(kv.num_layers(sharer_cache))]
-            fused, records = fuser.fuse(
-                receiver_layers, sharer_layers, alignment.receiver_positions, alignment.sharer_positions, hard=True
-            )
-            state = kv.KVState(cache=kv.from_tensors(fused), next_position=state.next_position)
-        else:
-            _, records = fuser.fuse(
-                [(torch.zeros(1, pair.receiver.facts.num_kv_heads, 0, pair.receiver.facts.head_dim),) * 2]
-                * pair.receiver.facts.num_layers,
-                None,
-                [],
-                [],
-                hard=True,
-            )
-    return state, records, sent, time.perf_counter() - started
+    fused = fuse_prompt(pair, fuser, alignment, sharer=sharer, hard=True, timer=timer)
+    return fused.state, fused.records, fused.bytes_read, fused.fusion_seconds
+
+
+def communication_details(fuser: C2CFuser) -> dict | None:
+    """The fuser's measured communication gain (``eval-fuser``), as recorded in its config."""
+    measured = (fuser.config.training or {}).get("communication")
+    return dict(measured) if measured else None
 
 
 def run(
@@ -223,7 +220,8 @@ def run(
         layers=[asdict(record) for record in records],
         first_token_seconds=timings["sharer_prefill"] + timings["transfer"] + timings["receiver_prefill"] + output.first_token_seconds,
         details={
-            "fuser_path": checkpoint_label(folder),
+            "fuser_path": fuser.config.reference.get("hub") or checkpoint_label(folder),
+            "fuser_source": fuser.config.source,
             "fusion_seconds": fusion_seconds,
             "parameters": fuser.num_parameters,
             "control": fuser.config.control,
@@ -237,6 +235,22 @@ def run(
                 "v": sum(r.gate_v_open for r in records),
                 "layers": len(records),
             },
+            # the gate each layer applied (0/1) beside the logit it came from, for the gate plot
+            "applied_gates": {
+                "k": [int(r.gate_k_open) for r in records],
+                "v": [int(r.gate_v_open) for r in records],
+                "k_logit": [r.gate_k_logit for r in records],
+                "v_logit": [r.gate_v_logit for r in records],
+            },
+            "architecture": {
+                "rope": fuser.config.rope,
+                "fuse": fuser.config.fuse,
+                "source": fuser.config.source,
+                "bias": fuser.config.bias,
+                "intermediate": fuser.config.inner_width,
+            },
+            # held-out communication gain measured by eval-fuser (None when not measured)
+            "communication": communication_details(fuser),
             "sharer_model": sharer.name,
             "stopped_by": output.stopped_by,
         },
