@@ -89,7 +89,8 @@ def other_sharer(pair, examples, private: bool, partner: list[int]):
         other = examples[partner[i]]
         if private:  # the same query, another example's context
             alignment = align_prompt(
-                pair.receiver.tokenizer, pair.sharer.tokenizer, examples[i].question, other.context, receiver_sees_context=False
+                pair.receiver.tokenizer, pair.sharer.tokenizer, examples[i].question, other.context, receiver_sees_context=False,
+                token_alignment=examples[i].token_alignment,
             )
             return sharer_kv(pair, alignment)
         # shared input: the other example's sharer cache, stretched to this example's fused tokens
@@ -144,7 +145,7 @@ def heldout_examples(pair, fuser, limit: int | None):
     examples = build_examples(
         pair, records, trained.get("max_prompt_tokens", DEFAULTS["max_prompt_tokens"]),
         trained.get("max_response_tokens", DEFAULTS["max_response_tokens"]), None,
-        trained.get("receiver_sees_context", True), trained.get("max_sharer_tokens"),
+        trained.get("receiver_sees_context", True), trained.get("max_sharer_tokens"), fuser.config.token_alignment,
     )
     return (examples[:limit] if limit is not None else examples), trained
 

@@ -26,6 +26,9 @@ Architecture variants (all in the config, so a checkpoint says what it is):
   The rotary tables come from each model's own rotary module (``kvviz.fusion.RopeTables``).
 * ``fuse``: ``"kv"`` (the paper), ``"k"`` or ``"v"`` (ablations: the other gate is held closed).
 * ``layer_map``: receiver layer -> sharer layer; ``-1`` leaves a receiver layer unfused.
+* ``token_alignment``: how the sharer reads the message (``kvviz.align``): ``"longest"`` (the
+  paper: one re-encoded sharer token per receiver token) or ``"natural"`` (the sharer's own
+  tokenization; each receiver token reads the sharer token holding its last character).
 
 Checkpoints are a folder with ``fuser.safetensors`` (weights, fp32 or fp16) and ``config.json``
 (the pair's architecture fingerprint, the architecture, how it was trained). Loading never
@@ -88,6 +91,7 @@ class FuserConfig:
     proj_blocks: int = 1
     rope: str = "plain"
     fuse: str = "kv"
+    token_alignment: str = "longest"  # kvviz.align: "longest" (the paper) or "natural"
     source: str = "kvviz"  # "kvviz" (trained here) or "reference" (converted from the paper's layout)
     reference: dict = field(default_factory=dict)  # where a converted fuser came from
 
@@ -98,6 +102,10 @@ class FuserConfig:
             raise FuserError(f"Unknown rope mode {self.rope!r}; choose from {', '.join(ROPE_MODES)}.")
         if self.fuse not in FUSE_MODES:
             raise FuserError(f"Unknown fuse mode {self.fuse!r}; choose from {', '.join(FUSE_MODES)}.")
+        from kvviz.align import TOKEN_ALIGNMENTS
+
+        if self.token_alignment not in TOKEN_ALIGNMENTS:
+            raise FuserError(f"Unknown token alignment {self.token_alignment!r}; choose from {', '.join(TOKEN_ALIGNMENTS)}.")
         if self.proj_blocks < 1:
             raise FuserError("proj_blocks must be at least 1")
         if len(self.layer_map) != self.receiver["num_layers"]:
@@ -544,7 +552,7 @@ def new_fuser(
     sharer_facts, receiver_facts, width: int = 96, dropout: float = 0.1, pair: str = "", control: bool = False,
     **variants,
 ) -> C2CFuser:
-    """A freshly initialised fuser. ``variants``: bias, intermediate, proj_blocks, rope, fuse, layer_map."""
+    """A freshly initialised fuser. ``variants``: bias, intermediate, proj_blocks, rope, fuse, token_alignment, layer_map."""
     config = FuserConfig(
         sharer=model_fingerprint(sharer_facts),
         receiver=model_fingerprint(receiver_facts),

@@ -67,6 +67,7 @@ DEFAULTS = {
     "dolly_share": 0.25,
     "rope": "plain",
     "fuse": "kv",
+    "token_alignment": "longest",
 }
 
 
@@ -81,6 +82,7 @@ class Example:
     question: str = ""
     context: str | None = None
     receiver_sees_context: bool = True
+    token_alignment: str = "longest"
 
 
 def response_ids(tokenizer, response: str, limit: int) -> list[int]:
@@ -97,13 +99,14 @@ def response_ids(tokenizer, response: str, limit: int) -> list[int]:
 
 def make_example(
     pair, record, max_prompt_tokens: int, max_response_tokens: int, receiver_sees_context: bool = True,
-    max_sharer_tokens: int | None = None,
+    max_sharer_tokens: int | None = None, token_alignment: str = "longest",
 ) -> Example | None:
     """None when a prompt is too long or the response empty (skipped)."""
     if not record.response or not record.response.strip():
         return None
     alignment = align_prompt(
-        pair.receiver.tokenizer, pair.sharer.tokenizer, record.question, record.context, receiver_sees_context
+        pair.receiver.tokenizer, pair.sharer.tokenizer, record.question, record.context, receiver_sees_context,
+        token_alignment,
     )
     max_sharer_tokens = max_sharer_tokens or max_prompt_tokens + 64
     if len(alignment.receiver_ids) > max_prompt_tokens or len(alignment.sharer_ids) > max_sharer_tokens:
@@ -112,7 +115,7 @@ def make_example(
         return None
     return Example(
         record.id, alignment, response_ids(pair.receiver.tokenizer, record.response, max_response_tokens),
-        record.question, record.context, receiver_sees_context,
+        record.question, record.context, receiver_sees_context, token_alignment,
     )
 
 
@@ -145,11 +148,13 @@ def split_records(data: str, seed: int, heldout: int, context_only: bool = False
 
 def build_examples(
     pair, records, max_prompt_tokens, max_response_tokens, wanted: int | None = None, receiver_sees_context: bool = True,
-    max_sharer_tokens: int | None = None,
+    max_sharer_tokens: int | None = None, token_alignment: str = "longest",
 ) -> list[Example]:
     examples = []
     for record in records:
-        example = make_example(pair, record, max_prompt_tokens, max_response_tokens, receiver_sees_context, max_sharer_tokens)
+        example = make_example(
+            pair, record, max_prompt_tokens, max_response_tokens, receiver_sees_context, max_sharer_tokens, token_alignment
+        )
         if example is not None:
             examples.append(example)
             if wanted is not None and len(examples) >= wanted:
@@ -315,6 +320,10 @@ def configure_parser(parser) -> None:
     parser.add_argument("--tau-anneal", type=float, default=d["tau_anneal"], help="share of the run over which tau anneals")
     parser.add_argument("--rope", choices=("plain", "aware"), default=d["rope"], help="aware: project position-free keys")
     parser.add_argument("--fuse", choices=("kv", "k", "v"), default=d["fuse"], help="fuse K and V, or one of them (ablation)")
+    parser.add_argument(
+        "--token-alignment", choices=("longest", "natural"), default=d["token_alignment"],
+        help="longest: the paper's one re-encoded sharer token per receiver token; natural: the sharer's own tokenization",
+    )
     parser.add_argument("--bias", action="store_true", help="biases on the projector's linear maps (the reference has them)")
     parser.add_argument("--intermediate", type=int, default=None, help="inner width of the trunk and projection blocks")
     parser.add_argument("--proj-blocks", type=int, default=1, help="blocks on the projection path")
@@ -354,10 +363,12 @@ def main(args) -> int:
         args.data, args.seed, args.heldout, args.context_only, train_count=needed, dolly_share=args.dolly_share
     )
     heldout = build_examples(
-        pair, heldout_records, args.max_prompt_tokens, args.max_response_tokens, None, receiver_sees_context, args.max_sharer_tokens
+        pair, heldout_records, args.max_prompt_tokens, args.max_response_tokens, None, receiver_sees_context,
+        args.max_sharer_tokens, args.token_alignment,
     )
     train = build_examples(
-        pair, train_records, args.max_prompt_tokens, args.max_response_tokens, needed, receiver_sees_context, args.max_sharer_tokens
+        pair, train_records, args.max_prompt_tokens, args.max_response_tokens, needed, receiver_sees_context,
+        args.max_sharer_tokens, args.token_alignment,
     )
     if not train:
         raise ValueError(f"No usable training examples in {args.data} (prompts over {args.max_prompt_tokens} tokens are skipped).")
@@ -370,7 +381,7 @@ def main(args) -> int:
     torch.manual_seed(args.seed)
     fuser = new_fuser(
         pair.sharer.facts, pair.receiver.facts, args.width, args.dropout, pair.name, control=args.control,
-        rope=args.rope, fuse=args.fuse, bias=args.bias, intermediate=args.intermediate, proj_blocks=args.proj_blocks,
+        rope=args.rope, fuse=args.fuse, token_alignment=args.token_alignment, bias=args.bias, intermediate=args.intermediate, proj_blocks=args.proj_blocks,
     )
     if args.zero_init:
         fuser.zero_output()

@@ -186,7 +186,7 @@ def test_format_1_checkpoints_still_load_and_newer_ones_say_so(pair, tmp_path):
     fuser = trained_like(new_fuser(pair.sharer.facts, pair.receiver.facts, width=8))
     fuser.save(tmp_path / "f")
     config = json.loads((tmp_path / "f" / "config.json").read_text())
-    for key in ("bias", "intermediate", "proj_blocks", "rope", "fuse", "source", "reference"):
+    for key in ("bias", "intermediate", "proj_blocks", "rope", "fuse", "token_alignment", "source", "reference"):
         config.pop(key)
     config["version"] = 1
     (tmp_path / "f" / "config.json").write_text(json.dumps(config))
@@ -197,6 +197,23 @@ def test_format_1_checkpoints_still_load_and_newer_ones_say_so(pair, tmp_path):
     (tmp_path / "f" / "config.json").write_text(json.dumps(config))
     with pytest.raises(FuserError, match="version 99"):
         load_fuser(tmp_path / "f")
+
+
+@pytest.mark.parametrize("private", [False, True])
+def test_natural_token_alignment_lets_the_sharer_read_its_own_tokens(private):
+    from tests.test_c2c import real_tokenizers
+
+    gemma, smollm = real_tokenizers()
+    query, context = "What is Raban Jeathyair's favourite colour?", "Raban Jeathyair's favourite colour is gold."
+    longest = align_prompt(gemma, smollm, query, context, receiver_sees_context=not private)
+    natural = align_prompt(gemma, smollm, query, context, receiver_sees_context=not private, token_alignment="natural")
+    assert "Rab Jeathyair" in smollm.decode(longest.sharer_ids)  # the paper's re-encoding garbles the name
+    assert smollm.decode(natural.sharer_ids).count("Raban Jeathyair") == 2  # the sharer reads it as written
+    assert natural.receiver_ids == longest.receiver_ids and natural.receiver_positions == longest.receiver_positions
+    assert natural.sharer_positions == sorted(natural.sharer_positions)
+    for r, s in zip(natural.receiver_positions, natural.sharer_positions):
+        piece = gemma.decode([natural.receiver_ids[r]])
+        assert piece[-1] in smollm.decode([natural.sharer_ids[s]]), (piece, smollm.decode([natural.sharer_ids[s]]))
 
 
 # --- recall data --------------------------------------------------------------------------------

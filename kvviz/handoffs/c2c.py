@@ -179,7 +179,10 @@ def run(
     timer = StageTimer()
     receiver, sharer = pair.receiver, pair.sharer
     receiver_sees_context = receiver_sees_context_for(fuser)
-    alignment = align_prompt(receiver.tokenizer, sharer.tokenizer, request.query, request.context, receiver_sees_context)
+    alignment = align_prompt(
+        receiver.tokenizer, sharer.tokenizer, request.query, request.context, receiver_sees_context,
+        fuser.config.token_alignment,
+    )
     state, records, sent, fusion_seconds = fused_state(pair, fuser, alignment, timer)
     last = alignment.receiver_ids[-1:]
     with timer.stage("receiver_prefill"):
@@ -248,6 +251,7 @@ def run(
                 "source": fuser.config.source,
                 "bias": fuser.config.bias,
                 "intermediate": fuser.config.inner_width,
+                "token_alignment": fuser.config.token_alignment,
             },
             # held-out communication gain measured by eval-fuser (None when not measured)
             "communication": communication_details(fuser),
