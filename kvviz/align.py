@@ -177,7 +177,7 @@ TOKEN_ALIGNMENTS = ("longest", "natural")
 
 def align_prompt(
     receiver_tokenizer, sharer_tokenizer, query: str, context: str | None = None, receiver_sees_context: bool = True,
-    token_alignment: str = "longest",
+    token_alignment: str = "longest", fuse_template: bool = False,
 ) -> TokenAlignment:
     """Align the two prompts for fusion.
 
@@ -192,7 +192,20 @@ def align_prompt(
     tokenizers cut differently reaches it garbled: " Raban" -> " Rab"). ``"natural"`` (beyond the
     paper) lets the sharer read the message in its own tokenization and pairs each receiver token
     with the sharer token that holds the receiver token's last character.
+
+    ``fuse_template``: also fuse the receiver's template tokens between its message and its last
+    prompt token ("\nAnswer" before ":"), right-aligned with the sharer's generation-prompt tokens
+    ("<|im_end|>\n<|im_start|>assistant\n"), the sharer's last prompt token included: the position
+    where the sharer is about to answer. The reference code fuses every prompt token but the last,
+    template tokens included; kvviz's default fuses the message only.
     """
+    alignment = _align(receiver_tokenizer, sharer_tokenizer, query, context, receiver_sees_context, token_alignment)
+    if fuse_template:
+        alignment = _with_template_tail(alignment, receiver_tokenizer, sharer_tokenizer, query, context, receiver_sees_context)
+    return alignment
+
+
+def _align(receiver_tokenizer, sharer_tokenizer, query, context, receiver_sees_context, token_alignment) -> TokenAlignment:
     if token_alignment not in TOKEN_ALIGNMENTS:
         raise ValueError(f"token_alignment must be one of {', '.join(TOKEN_ALIGNMENTS)}, not {token_alignment!r}")
     private = bool(context and context.strip()) and not receiver_sees_context
@@ -245,4 +258,29 @@ def _natural_alignment(receiver: MessageSpan, sharer_tokenizer, query, context, 
         sharer_start_position=max(0, receiver.start - sharer.start),
         identical_tokenizers=identical,
         receiver_segments=receiver.segments,
+    )
+
+
+def _with_template_tail(alignment: TokenAlignment, receiver_tokenizer, sharer_tokenizer, query, context, receiver_sees_context):
+    """Add the receiver's template tail (before its last token) paired right-aligned with the
+    sharer's generation-prompt tail (its last token included)."""
+    private = bool(context and context.strip()) and not receiver_sees_context
+    receiver = message_span(receiver_tokenizer, query, None if private else context)
+    receiver_tail = list(range(max(receiver.end, alignment.receiver_positions[-1] + 1 if alignment.receiver_positions else 0),
+                               len(receiver.input_ids) - 1))
+    sharer = message_span(sharer_tokenizer, query, context)
+    tail_ids = sharer.input_ids[sharer.end :]
+    if not receiver_tail or not tail_ids:
+        return alignment
+    base = len(alignment.sharer_ids)
+    sharer_tail = list(range(base, base + len(tail_ids)))
+    count = min(len(receiver_tail), len(sharer_tail))
+    return TokenAlignment(
+        receiver_ids=alignment.receiver_ids,
+        sharer_ids=alignment.sharer_ids + tail_ids,
+        receiver_positions=alignment.receiver_positions + receiver_tail[len(receiver_tail) - count :],
+        sharer_positions=alignment.sharer_positions + sharer_tail[len(sharer_tail) - count :],
+        sharer_start_position=alignment.sharer_start_position,
+        identical_tokenizers=alignment.identical_tokenizers,
+        receiver_segments=alignment.receiver_segments,
     )

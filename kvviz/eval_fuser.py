@@ -90,7 +90,7 @@ def other_sharer(pair, examples, private: bool, partner: list[int]):
         if private:  # the same query, another example's context
             alignment = align_prompt(
                 pair.receiver.tokenizer, pair.sharer.tokenizer, examples[i].question, other.context, receiver_sees_context=False,
-                token_alignment=examples[i].token_alignment,
+                token_alignment=examples[i].token_alignment, fuse_template=examples[i].fuse_template,
             )
             return sharer_kv(pair, alignment)
         # shared input: the other example's sharer cache, stretched to this example's fused tokens
@@ -146,6 +146,7 @@ def heldout_examples(pair, fuser, limit: int | None):
         pair, records, trained.get("max_prompt_tokens", DEFAULTS["max_prompt_tokens"]),
         trained.get("max_response_tokens", DEFAULTS["max_response_tokens"]), None,
         trained.get("receiver_sees_context", True), trained.get("max_sharer_tokens"), fuser.config.token_alignment,
+        fuser.config.fuse_template,
     )
     return (examples[:limit] if limit is not None else examples), trained
 

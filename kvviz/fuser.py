@@ -29,6 +29,8 @@ Architecture variants (all in the config, so a checkpoint says what it is):
 * ``token_alignment``: how the sharer reads the message (``kvviz.align``): ``"longest"`` (the
   paper: one re-encoded sharer token per receiver token) or ``"natural"`` (the sharer's own
   tokenization; each receiver token reads the sharer token holding its last character).
+* ``fuse_template``: also fuse the receiver's template tokens before its last prompt token, paired
+  with the end of the sharer's generation prompt (where the sharer is about to answer).
 
 Checkpoints are a folder with ``fuser.safetensors`` (weights, fp32 or fp16) and ``config.json``
 (the pair's architecture fingerprint, the architecture, how it was trained). Loading never
@@ -92,6 +94,7 @@ class FuserConfig:
     rope: str = "plain"
     fuse: str = "kv"
     token_alignment: str = "longest"  # kvviz.align: "longest" (the paper) or "natural"
+    fuse_template: bool = False  # also fuse the template tokens before the last prompt token (kvviz.align)
     source: str = "kvviz"  # "kvviz" (trained here) or "reference" (converted from the paper's layout)
     reference: dict = field(default_factory=dict)  # where a converted fuser came from
 

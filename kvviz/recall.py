@@ -1,13 +1,13 @@
 """Private-context recall: seeded facts that only the sharer reads, questions the receiver gets.
 
 Each record holds a short context of one to three facts ("The code for locker 12 is 4471.",
-"Tavin Orlesk lives in Brindlemoor.") and a question about one of them; the answer is the fact's
+"Tavin Orlesk lives in Brindlemoor.", "Mira Tolvan is at the Korvath Abbey.") and a question about one of them; the answer is the fact's
 value ("4471", "Brindlemoor"). The receiver cannot guess it: names and towns are made up here from
 syllables, codes and times are random. A fuser that lowers the receiver's loss on these answers
 has carried the sharer's information.
 
 Split by entity: every pool (people, towns, pets, lockers, codes, times, colours, jobs, objects,
-rooms) is cut once, with a fixed seed, into a training part and a held-out part, so held-out
+rooms, landmarks) is cut once, with a fixed seed, into a training part and a held-out part, so held-out
 records use names **and** values never seen in training. ``generate(split, n, seed)`` draws
 records from one part; the same arguments give the same records. No external data: every word
 list below is written here.
@@ -49,6 +49,8 @@ ROOMS = ["kitchen", "garage", "attic", "basement", "bedroom", "hallway", "study"
          "shed", "bathroom", "office", "library", "porch", "laundry room", "dining room", "living room", "workshop",
          "closet", "balcony", "loft", "nursery", "conservatory", "garden", "car", "locker room", "studio",
          "storeroom", "classroom"]
+LANDMARK_KINDS = ["House", "Tower", "Bridge", "Museum", "Castle", "Park", "Cathedral", "Palace", "Library", "Gardens",
+                  "Abbey", "Lighthouse", "Market", "Station", "Theatre", "Mill", "Observatory", "Fort"]
 SPECIES = ["cat", "dog", "parrot", "rabbit", "hamster", "tortoise", "goldfish", "horse", "ferret", "goat"]
 
 
@@ -76,6 +78,7 @@ class Pools:
     people: list[str]
     towns: list[str]
     pets: list[str]
+    landmarks: list[str]
     lockers: list[int]
     codes: list[int]
     times: list[str]
@@ -100,6 +103,7 @@ def pools(split: str) -> Pools:
         people = [f"{a} {b}" for a, b in zip(first, last)]
         towns = _unique(lambda r: _name(r, r.choice((1, 2))) + r.choice(TOWN_ENDINGS), 2500, rng, longest=12)
         pets = _unique(lambda r: _name(r, r.choice((1, 2))), 2000, rng)
+        landmarks = _unique(lambda r: _name(r, r.choice((1, 2))) + " " + r.choice(LANDMARK_KINDS), 2500, rng, longest=24)
         shuffled = lambda values: rng.sample(values, len(values))  # noqa: E731
         lockers = shuffled(list(range(1, 1000)))
         codes = shuffled(list(range(1000, 10000)))
@@ -107,7 +111,7 @@ def pools(split: str) -> Pools:
         ages = shuffled(list(range(18, 96)))
         for part in SPLITS:
             _POOLS[part] = Pools(
-                people=_cut(people, part), towns=_cut(towns, part), pets=_cut(pets, part), lockers=_cut(lockers, part),
+                people=_cut(people, part), towns=_cut(towns, part), pets=_cut(pets, part), landmarks=_cut(landmarks, part), lockers=_cut(lockers, part),
                 codes=_cut(codes, part), times=_cut(times, part), ages=_cut(ages, part),
                 colours=_cut(COLOURS, part), jobs=_cut(JOBS, part), objects=_cut(OBJECTS, part), rooms=_cut(ROOMS, part),
             )
@@ -138,6 +142,9 @@ def _fact(kind: str, entity, rng: random.Random, p: Pools) -> tuple[str, str, st
     if kind == "pet":
         species, pet = rng.choice(SPECIES), rng.choice(p.pets)
         return f"{entity} has {_article(species)} {species} called {pet}.", f"What is the name of {entity}'s {species}?", pet
+    if kind == "landmark":
+        landmark = rng.choice(p.landmarks)
+        return f"{entity} is at the {landmark}.", f"Where is {entity}?", landmark
     if kind == "locker":
         code = str(rng.choice(p.codes))
         return f"The code for locker {entity} is {code}.", f"What is the code for locker {entity}?", code
@@ -147,7 +154,7 @@ def _fact(kind: str, entity, rng: random.Random, p: Pools) -> tuple[str, str, st
     raise ValueError(kind)
 
 
-KINDS = ("town", "colour", "age", "job", "object", "pet", "locker", "train")
+KINDS = ("town", "colour", "age", "job", "object", "pet", "landmark", "locker", "train")
 _ENTITY_POOL = {"locker": "lockers", "train": "towns"}
 
 

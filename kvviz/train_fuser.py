@@ -83,6 +83,7 @@ class Example:
     context: str | None = None
     receiver_sees_context: bool = True
     token_alignment: str = "longest"
+    fuse_template: bool = False
 
 
 def response_ids(tokenizer, response: str, limit: int) -> list[int]:
@@ -99,14 +100,14 @@ def response_ids(tokenizer, response: str, limit: int) -> list[int]:
 
 def make_example(
     pair, record, max_prompt_tokens: int, max_response_tokens: int, receiver_sees_context: bool = True,
-    max_sharer_tokens: int | None = None, token_alignment: str = "longest",
+    max_sharer_tokens: int | None = None, token_alignment: str = "longest", fuse_template: bool = False,
 ) -> Example | None:
     """None when a prompt is too long or the response empty (skipped)."""
     if not record.response or not record.response.strip():
         return None
     alignment = align_prompt(
         pair.receiver.tokenizer, pair.sharer.tokenizer, record.question, record.context, receiver_sees_context,
-        token_alignment,
+        token_alignment, fuse_template,
     )
     max_sharer_tokens = max_sharer_tokens or max_prompt_tokens + 64
     if len(alignment.receiver_ids) > max_prompt_tokens or len(alignment.sharer_ids) > max_sharer_tokens:
@@ -115,7 +116,7 @@ def make_example(
         return None
     return Example(
         record.id, alignment, response_ids(pair.receiver.tokenizer, record.response, max_response_tokens),
-        record.question, record.context, receiver_sees_context, token_alignment,
+        record.question, record.context, receiver_sees_context, token_alignment, fuse_template,
     )
 
 
@@ -148,12 +149,13 @@ def split_records(data: str, seed: int, heldout: int, context_only: bool = False
 
 def build_examples(
     pair, records, max_prompt_tokens, max_response_tokens, wanted: int | None = None, receiver_sees_context: bool = True,
-    max_sharer_tokens: int | None = None, token_alignment: str = "longest",
+    max_sharer_tokens: int | None = None, token_alignment: str = "longest", fuse_template: bool = False,
 ) -> list[Example]:
     examples = []
     for record in records:
         example = make_example(
-            pair, record, max_prompt_tokens, max_response_tokens, receiver_sees_context, max_sharer_tokens, token_alignment
+            pair, record, max_prompt_tokens, max_response_tokens, receiver_sees_context, max_sharer_tokens, token_alignment,
+            fuse_template,
         )
         if example is not None:
             examples.append(example)
@@ -324,6 +326,10 @@ def configure_parser(parser) -> None:
         "--token-alignment", choices=("longest", "natural"), default=d["token_alignment"],
         help="longest: the paper's one re-encoded sharer token per receiver token; natural: the sharer's own tokenization",
     )
+    parser.add_argument(
+        "--fuse-template", action="store_true",
+        help="also fuse the template tokens before the last prompt token (with the end of the sharer's generation prompt)",
+    )
     parser.add_argument("--bias", action="store_true", help="biases on the projector's linear maps (the reference has them)")
     parser.add_argument("--intermediate", type=int, default=None, help="inner width of the trunk and projection blocks")
     parser.add_argument("--proj-blocks", type=int, default=1, help="blocks on the projection path")
@@ -364,11 +370,11 @@ def main(args) -> int:
     )
     heldout = build_examples(
         pair, heldout_records, args.max_prompt_tokens, args.max_response_tokens, None, receiver_sees_context,
-        args.max_sharer_tokens, args.token_alignment,
+        args.max_sharer_tokens, args.token_alignment, args.fuse_template,
     )
     train = build_examples(
         pair, train_records, args.max_prompt_tokens, args.max_response_tokens, needed, receiver_sees_context,
-        args.max_sharer_tokens, args.token_alignment,
+        args.max_sharer_tokens, args.token_alignment, args.fuse_template,
     )
     if not train:
         raise ValueError(f"No usable training examples in {args.data} (prompts over {args.max_prompt_tokens} tokens are skipped).")
@@ -381,7 +387,8 @@ def main(args) -> int:
     torch.manual_seed(args.seed)
     fuser = new_fuser(
         pair.sharer.facts, pair.receiver.facts, args.width, args.dropout, pair.name, control=args.control,
-        rope=args.rope, fuse=args.fuse, token_alignment=args.token_alignment, bias=args.bias, intermediate=args.intermediate, proj_blocks=args.proj_blocks,
+        rope=args.rope, fuse=args.fuse, token_alignment=args.token_alignment, fuse_template=args.fuse_template,
+        bias=args.bias, intermediate=args.intermediate, proj_blocks=args.proj_blocks,
     )
     if args.zero_init:
         fuser.zero_output()

@@ -216,6 +216,20 @@ def test_natural_token_alignment_lets_the_sharer_read_its_own_tokens(private):
         assert piece[-1] in smollm.decode([natural.sharer_ids[s]]), (piece, smollm.decode([natural.sharer_ids[s]]))
 
 
+def test_fuse_template_pairs_the_receivers_tail_with_where_the_sharer_answers():
+    from tests.test_c2c import real_tokenizers
+
+    gemma, smollm = real_tokenizers()
+    query, context = "What is the code for locker 12?", "The code for locker 12 is 4471."
+    plain = align_prompt(gemma, smollm, query, context, receiver_sees_context=False, token_alignment="natural")
+    tail = align_prompt(gemma, smollm, query, context, receiver_sees_context=False, token_alignment="natural", fuse_template=True)
+    added = tail.receiver_positions[plain.num_fused :]
+    assert added and added[-1] == len(tail.receiver_ids) - 2  # up to the token before the last prompt token
+    assert tail.sharer_positions[-1] == len(tail.sharer_ids) - 1  # with the sharer's last prompt token
+    assert smollm.decode(tail.sharer_ids).endswith("<|im_start|>assistant\n")
+    assert tail.receiver_positions[: plain.num_fused] == plain.receiver_positions
+
+
 # --- recall data --------------------------------------------------------------------------------
 
 

@@ -181,7 +181,7 @@ def run(
     receiver_sees_context = receiver_sees_context_for(fuser)
     alignment = align_prompt(
         receiver.tokenizer, sharer.tokenizer, request.query, request.context, receiver_sees_context,
-        fuser.config.token_alignment,
+        fuser.config.token_alignment, fuser.config.fuse_template,
     )
     state, records, sent, fusion_seconds = fused_state(pair, fuser, alignment, timer)
     last = alignment.receiver_ids[-1:]
@@ -252,6 +252,7 @@ def run(
                 "bias": fuser.config.bias,
                 "intermediate": fuser.config.inner_width,
                 "token_alignment": fuser.config.token_alignment,
+                "fuse_template": fuser.config.fuse_template,
             },
             # held-out communication gain measured by eval-fuser (None when not measured)
             "communication": communication_details(fuser),
