@@ -62,7 +62,6 @@ def test_c2c_output_changes_with_the_sharers_context_and_the_controls_does_not(p
     control.save(tmp_path / "run" / "control")
 
     def first_logits(name, context):
-        captured = {}
         from kvviz.handoffs import c2c
 
         fuser = c2c.get_fuser(tmp_path / "run" / ("control" if name == "c2c_control" else "c2c"), pair)
@@ -70,8 +69,8 @@ def test_c2c_output_changes_with_the_sharers_context_and_the_controls_does_not(p
         state, _, _, _ = c2c.fused_state(pair, fuser, alignment, c2c.StageTimer())
         from kvviz.decode import prefill
 
-        captured["logits"], _ = prefill(pair.receiver, state, alignment.receiver_ids[-1:])
-        return captured["logits"]
+        next_token, _ = prefill(pair.receiver, state, alignment.receiver_ids[-1:])
+        return next_token.logits
 
     assert not torch.allclose(first_logits("c2c", CONTEXTS[0]), first_logits("c2c", CONTEXTS[1]), atol=1e-5)
     assert torch.equal(first_logits("c2c_control", CONTEXTS[0]), first_logits("c2c_control", CONTEXTS[1]))
