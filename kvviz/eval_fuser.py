@@ -8,7 +8,8 @@
    examples; a fuser that ignores the sharer (the control) scores exactly 0.
 2. Multiple-choice accuracy on ARC-Challenge and OpenBookQA subsets (seeded sample) for the
    receiver, the sharer, the text handoff and C2C (and the control), each with a 95% Wilson
-   interval. Every answer is produced by the handoff itself (greedy) and scored with
+   interval. Every answer is produced by the handoff itself (greedy) from the one multiple-choice
+   prompt the benchmark uses too (``kvviz.data.choice_query``) and scored with
    ``extract_choice_letter``; no letter counts as wrong.
 """
 
@@ -21,8 +22,6 @@ import time
 from pathlib import Path
 
 import torch
-
-MC_INSTRUCTION = "Answer with the letter of the correct option."
 
 
 def configure_parser(parser) -> None:
@@ -45,12 +44,6 @@ def configure_parser(parser) -> None:
     parser.add_argument("--out", default=None, help="also write the JSON here")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
-
-
-def mc_query(record) -> str:
-    from kvviz.data import format_choices
-
-    return f"{record.question.strip()}\n{format_choices(record)}\n{MC_INSTRUCTION}"
 
 
 def derangement(n: int, seed: int = 0, same=None) -> list[int]:
@@ -204,7 +197,7 @@ def answer_accuracy(pair, names: list[str], records, request_kwargs: dict, progr
 
 
 def mc_accuracy(pair, names: list[str], datasets: list[str], limit: int, seed: int, request_kwargs: dict, progress) -> dict:
-    from kvviz.data import LETTERS, extract_choice_letter, load_dataset, wilson_interval
+    from kvviz.data import LETTERS, choice_query, extract_choice_letter, load_dataset, wilson_interval
     from kvviz.engine import run_handoff
     from kvviz.results import HandoffRequest
 
@@ -213,7 +206,7 @@ def mc_accuracy(pair, names: list[str], datasets: list[str], limit: int, seed: i
         records = load_dataset(dataset, limit=limit, seed=seed)
         counts = {name: {"correct": 0, "n": 0, "no_letter": 0, "skipped": 0, "seconds": 0.0} for name in names}
         for index, record in enumerate(records):
-            request = HandoffRequest(query=mc_query(record), **request_kwargs)
+            request = HandoffRequest(query=choice_query(record), **request_kwargs)
             for name in names:
                 result = run_handoff(name, pair, request)
                 row = counts[name]

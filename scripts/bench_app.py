@@ -3,11 +3,13 @@
     python scripts/bench_app.py [--pair embedded] [--max-new-tokens 32] [--loads 3] [--out FILE]
 
 Measures, with the app served on 127.0.0.1 (random free port) in this process:
-1. a warm run of all handoffs through the app's ``run`` endpoint (gradio_client), with
+1. a warm run of the page's default handoffs through the app's ``run`` endpoint (gradio_client), with
    ``--max-new-tokens`` per answer: one run first loads and warms the models, the next ones are
    timed (wall clock of the whole endpoint call, and each handoff's own measured total);
 2. the time from page load (navigation start) to the first plot painted, in Debian's Chromium
-   driven by Playwright (skipped with a note when /usr/bin/chromium is missing).
+   driven by Playwright (skipped with a note when /usr/bin/chromium is missing), and the same for
+   a control page served the same way: one Gradio ``gr.Plot`` with a three-bar figure and nothing
+   else, the floor that any page drawing its plots with Gradio's plotly has on this machine.
 """
 
 from __future__ import annotations
@@ -51,9 +53,8 @@ def free_port() -> int:
 
 def timed_run(client, pair: str, preset, max_new_tokens: int) -> dict:
     started = time.perf_counter()
-    outputs = client.predict(
-        pair, preset.query, preset.context or "", max_new_tokens, False, 0.7, 0, 64, 0.5, "kvcomm", True, 0.8, 10.0, "",
-        api_name="/run",
+    outputs = client.predict(  # every other setting at the page's defaults
+        pair=pair, query=preset.query, context=preset.context or "", max_new_tokens=max_new_tokens, api_name="/run"
     )
     wall = time.perf_counter() - started
     data = outputs[-1]
@@ -89,6 +90,22 @@ def first_plot_times(url: str, loads: int) -> list[float] | str:
             context.close()
         browser.close()
     return times
+
+
+def control_page_times(loads: int) -> list[float] | str:
+    """First-plot times of a page with one small plotly figure and nothing else (the floor)."""
+    import gradio as gr
+    import plotly.graph_objects as go
+
+    from kvviz.ui import launch_kwargs
+
+    with gr.Blocks() as control:
+        gr.Plot(go.Figure(go.Bar(x=["a", "b", "c"], y=[3, 1, 2])))
+    control.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    try:
+        return first_plot_times(control.local_url, loads)
+    finally:
+        control.close()
 
 
 def live_screenshot(url: str, path: str, preset_label: str | None = None) -> float:
@@ -128,8 +145,10 @@ def main(argv=None) -> int:
 
     from kvviz.engine import load_pair
     from kvviz.presets import PRESETS
+    from kvviz.stream import use_one_thread_per_handoff
     from kvviz.ui import build_demo, launch_kwargs
 
+    use_one_thread_per_handoff()  # as app.py serves it
     started = time.perf_counter()
     load_pair(args.pair, progress=lambda message: print(message, file=sys.stderr))
     load_seconds = time.perf_counter() - started
@@ -141,6 +160,8 @@ def main(argv=None) -> int:
         # page load first, while the server is idle (as a visitor would find it)
         times = first_plot_times(url, args.loads)
         report["first_plot_seconds"] = times
+        control_times = control_page_times(args.loads)
+        report["control_first_plot_seconds"] = control_times
         client = Client(url, verbose=False)
         preset = PRESETS[0]  # private context: every handoff applies
         timed_run(client, args.pair, preset, args.max_new_tokens)  # warm-up
@@ -166,6 +187,8 @@ def main(argv=None) -> int:
     else:
         print(f"page load to first plot painted: median {statistics.median(times):.2f} s (loads: "
               + ", ".join(f"{t:.2f}" for t in times) + ")")
+        print(f"control page (one gr.Plot, nothing else): median {statistics.median(control_times):.2f} s; "
+              f"the lab page takes {statistics.median(times) / statistics.median(control_times):.2f}x the floor")
     if "screenshot_run_seconds" in report:
         print(f"live run in the browser for the screenshot: {report['screenshot_run_seconds']:.1f} s -> {args.screenshot}")
     if args.out:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import tempfile
 from pathlib import Path
 
 # Tests never need the hub: fail fast instead of waiting on network retries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tests write fuser checkpoints into temporary folders: let fusers come from there (kvviz.policy).
+os.environ.setdefault("KVVIZ_FUSER_DIRS", tempfile.gettempdir())
 
 import pytest
 
@@ -84,3 +87,29 @@ def served_on_loopback(demo):
         yield demo.local_url.rstrip("/")
     finally:
         demo.close()
+
+
+@pytest.fixture()
+def tiny_engine(monkeypatch):
+    """Point the engine's load_pair at the tiny gemma pair (for the bench and perf CLIs) and count
+    handoff calls; one torch thread."""
+    import torch
+
+    from kvviz import engine
+
+    pair = tiny_pair("gemma")
+    monkeypatch.setattr(engine, "load_pair", lambda *a, **k: pair)
+    calls = []
+    real = engine.run_handoff
+
+    def counting(name, loaded, request, on_token=None):
+        calls.append((name, request.query, request.kvcomm.ratio, request.kvcomm.strategy))
+        return real(name, loaded, request, on_token)
+
+    monkeypatch.setattr(engine, "run_handoff", counting)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add overhead, badly so on a busy machine
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "ACCELERATE_PROCESS_INDEX", "ACCELERATE_NUM_PROCESSES"):
+        monkeypatch.delenv(name, raising=False)
+    yield pair, calls
+    torch.set_num_threads(threads)
