@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import random
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -295,6 +296,8 @@ def main(args) -> int:
         "pair": pair.name, "sharer": pair.sharer.name, "receiver": pair.receiver.name,
         "fuser": checkpoint_label(c2c_folder), "control": checkpoint_label(control_folder) if control_folder else None,
     }
+    if sys.argv[1:2] == ["eval-fuser"]:  # the command line that made the report (not when called from code)
+        report["command"] = "python -m kvviz " + shlex.join(sys.argv[1:])
     log("held-out NLL ...")
     report["heldout"] = heldout_nll(pair, c2c_folder, control_folder, args.heldout, args.seed)
     names = parse_handoffs(args.handoffs)

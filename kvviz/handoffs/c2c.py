@@ -29,6 +29,7 @@ the trainer and the evaluator run too.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from dataclasses import asdict
 from pathlib import Path
@@ -46,6 +47,7 @@ from kvviz.handoffs.common import LoadedPair, TokenCallback
 from kvviz.handoffs.registry import Handoff, Option
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
+from kvviz.presets import DEFAULT_PRESET, preset
 from kvviz.results import HandoffRequest, HandoffResult
 
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets" / "fusers"
@@ -177,10 +179,59 @@ def fused_state(pair: LoadedPair, fuser: C2CFuser, alignment, timer: StageTimer,
     return fused.state, fused.records, fused.bytes_read, fused.fusion_seconds
 
 
-def communication_details(fuser: C2CFuser) -> dict | None:
-    """The fuser's measured communication gain (``eval-fuser``), as recorded in its config."""
+COMMUNICATION_FILE = "communication.json"  # eval-fuser's report, beside a pair's c2c/ and control/
+
+
+def stored_communication(folder: Path) -> dict | None:
+    """The communication measure ``eval-fuser --out <pair folder>/communication.json`` stored
+    beside the fuser pair, when it names this fuser (as C2C or as its control); else None."""
+    path = Path(folder).parent / COMMUNICATION_FILE
+    try:
+        report = json.loads(path.read_text())
+        label = checkpoint_label(folder)
+        if label not in (report.get("fuser"), report.get("control")):
+            return None
+        heldout = report["heldout"]
+        measured = dict(heldout["communication"]["c2c"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    measured["heldout_nll"] = dict(heldout.get("nll", {}))
+    measured["data"] = heldout.get("data")
+    measured["source"] = checkpoint_label(path)
+    if report.get("command"):
+        measured["command"] = report["command"]
+    return measured
+
+
+def communication_details(fuser: C2CFuser, folder: Path | None = None) -> dict | None:
+    """The C2C fuser's measured communication gain (``eval-fuser``): recorded in the fuser's config
+    by the trainer (``--measure``), else stored beside the fuser pair (``COMMUNICATION_FILE``). A
+    control column shows its C2C's measure (its own gain is 0 by construction)."""
     measured = (fuser.config.training or {}).get("communication")
-    return dict(measured) if measured else None
+    if measured and not fuser.config.control:
+        return dict(measured, source="the fuser's config (train-fuser --measure)")
+    return stored_communication(folder) if folder is not None and not fuser_reference.is_hub_path(str(folder)) else None
+
+
+def communication_note(measured: dict | None, control: bool) -> list[str]:
+    """The measured communication, in words: the gain and its interval, what it means."""
+    if not measured or "gain" not in measured or not measured.get("ci95"):
+        return []
+    low, high = measured["ci95"]
+    verdict = (
+        "the interval includes 0: no measured evidence that the sharer's cache helps"
+        if low <= 0 <= high
+        else ("the sharer's cache helps" if low > 0 else "the right context scores worse than another's")
+    )
+    text = (
+        f"C2C communication gain (held-out, {measured.get('examples', '?')} examples): {measured['gain']:+.3f} nats/token, "
+        f"95% CI [{low:+.3f}, {high:+.3f}]; {verdict}"
+    )
+    rows = measured.get("heldout_nll") or {}
+    if control and rows:
+        shown = ", ".join(f"{name} {value:.3f}" for name, value in rows.items())
+        text = f"held-out NLL (nats/token): {shown}. " + text
+    return [text]
 
 
 def run(
@@ -277,7 +328,7 @@ def run(
                 "fuse_template": fuser.config.fuse_template,
             },
             # held-out communication gain measured by eval-fuser (None when not measured)
-            "communication": communication_details(fuser),
+            "communication": communication_details(fuser, folder),
             "sharer_model": sharer.name,
             "stopped_by": output.stopped_by,
         },
@@ -294,11 +345,14 @@ def run_control(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallba
 GATE_OPEN_COLOR = "#0072B2"
 GATE_CLOSED_COLOR = "#d9d9d9"
 FIGURE_HEIGHT = 500
+CLOSED_SLIVER = 0.04  # a closed gate (applied 0) is drawn as a thin grey sliver so that its hover can be reached
 
 
 def gates_figure(result) -> go.Figure:
-    """Top: soft gate value per receiver layer for K and V (coloured = open at inference, pale =
-    closed). Below, on the same layer axis: head weights as KV head x layer heatmaps for K and V."""
+    """Top: the gate each receiver layer applied, 0 (closed) or 1 (open: the projected sharer KV is
+    added), for K and V; the logit and sigmoid(logit) it came from are in the hover (at inference
+    the gate is hard: open when the logit is above 0). Below, on the same layer axis: head weights
+    as KV head x layer heatmaps for K and V."""
     title = "C2C: gates and head weights per receiver layer"
     missing = not_run_figure(title, result, FIGURE_HEIGHT, "C2C did not run.", "C2C")
     if missing is not None:
@@ -315,7 +369,7 @@ def gates_figure(result) -> go.Figure:
         vertical_spacing=0.07,
         row_heights=[1 - 2 * heat_share, heat_share, heat_share],
         subplot_titles=(
-            "gate per layer, sigmoid(logit): K solid, V hatched; coloured = open (sharer KV added), pale = closed",
+            "gate applied per layer: 1 = open (sharer KV added), 0 = closed (grey sliver); K solid, V hatched",
             "head weights for K (mean over tokens)",
             "head weights for V",
         ),
@@ -327,14 +381,16 @@ def gates_figure(result) -> go.Figure:
         sharer = [r.get("sharer_layer") for r in records]
         base = GATE_OPEN_COLOR if kind == "k" else "#56B4E9"
         hover = [
-            f"receiver layer {layer} (reads sharer layer {s})<br>{label} gate: sigmoid(logit) = {g:.3f}, "
-            f"logit {lg:+.2f}<br>" + ("<b>open</b>: the projected sharer KV is added" if o else "closed: the receiver keeps its own KV")
+            f"receiver layer {layer} (reads sharer layer {s})<br>{label} gate applied: <b>{int(o)}</b> "
+            + ("(open: the projected sharer KV is added)" if o else "(closed: the receiver keeps its own KV)")
+            + f"<br>logit {lg:+.3f}, sigmoid(logit) {g:.3f} (open when the logit is above 0)"
             for layer, s, g, lg, o in zip(layers, sharer, soft, logits, opened)
         ]
         fig.add_trace(
             go.Bar(
                 x=layers,
-                y=soft,
+                y=[1.0 if o else CLOSED_SLIVER for o in opened],
+                customdata=[[int(o), lg, g] for o, lg, g in zip(opened, logits, soft)],
                 name=f"{label} gate",
                 marker=dict(
                     color=[base if o else GATE_CLOSED_COLOR for o in opened],
@@ -344,7 +400,7 @@ def gates_figure(result) -> go.Figure:
                 hovertext=hover,
                 hoverinfo="text",
                 showlegend=False,
-                meta={"series": f"gate_{kind}"},
+                meta={"series": f"gate_{kind}", "applied": [int(o) for o in opened], "logit": logits, "sigmoid": soft},
             ),
             row=1,
             col=1,
@@ -373,7 +429,7 @@ def gates_figure(result) -> go.Figure:
         fig.update_yaxes(title_text=f"{kind.upper()} head", dtick=1 if heads <= 8 else None, title_standoff=4, row=row, col=1)
     fig.update_xaxes(dtick=1 if len(layers) <= 40 else None)
     fig.update_xaxes(title_text="receiver layer", row=3, col=1)
-    fig.update_yaxes(title_text="gate (0 to 1)", range=[0, 1.05], row=1, col=1)
+    fig.update_yaxes(title_text="gate applied", range=[0, 1.05], tickvals=[0, 1], ticktext=["0 closed", "1 open"], row=1, col=1)
     fig.update_annotations(font_size=11)
     details = result.get("details", {})
     open_k = sum(bool(r.get("gate_k_open")) for r in records)
@@ -392,7 +448,10 @@ def notes(result: dict) -> list[str]:
         return []
     open_k = sum(bool(r.get("gate_k_open")) for r in records)
     open_v = sum(bool(r.get("gate_v_open")) for r in records)
-    return [f"gates open: {open_k} K, {open_v} V of {len(records)} layers"]
+    details = result.get("details") or {}
+    return [f"gates open: {open_k} K, {open_v} V of {len(records)} layers"] + communication_note(
+        details.get("communication"), bool(details.get("control"))
+    )
 
 
 def fuser_found(control: bool):
@@ -420,10 +479,15 @@ HANDOFFS = (
         color="#0072B2",  # blue
         summary="a trained fuser projects the sharer's KV cache into the receiver's",
         explanation=(
-            "Cache-to-Cache. Both models read the same question. A small trained network, the fuser, turns the "
-            "sharer's memory of the question (its KV cache) into something the receiver understands and adds it "
-            "to the receiver's own cache, layer by layer. A gate per layer decides whether that layer takes the "
-            "sharer's help at all. Then the receiver answers alone. No words are written in between."
+            "Cache-to-Cache. Only the sharer reads the context (the note); both models read the question. A small "
+            "trained network, the fuser, reads both models' memories (KV caches) at the question's tokens, projects "
+            "the sharer's into the receiver's form and adds it to the receiver's own cache, layer by layer. A gate "
+            "per layer is open (1: the sharer's projected cache is added) or closed (0). Then the receiver answers "
+            "alone. No words are written in between, and the note's own tokens are never fused: its facts reach "
+            "the receiver only if the sharer's cache at the question's tokens carries them. The note under the "
+            "answer gives the held-out communication gain measured by eval-fuser (how much worse the receiver "
+            "does when the sharer read another example's note): a gain whose interval includes 0 means no "
+            "measured evidence that the sharer's cache helps."
         ),
         run=run,
         needs=("a trained fuser for the pair",),
@@ -439,9 +503,9 @@ HANDOFFS = (
         page=20,
         page_default=True,
         walkthrough=(
-            "C2C (blue) fuses the sharer's cache into the receiver's with a small trained network. Its plot "
-            "shows which layers' gates opened. It shines on *shared questions* where both models read the same "
-            "text (try the preset **Boiling water**)."
+            "C2C (blue) fuses the sharer's cache into the receiver's with a small trained network that reads both "
+            "caches at the question's tokens. Its plot shows, per receiver layer, the gate applied (1 open, 0 "
+            "closed; the logit is in the hover). Whether the note got through is the next step's question."
         ),
     ),
     Handoff(
@@ -465,8 +529,13 @@ HANDOFFS = (
         page=25,
         page_default=True,
         walkthrough=(
-            "C2C control (light blue) runs a fuser trained without the sharer's information. Compare it with "
-            "C2C: if both answer alike, the gain is the fuser adapting the receiver, not the sharer's knowledge."
+            "**Predict first:** did the sharer's cache add anything? C2C control (light blue) runs a fuser with "
+            "C2C's architecture, data, steps and seed, trained with the sharer's cache replaced by zeros: it can "
+            f"only adapt the receiver. On this preset (we loaded **{preset(DEFAULT_PRESET).title}** again), if C2C gives the code "
+            "from the note and its control does not, the sharer's cache carried it. If both columns answer "
+            "alike, C2C's change is the fuser adapting the receiver, not the sharer's knowledge. The note under "
+            "each column gives the held-out numbers measured by eval-fuser (NLL and the communication gain)."
         ),
+        walkthrough_preset=DEFAULT_PRESET,
     ),
 )
