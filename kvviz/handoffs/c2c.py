@@ -7,8 +7,9 @@ in every layer (``K' = K_r + g·w·K_proj``); the receiver then runs its last pr
 fused cache and decodes with the shared decode loop. Generated tokens are not fused.
 
 ``c2c_control`` runs the control fuser: same architecture, data, steps and seed, trained with the
-sharer's KV replaced by zeros. It is an adapter on the receiver's own cache; the gap between
-``c2c`` and ``c2c_control`` is what the sharer's knowledge adds.
+sharer's KV replaced by zeros. It is an adapter on the receiver's own cache. A gap between ``c2c``
+and ``c2c_control`` may be the sharer's knowledge or only a differently trained adapter; the
+communication gain (``eval-fuser``: C2C with another example's context) tells them apart.
 
 A request's context: a fuser trained with shared input (the paper) gives it to both models; a
 fuser trained with a private context (``train-fuser --context private``, the shipped one) gives
@@ -516,9 +517,10 @@ HANDOFFS = (
         summary="the control fuser (trained without the sharer's information): adaptation only",
         explanation=(
             "The control fuser has C2C's architecture, data, steps and seed, but was trained with the sharer's "
-            "cache replaced by zeros. It only adapts the receiver's own cache. Whatever C2C gains beyond its "
-            "control is what the sharer's knowledge adds; the rest is the fuser tuning the receiver. It reads "
-            "the fuser named for C2C (its control sits beside it)."
+            "cache replaced by zeros. It only adapts the receiver's own cache. If C2C does better than its "
+            "control, that may be the sharer's knowledge or only a differently trained adapter: the "
+            "communication gain under the answers (C2C with the sharer reading another example's context) "
+            "tells them apart. It reads the fuser named for C2C (its control sits beside it)."
         ),
         run=run_control,
         needs=("a trained control fuser for the pair",),
