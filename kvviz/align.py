@@ -33,11 +33,15 @@ def terminal_layer_map(sharer_layers: int, receiver_layers: int) -> list[int]:
 
 @dataclass(frozen=True)
 class MessageSpan:
-    """Prompt token ids of one model and the [start, end) token range of the user's message."""
+    """Prompt token ids of one model and the [start, end) token range of the user's message.
+
+    ``offsets[k]``: the (begin, end) characters of token ``start + k`` inside the message text.
+    """
 
     segments: PromptSegments
     start: int
     end: int
+    offsets: tuple = ()
 
     @property
     def input_ids(self) -> list[int]:
@@ -70,19 +74,21 @@ def message_span(tokenizer, query: str, context: str | None = None, instruction:
     if text[char_start:char_end] != message:
         raise ValueError("could not locate the user message inside the prompt")
     inside: list[bool] = []
+    spans: list[tuple[int, int]] = []
     for piece_text, base in ((segments.context_text, 0), (segments.query_text, len(segments.context_text))):
         if not piece_text:
             continue
         encoded = tokenizer(piece_text, add_special_tokens=False, return_offsets_mapping=True)
         for begin, finish in encoded["offset_mapping"]:
             inside.append(char_start <= base + begin and base + finish <= char_end and finish > begin)
+            spans.append((base + begin - char_start, base + finish - char_start))
     if len(inside) != len(segments.input_ids):
         raise ValueError("tokenizer offsets do not match the prompt tokens")
     positions = [i for i, flag in enumerate(inside) if flag]
     if not positions:
         return MessageSpan(segments, len(segments.context_ids), len(segments.context_ids))
     start, end = positions[0], positions[-1] + 1
-    return MessageSpan(segments, start, end)
+    return MessageSpan(segments, start, end, tuple(spans[start:end]))
 
 
 def _token_texts(tokenizer, ids: list[int]) -> list[str]:
@@ -166,8 +172,12 @@ class TokenAlignment:
         return len(self.receiver_positions)
 
 
+TOKEN_ALIGNMENTS = ("longest", "natural")
+
+
 def align_prompt(
-    receiver_tokenizer, sharer_tokenizer, query: str, context: str | None = None, receiver_sees_context: bool = True
+    receiver_tokenizer, sharer_tokenizer, query: str, context: str | None = None, receiver_sees_context: bool = True,
+    token_alignment: str = "longest", fuse_template: bool = False,
 ) -> TokenAlignment:
     """Align the two prompts for fusion.
 
@@ -176,12 +186,35 @@ def align_prompt(
     convention for a request's context, as in KVComm and the text relay): the receiver reads the
     query alone, the sharer reads context and query, and the fused tokens are the query's, whose
     sharer KV has attended to the context.
+
+    ``token_alignment``: ``"longest"`` (the paper) gives the sharer one re-encoded token per
+    receiver message token, so the sharer reads the receiver's segmentation (a name the two
+    tokenizers cut differently reaches it garbled: " Raban" -> " Rab"). ``"natural"`` (beyond the
+    paper) lets the sharer read the message in its own tokenization and pairs each receiver token
+    with the sharer token that holds the receiver token's last character.
+
+    ``fuse_template``: also fuse the receiver's template tokens between its message and its last
+    prompt token ("\nAnswer" before ":"), right-aligned with the sharer's generation-prompt tokens
+    ("<|im_end|>\n<|im_start|>assistant\n"), the sharer's last prompt token included: the position
+    where the sharer is about to answer. The reference code fuses every prompt token but the last,
+    template tokens included; kvviz's default fuses the message only.
     """
+    alignment = _align(receiver_tokenizer, sharer_tokenizer, query, context, receiver_sees_context, token_alignment)
+    if fuse_template:
+        alignment = _with_template_tail(alignment, receiver_tokenizer, sharer_tokenizer, query, context, receiver_sees_context)
+    return alignment
+
+
+def _align(receiver_tokenizer, sharer_tokenizer, query, context, receiver_sees_context, token_alignment) -> TokenAlignment:
+    if token_alignment not in TOKEN_ALIGNMENTS:
+        raise ValueError(f"token_alignment must be one of {', '.join(TOKEN_ALIGNMENTS)}, not {token_alignment!r}")
     private = bool(context and context.strip()) and not receiver_sees_context
     receiver = message_span(receiver_tokenizer, query, None if private else context)
     identical = same_tokenizer(receiver_tokenizer, sharer_tokenizer)
     # fuse every message token except the last prompt token, which runs on the fused cache
     end = min(receiver.end, len(receiver.input_ids) - 1)
+    if token_alignment == "natural":
+        return _natural_alignment(receiver, sharer_tokenizer, query, context, private, end, identical)
     message = receiver.input_ids[receiver.start : end]
     if private:
         # everything before the query part: the sharer's template prefix and the context
@@ -198,4 +231,56 @@ def align_prompt(
         sharer_start_position=max(0, receiver.start - len(sharer_prefix)),
         identical_tokenizers=identical,
         receiver_segments=receiver.segments,
+    )
+
+
+def _natural_alignment(receiver: MessageSpan, sharer_tokenizer, query, context, private, end, identical) -> TokenAlignment:
+    """The sharer reads its own tokenization of the message; receiver token -> the sharer token
+    holding its last character."""
+    sharer = message_span(sharer_tokenizer, query, context)
+    # the receiver's message is the sharer's (shared input) or its query part (private context)
+    shift = len(user_message(query, context)[0]) if private else 0
+    sharer_positions = []
+    for k in range(end - receiver.start):
+        last = shift + receiver.offsets[k][1] - 1
+        chosen = sharer.start
+        for j, (begin, finish) in enumerate(sharer.offsets):
+            if begin <= last:
+                chosen = sharer.start + j
+            if begin <= last < finish:
+                break
+        sharer_positions.append(chosen)
+    return TokenAlignment(
+        receiver_ids=receiver.input_ids,
+        sharer_ids=sharer.input_ids[: sharer.end],
+        receiver_positions=list(range(receiver.start, end)),
+        sharer_positions=sharer_positions,
+        sharer_start_position=max(0, receiver.start - sharer.start),
+        identical_tokenizers=identical,
+        receiver_segments=receiver.segments,
+    )
+
+
+def _with_template_tail(alignment: TokenAlignment, receiver_tokenizer, sharer_tokenizer, query, context, receiver_sees_context):
+    """Add the receiver's template tail (before its last token) paired right-aligned with the
+    sharer's generation-prompt tail (its last token included)."""
+    private = bool(context and context.strip()) and not receiver_sees_context
+    receiver = message_span(receiver_tokenizer, query, None if private else context)
+    receiver_tail = list(range(max(receiver.end, alignment.receiver_positions[-1] + 1 if alignment.receiver_positions else 0),
+                               len(receiver.input_ids) - 1))
+    sharer = message_span(sharer_tokenizer, query, context)
+    tail_ids = sharer.input_ids[sharer.end :]
+    if not receiver_tail or not tail_ids:
+        return alignment
+    base = len(alignment.sharer_ids)
+    sharer_tail = list(range(base, base + len(tail_ids)))
+    count = min(len(receiver_tail), len(sharer_tail))
+    return TokenAlignment(
+        receiver_ids=alignment.receiver_ids,
+        sharer_ids=alignment.sharer_ids + tail_ids,
+        receiver_positions=alignment.receiver_positions + receiver_tail[len(receiver_tail) - count :],
+        sharer_positions=alignment.sharer_positions + sharer_tail[len(sharer_tail) - count :],
+        sharer_start_position=alignment.sharer_start_position,
+        identical_tokenizers=alignment.identical_tokenizers,
+        receiver_segments=alignment.receiver_segments,
     )

@@ -2,6 +2,10 @@
 
 1. Held-out response NLL (nats per token, the fuser's own held-out split rebuilt from its
    checkpoint config): receiver alone vs the control fuser vs C2C, hard gates as at inference.
+   **Communication**: the same NLL with the sharer reading the right context, another example's
+   context (a fixed, seeded derangement) and with the sharer's KV zeroed. The communication gain
+   is NLL(other context) - NLL(right context), with a seeded bootstrap 95% interval over
+   examples; a fuser that ignores the sharer (the control) scores exactly 0.
 2. Multiple-choice accuracy on ARC-Challenge and OpenBookQA subsets (seeded sample) for the
    receiver, the sharer, the text handoff and C2C (and the control), each with a 95% Wilson
    interval. Every answer is produced by the handoff itself (greedy) from the one multiple-choice
@@ -12,11 +16,14 @@
 from __future__ import annotations
 
 import json
+import random
+import shlex
 import sys
 import time
 from pathlib import Path
 
 import torch
+
 
 def configure_parser(parser) -> None:
     parser.add_argument("--pair", default="embedded")
@@ -28,7 +35,11 @@ def configure_parser(parser) -> None:
     parser.add_argument("--handoffs", default="receiver,sharer,text,c2c,c2c_control")
     parser.add_argument("--max-new-tokens", type=int, default=6)
     parser.add_argument("--message-tokens", type=int, default=32, help="text handoff message bound")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the multiple-choice sample")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the multiple-choice sample, the derangement and the bootstrap")
+    parser.add_argument("--recall", type=int, default=0, help="held-out recall questions answered by each handoff (0: skip)")
+    parser.add_argument("--countries", type=int, default=0, help="Countries questions, context private to the sharer (0: skip)")
+    parser.add_argument("--answer-handoffs", default="receiver,sharer,c2c,c2c_control", help="handoffs for --recall / --countries")
+    parser.add_argument("--answer-tokens", type=int, default=12, help="max new tokens for --recall / --countries answers")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", default=None, help="also write the JSON here")
@@ -36,31 +47,154 @@ def configure_parser(parser) -> None:
     parser.add_argument("--dtype", default=None)
 
 
-def heldout_nll(pair, c2c_folder: Path, control_folder: Path | None, limit: int | None) -> dict:
-    from kvviz.handoffs.c2c import get_fuser
-    from kvviz.train_fuser import DEFAULTS, build_examples, mean_nll, split_records
+def derangement(n: int, seed: int = 0, same=None) -> list[int]:
+    """partner[i] != i for every i: a seeded cycle over a shuffled order; ``same(i, j)`` skips
+    partners whose context equals i's."""
+    if n < 2:
+        raise ValueError("the communication measure needs at least two held-out examples")
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    partner = [0] * n
+    for k, i in enumerate(order):
+        for step in range(1, n):
+            j = order[(k + step) % n]
+            if same is None or not same(i, j):
+                break
+        partner[i] = j
+    return partner
 
-    fuser = get_fuser(c2c_folder, pair)
+
+def bootstrap_ratio(diffs: list[float], tokens: list[int], seed: int = 0, resamples: int = 1000) -> list[float]:
+    """95% percentile interval of sum(diffs) / sum(tokens) over examples resampled with replacement."""
+    generator = torch.Generator().manual_seed(seed)
+    d = torch.tensor(diffs, dtype=torch.float64)
+    t = torch.tensor(tokens, dtype=torch.float64)
+    picks = torch.randint(0, len(diffs), (resamples, len(diffs)), generator=generator)
+    stats = d[picks].sum(1) / t[picks].sum(1)
+    return [float(torch.quantile(stats, 0.025)), float(torch.quantile(stats, 0.975))]
+
+
+def other_sharer(pair, examples, private: bool, partner: list[int]):
+    """For example i: the sharer's KV with another example's information (see module doc)."""
+    from kvviz.align import align_prompt
+    from kvviz.fusion import resampled, sharer_kv
+
+    def sharer_for(i):
+        other = examples[partner[i]]
+        if private:  # the same query, another example's context
+            alignment = align_prompt(
+                pair.receiver.tokenizer, pair.sharer.tokenizer, examples[i].question, other.context, receiver_sees_context=False,
+                token_alignment=examples[i].token_alignment, fuse_template=examples[i].fuse_template,
+            )
+            return sharer_kv(pair, alignment)
+        # shared input: the other example's sharer cache, stretched to this example's fused tokens
+        return resampled(sharer_kv(pair, other.alignment), examples[i].alignment.num_fused)
+
+    return sharer_for
+
+
+def communication_measure(pair, fuser, examples, private: bool, seed: int = 0, resamples: int = 1000) -> dict:
+    """Held-out NLL with the right context, another example's context and the sharer's KV zeroed;
+    the communication gain NLL(other) - NLL(right) with a bootstrap 95% interval."""
+    from kvviz.train_fuser import example_nlls
+
+    partner = derangement(len(examples), seed, same=lambda i, j: examples[i].context == examples[j].context)
+    right = example_nlls(pair, fuser, examples)
+    if fuser.config.control:
+        # the control never runs the sharer: every sharer input gives the same cache
+        other = zero = right
+    else:
+        other = example_nlls(pair, fuser, examples, other_sharer(pair, examples, private, partner))
+        zero = example_nlls(pair, fuser, examples, lambda i: "zero")
+    tokens = [n for _, n in right]
+    total = max(sum(tokens), 1)
+
+    def nll(rows):
+        return sum(r[0] for r in rows) / total
+
+    gain_diffs = [o[0] - r[0] for o, r in zip(other, right)]
+    zero_diffs = [z[0] - r[0] for z, r in zip(zero, right)]
+    return {
+        "examples": len(examples),
+        "tokens": total,
+        "nll": {"right": nll(right), "other": nll(other), "zero": nll(zero)},
+        "gain": sum(gain_diffs) / total,
+        "ci95": bootstrap_ratio(gain_diffs, tokens, seed, resamples),
+        "zero_gain": sum(zero_diffs) / total,
+        "zero_ci95": bootstrap_ratio(zero_diffs, tokens, seed, resamples),
+        "other_context": "same query, another example's context" if private else "another example's sharer cache",
+        "seed": seed,
+        "resamples": resamples,
+    }
+
+
+def heldout_examples(pair, fuser, limit: int | None):
+    """The fuser's held-out examples, rebuilt from its checkpoint config."""
+    from kvviz.train_fuser import DEFAULTS, build_examples, split_records
+
     trained = fuser.config.training or {}
     data, seed = trained.get("data", DEFAULTS["data"]), trained.get("seed", DEFAULTS["seed"])
     heldout = trained.get("heldout", DEFAULTS["heldout"])
-    _, records = split_records(data, seed, heldout, trained.get("context_only", False))
+    _, records = split_records(data, seed, heldout, trained.get("context_only", False), train_count=1)
     examples = build_examples(
         pair, records, trained.get("max_prompt_tokens", DEFAULTS["max_prompt_tokens"]),
         trained.get("max_response_tokens", DEFAULTS["max_response_tokens"]), None,
-        trained.get("receiver_sees_context", True), trained.get("max_sharer_tokens"),
+        trained.get("receiver_sees_context", True), trained.get("max_sharer_tokens"), fuser.config.token_alignment,
+        fuser.config.fuse_template,
     )
-    if limit is not None:
-        examples = examples[:limit]
+    return (examples[:limit] if limit is not None else examples), trained
+
+
+def heldout_nll(pair, c2c_folder: Path, control_folder: Path | None, limit: int | None, seed: int = 0) -> dict:
+    from kvviz.handoffs.c2c import get_fuser
+    from kvviz.train_fuser import mean_nll
+
+    fuser = get_fuser(c2c_folder, pair)
+    examples, trained = heldout_examples(pair, fuser, limit)
+    private = not trained.get("receiver_sees_context", True)
     rows = {"receiver": mean_nll(pair, None, examples)}
+    communication = {}
     if control_folder is not None:
-        rows["control"] = mean_nll(pair, get_fuser(control_folder, pair), examples)
-    rows["c2c"] = mean_nll(pair, fuser, examples)
+        control = get_fuser(control_folder, pair)
+        communication["control"] = communication_measure(pair, control, examples, private, seed)
+        rows["control"] = communication["control"]["nll"]["right"]
+    communication["c2c"] = communication_measure(pair, fuser, examples, private, seed)
+    rows["c2c"] = communication["c2c"]["nll"]["right"]
     return {
-        "data": data, "seed": seed, "examples": len(examples), "context": trained.get("context", "shared"),
-        "context_only": trained.get("context_only", False),
-        "tokens": sum(len(e.response_ids) for e in examples), "nll": rows,
+        "data": trained.get("data", "dolly"), "seed": trained.get("seed", 0), "examples": len(examples),
+        "context": trained.get("context", "shared"), "context_only": trained.get("context_only", False),
+        "tokens": sum(len(e.response_ids) for e in examples), "nll": rows, "communication": communication,
     }
+
+
+def answer_accuracy(pair, names: list[str], records, request_kwargs: dict, progress, label: str) -> dict:
+    """Greedy answers of each handoff, scored by ``contains_answer`` and the KVComm F1 metric."""
+    from kvviz.data import contains_answer, f1_match, wilson_interval
+    from kvviz.engine import run_handoff
+    from kvviz.results import HandoffRequest
+
+    table = {name: {"contains": 0, "f1": 0, "n": 0, "skipped": 0, "examples": []} for name in names}
+    for index, record in enumerate(records):
+        request = HandoffRequest(query=record.question, context=record.context, **request_kwargs)
+        for name in names:
+            result = run_handoff(name, pair, request)
+            row = table[name]
+            if not result.applicable:
+                row["skipped"] += 1
+                row["reason"] = result.reason
+                continue
+            row["n"] += 1
+            row["contains"] += contains_answer(result.answer, record.answers)
+            row["f1"] += f1_match(result.answer, record.answers)
+            if len(row["examples"]) < 5:
+                row["examples"].append({"question": record.question, "gold": record.answers[0], "answer": result.answer})
+        if (index + 1) % 10 == 0 or index + 1 == len(records):
+            progress(f"{label}: {index + 1}/{len(records)}")
+    for row in table.values():
+        for metric in ("contains", "f1"):
+            row[f"{metric}_accuracy"] = row[metric] / row["n"] if row["n"] else None
+            row[f"{metric}_ci95"] = list(wilson_interval(row[metric], row["n"])) if row["n"] else None
+    return table
 
 
 def mc_accuracy(pair, names: list[str], datasets: list[str], limit: int, seed: int, request_kwargs: dict, progress) -> dict:
@@ -105,6 +239,23 @@ def format_report(report: dict) -> str:
         lines.append(f"Held-out response NLL ({nll['data']}, {nll['examples']} examples, {nll['tokens']} tokens; nats/token, lower is better)")
         for name, value in nll["nll"].items():
             lines.append(f"  {name:<10} {value:.4f}")
+        for name, m in nll.get("communication", {}).items():
+            low, high = m["ci95"]
+            lines.append(
+                f"  communication gain ({name}): {m['gain']:+.4f} nats/token, 95% CI [{low:+.4f}, {high:+.4f}] "
+                f"(NLL right {m['nll']['right']:.4f}, other context {m['nll']['other']:.4f}, sharer zeroed {m['nll']['zero']:.4f})"
+            )
+    for label, table in report.get("answers", {}).items():
+        lines.append("")
+        lines.append(f"{label}: answers (greedy) containing the gold answer / KVComm F1 > 0.5, 95% Wilson interval")
+        for name, row in table.items():
+            if row["n"] == 0:
+                lines.append(f"  {name:<12} n/a  {row.get('reason', '')[:80]}")
+                continue
+            low, high = row["contains_ci95"]
+            lines.append(
+                f"  {name:<12} contains {row['contains_accuracy']:.3f} [{low:.3f}, {high:.3f}]  f1 {row['f1_accuracy']:.3f}  n={row['n']}"
+            )
     for dataset, counts in report.get("mc", {}).items():
         lines.append("")
         lines.append(f"{dataset}: accuracy with 95% Wilson interval")
@@ -145,11 +296,29 @@ def main(args) -> int:
         "pair": pair.name, "sharer": pair.sharer.name, "receiver": pair.receiver.name,
         "fuser": checkpoint_label(c2c_folder), "control": checkpoint_label(control_folder) if control_folder else None,
     }
+    if sys.argv[1:2] == ["eval-fuser"]:  # the command line that made the report (not when called from code)
+        report["command"] = "python -m kvviz " + shlex.join(sys.argv[1:])
     log("held-out NLL ...")
-    report["heldout"] = heldout_nll(pair, c2c_folder, control_folder, args.heldout)
+    report["heldout"] = heldout_nll(pair, c2c_folder, control_folder, args.heldout, args.seed)
     names = parse_handoffs(args.handoffs)
     if not control_folder:
         names = [n for n in names if n != "c2c_control"]
+    answer_names = [n for n in parse_handoffs(args.answer_handoffs) if control_folder or n != "c2c_control"]
+    answer_kwargs = {"generation": GenerationSettings(max_new_tokens=args.answer_tokens), "c2c_fuser": str(c2c_folder)}
+    if args.recall > 0:
+        from kvviz import recall
+
+        records = recall.generate("heldout", args.recall, seed=args.seed + 1)
+        report.setdefault("answers", {})["recall (held-out entities)"] = answer_accuracy(
+            pair, answer_names, records, answer_kwargs, log, "recall"
+        )
+    if args.countries > 0:
+        from kvviz.data import load_dataset
+
+        records = load_dataset("countries", limit=args.countries, seed=args.seed)
+        report.setdefault("answers", {})["countries (context private to the sharer)"] = answer_accuracy(
+            pair, answer_names, records, answer_kwargs, log, "countries"
+        )
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if args.mc_limit > 0 and datasets:
         request_kwargs = {
@@ -159,7 +328,10 @@ def main(args) -> int:
         }
         report["mc"] = mc_accuracy(pair, names, datasets, args.mc_limit, args.seed, request_kwargs, log)
     report["seconds"] = time.perf_counter() - started
-    report["settings"] = {"mc_limit": args.mc_limit, "seed": args.seed, "max_new_tokens": args.max_new_tokens, "message_tokens": args.message_tokens}
+    report["settings"] = {
+        "mc_limit": args.mc_limit, "seed": args.seed, "max_new_tokens": args.max_new_tokens, "message_tokens": args.message_tokens,
+        "recall": args.recall, "countries": args.countries, "answer_tokens": args.answer_tokens,
+    }
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2) if args.json else format_report(report))

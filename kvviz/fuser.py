@@ -9,12 +9,32 @@ channel axis, ``z = [sharer ; receiver]``, and computes
     w      = sigmoid(Linear_w(Block_w(x)))             # one weight per receiver KV head
     K'     = K_r + g * w * K_proj                      # the receiver's own term is not scaled
 
-``g`` is a per-layer gate (one logit for K and one for V, initialised to 0): Gumbel-sigmoid with
-an annealed temperature while training, hard (``logit > 0``) at inference. ``Linear_out`` starts
-at zero, so an untrained fuser leaves the receiver exactly as it was.
+``g`` is a gate per layer (one logit for K and one for V, initialised to 0). While training it is
+``sigmoid((logit + Gumbel noise) / tau)`` with the noise drawn per batch item, receiver head and
+token, as the reference trains it; at inference it is hard, ``logit > 0``.
+
+Architecture variants (all in the config, so a checkpoint says what it is):
+
+* ``bias``, ``intermediate`` (the inner width of the trunk and projection blocks; the weighting
+  block's inner width is ``width``) and ``proj_blocks``: the paper's published ``C2CProjector``
+  has biases on its three linear maps, intermediate 1024 and ``num_layers - 2`` projection blocks;
+  kvviz's own fusers up to format 1 had none of these (bias-free, inner width = width, one block).
+* ``rope``: ``"plain"`` feeds the keys as cached, after RoPE (the paper). ``"aware"`` (beyond the
+  paper) first undoes each model's rotation at the token's own position, projects position-free
+  keys, and rotates the projected keys at the receiver's positions, so that a sharer whose tokens
+  sit at other positions (a private context shifts them) gives the projector the same input.
+  The rotary tables come from each model's own rotary module (``kvviz.fusion.RopeTables``).
+* ``fuse``: ``"kv"`` (the paper), ``"k"`` or ``"v"`` (ablations: the other gate is held closed).
+* ``layer_map``: receiver layer -> sharer layer; ``-1`` leaves a receiver layer unfused.
+* ``token_alignment``: how the sharer reads the message (``kvviz.align``): ``"longest"`` (the
+  paper: one re-encoded sharer token per receiver token) or ``"natural"`` (the sharer's own
+  tokenization; each receiver token reads the sharer token holding its last character).
+* ``fuse_template``: also fuse the receiver's template tokens before its last prompt token, paired
+  with the end of the sharer's generation prompt (where the sharer is about to answer).
 
 Checkpoints are a folder with ``fuser.safetensors`` (weights, fp32 or fp16) and ``config.json``
-(the pair's architecture fingerprint, the width, how it was trained). Loading never unpickles.
+(the pair's architecture fingerprint, the architecture, how it was trained). Loading never
+unpickles. Format 2 added the variants above; format-1 checkpoints load unchanged.
 """
 
 from __future__ import annotations
@@ -31,7 +51,10 @@ from kvviz.align import terminal_layer_map
 
 WEIGHTS_FILE = "fuser.safetensors"
 CONFIG_FILE = "config.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+ROPE_MODES = ("plain", "aware")
+FUSE_MODES = ("kv", "k", "v")
 
 
 class FuserError(ValueError):
@@ -64,10 +87,34 @@ class FuserConfig:
     layer_map: list[int] = field(default_factory=list)
     training: dict = field(default_factory=dict)
     version: int = FORMAT_VERSION
+    # format 2: architecture variants (the defaults are format 1's architecture)
+    bias: bool = False
+    intermediate: int | None = None  # inner width of the trunk and projection blocks (None: width)
+    proj_blocks: int = 1
+    rope: str = "plain"
+    fuse: str = "kv"
+    token_alignment: str = "longest"  # kvviz.align: "longest" (the paper) or "natural"
+    fuse_template: bool = False  # also fuse the template tokens before the last prompt token (kvviz.align)
+    source: str = "kvviz"  # "kvviz" (trained here) or "reference" (converted from the paper's layout)
+    reference: dict = field(default_factory=dict)  # where a converted fuser came from
 
     def __post_init__(self):
         if not self.layer_map:
             self.layer_map = terminal_layer_map(self.sharer["num_layers"], self.receiver["num_layers"])
+        if self.rope not in ROPE_MODES:
+            raise FuserError(f"Unknown rope mode {self.rope!r}; choose from {', '.join(ROPE_MODES)}.")
+        if self.fuse not in FUSE_MODES:
+            raise FuserError(f"Unknown fuse mode {self.fuse!r}; choose from {', '.join(FUSE_MODES)}.")
+        from kvviz.align import TOKEN_ALIGNMENTS
+
+        if self.token_alignment not in TOKEN_ALIGNMENTS:
+            raise FuserError(f"Unknown token alignment {self.token_alignment!r}; choose from {', '.join(TOKEN_ALIGNMENTS)}.")
+        if self.proj_blocks < 1:
+            raise FuserError("proj_blocks must be at least 1")
+        if len(self.layer_map) != self.receiver["num_layers"]:
+            raise FuserError(f"layer_map has {len(self.layer_map)} entries for {self.receiver['num_layers']} receiver layers")
+        if any(not -1 <= s < self.sharer["num_layers"] for s in self.layer_map):
+            raise FuserError(f"layer_map names a sharer layer outside 0..{self.sharer['num_layers'] - 1}")
 
     @property
     def sharer_width(self) -> int:
@@ -76,6 +123,10 @@ class FuserConfig:
     @property
     def receiver_width(self) -> int:
         return self.receiver["num_kv_heads"] * self.receiver["head_dim"]
+
+    @property
+    def inner_width(self) -> int:
+        return self.intermediate or self.width
 
     def pair_label(self) -> str:
         return f"'{self.pair or '?'}' (sharer {self.sharer['name']} -> receiver {self.receiver['name']})"
@@ -99,13 +150,14 @@ class RMSNorm(nn.Module):
 
 
 class Block(nn.Module):
-    """x + Dropout(W2 · GELU(W1 · RMSNorm(x))), bias-free."""
+    """x + Dropout(W2 · GELU(W1 · RMSNorm(x))), bias-free; W1: width -> inner, W2: inner -> width."""
 
-    def __init__(self, width: int, dropout: float):
+    def __init__(self, width: int, dropout: float, inner: int | None = None):
         super().__init__()
+        inner = inner or width
         self.norm = RMSNorm(width)
-        self.up = nn.Linear(width, width, bias=False)
-        self.down = nn.Linear(width, width, bias=False)
+        self.up = nn.Linear(width, inner, bias=False)
+        self.down = nn.Linear(inner, width, bias=False)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x):
@@ -115,19 +167,26 @@ class Block(nn.Module):
 class Projector(nn.Module):
     """One receiver layer's K (or V) path: [sharer ; receiver] -> (projection, head weights)."""
 
-    def __init__(self, in_width: int, width: int, out_width: int, heads: int, dropout: float):
+    def __init__(
+        self, in_width: int, width: int, out_width: int, heads: int, dropout: float,
+        inner: int | None = None, bias: bool = False, proj_blocks: int = 1,
+    ):
         super().__init__()
-        self.inp = nn.Linear(in_width, width, bias=False)
-        self.trunk = Block(width, dropout)
-        self.proj_block = Block(width, dropout)
-        self.proj_out = nn.Linear(width, out_width, bias=False)
-        self.weight_block = Block(width, dropout)
-        self.weight_out = nn.Linear(width, heads, bias=False)
-        nn.init.zeros_(self.proj_out.weight)  # start as the identity fusion: K' = K_r
+        self.inp = nn.Linear(in_width, width, bias=bias)
+        self.trunk = Block(width, dropout, inner)
+        self.proj_block = Block(width, dropout, inner)
+        if proj_blocks > 1:
+            self.proj_extra = nn.ModuleList(Block(width, dropout, inner) for _ in range(proj_blocks - 1))
+        self.proj_out = nn.Linear(width, out_width, bias=bias)
+        self.weight_block = Block(width, dropout, width)
+        self.weight_out = nn.Linear(width, heads, bias=bias)
 
     def forward(self, sharer: torch.Tensor, receiver: torch.Tensor):
         x = self.trunk(self.inp(torch.cat([sharer, receiver], dim=-1)))
-        projection = self.proj_out(self.proj_block(x))
+        y = self.proj_block(x)
+        for block in getattr(self, "proj_extra", ()):
+            y = block(y)
+        projection = self.proj_out(y)
         weights = torch.sigmoid(self.weight_out(self.weight_block(x)))
         return projection, weights
 
@@ -144,6 +203,27 @@ def unflatten_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.reshape(b, t, heads, hd // heads).transpose(1, 2)
 
 
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in the rotate_half convention: x·cos + rotate_half(x)·sin (cos, sin broadcast)."""
+    return x * cos + rotate_half(x) * sin
+
+
+def undo_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``apply_rotation`` (also when the tables carry an attention scaling)."""
+    return (x * cos - rotate_half(x) * sin) / (cos * cos + sin * sin)
+
+
+def gumbel_noise(shape, device, dtype) -> torch.Tensor:
+    """One Gumbel(0, 1) draw per element, as the reference's gate noise."""
+    uniform = torch.rand(shape, device=device, dtype=dtype).clamp(1e-9, 1 - 1e-9)
+    return -torch.log(-torch.log(uniform))
+
+
 @dataclass
 class LayerRecord:
     """What a layer's fusion did, for the app (plain numbers)."""
@@ -152,9 +232,9 @@ class LayerRecord:
     sharer_layer: int
     gate_k_logit: float
     gate_v_logit: float
-    gate_k: float
+    gate_k: float  # sigmoid of the logit (what training moves)
     gate_v: float
-    gate_k_open: bool
+    gate_k_open: bool  # the gate applied at inference: 1 when open, 0 when closed
     gate_v_open: bool
     head_weights_k: list[float]
     head_weights_v: list[float]
@@ -168,12 +248,14 @@ class C2CFuser(nn.Module):
         in_width = config.sharer_width + config.receiver_width
         out_width = config.receiver_width
         layers = config.receiver["num_layers"]
-        self.key_projectors = nn.ModuleList(
-            Projector(in_width, width, out_width, heads, config.dropout) for _ in range(layers)
-        )
-        self.value_projectors = nn.ModuleList(
-            Projector(in_width, width, out_width, heads, config.dropout) for _ in range(layers)
-        )
+
+        def projector():
+            return Projector(
+                in_width, width, out_width, heads, config.dropout, config.intermediate, config.bias, config.proj_blocks
+            )
+
+        self.key_projectors = nn.ModuleList(projector() for _ in range(layers))
+        self.value_projectors = nn.ModuleList(projector() for _ in range(layers))
         # [layers, 2]: column 0 gates K, column 1 gates V; logit 0 = undecided
         self.gate_logits = nn.Parameter(torch.zeros(layers, 2))
         self.temperature = 1.0  # Gumbel-sigmoid temperature while training (annealed by the trainer)
@@ -182,36 +264,78 @@ class C2CFuser(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def zero_output(self) -> None:
+        """Zero every projection output (an untrained fuser then leaves the receiver as it is)."""
+        with torch.no_grad():
+            for projector in list(self.key_projectors) + list(self.value_projectors):
+                projector.proj_out.weight.zero_()
+                if projector.proj_out.bias is not None:
+                    projector.proj_out.bias.zero_()
+
+    def allowed(self) -> torch.Tensor:
+        """[layers, 2] 1 where a gate may open: fused layers, and the paths ``fuse`` keeps."""
+        mask = torch.ones_like(self.gate_logits)
+        mask[torch.tensor([s < 0 for s in self.config.layer_map], device=mask.device)] = 0
+        if self.config.fuse == "k":
+            mask[:, 1] = 0
+        elif self.config.fuse == "v":
+            mask[:, 0] = 0
+        return mask
+
+    def open_gates(self) -> torch.Tensor:
+        """[layers, 2] booleans: the gates applied at inference."""
+        return (self.gate_logits.detach() > 0) & (self.allowed() > 0)
+
     def gates(self, hard: bool | None = None) -> torch.Tensor:
-        """[layers, 2] gate values: Gumbel-sigmoid while training, 0/1 at inference."""
+        """[layers, 2] per-layer gate values: 0/1 at inference; sigmoid(logit / tau) (no noise) else.
+
+        While training the fusion draws its noise per batch item, head and token (``gate``).
+        """
         hard = (not self.training) if hard is None else hard
         if hard:
-            return (self.gate_logits > 0).to(self.gate_logits.dtype)
-        uniform = torch.rand_like(self.gate_logits).clamp(1e-6, 1 - 1e-6)
-        noise = torch.log(uniform) - torch.log1p(-uniform)  # difference of two Gumbels (logistic)
-        return torch.sigmoid((self.gate_logits + noise) / self.temperature)
+            return self.open_gates().to(self.gate_logits.dtype)
+        return torch.sigmoid(self.gate_logits / self.temperature) * self.allowed()
+
+    def gate(self, layer: int, index: int, shape: tuple, hard: bool) -> torch.Tensor:
+        """The gate of one layer's K (index 0) or V (1) path, broadcastable to [B, H, T, D]."""
+        logit = self.gate_logits[layer, index]
+        if not bool(self.allowed()[layer, index]):
+            return torch.zeros((), dtype=logit.dtype, device=logit.device)
+        if hard:
+            return (logit > 0).to(logit.dtype)
+        noise = gumbel_noise((shape[0], shape[1], shape[2], 1), logit.device, logit.dtype)
+        return torch.sigmoid((logit + noise) / self.temperature)
 
     def fuse_layer(
         self,
         layer: int,
         receiver_kv: tuple[torch.Tensor, torch.Tensor],
         sharer_kv: tuple[torch.Tensor, torch.Tensor],
-        gate: torch.Tensor,
+        hard: bool,
+        rope: tuple | None = None,
     ):
         """Fuse one layer. KV tensors are [B, H, T, D] over the fused tokens only (same T).
 
-        Returns (K', V', head weights K [B, T, H], head weights V [B, T, H]).
+        ``rope``: ((cos_r, sin_r), (cos_s, sin_s)) at the fused tokens' positions, for
+        ``rope="aware"``. Returns (K', V', head weights K [B, T, H], head weights V [B, T, H]).
         """
         heads = self.config.receiver["num_kv_heads"]
-        out = []
-        weights_out = []
+        dtype = self.key_projectors[layer].inp.weight.dtype  # the fuser's own dtype, whatever the models'
+        out, weights_out = [], []
         for index, projectors in enumerate((self.key_projectors, self.value_projectors)):
-            # the fuser computes in its own dtype (fp32) whatever the models' dtype
-            dtype = self.gate_logits.dtype
             own, other = receiver_kv[index].to(dtype), sharer_kv[index].to(dtype)
-            projection, weights = projectors[layer](flatten_heads(other), flatten_heads(own))
+            rotated = index == 0 and self.config.rope == "aware"
+            own_in = own
+            if rotated:
+                (cos_r, sin_r), (cos_s, sin_s) = rope
+                own_in = undo_rotation(own, cos_r, sin_r)
+                other = undo_rotation(other, cos_s, sin_s)
+            projection, weights = projectors[layer](flatten_heads(other), flatten_heads(own_in))
             delta = unflatten_heads(projection, heads) * weights.transpose(1, 2).unsqueeze(-1)
-            out.append((own + gate[index] * delta).to(receiver_kv[index].dtype))
+            if rotated:
+                delta = apply_rotation(delta, cos_r, sin_r)
+            gate = self.gate(layer, index, own.shape, hard).to(dtype)
+            out.append((own + gate * delta).to(receiver_kv[index].dtype))
             weights_out.append(weights)
         return out[0], out[1], weights_out[0], weights_out[1]
 
@@ -222,27 +346,32 @@ class C2CFuser(nn.Module):
         receiver_positions: list[int] | torch.Tensor,
         sharer_positions: list[int] | torch.Tensor,
         hard: bool | None = None,
+        rope=None,
     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[LayerRecord]]:
         """Fuse whole caches (lists of (K, V) per layer); only the given token positions change.
 
         ``receiver_positions[i]`` of the receiver is fused with ``sharer_positions[i]`` of the
-        sharer. With ``self.config.control`` (or ``sharer_layers=None``) the sharer's KV is replaced
-        by zeros.
+        sharer (indices into the caches). With ``self.config.control`` (or ``sharer_layers=None``)
+        the sharer's KV is replaced by zeros. ``rope`` (a ``kvviz.fusion.RopeTables``) gives the
+        rotary tables a ``rope="aware"`` fuser needs.
         """
         if len(receiver_layers) != len(self.key_projectors):
             raise FuserError(f"the fuser has {len(self.key_projectors)} layers, the receiver cache {len(receiver_layers)}")
+        hard = (not self.training) if hard is None else hard
+        if self.config.rope == "aware" and rope is None and len(receiver_positions):
+            raise FuserError("this fuser projects position-free keys (rope='aware') and needs the models' rotary tables")
         device = receiver_layers[0][0].device
         r_index = torch.as_tensor(receiver_positions, dtype=torch.long, device=device)
         s_index = torch.as_tensor(sharer_positions, dtype=torch.long, device=device)
-        gates = self.gates(hard)
         logits = self.gate_logits.detach().float()
+        applied = self.open_gates()
         fused, records = [], []
         for layer, (keys, values) in enumerate(receiver_layers):
             source = self.config.layer_map[layer]
-            if r_index.numel() == 0:
+            heads = keys.shape[1]
+            k_weights = v_weights = torch.zeros(heads)
+            if r_index.numel() == 0 or source < 0:
                 fused.append((keys, values))
-                heads = keys.shape[1]
-                k_weights = v_weights = torch.zeros(heads)
             else:
                 if self.config.control or sharer_layers is None:
                     # the control fuser: the sharer input carries no information
@@ -253,7 +382,10 @@ class C2CFuser(nn.Module):
                     s_keys = s_keys.index_select(2, s_index.to(s_keys.device)).to(device)
                     s_values = s_values.index_select(2, s_index.to(s_values.device)).to(device)
                 own = (keys.index_select(2, r_index), values.index_select(2, r_index))
-                new_k, new_v, k_w, v_w = self.fuse_layer(layer, own, (s_keys, s_values), gates[layer])
+                tables = None
+                if self.config.rope == "aware":
+                    tables = (rope.receiver(layer), rope.sharer(source))
+                new_k, new_v, k_w, v_w = self.fuse_layer(layer, own, (s_keys, s_values), hard, tables)
                 keys = keys.index_copy(2, r_index, new_k.to(keys.dtype))
                 values = values.index_copy(2, r_index, new_v.to(values.dtype))
                 fused.append((keys, values))
@@ -267,17 +399,17 @@ class C2CFuser(nn.Module):
                     gate_v_logit=float(logits[layer, 1]),
                     gate_k=float(torch.sigmoid(logits[layer, 0])),
                     gate_v=float(torch.sigmoid(logits[layer, 1])),
-                    gate_k_open=bool(logits[layer, 0] > 0),
-                    gate_v_open=bool(logits[layer, 1] > 0),
+                    gate_k_open=bool(applied[layer, 0]),
+                    gate_v_open=bool(applied[layer, 1]),
                     head_weights_k=[float(x) for x in k_weights],
                     head_weights_v=[float(x) for x in v_weights],
                 )
             )
         return fused, records
 
-    def forward(self, receiver_layers, sharer_layers, receiver_positions, sharer_positions, hard=None):
+    def forward(self, receiver_layers, sharer_layers, receiver_positions, sharer_positions, hard=None, rope=None):
         """``fuse`` (so that a DDP wrapper sees a forward call and averages the gradients)."""
-        return self.fuse(receiver_layers, sharer_layers, receiver_positions, sharer_positions, hard)
+        return self.fuse(receiver_layers, sharer_layers, receiver_positions, sharer_positions, hard, rope)
 
     # --- checkpoints -------------------------------------------------------------------------
 
@@ -289,6 +421,7 @@ class C2CFuser(nn.Module):
         tensors = {name: tensor.detach().to("cpu", dtype).contiguous() for name, tensor in self.state_dict().items()}
         # gate logits decide open/closed: keep them exact whatever the storage dtype
         tensors["gate_logits"] = self.gate_logits.detach().to("cpu", torch.float32).contiguous()
+        self.config.version = FORMAT_VERSION
         tmp_weights = folder / (WEIGHTS_FILE + ".tmp")
         save_file(tensors, str(tmp_weights), metadata={"format": "kvviz-c2c-fuser", "version": str(FORMAT_VERSION)})
         tmp_weights.chmod(0o644)
@@ -316,49 +449,61 @@ def read_config(folder: str | Path) -> FuserConfig:
     folder = Path(folder)
     path = folder / CONFIG_FILE
     if not path.is_file():
+        from kvviz.fuser_reference import is_reference_layout
+
+        if is_reference_layout(folder):
+            raise FuserError(
+                f"{folder} holds a fuser in the C2C paper's layout (projector_*.pt); convert it with "
+                "kvviz.fuser_reference.convert_reference (the handoff and --fuser do this by themselves)."
+            )
         raise FuserError(f"No fuser at {folder}: {CONFIG_FILE} is missing (a fuser folder holds {CONFIG_FILE} and {WEIGHTS_FILE}).")
     try:
         data = json.loads(path.read_text())
-        config = FuserConfig(**data)
-        _ = (config.sharer_width, config.receiver_width, config.receiver["num_layers"], config.sharer["num_layers"])
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise FuserError(f"The fuser config {path} is not valid JSON: {error}") from error
+    if not isinstance(data, dict):
+        raise FuserError(f"The fuser config {path} is not a JSON object.")
+    version = data.get("version", 1)
+    if version not in READABLE_VERSIONS:
+        raise FuserError(
+            f"The fuser config {path} has format version {version}; this kvviz reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}. Update kvviz, or retrain with: python -m kvviz train-fuser"
+        )
+    try:
+        config = FuserConfig(**data)
+        _ = (config.sharer_width, config.receiver_width, config.receiver["num_layers"], config.sharer["num_layers"])
     except (TypeError, KeyError) as error:
         raise FuserError(f"The fuser config {path} is incomplete or has unknown fields: {error}") from error
-    if config.version != FORMAT_VERSION:
-        raise FuserError(f"The fuser config {path} has format version {config.version}; this kvviz reads {FORMAT_VERSION}.")
     return config
 
 
-def load_fuser(folder: str | Path, sharer_facts=None, receiver_facts=None, pair_name: str = "", device="cpu") -> C2CFuser:
-    """Load a checkpoint; with facts given, refuse a fuser made for another pair (naming both)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def check_pair(config: FuserConfig, folder, sharer_facts, receiver_facts, pair_name: str = "") -> None:
+    """Raise FuserError naming both pairs when a fuser was made for another pair."""
+    wanted_s, wanted_r = model_fingerprint(sharer_facts), model_fingerprint(receiver_facts)
+    if fingerprints_match(config.sharer, wanted_s) and fingerprints_match(config.receiver, wanted_r):
+        return
+    differ = [
+        f"{role} {key} {saved.get(key)!r} != {wanted.get(key)!r}"
+        for role, saved, wanted in (("sharer", config.sharer, wanted_s), ("receiver", config.receiver, wanted_r))
+        for key in _FINGERPRINT_KEYS
+        if saved.get(key) != wanted.get(key)
+    ]
+    raise FuserError(
+        f"The fuser at {folder} was trained for pair {config.pair_label()}, "
+        f"but the loaded pair is '{pair_name or '?'}' (sharer {sharer_facts.name} -> receiver {receiver_facts.name}); "
+        f"they differ in: {'; '.join(differ[:3])}. Train a fuser for this pair with: python -m kvviz train-fuser"
+    )
 
-    folder = Path(folder)
-    config = read_config(folder)
-    if sharer_facts is not None and receiver_facts is not None:
-        wanted_s, wanted_r = model_fingerprint(sharer_facts), model_fingerprint(receiver_facts)
-        if not (fingerprints_match(config.sharer, wanted_s) and fingerprints_match(config.receiver, wanted_r)):
-            differ = [
-                f"{role} {key} {saved.get(key)!r} != {wanted.get(key)!r}"
-                for role, saved, wanted in (("sharer", config.sharer, wanted_s), ("receiver", config.receiver, wanted_r))
-                for key in _FINGERPRINT_KEYS
-                if saved.get(key) != wanted.get(key)
-            ]
-            raise FuserError(
-                f"The fuser at {folder} was trained for pair {config.pair_label()}, "
-                f"but the loaded pair is '{pair_name or '?'}' (sharer {sharer_facts.name} -> receiver {receiver_facts.name}); "
-                f"they differ in: {'; '.join(differ[:3])}. Train a fuser for this pair with: python -m kvviz train-fuser"
-            )
-    path = folder / WEIGHTS_FILE
-    if not path.is_file():
-        raise FuserError(f"The fuser at {folder} has no weights file {WEIGHTS_FILE}.")
-    try:
-        tensors = load_file(str(path), device="cpu")
-    except (SafetensorError, OSError, ValueError) as error:
-        raise FuserError(f"The fuser weights {path} are corrupt or not a safetensors file: {error}") from error
-    fuser = C2CFuser(config)
+
+def build_from_tensors(config: FuserConfig, tensors: dict, where, dtype: torch.dtype | None = torch.float32) -> C2CFuser:
+    """A fuser from a config and its tensors; FuserError when they do not describe each other.
+
+    Built on the meta device and filled with the tensors (no random initialisation of weights
+    that are overwritten anyway). ``dtype``: the projectors' dtype (None: as stored); the gate
+    logits stay float32.
+    """
+    with torch.device("meta"):
+        fuser = C2CFuser(config)
     expected = fuser.state_dict()
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
@@ -375,13 +520,42 @@ def load_fuser(folder: str | Path, sharer_facts=None, receiver_facts=None, pair_
             problems.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
         if wrong:
             problems.append(f"shape mismatch: {wrong[0]}")
-        raise FuserError(f"The fuser config at {folder} does not match its weights: " + "; ".join(problems) + ".")
-    fuser.load_state_dict({name: tensor.to(expected[name].dtype) for name, tensor in tensors.items()})
+        raise FuserError(f"The fuser config at {where} does not match its weights: " + "; ".join(problems) + ".")
+    state = {}
+    for name, tensor in tensors.items():
+        wanted = torch.float32 if name == "gate_logits" or tensor.dtype not in (torch.float16, torch.bfloat16, torch.float32) else dtype
+        state[name] = tensor.to(wanted or tensor.dtype).clone()
+    fuser.load_state_dict(state, assign=True)
     fuser.eval()
-    return fuser.to(device)
+    return fuser
 
 
-def new_fuser(sharer_facts, receiver_facts, width: int = 96, dropout: float = 0.1, pair: str = "", control: bool = False) -> C2CFuser:
+def load_fuser(
+    folder: str | Path, sharer_facts=None, receiver_facts=None, pair_name: str = "", device="cpu", dtype: torch.dtype = torch.float32
+) -> C2CFuser:
+    """Load a checkpoint; with facts given, refuse a fuser made for another pair (naming both)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = read_config(folder)
+    if sharer_facts is not None and receiver_facts is not None:
+        check_pair(config, folder, sharer_facts, receiver_facts, pair_name)
+    path = folder / WEIGHTS_FILE
+    if not path.is_file():
+        raise FuserError(f"The fuser at {folder} has no weights file {WEIGHTS_FILE}.")
+    try:
+        tensors = load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as error:
+        raise FuserError(f"The fuser weights {path} are corrupt or not a safetensors file: {error}") from error
+    return build_from_tensors(config, tensors, folder, dtype).to(device)
+
+
+def new_fuser(
+    sharer_facts, receiver_facts, width: int = 96, dropout: float = 0.1, pair: str = "", control: bool = False,
+    **variants,
+) -> C2CFuser:
+    """A freshly initialised fuser. ``variants``: bias, intermediate, proj_blocks, rope, fuse, token_alignment, layer_map."""
     config = FuserConfig(
         sharer=model_fingerprint(sharer_facts),
         receiver=model_fingerprint(receiver_facts),
@@ -389,12 +563,13 @@ def new_fuser(sharer_facts, receiver_facts, width: int = 96, dropout: float = 0.
         dropout=dropout,
         pair=pair,
         control=control,
+        **variants,
     )
     return C2CFuser(config)
 
 
 def annealed_temperature(step: int, total_steps: int, start: float = 1.0, end: float = 0.001) -> float:
-    """Exponential annealing from ``start`` to ``end`` over training (REFERENCE §1: 1.0 -> 0.001)."""
+    """Exponential annealing from ``start`` to ``end`` over ``total_steps`` (then held at ``end``)."""
     if total_steps <= 1:
         return end
     fraction = min(max(step / (total_steps - 1), 0.0), 1.0)

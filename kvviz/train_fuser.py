@@ -1,10 +1,18 @@
 """Train a C2C fuser: ``python -m kvviz train-fuser --pair embedded --out runs/c2c``.
 
 Both LLMs are frozen; only the fuser learns. Loss = the receiver's cross-entropy on the response
-tokens, with the receiver's prompt (all but the last token) fused with the sharer's KV. AdamW,
-warm-up then linear decay, gradient clipping, Gumbel-sigmoid gate temperature annealed from 1.0
-to 0.001. ``--control`` trains the control fuser (sharer KV replaced by zeros) with the same data,
-steps and seed.
+tokens, with the receiver's prompt (all but the last token) fused with the sharer's KV through
+``kvviz.fusion`` (the pipeline the handoff and the evaluator run too). AdamW, warm-up then linear
+decay, gradient clipping, Gumbel-sigmoid gates (noise per batch item, head and token) with the
+temperature annealed from ``--tau-start`` to ``--tau-end`` over ``--tau-anneal`` of the run.
+``--control`` trains the control fuser (sharer KV replaced by zeros) with the same data, steps,
+seed and initialisation.
+
+Data: ``--data recall`` (``kvviz.recall``: private-context facts, split by entity),
+``dolly`` (Dolly records; ``--context-only`` keeps those with an input), ``recall+dolly`` (recall
+mixed with Dolly records that have an input, ``--dolly-share`` of the training examples), or a
+JSONL path. Architecture: ``--rope plain|aware``, ``--fuse kv|k|v``, ``--bias``,
+``--intermediate``, ``--proj-blocks``, ``--zero-init`` (see ``kvviz.fuser``).
 
 Speed on a CPU: the receiver's output head is applied only at response positions (Gemma 3's 262k
 head is the costliest single matrix); prompt prefills run without gradients and without the head.
@@ -33,10 +41,9 @@ from pathlib import Path
 
 import torch
 
-from kvviz import cache as kv
 from kvviz.align import TokenAlignment, align_prompt
-from kvviz.decode import prefill
 from kvviz.fuser import C2CFuser, annealed_temperature, load_fuser, new_fuser
+from kvviz.fusion import fuse_prompt, receiver_prefix
 from kvviz.prompts import has_chat_template
 
 DEFAULTS = {
@@ -56,6 +63,11 @@ DEFAULTS = {
     "seed": 0,
     "tau_start": 1.0,
     "tau_end": 0.001,
+    "tau_anneal": 1.0,
+    "dolly_share": 0.25,
+    "rope": "plain",
+    "fuse": "kv",
+    "token_alignment": "longest",
 }
 
 
@@ -67,6 +79,11 @@ class Example:
     id: str
     alignment: TokenAlignment
     response_ids: list[int]
+    question: str = ""
+    context: str | None = None
+    receiver_sees_context: bool = True
+    token_alignment: str = "longest"
+    fuse_template: bool = False
 
 
 def response_ids(tokenizer, response: str, limit: int) -> list[int]:
@@ -83,26 +100,48 @@ def response_ids(tokenizer, response: str, limit: int) -> list[int]:
 
 def make_example(
     pair, record, max_prompt_tokens: int, max_response_tokens: int, receiver_sees_context: bool = True,
-    max_sharer_tokens: int | None = None,
+    max_sharer_tokens: int | None = None, token_alignment: str = "longest", fuse_template: bool = False,
 ) -> Example | None:
     """None when a prompt is too long or the response empty (skipped)."""
     if not record.response or not record.response.strip():
         return None
     alignment = align_prompt(
-        pair.receiver.tokenizer, pair.sharer.tokenizer, record.question, record.context, receiver_sees_context
+        pair.receiver.tokenizer, pair.sharer.tokenizer, record.question, record.context, receiver_sees_context,
+        token_alignment, fuse_template,
     )
     max_sharer_tokens = max_sharer_tokens or max_prompt_tokens + 64
     if len(alignment.receiver_ids) > max_prompt_tokens or len(alignment.sharer_ids) > max_sharer_tokens:
         return None
     if alignment.num_fused == 0:
         return None
-    return Example(record.id, alignment, response_ids(pair.receiver.tokenizer, record.response, max_response_tokens))
+    return Example(
+        record.id, alignment, response_ids(pair.receiver.tokenizer, record.response, max_response_tokens),
+        record.question, record.context, receiver_sees_context, token_alignment, fuse_template,
+    )
 
 
-def split_records(data: str, seed: int, heldout: int, context_only: bool = False):
-    """(train records, held-out records): a seeded shuffle, the first ``heldout`` held out."""
+def split_records(data: str, seed: int, heldout: int, context_only: bool = False, train_count: int | None = None, dolly_share: float = 0.25):
+    """(train records, held-out records), reproducible from the arguments.
+
+    ``recall``: ``kvviz.recall`` records, split by entity (held-out records use names and values
+    never seen in training); ``train_count`` of them for training. ``recall+dolly``: the same
+    held-out recall records; training interleaves recall with Dolly records that have an input
+    (``dolly_share`` of them). Other data: a seeded shuffle, the first ``heldout`` held out.
+    """
+    from kvviz import recall
     from kvviz.data import load_dataset
 
+    if data in ("recall", "recall+dolly"):
+        count = train_count or 2000
+        held = recall.generate("heldout", heldout, seed)
+        if data == "recall":
+            return recall.generate("train", count, seed), held
+        dolly_train, _ = split_records("dolly", seed, heldout, context_only=True)
+        dolly = dolly_train[: int(round(count * dolly_share))]
+        train = recall.generate("train", count - len(dolly), seed)
+        # evenly interleaved: recall i at i / |recall|, Dolly j at (j + 0.5) / |dolly|
+        keyed = [(i / len(train), 0, r) for i, r in enumerate(train)] + [((j + 0.5) / len(dolly), 1, r) for j, r in enumerate(dolly)]
+        return [r for _, _, r in sorted(keyed, key=lambda item: (item[0], item[1]))], held
     records = [r for r in load_dataset(data) if r.response and (r.context or not context_only)]
     random.Random(seed).shuffle(records)
     return records[heldout:], records[:heldout]
@@ -110,11 +149,14 @@ def split_records(data: str, seed: int, heldout: int, context_only: bool = False
 
 def build_examples(
     pair, records, max_prompt_tokens, max_response_tokens, wanted: int | None = None, receiver_sees_context: bool = True,
-    max_sharer_tokens: int | None = None,
+    max_sharer_tokens: int | None = None, token_alignment: str = "longest", fuse_template: bool = False,
 ) -> list[Example]:
     examples = []
     for record in records:
-        example = make_example(pair, record, max_prompt_tokens, max_response_tokens, receiver_sees_context, max_sharer_tokens)
+        example = make_example(
+            pair, record, max_prompt_tokens, max_response_tokens, receiver_sees_context, max_sharer_tokens, token_alignment,
+            fuse_template,
+        )
         if example is not None:
             examples.append(example)
             if wanted is not None and len(examples) >= wanted:
@@ -135,28 +177,21 @@ def output_logits(loaded, hidden: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def fused_cache(pair, fuser: C2CFuser | None, example: Example, hard: bool | None = None):
-    """The receiver's state after its prompt minus the last token, fused (or not, fuser=None)."""
-    alignment = example.alignment
-    core = getattr(fuser, "module", fuser)  # a DDP-wrapped fuser holds it in .module
-    with torch.no_grad():
-        state = kv.KVState()
-        prefill(pair.receiver, state, alignment.receiver_ids[:-1], need_logits=False)
-        sharer_layers = None
-        if core is not None and not core.config.control:
-            sharer_state = kv.KVState(next_position=alignment.sharer_start_position)
-            prefill(pair.sharer, sharer_state, alignment.sharer_ids, need_logits=False)
-            sharer_layers = [kv.layer_kv(sharer_state.cache, i) for i in range(kv.num_layers(sharer_state.cache))]
+def fused_state(pair, fuser: C2CFuser | None, example: Example, hard: bool | None = None, sharer="right"):
+    """The receiver's state after its prompt minus the last token, fused (``kvviz.fusion``) or not."""
     if fuser is None:
-        return state
-    receiver_layers = [kv.layer_kv(state.cache, i) for i in range(kv.num_layers(state.cache))]
-    fused, _ = fuser(receiver_layers, sharer_layers, alignment.receiver_positions, alignment.sharer_positions, hard=hard)
-    return kv.KVState(cache=kv.from_tensors(fused), next_position=state.next_position)
+        return receiver_prefix(pair, example.alignment)
+    return fuse_prompt(pair, fuser, example.alignment, sharer=sharer, hard=hard).state
 
 
-def response_nll(pair, fuser: C2CFuser | None, example: Example, hard: bool | None = None) -> tuple[torch.Tensor, int]:
-    """(summed cross-entropy over the response tokens, token count); differentiable in the fuser."""
-    state = fused_cache(pair, fuser, example, hard)
+def response_nll(
+    pair, fuser: C2CFuser | None, example: Example, hard: bool | None = None, sharer="right"
+) -> tuple[torch.Tensor, int]:
+    """(summed cross-entropy over the response tokens, token count); differentiable in the fuser.
+
+    ``sharer``: what the fuser reads (``kvviz.fusion.fuse_prompt``): "right", "zero" or a SharerKV.
+    """
+    state = fused_state(pair, fuser, example, hard, sharer)
     receiver = pair.receiver
     tokens = example.alignment.receiver_ids[-1:] + example.response_ids[:-1]
     targets = torch.tensor(example.response_ids, device=receiver.device)
@@ -172,16 +207,25 @@ def response_nll(pair, fuser: C2CFuser | None, example: Example, hard: bool | No
 
 
 @torch.no_grad()
-def mean_nll(pair, fuser: C2CFuser | None, examples: list[Example]) -> float:
-    """Per-token NLL over examples with hard gates (as at inference)."""
+def example_nlls(pair, fuser: C2CFuser | None, examples: list[Example], sharer_for=None) -> list[tuple[float, int]]:
+    """(summed NLL, tokens) per example with hard gates (as at inference).
+
+    ``sharer_for(index)`` gives what the fuser reads for example ``index`` (default "right").
+    """
     if fuser is not None:
         fuser.eval()
-    total, count = 0.0, 0
-    for example in examples:
-        loss, n = response_nll(pair, fuser, example, hard=True)
-        total += float(loss)
-        count += n
-    return total / max(count, 1)
+    rows = []
+    for index, example in enumerate(examples):
+        sharer = "right" if sharer_for is None else sharer_for(index)
+        loss, n = response_nll(pair, fuser, example, hard=True, sharer=sharer)
+        rows.append((float(loss), n))
+    return rows
+
+
+def mean_nll(pair, fuser: C2CFuser | None, examples: list[Example], sharer_for=None) -> float:
+    """Per-token NLL over examples with hard gates (as at inference)."""
+    rows = example_nlls(pair, fuser, examples, sharer_for)
+    return sum(r[0] for r in rows) / max(sum(r[1] for r in rows), 1)
 
 
 # --- checkpoint of the trainer (never pickled) ------------------------------------------------
@@ -247,7 +291,11 @@ def write_loss_plot(csv_path: Path, html_path: Path, heldout: dict | None = None
 def configure_parser(parser) -> None:
     d = DEFAULTS
     parser.add_argument("--pair", default="embedded", help="pair name or SHARER+RECEIVER")
-    parser.add_argument("--data", default=d["data"], help="dolly, instructions, or a JSONL path with instruction/input/output")
+    parser.add_argument(
+        "--data", default=d["data"],
+        help="recall, dolly, recall+dolly, instructions, or a JSONL path with instruction/input/output",
+    )
+    parser.add_argument("--dolly-share", type=float, default=d["dolly_share"], help="share of Dolly records in recall+dolly")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--control", action="store_true", help="train the control fuser (sharer KV replaced by zeros)")
     parser.add_argument("--steps", type=int, default=d["steps"])
@@ -271,6 +319,22 @@ def configure_parser(parser) -> None:
     parser.add_argument("--seed", type=int, default=d["seed"])
     parser.add_argument("--tau-start", type=float, default=d["tau_start"])
     parser.add_argument("--tau-end", type=float, default=d["tau_end"])
+    parser.add_argument("--tau-anneal", type=float, default=d["tau_anneal"], help="share of the run over which tau anneals")
+    parser.add_argument("--rope", choices=("plain", "aware"), default=d["rope"], help="aware: project position-free keys")
+    parser.add_argument("--fuse", choices=("kv", "k", "v"), default=d["fuse"], help="fuse K and V, or one of them (ablation)")
+    parser.add_argument(
+        "--token-alignment", choices=("longest", "natural"), default=d["token_alignment"],
+        help="longest: the paper's one re-encoded sharer token per receiver token; natural: the sharer's own tokenization",
+    )
+    parser.add_argument(
+        "--fuse-template", action="store_true",
+        help="also fuse the template tokens before the last prompt token (with the end of the sharer's generation prompt)",
+    )
+    parser.add_argument("--bias", action="store_true", help="biases on the projector's linear maps (the reference has them)")
+    parser.add_argument("--intermediate", type=int, default=None, help="inner width of the trunk and projection blocks")
+    parser.add_argument("--proj-blocks", type=int, default=1, help="blocks on the projection path")
+    parser.add_argument("--zero-init", action="store_true", help="start the projection output at zero (kvviz format 1)")
+    parser.add_argument("--measure", type=int, default=0, help="held-out examples for the communication measure at the end")
     parser.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (0: only at the end)")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint_<kind> if present")
     parser.add_argument("--fp16", action="store_true", help="store the final weights in float16 (half the size)")
@@ -299,14 +363,18 @@ def main(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
 
     receiver_sees_context = args.context == "shared"
-    train_records, heldout_records = split_records(args.data, args.seed, args.heldout, args.context_only)
-    heldout = build_examples(
-        pair, heldout_records, args.max_prompt_tokens, args.max_response_tokens, None, receiver_sees_context, args.max_sharer_tokens
-    )
     rank, world = accelerator.process_index, accelerator.num_processes
     needed = args.steps * args.batch_size * world
+    train_records, heldout_records = split_records(
+        args.data, args.seed, args.heldout, args.context_only, train_count=needed, dolly_share=args.dolly_share
+    )
+    heldout = build_examples(
+        pair, heldout_records, args.max_prompt_tokens, args.max_response_tokens, None, receiver_sees_context,
+        args.max_sharer_tokens, args.token_alignment, args.fuse_template,
+    )
     train = build_examples(
-        pair, train_records, args.max_prompt_tokens, args.max_response_tokens, needed, receiver_sees_context, args.max_sharer_tokens
+        pair, train_records, args.max_prompt_tokens, args.max_response_tokens, needed, receiver_sees_context,
+        args.max_sharer_tokens, args.token_alignment, args.fuse_template,
     )
     if not train:
         raise ValueError(f"No usable training examples in {args.data} (prompts over {args.max_prompt_tokens} tokens are skipped).")
@@ -317,9 +385,18 @@ def main(args) -> int:
     log(f"{len(train)} training examples (needed {needed}; reused in order when fewer), {len(heldout)} held out")
 
     torch.manual_seed(args.seed)
-    fuser = new_fuser(pair.sharer.facts, pair.receiver.facts, args.width, args.dropout, pair.name, control=args.control)
+    fuser = new_fuser(
+        pair.sharer.facts, pair.receiver.facts, args.width, args.dropout, pair.name, control=args.control,
+        rope=args.rope, fuse=args.fuse, token_alignment=args.token_alignment, fuse_template=args.fuse_template,
+        bias=args.bias, intermediate=args.intermediate, proj_blocks=args.proj_blocks,
+    )
+    if args.zero_init:
+        fuser.zero_output()
     fuser.to(pair.receiver.device)
-    log(f"fuser: width {args.width}, {fuser.num_parameters:,} parameters, layer map {fuser.config.layer_map}")
+    log(
+        f"fuser: width {args.width}, {fuser.num_parameters:,} parameters, rope {args.rope}, fuse {args.fuse}, "
+        f"layer map {fuser.config.layer_map}"
+    )
     gate_params = [fuser.gate_logits]
     other_params = [p for n, p in fuser.named_parameters() if n != "gate_logits"]
     optimizer = torch.optim.AdamW(
@@ -366,7 +443,8 @@ def main(args) -> int:
     step_started = time.perf_counter()
     for step in range(start_step, args.steps):
         core.train()
-        core.temperature = annealed_temperature(step, args.steps, args.tau_start, args.tau_end)
+        anneal_steps = max(1, int(round(args.tau_anneal * args.steps)))
+        core.temperature = annealed_temperature(step, anneal_steps, args.tau_start, args.tau_end)
         optimizer.zero_grad(set_to_none=True)
         total, count = 0.0, 0
         for micro in range(args.batch_size):
@@ -399,7 +477,14 @@ def main(args) -> int:
 
     heldout_nll = mean_nll(pair, core, heldout)
     receiver_nll = mean_nll(pair, None, heldout)
+    communication = None
+    if args.measure:
+        from kvviz.eval_fuser import communication_measure
+
+        communication = communication_measure(pair, core, heldout[: args.measure], not receiver_sees_context)
+        log(f"communication gain {communication['gain']:+.4f} nats/token, 95% CI {communication['ci95']}")
     gates = core.gate_logits.detach().cpu()
+    applied = core.open_gates().cpu()
     core.config.training = {
         "data": args.data,
         "steps": args.steps,
@@ -412,6 +497,9 @@ def main(args) -> int:
         "warmup": args.warmup,
         "clip": args.clip,
         "tau": [args.tau_start, args.tau_end],
+        "tau_anneal": args.tau_anneal,
+        "dolly_share": args.dolly_share,
+        "zero_init": args.zero_init,
         "heldout": args.heldout,
         "heldout_examples": len(heldout),
         "max_prompt_tokens": args.max_prompt_tokens,
@@ -423,11 +511,14 @@ def main(args) -> int:
         "heldout_nll": round(heldout_nll, 5),
         "receiver_heldout_nll": round(receiver_nll, 5),
         "train_seconds": round(train_seconds, 1),
-        "open_gates_k": int((gates[:, 0] > 0).sum()),
-        "open_gates_v": int((gates[:, 1] > 0).sum()),
+        "open_gates_k": int(applied[:, 0].sum()),
+        "open_gates_v": int(applied[:, 1].sum()),
         "control": args.control,
         "storage": "float16" if args.fp16 else "float32",
+        "seconds_per_step": round(train_seconds / max(args.steps - start_step, 1), 3),
     }
+    if communication is not None:
+        core.config.training["communication"] = communication
     target = out / kind
     core.save(target, dtype=torch.float16 if args.fp16 else torch.float32)
     write_loss_plot(csv_path, out / f"loss_{kind}.html", {f"held-out NLL ({kind})": heldout_nll, "held-out NLL (receiver alone)": receiver_nll})
@@ -440,6 +531,8 @@ def main(args) -> int:
         "train_seconds": train_seconds,
         "total_seconds": time.perf_counter() - started,
         "open_gates": {"k": core.config.training["open_gates_k"], "v": core.config.training["open_gates_v"], "layers": gates.shape[0]},
+        "gate_logits": [[round(float(x), 4) for x in row] for row in gates.tolist()],
+        "communication": communication,
     }
     (out / f"summary_{kind}.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))

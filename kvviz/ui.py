@@ -125,7 +125,7 @@ def walkthrough_steps() -> list[tuple[str, str | None, str]]:
     first that tells its part, what it costs, and your turn."""
     shown = [h for h in registry.page_handoffs() if h.page_default and h.walkthrough]
     sweeps = registry.with_sweep()
-    middle = [(h.title, None, h.walkthrough) for h in shown]
+    middle = [(h.title, h.walkthrough_preset, h.walkthrough) for h in shown]
     steps = [
         (
             "The puzzle",

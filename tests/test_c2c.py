@@ -340,10 +340,16 @@ def test_c2c_figure_gates_and_head_heatmaps():
     for kind in ("k", "v"):
         trace = gates[f"gate_{kind}"]
         assert list(trace["x"]) == [0, 1, 2, 3]
-        assert list(trace["y"]) == [r[f"gate_{kind}"] for r in result["layers"]]
         opened = [r[f"gate_{kind}_open"] for r in result["layers"]]
+        # the bar is the gate applied (0 or 1; a closed one a thin sliver), not sigmoid(logit)
+        assert [y == 1.0 for y in trace["y"]] == opened and all(y in (1.0, c2c.CLOSED_SLIVER) for y in trace["y"])
+        assert trace["meta"]["applied"] == [int(o) for o in opened]
         # open gates in colour, closed ones pale grey
         assert [c != c2c.GATE_CLOSED_COLOR for c in trace["marker"]["color"]] == opened
+        # the hover gives the logit and its sigmoid
+        for text, r in zip(trace["hovertext"], result["layers"]):
+            assert f"logit {r[f'gate_{kind}_logit']:+.3f}" in text and f"sigmoid(logit) {r[f'gate_{kind}']:.3f}" in text
+            assert f"applied: <b>{int(r[f'gate_{kind}_open'])}</b>" in text
     heatmaps = {t["meta"]["series"]: t for t in data if t["type"] == "heatmap"}
     assert set(heatmaps) == {"head_weights_k", "head_weights_v"}
     for kind in ("k", "v"):
@@ -374,3 +380,52 @@ def test_fuser_requirement_is_checked_at_once_and_the_option_sets_the_request(pa
     request = registry.get("c2c").with_options(HandoffRequest(query="Q?"), {"fuser": str(tmp_path)})
     assert request.c2c_fuser == str(tmp_path)
     assert registry.get("c2c").with_options(HandoffRequest(query="Q?"), {}).c2c_fuser is None
+
+
+def test_the_communication_measure_stored_beside_the_fusers_reaches_both_columns(tmp_path):
+    import json
+
+    from kvviz.fuser import checkpoint_label
+
+    pair_folder = tmp_path / "sharer__receiver"
+    (pair_folder / "c2c").mkdir(parents=True)
+    (pair_folder / "control").mkdir()
+    measure = {"examples": 44, "gain": 0.0125, "ci95": [-0.004, 0.03], "nll": {"right": 2.4, "other": 2.41, "zero": 2.42}}
+    report = {
+        "fuser": checkpoint_label(pair_folder / "c2c"), "control": checkpoint_label(pair_folder / "control"),
+        "heldout": {"data": "dolly", "nll": {"receiver": 2.5, "control": 2.41, "c2c": 2.44},
+                    "communication": {"c2c": measure, "control": dict(measure, gain=0.0, ci95=[0.0, 0.0])}},
+    }
+    (pair_folder / c2c.COMMUNICATION_FILE).write_text(json.dumps(report))
+    for kind in ("c2c", "control"):
+        stored = c2c.stored_communication(pair_folder / kind)
+        assert stored["gain"] == 0.0125 and stored["ci95"] == [-0.004, 0.03]  # C2C's measure in both columns
+        assert stored["heldout_nll"] == {"receiver": 2.5, "control": 2.41, "c2c": 2.44}
+    # a report about other fusers is not shown
+    (tmp_path / "other" / "c2c").mkdir(parents=True)
+    (tmp_path / "other" / c2c.COMMUNICATION_FILE).write_text(json.dumps(report))
+    assert c2c.stored_communication(tmp_path / "other" / "c2c") is None
+    assert c2c.stored_communication(tmp_path / "nowhere" / "c2c") is None
+
+    note = c2c.communication_note(c2c.stored_communication(pair_folder / "c2c"), control=False)
+    assert len(note) == 1 and "+0.013 nats/token" in note[0] and "[-0.004, +0.030]" in note[0]
+    assert "no measured evidence" in note[0]
+    control_note = c2c.communication_note(c2c.stored_communication(pair_folder / "control"), control=True)
+    assert "receiver 2.500, control 2.410, c2c 2.440" in control_note[0]
+    helps = c2c.communication_note(dict(measure, ci95=[0.01, 0.02]), control=False)
+    assert "the sharer's cache helps" in helps[0]
+    assert c2c.communication_note(None, control=False) == []
+
+
+def test_the_walkthrough_step_of_the_control_reloads_the_opening_preset_and_asks_for_a_prediction():
+    from kvviz import ui
+    from kvviz.handoffs import registry
+    from kvviz.presets import DEFAULT_PRESET
+
+    steps = {title.split(": ", 1)[1]: (key, text) for title, key, text in ui.walkthrough_steps()}
+    key, text = steps[registry.get("c2c_control").title]
+    assert key == DEFAULT_PRESET == ui.walkthrough_steps()[0][1]
+    assert "Predict first" in text and "control" in text
+    # C2C's own step claims no gain: it names no preset where C2C "shines"
+    assert "shines" not in steps[registry.get("c2c").title][1]
+    assert {"c2c", "c2c_control"} <= set(registry.default_handoffs())

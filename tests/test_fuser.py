@@ -101,8 +101,11 @@ def test_gumbel_gates_while_training_hard_at_inference():
     fuser = new_fuser(pair.sharer.facts, pair.receiver.facts, width=8)
     fuser.train()
     fuser.temperature = 1.0
-    soft = fuser.gates()
-    assert ((soft > 0) & (soft < 1)).all() and not torch.equal(soft, fuser.gates())
+    # the reference's noise: one Gumbel draw per batch item, receiver head and token
+    soft = fuser.gate(0, 0, (2, 3, 5, 16), hard=False)
+    assert soft.shape == (2, 3, 5, 1)
+    assert ((soft > 0) & (soft < 1)).all() and not torch.equal(soft, fuser.gate(0, 0, (2, 3, 5, 16), hard=False))
+    assert len(set(soft.flatten().tolist())) == soft.numel()  # every head and token draws its own noise
     fuser.eval()
     with torch.no_grad():
         fuser.gate_logits[0, 0] = 0.3

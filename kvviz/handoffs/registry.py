@@ -198,6 +198,7 @@ class Handoff:
     page: int | None = None  # position among the page's columns; None: not a page column
     page_default: bool = False  # shown when the page opens
     walkthrough: str = ""  # its step of the page's guided walk-through
+    walkthrough_preset: str | None = None  # the preset its step loads (None: keep what is on the page)
     sweep: Sweep | None = None
     diagram: Path | None = field(default=None)  # default: assets/diagrams/NAME.svg when present
 
