@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from kvviz.prompts import PromptSegments, answer_instruction, build_segments, user_message
+from kvviz.prompts import PromptSegments, answer_instruction, build_segments, encode_with_offsets, render, user_message
 
 
 def terminal_layer_map(sharer_layers: int, receiver_layers: int) -> list[int]:
@@ -75,11 +75,10 @@ def message_span(tokenizer, query: str, context: str | None = None, instruction:
         raise ValueError("could not locate the user message inside the prompt")
     inside: list[bool] = []
     spans: list[tuple[int, int]] = []
-    for piece_text, base in ((segments.context_text, 0), (segments.query_text, len(segments.context_text))):
-        if not piece_text:
-            continue
-        encoded = tokenizer(piece_text, add_special_tokens=False, return_offsets_mapping=True)
-        for begin, finish in encoded["offset_mapping"]:
+    # the offsets of the tokens as the prompt holds them (the user's words read as plain text)
+    marked_head, marked_tail = render(tokenizer, query, context, instruction)
+    for marked, base in ((marked_head, 0), (marked_tail, len(segments.context_text))):
+        for begin, finish in encode_with_offsets(tokenizer, marked)[1]:
             inside.append(char_start <= base + begin and base + finish <= char_end and finish > begin)
             spans.append((base + begin - char_start, base + finish - char_start))
     if len(inside) != len(segments.input_ids):
