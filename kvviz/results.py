@@ -103,7 +103,15 @@ class HandoffResult:
     tokens: dict[str, int] = field(default_factory=dict)  # prompt/generated/message token counts
     layers: list[dict] = field(default_factory=list)  # per receiver layer records for plots
     details: dict = field(default_factory=dict)  # handoff specific facts (calibration, gates, ...)
-    first_token_seconds: float | None = None  # receiver's time to first token from its start
+    # Time to first token, one definition for every handoff: from the moment the question is asked
+    # to the receiver's first token, everything on the critical path included (the sharer's prefill
+    # and message, the transfer or fusion, the receiver's prefill, choosing the first token).
+    first_token_seconds: float | None = None
+    # The receiver's side alone: from the moment what the sharer sent is there (text message, KV
+    # cache) to the receiver's first token: transfer/fusion, receiver prefill, first token. For a
+    # handoff with no sharer (receiver alone, Skyline) it equals ``first_token_seconds``; None where
+    # there is no receiver (the sharer alone).
+    receiver_first_token_seconds: float | None = None
     precomputed: bool = False
 
     def to_dict(self) -> dict:

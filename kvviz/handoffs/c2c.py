@@ -222,6 +222,7 @@ def run(
         },
         layers=[asdict(record) for record in records],
         first_token_seconds=timings["sharer_prefill"] + timings["transfer"] + timings["receiver_prefill"] + output.first_token_seconds,
+        receiver_first_token_seconds=timings["transfer"] + timings["receiver_prefill"] + output.first_token_seconds,
         details={
             "fuser_path": checkpoint_label(folder),
             "fusion_seconds": fusion_seconds,
