@@ -39,8 +39,17 @@ class AttentionPlan:
     capture: bool = False
     capture_skip: int = 1
     captured_mass: dict[int, float] = field(default_factory=dict)
+    # Reproduce the KVComm reference code's mask (off by default): transformers builds one mask for
+    # the longest layer and crops it to each layer's length, which treats key i as if it sat at
+    # position i. In a layer holding only the sink, every query token then sees every other query
+    # token during a prefill (bidirectional); layers holding the whole context are unaffected. In a
+    # sliding-window layer it also measures the window from key indices, so a context longer than
+    # the window leaves some query with no key at all (an error here).
+    reference_mask: bool = False
 
     def key_positions(self, layer: int, key_length: int, last_query_position: int, device) -> torch.Tensor:
+        if self.reference_mask:
+            return torch.arange(key_length, device=device)
         prefix = self.prefix_positions.get(layer)
         prefix_length = 0 if prefix is None else prefix.numel()
         own_count = key_length - prefix_length
@@ -75,6 +84,11 @@ def kvviz_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     layer = module.layer_idx
     key_positions = plan.key_positions(layer, key.shape[2], int(query_positions[-1]), query.device)
     mask = positional_mask(query_positions, key_positions, kwargs.get("sliding_window"))
+    if plan.reference_mask and not bool(mask.any(-1).all()):
+        raise ValueError(
+            f"The reference-code mask hides every key from a query in layer {layer}: the context is longer than "
+            "this sliding-window layer's window, where the reference code's quirk is undefined. Use the causal mask."
+        )
     if plan.capture:
         return _eager_with_capture(module, query, key, value, mask, scaling, plan, kwargs.get("softcap"))
     kwargs.pop("sliding_window", None)
