@@ -236,8 +236,8 @@ def option_scores(model, state, prompt_ids: list[int], options: list[str]) -> li
     from kvviz.decode import full_logits, prefill
     from kvviz.prompts import encode
 
-    logits, _ = prefill(model, state, prompt_ids)
-    first = torch.log_softmax(logits[0], dim=-1)
+    next_token, _ = prefill(model, state, prompt_ids)
+    first = torch.log_softmax(next_token.logits[0], dim=-1)
     tokenizer = model.tokenizer
     prompt_text = tokenizer.decode(prompt_ids[-1:])
     separator = "" if prompt_text.endswith((" ", "\n")) else " "

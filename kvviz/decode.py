@@ -27,26 +27,46 @@ def _forward_kwargs(state: KVState, count: int, device, capture: bool) -> dict:
     return kwargs
 
 
+class NextToken:
+    """What a forward leaves for choosing the next token: the final hidden state at the last
+    position. Its logits are computed only when asked for: greedy decoding takes the fast exact
+    path of ``kvviz.head`` instead of the full output head."""
+
+    def __init__(self, loaded: LoadedModel, hidden: torch.Tensor):
+        self.loaded = loaded
+        self.hidden = hidden  # [1, hidden size], after the final norm
+        self._logits: torch.Tensor | None = None
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """Exact float32 logits [1, vocabulary]."""
+        if self._logits is None:
+            self._logits = self.loaded.head.logits(self.hidden)
+        return self._logits
+
+    def greedy_token(self) -> int:
+        if self._logits is not None:
+            return int(torch.argmax(self._logits, dim=-1)[0])
+        return self.loaded.head.greedy_token(self.hidden)
+
+
 @torch.no_grad()
 def prefill(loaded: LoadedModel, state: KVState, token_ids: list[int], need_logits: bool = True, capture: bool = False):
-    """Feed tokens into ``state`` (in place). Returns (last-position logits or None, attention plan).
+    """Feed tokens into ``state`` (in place). Returns (``NextToken`` or None, attention plan).
 
-    Without ``need_logits`` only the decoder stack runs: Gemma 3's 262k-word output head would
-    cost more than the rest of the model on a long prompt (REFERENCE §3).
+    Only the decoder stack runs here; the output head runs for the last position only, and only
+    when the next token is chosen (``NextToken``). Without ``need_logits`` no ``NextToken`` is
+    made (a prefill that only fills the cache).
     """
     if not token_ids:
         raise ValueError("prefill needs at least one token")
     device = loaded.device
     input_ids = torch.tensor([token_ids], device=device)
     kwargs = _forward_kwargs(state, len(token_ids), device, capture)
-    if need_logits:
-        output = loaded.model(input_ids=input_ids, logits_to_keep=1, **kwargs)
-        logits = output.logits[:, -1, :].float()
-    else:
-        loaded.model.model(input_ids=input_ids, **kwargs)
-        logits = None
+    hidden = loaded.model.model(input_ids=input_ids, **kwargs).last_hidden_state
     state.next_position += len(token_ids)
-    return logits, kwargs.get("kvviz_plan")
+    next_token = NextToken(loaded, hidden[:, -1, :]) if need_logits else None
+    return next_token, kwargs.get("kvviz_plan")
 
 
 @torch.no_grad()
@@ -68,10 +88,10 @@ class DecodeOutput:
     stopped_by: str  # "eos" | "newline" | "length"
 
 
-def choose_token(logits: torch.Tensor, settings: GenerationSettings, generator: torch.Generator | None) -> int:
+def choose_token(next_token: NextToken, settings: GenerationSettings, generator: torch.Generator | None) -> int:
     if settings.greedy:
-        return int(torch.argmax(logits, dim=-1)[0])
-    probabilities = torch.softmax(logits[0] / settings.temperature, dim=-1)
+        return next_token.greedy_token()
+    probabilities = torch.softmax(next_token.logits[0] / settings.temperature, dim=-1)
     sorted_probs, sorted_ids = torch.sort(probabilities, descending=True)
     keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < settings.top_p
     sorted_probs = sorted_probs * keep
@@ -83,13 +103,14 @@ def choose_token(logits: torch.Tensor, settings: GenerationSettings, generator: 
 def generate(
     loaded: LoadedModel,
     state: KVState,
-    first_logits: torch.Tensor,
+    first: NextToken,
     settings: GenerationSettings,
     on_token: Callable[[str], None] | None = None,
     max_new_tokens: int | None = None,
     stop_at_newline: bool | None = None,
 ) -> DecodeOutput:
-    """Greedy or seeded sampling from ``first_logits`` onwards, feeding each token into ``state``.
+    """Greedy or seeded sampling from ``first`` (what the prompt's prefill left) onwards, feeding
+    each token into ``state``.
 
     Stops on EOS / chat end-of-turn tokens, after ``max_new_tokens``, and, for base models without
     a chat template, at the end of the first line (they would go on to invent the next question).
@@ -106,11 +127,11 @@ def generate(
     started = time.perf_counter()
     first_token_seconds = 0.0
     token_ids: list[int] = []
-    logits = first_logits
+    next_token = first
     stopped_by = "length"
     text = ""
     while True:
-        token = choose_token(logits, settings, generator)
+        token = choose_token(next_token, settings, generator)
         if not token_ids:
             first_token_seconds = time.perf_counter() - started
         if token in stop_ids:
@@ -126,7 +147,7 @@ def generate(
             on_token(text)
         if len(token_ids) >= limit:
             break
-        logits, _ = prefill(loaded, state, [token])
+        next_token, _ = prefill(loaded, state, [token])
     return DecodeOutput(
         token_ids=token_ids,
         text=text.strip(),

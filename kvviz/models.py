@@ -331,10 +331,20 @@ class LoadedModel:
     source: str
     load_seconds: float
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    _head: object = field(default=None, repr=False, compare=False)
 
     @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
+
+    @property
+    def head(self):
+        """The output head (``kvviz.head.OutputHead``): exact logits, and a fast greedy path."""
+        if self._head is None:
+            from kvviz.head import OutputHead
+
+            self._head = OutputHead(self.model, cache_folder=cache_dir() / "heads")
+        return self._head
 
 
 def default_device() -> str:

@@ -65,14 +65,14 @@ def last_logits(pair, result_fuser_folder, query=QUERY):
     fuser = c2c.get_fuser(Path(result_fuser_folder), pair)
     alignment = align_prompt(pair.receiver.tokenizer, pair.sharer.tokenizer, query)
     state, _, _, _ = c2c.fused_state(pair, fuser, alignment, c2c.StageTimer())
-    logits, _ = prefill(pair.receiver, state, alignment.receiver_ids[-1:])
-    return logits
+    next_token, _ = prefill(pair.receiver, state, alignment.receiver_ids[-1:])
+    return next_token.logits
 
 
 def receiver_logits(pair, query=QUERY):
     segments = build_segments(pair.receiver.tokenizer, query)
-    logits, _ = prefill(pair.receiver, kv.KVState(), segments.input_ids)
-    return logits
+    next_token, _ = prefill(pair.receiver, kv.KVState(), segments.input_ids)
+    return next_token.logits
 
 
 def test_closed_gates_equal_the_receiver_alone(pair, tmp_path):

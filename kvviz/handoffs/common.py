@@ -43,10 +43,10 @@ def answer(
     """
     state = state or KVState()
     with timer.stage(f"{role}_prefill"):
-        logits, _ = prefill(model, state, segments.input_ids)
+        first, _ = prefill(model, state, segments.input_ids)
     prefill_seconds = timer.seconds[f"{role}_prefill"]
     with timer.stage(f"{role}_decode"):
-        output = generate(model, state, logits, settings, on_token=on_token, max_new_tokens=max_new_tokens)
+        output = generate(model, state, first, settings, on_token=on_token, max_new_tokens=max_new_tokens)
     return output, prefill_seconds + output.first_token_seconds
 
 
