@@ -173,9 +173,9 @@ def first_logits(monkeypatch):
     recorded = {"kvcomm": [], "single": []}
 
     def recording(name, generate):
-        def wrapped(loaded, state, logits, *args, **kwargs):
-            recorded[name].append(logits.clone())
-            return generate(loaded, state, logits, *args, **kwargs)
+        def wrapped(loaded, state, first, *args, **kwargs):
+            recorded[name].append(first.logits.clone())
+            return generate(loaded, state, first, *args, **kwargs)
 
         return wrapped
 

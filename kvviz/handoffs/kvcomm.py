@@ -338,9 +338,9 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
         state.reference_mask = options.reference_mask
         sent_bytes = kv.kv_bytes(sender_state.cache if on_this_query else state.cache)
     with timer.stage("receiver_prefill"):
-        logits, _ = prefill(receiver, state, segments.query_ids)
+        first, _ = prefill(receiver, state, segments.query_ids)
     with timer.stage("receiver_decode"):
-        output = generate(receiver, state, logits, request.generation, on_token=on_token)
+        output = generate(receiver, state, first, request.generation, on_token=on_token)
     timings = timer.as_dict()
     if query_importance is None:
         # instrumentation: after the answer, outside every stage and the total
