@@ -7,7 +7,15 @@ in one forward; KVComm lets the sender prefill ``context_ids`` and the receiver 
 is exact by construction, not by luck of tokenisation.
 
 Models with a chat template (SmolLM2, Qwen) get it; base models (Gemma-3-270M) get a plain
-"Context: ... / Question: ... / Answer:" layout that base models complete well.
+"Context: ...\n\nQuestion: ...\nAnswer briefly.\nAnswer:" layout that base models complete well.
+
+The base layout was chosen by measurement (``scripts/prompt_layouts.py``; Gemma-3-270M, greedy,
+token F1 > 0.5, the benchmark's 100 samples, Skyline / receiver alone): this layout scores
+Countries 0.29 / 0.06 and HotpotQA 0.22 / 0.03; without "Answer briefly." Countries 0.31 / 0.10
+(0.31 with or without the blank line) but HotpotQA 0.16 / 0.03, its answers running long; the
+context without a "Context:" label 0.26, "Q: / A:" 0.23, "Short answer:" 0.22 on Countries.
+Skyline's Countries errors are wrong countries, not wrong formats: the model does not know where
+the landmark is (on the file's first 100 samples the same layouts score 0.36-0.38).
 """
 
 from __future__ import annotations
