@@ -47,6 +47,18 @@ class AttentionPlan:
     # the window leaves some query with no key at all (an error here).
     reference_mask: bool = False
 
+    def sees_every_key(self, layer: int, key_length: int, query_position: int, sliding_window: int | None) -> bool:
+        """Whether one query at ``query_position`` may attend to every key of the layer: true on
+        a decode step unless the oldest key has left the sliding window."""
+        if not sliding_window:
+            return True
+        prefix = self.prefix_positions.get(layer)
+        own_count = key_length - (0 if prefix is None else prefix.numel())
+        oldest = query_position - own_count + 1
+        if prefix is not None and prefix.numel():
+            oldest = min(oldest, int(prefix.min()))
+        return query_position - oldest < sliding_window
+
     def key_positions(self, layer: int, key_length: int, last_query_position: int, device) -> torch.Tensor:
         if self.reference_mask:
             return torch.arange(key_length, device=device)
@@ -82,8 +94,13 @@ def kvviz_attention(module, query, key, value, attention_mask, dropout=0.0, scal
         raise ValueError("A kvviz attention plan needs explicit position_ids on every forward call.")
     query_positions = position_ids[0].to(query.device)
     layer = module.layer_idx
-    key_positions = plan.key_positions(layer, key.shape[2], int(query_positions[-1]), query.device)
-    mask = positional_mask(query_positions, key_positions, kwargs.get("sliding_window"))
+    last_position = int(query_positions[-1])
+    sliding_window = kwargs.pop("sliding_window", None)
+    if query.shape[2] == 1 and not plan.capture and plan.sees_every_key(layer, key.shape[2], last_position, sliding_window):
+        # a decode step whose token may see its whole cache: no mask to build
+        return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
+    key_positions = plan.key_positions(layer, key.shape[2], last_position, query.device)
+    mask = positional_mask(query_positions, key_positions, sliding_window)
     if plan.reference_mask and not bool(mask.any(-1).all()):
         raise ValueError(
             f"The reference-code mask hides every key from a query in layer {layer}: the context is longer than "
@@ -91,7 +108,6 @@ def kvviz_attention(module, query, key, value, attention_mask, dropout=0.0, scal
         )
     if plan.capture:
         return _eager_with_capture(module, query, key, value, mask, scaling, plan, kwargs.get("softcap"))
-    kwargs.pop("sliding_window", None)
     return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
 
 

@@ -113,69 +113,51 @@ def _main_prepare(args) -> int:
 
 
 def _configure_run(parser):
-    from kvviz.handoffs import DESCRIPTIONS
+    from kvviz.flags import add_option_arguments
+    from kvviz.handoffs import registry
 
     parser.add_argument("--pair", default="embedded")
     parser.add_argument("--query", required=True, help="the question the receiver answers")
     parser.add_argument("--context", default=None, help="private context only the sharer sees")
     parser.add_argument(
         "--handoffs",
-        default="receiver,skyline,text,kvcomm",
-        help="comma-separated: " + "; ".join(f"{k} = {v}" for k, v in DESCRIPTIONS.items()),
+        default=",".join(registry.default_handoffs()),
+        help="comma-separated, or all (default: the page's columns shown at first): "
+        + "; ".join(f"{h.name} = {h.summary}" for h in registry.all_handoffs()),
     )
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--message-tokens", type=int, default=64, help="text handoff: message length bound")
-    parser.add_argument("--ratio", type=float, default=0.5, help="KVComm: share of layers sent")
-    parser.add_argument("--strategy", default="kvcomm", help="KVComm: kvcomm, attention, prior, contiguous, random, explicit")
-    parser.add_argument("--layers", default=None, help="KVComm explicit layers, e.g. 0,3,7 (implies --strategy explicit)")
-    parser.add_argument("--alpha", type=float, default=None)
-    parser.add_argument("--sigma", type=float, default=10.0)
-    parser.add_argument("--fuser", default=None, help="C2C fuser checkpoint folder (default: the pair's shipped one)")
+    parser.add_argument("--message-tokens", type=int, default=64, help="message length bound for handoffs that write one")
+    add_option_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     add_device_arguments(parser)
 
 
 def request_from_args(args):
-    from kvviz.results import GenerationSettings, HandoffRequest, KVCommOptions
+    from kvviz.flags import option_arguments
+    from kvviz.handoffs.registry import build_request
 
-    layers = tuple(int(x) for x in args.layers.split(",") if x.strip()) if args.layers else None
-    return HandoffRequest(
-        query=args.query,
-        context=args.context,
-        generation=GenerationSettings(
-            max_new_tokens=args.max_new_tokens, greedy=not args.sample, temperature=args.temperature, seed=args.seed
-        ),
-        text_message_tokens=args.message_tokens,
-        kvcomm=KVCommOptions(
-            ratio=args.ratio,
-            strategy="explicit" if layers is not None else args.strategy,
-            alpha=args.alpha,
-            sigma=args.sigma,
-            layers=layers,
-            seed=args.seed,
-        ),
-        c2c_fuser=args.fuser,
+    return build_request(
+        args.query, args.context, args.max_new_tokens, args.sample, args.temperature, args.seed, args.message_tokens,
+        option_arguments(args),
     )
 
 
 def format_table(results) -> str:
-    lines = [f"{'handoff':<10} {'answer':<40} {'total s':>8} {'TTFT s':>7} {'bytes':>10}  notes"]
+    from kvviz.present import notes_of
+
+    lines = [f"{'handoff':<12} {'answer':<40} {'total s':>8} {'TTFT s':>7} {'bytes':>10}  notes"]
     for r in results:
         if not r.applicable:
-            lines.append(f"{r.handoff:<10} {'(not applicable)':<40} {'':>8} {'':>7} {'':>10}  {r.reason}")
+            lines.append(f"{r.handoff:<12} {'(not applicable)':<40} {'':>8} {'':>7} {'':>10}  {r.reason}")
             continue
         answer = r.answer.replace("\n", " ")
         answer = answer if len(answer) <= 40 else answer[:37] + "..."
-        notes = []
-        if r.handoff == "kvcomm":
-            notes.append(f"layers {r.details['selected_layers']}")
-        if r.handoff == "text":
-            notes.append(f"message: {r.seen.get('message', '')[:60]!r}")
         ttft = f"{r.first_token_seconds:.3f}" if r.first_token_seconds is not None else ""
-        lines.append(f"{r.handoff:<10} {answer:<40} {r.total_seconds:>8.3f} {ttft:>7} {r.bytes_communicated:>10}  {'; '.join(notes)}")
+        notes = "; ".join(notes_of(r.to_dict()))
+        lines.append(f"{r.handoff:<12} {answer:<40} {r.total_seconds:>8.3f} {ttft:>7} {r.bytes_communicated:>10}  {notes}")
     return "\n".join(lines)
 
 

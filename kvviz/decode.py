@@ -70,6 +70,21 @@ def prefill(loaded: LoadedModel, state: KVState, token_ids: list[int], need_logi
 
 
 @torch.no_grad()
+def prefill_vectors(loaded: LoadedModel, state: KVState, vectors: torch.Tensor, need_logits: bool = True):
+    """Like ``prefill``, but feed input vectors ``[tokens, width]`` in place of token ids (the
+    model's ``inputs_embeds``, at the scale its own embedding layer outputs): for handoffs whose
+    message is vectors rather than tokens. Returns the ``NextToken`` (or None without ``need_logits``)."""
+    if vectors.ndim != 2 or vectors.shape[0] == 0 or vectors.shape[1] != loaded.facts.hidden_size:
+        raise ValueError(f"prefill_vectors needs [tokens >= 1, {loaded.facts.hidden_size}] vectors, got {list(vectors.shape)}")
+    device = loaded.device
+    embeds = vectors.to(device=device, dtype=loaded.dtype)[None]
+    kwargs = _forward_kwargs(state, vectors.shape[0], device, False)
+    hidden = loaded.model.model(inputs_embeds=embeds, **kwargs).last_hidden_state
+    state.next_position += vectors.shape[0]
+    return NextToken(loaded, hidden[:, -1, :]) if need_logits else None
+
+
+@torch.no_grad()
 def full_logits(loaded: LoadedModel, state: KVState, token_ids: list[int]) -> torch.Tensor:
     """Logits at every new position (tests and likelihood scoring)."""
     device = loaded.device

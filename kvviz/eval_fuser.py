@@ -4,7 +4,8 @@
    checkpoint config): receiver alone vs the control fuser vs C2C, hard gates as at inference.
 2. Multiple-choice accuracy on ARC-Challenge and OpenBookQA subsets (seeded sample) for the
    receiver, the sharer, the text handoff and C2C (and the control), each with a 95% Wilson
-   interval. Every answer is produced by the handoff itself (greedy) and scored with
+   interval. Every answer is produced by the handoff itself (greedy) from the one multiple-choice
+   prompt the benchmark uses too (``kvviz.data.choice_query``) and scored with
    ``extract_choice_letter``; no letter counts as wrong.
 """
 
@@ -16,9 +17,6 @@ import time
 from pathlib import Path
 
 import torch
-
-MC_INSTRUCTION = "Answer with the letter of the correct option."
-
 
 def configure_parser(parser) -> None:
     parser.add_argument("--pair", default="embedded")
@@ -36,12 +34,6 @@ def configure_parser(parser) -> None:
     parser.add_argument("--out", default=None, help="also write the JSON here")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
-
-
-def mc_query(record) -> str:
-    from kvviz.data import format_choices
-
-    return f"{record.question.strip()}\n{format_choices(record)}\n{MC_INSTRUCTION}"
 
 
 def heldout_nll(pair, c2c_folder: Path, control_folder: Path | None, limit: int | None) -> dict:
@@ -72,7 +64,7 @@ def heldout_nll(pair, c2c_folder: Path, control_folder: Path | None, limit: int 
 
 
 def mc_accuracy(pair, names: list[str], datasets: list[str], limit: int, seed: int, request_kwargs: dict, progress) -> dict:
-    from kvviz.data import LETTERS, extract_choice_letter, load_dataset, wilson_interval
+    from kvviz.data import LETTERS, choice_query, extract_choice_letter, load_dataset, wilson_interval
     from kvviz.engine import run_handoff
     from kvviz.results import HandoffRequest
 
@@ -81,7 +73,7 @@ def mc_accuracy(pair, names: list[str], datasets: list[str], limit: int, seed: i
         records = load_dataset(dataset, limit=limit, seed=seed)
         counts = {name: {"correct": 0, "n": 0, "no_letter": 0, "skipped": 0, "seconds": 0.0} for name in names}
         for index, record in enumerate(records):
-            request = HandoffRequest(query=mc_query(record), **request_kwargs)
+            request = HandoffRequest(query=choice_query(record), **request_kwargs)
             for name in names:
                 result = run_handoff(name, pair, request)
                 row = counts[name]

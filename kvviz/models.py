@@ -343,7 +343,9 @@ class LoadedModel:
         if self._head is None:
             from kvviz.head import OutputHead
 
-            self._head = OutputHead(self.model, cache_folder=cache_dir() / "heads")
+            # KVVIZ_FAST_HEAD=0 turns the fast greedy path off (to compare, or to rule it out)
+            fast = os.environ.get("KVVIZ_FAST_HEAD", "1") != "0"
+            self._head = OutputHead(self.model, allow_scan=fast, cache_folder=cache_dir() / "heads")
         return self._head
 
 

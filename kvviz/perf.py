@@ -18,10 +18,19 @@ with the spread (min and max) of the per-repeat values.
 3. **The same for FLOPs** (``kvviz.measure`` estimates, the ones the handoffs report).
 4. **Bytes** KVComm sends at r = 0.3, 0.5, 1.0 against the text handoff's message, per length
    (KV bytes depend on the dtype: float32 on CPU, bfloat16 on GPU).
+6. **Speed** (``kvviz.speed``): ms per decode step and per prefilled token for each model, tokens
+   per second, the warm full run of the page's handoffs, and the machine's own limits measured in
+   the same run (streaming the weights once, the full output-head product), each as a ratio.
+
 5. **Peak memory** of each handoff at one context length: on GPU ``torch.cuda.max_memory_allocated``
    above what was allocated before; on CPU the growth of the process's resident set (sampled every
    millisecond from /proc) above its level before the handoff. The CPU number is a lower bound:
    memory the allocator kept from earlier runs is reused without showing as growth.
+
+``targets`` turns the report and the bench summaries into the verdicts on issue 6's goals for
+docs/RESULTS.md. This module is the study of the C2C and KVComm papers' own claims (C2C against
+the text handoff, KVComm against Skyline), so unlike the page, the plots and the benchmark, it
+names the handoffs it measures.
 """
 
 from __future__ import annotations
@@ -219,13 +228,13 @@ def machine_facts(device) -> dict:
     return facts
 
 
-def _kvcomm_flops(pair, context_length: int, query_length: int, selected: int) -> tuple[float, float]:
+def _kvcomm_flops(pair, context_length: int, query_length: int, selected: list[int]) -> tuple[float, float]:
     """(receiver-side, sender prefill) FLOPs to the first token, as kvcomm.run estimates them."""
     from kvviz.measure import forward_flops
 
-    layers = pair.receiver.facts.num_layers
-    mean_prefix = (selected * context_length + (layers - selected) * min(1, context_length)) / layers
-    receiver = forward_flops(pair.receiver.facts, query_length, int(round(mean_prefix)), 1)
+    # the receiver's query sees the context in the sent layers and only the sink in the others
+    prefix = [context_length if layer in selected else min(1, context_length) for layer in range(pair.receiver.facts.num_layers)]
+    receiver = forward_flops(pair.receiver.facts, query_length, prefix, 1)
     sender = forward_flops(pair.kvcomm_sender.facts, context_length, 0, 0)
     return receiver, sender
 
@@ -244,7 +253,6 @@ def kv_bytes_for(ratio: float, num_layers: int, context_tokens: int, bytes_per_t
 def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, message_tokens: int = 64,
             fuser: str | None = None, memory_length: int | None = None, progress=None) -> dict:
     from kvviz.engine import run_handoff
-    from kvviz.handoffs import HANDOFFS
     from kvviz.prompts import build_segments
 
     progress = progress or (lambda message: None)
@@ -254,11 +262,10 @@ def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, messag
     answer_settings = GenerationSettings(max_new_tokens=ANSWER_TOKENS)
 
     # ---- 1. C2C vs text vs receiver, shared questions
-    c2c_available = "c2c" in HANDOFFS
-    names = ["receiver", "text"] + (["c2c"] if c2c_available else [])
+    names = ["receiver", "text", "c2c"]
     requests = [HandoffRequest(query=q, generation=answer_settings, text_message_tokens=message_tokens, c2c_fuser=fuser)
                 for q in SHARED_QUESTIONS]
-    unavailable = "" if c2c_available else "c2c not available in this version of kvviz"
+    unavailable = ""
     for name in names:  # warm-up, and find out whether c2c runs on this pair
         result = run_handoff(name, pair, requests[0])
         if name == "c2c" and not result.applicable:
@@ -334,12 +341,11 @@ def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, messag
                 result = run_handoff("kvcomm", pair, request)
                 if not result.applicable:
                     raise RuntimeError(f"KVComm does not run on pair {pair.name}: {result.reason}")
-                receiver_side = result.timings["transfer"] + result.first_token_seconds
-                timing[length][label]["receiver"].append(receiver_side)
-                timing[length][label]["e2e"].append(result.timings["sharer_prefill"] + receiver_side)
+                timing[length][label]["receiver"].append(result.receiver_first_token_seconds)
+                timing[length][label]["e2e"].append(result.first_token_seconds)
                 if repeat == 0:
                     receiver_flops, sender_flops = _kvcomm_flops(
-                        pair, result.tokens["context"], result.tokens["receiver_prompt"], result.details["num_selected"]
+                        pair, result.tokens["context"], result.tokens["receiver_prompt"], result.details["selected_layers"]
                     )
                     flops[length][label] = {"receiver": receiver_flops, "e2e": receiver_flops + sender_flops}
                     selected, context_tokens = result.details["num_selected"], result.tokens["context"]
@@ -408,6 +414,13 @@ def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, messag
             row["kvcomm_bytes_measured"].update(measured_bytes)
     report["memory"] = {"context_tokens": contexts[memory_length][1], "method": method,
                         "peak_bytes": {name: spread(values) for name, values in peaks.items()}}
+
+    # ---- 6. speed of each model and the warm full run
+    from kvviz import speed
+
+    report["speed"] = speed.measure(pair, repeats, progress)
+    report["decode_ms_per_token"] = report["speed"]["decode_ms_per_token"]
+    report["warm_full_run_seconds"] = report["speed"]["warm_full_run_seconds"]
     return report
 
 
@@ -496,6 +509,10 @@ def markdown(report: dict) -> str:
         lines.append(f"| {name} | {_mib(entry['median'])} [{_mib(entry['min'])}, {_mib(entry['max'])}] |")
     if report.get("calibration", {}).get("seconds") is not None:
         lines += ["", f"KVComm's one-off calibration took {report['calibration']['seconds']:.3f} s (excluded)."]
+    if report.get("speed"):
+        from kvviz import speed
+
+        lines += ["", speed.markdown(report["speed"])]
     return "\n".join(lines) + "\n"
 
 
@@ -503,6 +520,7 @@ def main(args) -> int:
     from pathlib import Path
 
     from kvviz.engine import load_pair
+    from kvviz.flags import option_arguments
 
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     if not lengths or min(lengths) < 16:
@@ -512,7 +530,7 @@ def main(args) -> int:
     pair = load_pair(args.pair, args.device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
     quiet = getattr(args, "quiet", False)
     report = measure(
-        pair, lengths, args.repeats, message_tokens=args.message_tokens, fuser=getattr(args, "fuser", None),
+        pair, lengths, args.repeats, message_tokens=args.message_tokens, fuser=option_arguments(args).get("c2c", {}).get("fuser"),
         progress=None if quiet else (lambda message: print(message, file=sys.stderr)),
     )
     text = markdown(report)
@@ -523,3 +541,30 @@ def main(args) -> int:
         (out / "perf.md").write_text(text, encoding="utf-8")
     print(json.dumps(report, indent=2) if args.json else text)
     return 0
+
+
+def targets(perf: dict | None, summaries: dict[str, list[dict]]) -> list[tuple[str, str, str]]:
+    """(target, measured, verdict) for the benchmark goals of issue 6 that the perf report and the
+    bench summaries (dataset -> summary entries) measured; a goal not measured is left out."""
+    rows = []
+    if perf:
+        shared = perf["shared_question"]
+        if shared["c2c_unavailable"]:
+            rows.append(("C2C latency <= 0.4x text", shared["c2c_unavailable"], "not measurable"))
+        else:
+            value = shared["ratios"]["c2c / text"]["median"]
+            rows.append(("C2C latency <= 0.4x text", f"{value:.2f}x", "met" if value <= 0.4 else "missed"))
+        row = next((r for r in perf["context_curve"] if r["target_tokens"] == 1024), None)
+        if row:
+            label = next(iter(row["kvcomm"]))
+            value = row["kvcomm"][label]["ttft_ratio_receiver"]["median"]
+            e2e = row["kvcomm"][label]["ttft_ratio_e2e"]["median"]
+            rows.append(("KVComm receiver-side TTFT <= 0.3x Skyline at 1024 tokens",
+                         f"{label}: {value:.3f}x (end to end {e2e:.2f}x)", "met" if value <= 0.3 else "missed"))
+    by = {entry["variant"]: entry for entry in summaries.get("countries", [])}
+    sky, kv3 = by.get("skyline"), by.get("kvcomm@0.3")
+    if sky and kv3 and sky.get("acc_f1") and kv3.get("acc_f1") is not None:
+        share = kv3["acc_f1"] / sky["acc_f1"]
+        rows.append(("KVComm r=0.3 accuracy >= 80% of Skyline's on Countries",
+                     f"{kv3['acc_f1']:.2f} vs {sky['acc_f1']:.2f} ({share:.0%})", "met" if share >= 0.8 else "missed"))
+    return rows

@@ -119,7 +119,8 @@ def preset(key: str) -> Preset:
 
 # --- the built-in sweep set -----------------------------------------------------------------
 # Private-context questions in the "where is this person" style (written for kvviz): the
-# receiver alone cannot know the answer; it has to come through the handoff.
+# receiver alone cannot know the answer; it has to come through the handoff. What the sweep
+# varies is the swept handoff's own declaration (``Sweep`` in its descriptor; see kvviz.sweep).
 
 SWEEP_ITEMS: list[dict] = [
     {"context": "Omar is walking along the Great Wall.", "query": "Which country is Omar in?", "answers": ["China"]},
@@ -129,8 +130,6 @@ SWEEP_ITEMS: list[dict] = [
     {"context": "The code for locker 12 is 4471. The gym closes at nine.", "query": "What is the code for locker 12?", "answers": ["4471"]},
     {"context": "Ada parked her blue van next to the bakery on Elm Street.", "query": "Where did Ada park her van?", "answers": ["bakery", "Elm Street"]},
 ]
-SWEEP_RATIOS = (0.0, 0.25, 0.5, 0.75, 1.0)
-SWEEP_STRATEGIES = ("kvcomm", "prior", "contiguous", "random")
 SWEEP_METRIC = "answer contains a gold answer"
 
 

@@ -83,6 +83,8 @@ class HandoffRequest:
     text_message_tokens: int = 64
     kvcomm: KVCommOptions = field(default_factory=KVCommOptions)
     c2c_fuser: str | None = None  # path of a fuser checkpoint; None: the pair's shipped fuser
+    # other handoffs' options, by handoff name (plain data; see Handoff.with_options)
+    options: dict[str, dict] = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.query or not self.query.strip():
@@ -110,6 +112,7 @@ class HandoffRequest:
             if kvcomm.get(key) is not None:
                 kvcomm[key] = tuple(kvcomm[key])
         data["kvcomm"] = KVCommOptions(**kvcomm)
+        data["options"] = {name: dict(values) for name, values in (data.get("options") or {}).items()}
         return cls(**data)
 
 

@@ -3,7 +3,7 @@
     python scripts/bench_app.py [--pair embedded] [--max-new-tokens 32] [--loads 3] [--out FILE]
 
 Measures, with the app served on 127.0.0.1 (random free port) in this process:
-1. a warm run of all handoffs through the app's ``run`` endpoint (gradio_client), with
+1. a warm run of the page's default handoffs through the app's ``run`` endpoint (gradio_client), with
    ``--max-new-tokens`` per answer: one run first loads and warms the models, the next ones are
    timed (wall clock of the whole endpoint call, and each handoff's own measured total);
 2. the time from page load (navigation start) to the first plot painted, in Debian's Chromium
@@ -51,9 +51,8 @@ def free_port() -> int:
 
 def timed_run(client, pair: str, preset, max_new_tokens: int) -> dict:
     started = time.perf_counter()
-    outputs = client.predict(
-        pair, preset.query, preset.context or "", max_new_tokens, False, 0.7, 0, 64, 0.5, "kvcomm", True, 0.8, 10.0, "",
-        api_name="/run",
+    outputs = client.predict(  # every other setting at the page's defaults
+        pair=pair, query=preset.query, context=preset.context or "", max_new_tokens=max_new_tokens, api_name="/run"
     )
     wall = time.perf_counter() - started
     data = outputs[-1]

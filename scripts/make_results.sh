@@ -11,6 +11,7 @@
 #   KVVIZ_PERF_REPEATS repeats of each perf measurement (default 2)
 #   KVVIZ_LIMIT        samples for HotpotQA, ARC-Challenge and OpenBookQA (default 10; Countries: 40)
 #   KVVIZ_SKIP_PERF=1  leave the perf measurement out (e.g. while it runs in another terminal)
+#   KVVIZ_HANDOFFS     the handoffs to run (default all: every registered handoff)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -20,7 +21,7 @@ OUT="${KVVIZ_RESULTS_DIR:-runs/results}"
 THREADS="${KVVIZ_THREADS:-1}"
 REPEATS="${KVVIZ_PERF_REPEATS:-2}"
 LIMIT="${KVVIZ_LIMIT:-10}"
-HANDOFFS="receiver,sharer,skyline,text,c2c,c2c_control,kvcomm"
+HANDOFFS="${KVVIZ_HANDOFFS:-all}"
 COMMON=(--pair embedded --handoffs "$HANDOFFS" --ratios 0.3,0.5,0.7 --strategies kvcomm,contiguous,random
         --seed 0 --threads "$THREADS" --quiet)
 
@@ -36,7 +37,7 @@ if [ ! -f "$OUT/perf/perf.json" ]; then
 fi
 
 "$PY" -c "
-from kvviz.bench import write_results_markdown
+from kvviz.bench.report import write_results_markdown
 write_results_markdown('docs/RESULTS.md', [
     'Countries=$OUT/countries', 'HotpotQA=$OUT/hotpotqa', 'ARC-Challenge=$OUT/arc_challenge',
     'OpenBookQA+fact=$OUT/openbookqa'], '$OUT/perf', 'bash scripts/make_results.sh')

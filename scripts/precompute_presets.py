@@ -3,9 +3,10 @@
     python scripts/precompute_presets.py            # presets + sweep on the embedded pair
     python scripts/precompute_presets.py --no-sweep # presets only (about a minute on a CPU)
 
-Writes assets/precomputed/presets.json and assets/precomputed/sweep.json. The app marks every
-result from these files as precomputed on screen. Rerun after a handoff changes (for example
-when C2C lands, so that its column is precomputed too).
+Writes assets/precomputed/presets.json (every page column of the registry, shown or not at first)
+and assets/precomputed/sweep.json. The app marks every result from these files as precomputed on
+screen. Rerun after a handoff changes or a new one is registered, so that its column is
+precomputed too.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kvviz.engine import load_pair, run_handoff  # noqa: E402
-from kvviz.presets import PRECOMPUTED_PATH, PRECOMPUTED_SWEEP_PATH, PRESETS, SWEEP_STRATEGIES  # noqa: E402
-from kvviz.ui import COLUMNS, build_request, c2c_off_result, c2c_registered, run_sweep_data  # noqa: E402
+from kvviz.handoffs.registry import build_request, page_handoffs  # noqa: E402
+from kvviz.presets import PRECOMPUTED_PATH, PRECOMPUTED_SWEEP_PATH, PRESETS  # noqa: E402
+from kvviz.sweep import default_handoff, run_sweep  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -33,7 +35,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-sweep", action="store_true")
     parser.add_argument("--sweep-only", action="store_true")
     parser.add_argument("--sweep-tokens", type=int, default=12)
-    parser.add_argument("--sweep-strategies", default=",".join(SWEEP_STRATEGIES))
+    parser.add_argument("--sweep-series", default=None,
+                        help="values of the sweep's series option, comma-separated (default: all it offers)")
     args = parser.parse_args(argv)
 
     pair = load_pair(args.pair, progress=lambda message: print(message, file=sys.stderr))
@@ -44,10 +47,7 @@ def main(argv=None) -> int:
         for preset in PRESETS:
             request = build_request(preset.query, preset.context, max_new_tokens=args.max_new_tokens)
             results = []
-            for name in COLUMNS:
-                if name == "c2c" and not c2c_registered():
-                    results.append(c2c_off_result(pair.name))
-                    continue
+            for name in [handoff.name for handoff in page_handoffs()]:
                 started = time.perf_counter()
                 result = run_handoff(name, pair, request).to_dict()
                 result["precomputed"] = True
@@ -58,7 +58,8 @@ def main(argv=None) -> int:
         PRECOMPUTED_PATH.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"wrote {PRECOMPUTED_PATH.relative_to(ROOT)}")
     if not args.no_sweep:
-        strategies = [s.strip() for s in args.sweep_strategies.split(",") if s.strip()]
+        swept = default_handoff().sweep
+        series = [s.strip() for s in args.sweep_series.split(",") if s.strip()] if args.sweep_series else list(swept.series_values)
         last = [0.0]
 
         def progress(fraction, desc=""):
@@ -66,13 +67,13 @@ def main(argv=None) -> int:
                 last[0] = time.perf_counter()
                 print(f"sweep {100 * fraction:5.1f}%  {desc}", file=sys.stderr)
 
-        sweep = run_sweep_data(pair.name, strategies, args.sweep_tokens, progress=progress)
+        sweep = run_sweep(pair, series, args.sweep_tokens, progress=progress)
         sweep["generated"] = f"{stamp}, {machine}"
         sweep["precomputed"] = True
         PRECOMPUTED_SWEEP_PATH.write_text(json.dumps(sweep, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"wrote {PRECOMPUTED_SWEEP_PATH.relative_to(ROOT)} in {sweep['seconds']:.0f} s; baselines {sweep['baselines']}")
         for point in sweep["points"]:
-            print(f"  {point['strategy']:<11} r={point['ratio']:.2f} layers={point['layers']:>2} acc={point['accuracy']:.2f}")
+            print("  " + " ".join(f"{key}={value}" for key, value in point.items()))
     return 0
 
 

@@ -84,3 +84,29 @@ def served_on_loopback(demo):
         yield demo.local_url.rstrip("/")
     finally:
         demo.close()
+
+
+@pytest.fixture()
+def tiny_engine(monkeypatch):
+    """Point the engine's load_pair at the tiny gemma pair (for the bench and perf CLIs) and count
+    handoff calls; one torch thread."""
+    import torch
+
+    from kvviz import engine
+
+    pair = tiny_pair("gemma")
+    monkeypatch.setattr(engine, "load_pair", lambda *a, **k: pair)
+    calls = []
+    real = engine.run_handoff
+
+    def counting(name, loaded, request, on_token=None):
+        calls.append((name, request.query, request.kvcomm.ratio, request.kvcomm.strategy))
+        return real(name, loaded, request, on_token)
+
+    monkeypatch.setattr(engine, "run_handoff", counting)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add overhead, badly so on a busy machine
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "ACCELERATE_PROCESS_INDEX", "ACCELERATE_NUM_PROCESSES"):
+        monkeypatch.delenv(name, raising=False)
+    yield pair, calls
+    torch.set_num_threads(threads)

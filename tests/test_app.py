@@ -14,14 +14,11 @@ import pytest
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from kvviz import ui  # noqa: E402
-from kvviz.handoffs import HANDOFFS  # noqa: E402
+from kvviz import present, ui  # noqa: E402
+from kvviz.handoffs import registry  # noqa: E402
+from kvviz.plotkit import bar_counts  # noqa: E402
 from kvviz.presets import PRESETS, load_precomputed  # noqa: E402
 from tests.conftest import served_on_loopback  # noqa: E402
-
-# Outputs of the run endpoint, in order (gr.State is not part of the API).
-N_COLUMN_OUTPUTS = 3 * len(ui.COLUMNS)
-PLOT_NAMES = ("kvcomm", "c2c", "latency", "bytes")
 
 
 @pytest.fixture(scope="module")
@@ -38,21 +35,19 @@ def client(app_url):
 
 
 def split_run_outputs(outputs) -> dict:
-    """Name the run/load_preset outputs: status, per column (answer, stats, seen), plots, json."""
-    assert len(outputs) == 1 + N_COLUMN_OUTPUTS + len(PLOT_NAMES) + 1
-    columns = {}
-    for index, name in enumerate(ui.COLUMNS):
+    """Name the run/load_preset outputs (gr.State is not part of the API): status, per page column
+    (answer, stats, seen), the figures, the results table, the JSON."""
+    columns, plot_names = ui.column_names(), ui.plot_names()
+    assert len(outputs) == 1 + 3 * len(columns) + len(plot_names) + 2
+    named = {}
+    for index, name in enumerate(columns):
         answer, stats, seen = outputs[1 + 3 * index : 4 + 3 * index]
-        columns[name] = {"answer": answer, "stats": stats, "seen": seen}
+        named[name] = {"answer": answer, "stats": stats, "seen": seen}
     plots = {}
-    for index, name in enumerate(PLOT_NAMES):
-        value = outputs[1 + N_COLUMN_OUTPUTS + index]
+    for index, name in enumerate(plot_names):
+        value = outputs[1 + 3 * len(columns) + index]
         plots[name] = json.loads(value["plot"]) if isinstance(value, dict) else json.loads(value)
-    return {"status": outputs[0], "columns": columns, "plots": plots, "json": outputs[-1]}
-
-
-def bar_counts(figure: dict) -> dict:
-    return {(t.get("meta") or {}).get("series", t.get("name")): len(t.get("y") or []) for t in figure["data"] if t["type"] == "bar"}
+    return {"status": outputs[0], "columns": named, "plots": plots, "table": outputs[-2], "json": outputs[-1]}
 
 
 # --- fast: no models ----------------------------------------------------------------------------
@@ -60,7 +55,8 @@ def bar_counts(figure: dict) -> dict:
 
 def test_every_event_has_an_api_name(client):
     names = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
-    for expected in ("/run", "/sweep", "/load_preset", "/export", "/pair_facts", "/walkthrough_next", "/walkthrough_back"):
+    for expected in ("/run", "/sweep", "/load_preset", "/export", "/pair_facts", "/walkthrough_next", "/walkthrough_back",
+                     "/show_handoffs"):
         assert expected in names, names
 
 
@@ -78,7 +74,7 @@ def test_walkthrough_steps_forward_and_back(client):
     text, preset_key = client.predict(api_name="/walkthrough_next")
     assert "Step 2 of" in text
     text, preset_key = client.predict(api_name="/walkthrough_back")
-    assert "Step 1 of" in text and preset_key == ui.WALKTHROUGH[0][1]
+    assert "Step 1 of" in text and preset_key == ui.walkthrough_steps()[0][1]
 
 
 def test_preset_paints_precomputed_results_and_plots(client):
@@ -91,7 +87,10 @@ def test_preset_paints_precomputed_results_and_plots(client):
     view = split_run_outputs(rest)
     assert "precomputed" in view["status"]
     assert view["json"]["precomputed"] is True
-    assert {r["handoff"] for r in view["json"]["results"]} >= set(ui.COLUMNS)
+    assert {r["handoff"] for r in view["json"]["results"]} >= set(ui.default_columns())
+    table = view["table"]
+    assert table["headers"] == present.RESULT_COLUMNS
+    assert [row[0] for row in table["data"]] == [r["handoff"] for r in view["json"]["results"]]
     for name in ("receiver", "text", "kvcomm", "skyline"):
         assert view["columns"][name]["answer"], name
         assert "precomputed" in view["columns"][name]["stats"]
@@ -99,6 +98,7 @@ def test_preset_paints_precomputed_results_and_plots(client):
     counts = bar_counts(view["plots"]["kvcomm"])
     assert counts == {"attention_norm": len(kvcomm["layers"]), "prior": len(kvcomm["layers"]), "score": len(kvcomm["layers"])}
     assert len(bar_counts(view["plots"]["latency"])) == 5  # one trace per stage
+    assert set(view["plots"]) == set(ui.plot_names())
 
 
 def test_export_writes_json_and_csv(client, tmp_path):
@@ -108,8 +108,8 @@ def test_export_writes_json_and_csv(client, tmp_path):
     csv_path = next(p for p in paths if p.endswith(".csv"))
     data = json.loads(open(json_path, encoding="utf-8").read())
     rows = list(csv.DictReader(open(csv_path, encoding="utf-8")))
-    assert [row["handoff"] for row in rows] == [r["handoff"] for r in data["results"]]
-    assert set(ui.CSV_FIELDS) == set(rows[0]) if rows else True
+    assert rows and [row["handoff"] for row in rows] == [r["handoff"] for r in data["results"]]
+    assert list(rows[0]) == present.RESULT_COLUMNS
 
 
 def test_pair_facts_lists_the_models(client):
@@ -126,39 +126,63 @@ def test_bad_input_gets_a_clear_error(client):
         client.predict("embedded", "Hi?", "x", 4, False, 0.7, 0, 8, 0.5, "kvcomm", True, 0.8, 10.0, "a,b", api_name="/run")
 
 
-def test_c2c_column_says_why_it_is_off_when_not_registered(monkeypatch):
-    monkeypatch.delitem(HANDOFFS, "c2c", raising=False)
-    assert not ui.c2c_registered()
-    off = ui.c2c_off_result("embedded")
-    assert off["applicable"] is False and "not registered" in off["reason"]
-    stats = ui.stats_markdown(off)
-    assert stats.startswith("**Not applicable:**") and "C2C is off" in stats
+def test_the_run_endpoint_names_every_setting_and_option_in_order():
+    names = ui.run_parameter_names(ui.page_options())
+    assert names[:8] == ["pair", "query", "context", "max_new_tokens", "sample", "temperature", "seed", "message_tokens"]
+    assert names[-1] == "handoffs"
+    # the KVComm options keep the positions scripts used before the registry (alpha: auto, then value)
+    assert names[8:14] == ["kvcomm_ratio", "kvcomm_strategy", "kvcomm_alpha_auto", "kvcomm_alpha", "kvcomm_sigma", "kvcomm_layers"]
+    widgets = sum(spec.inputs for spec in ui.page_options())
+    assert len(names) == 8 + widgets + 1
 
 
-def test_user_text_is_escaped_in_markdown():
-    escaped = ui._md('<img src=x onerror="alert(1)"> *bold* [link](http://x)')
-    assert escaped.count("<") == escaped.count("\\<") == 1 and "\\*bold\\*" in escaped
-    result = {"handoff": "kvcomm", "applicable": False, "reason": "<script>alert(1)</script>"}
-    stats = ui.stats_markdown(result)
-    assert stats.count("<") == stats.count("\\<")
-
-
-def test_build_request_maps_the_form():
-    request = ui.build_request("Q?", "  ", 8, False, 0.7, 3, 16, 0.25, "prior", None, 5.0, "")
+def test_form_values_become_each_handoffs_options():
+    specs = [spec for spec in ui.page_options() if spec.handoff.name == "kvcomm"]
+    values = ui.option_values(specs, [0.25, "prior", True, 0.3, 5.0, ""])
+    assert values == {"kvcomm": {"ratio": 0.25, "strategy": "prior", "alpha": None, "sigma": 5.0, "layers": ""}}
+    request = ui.build_request("Q?", "  ", 8, False, 0.7, 3, 16, values)
     assert request.context is None and request.kvcomm.strategy == "prior" and request.generation.max_new_tokens == 8
-    explicit = ui.build_request("Q?", "ctx", layers="7, 0,3")
+    assert request.kvcomm.alpha is None and request.kvcomm.seed == 3
+    explicit = ui.build_request("Q?", "ctx", options={"kvcomm": {"layers": "7, 0,3"}})
     assert explicit.kvcomm.strategy == "explicit" and explicit.kvcomm.layers == (0, 3, 7)
 
 
 # --- slow: a live run on the real embedded pair -------------------------------------------------
 
 
+def test_the_page_columns_and_plots_come_from_the_registry():
+    columns = ui.column_names()
+    assert columns == [h.name for h in registry.page_handoffs()]
+    assert set(ui.default_columns()) == {"receiver", "text", "c2c", "c2c_control", "kvcomm", "skyline"}
+    assert columns.index("c2c_control") == columns.index("c2c") + 1  # the control sits next to C2C
+    figures = ui.plot_names()
+    assert figures[-2:] == ["latency", "bytes"]
+    assert all(registry.get(name).figure is not None for name in figures[:-2])
+
+
+def test_ticking_a_handoff_shows_its_column_and_figure():
+    demo = ui.build_demo(precomputed={}, sweep=None)
+    show = next(fn for fn in demo.fns.values() if fn.api_name == "show_handoffs")
+    shown = ["receiver", "kvcomm"]
+    updates = show.fn(shown)  # columns are layout blocks: gradio_client does not return them
+    columns = ui.column_names()
+    figures = [name for name in ui.plot_names() if name not in ui.FIXED_PLOTS]
+    visible = [update.get("visible") for update in updates]
+    assert visible == [name in shown for name in columns] + [name in shown for name in figures]
+
+
+def test_walkthrough_has_a_step_per_handoff_shown_at_first():
+    titles = [title for title, _, _ in ui.walkthrough_steps()]
+    described = [h.title for h in registry.page_handoffs() if h.page_default and h.walkthrough]
+    assert len(titles) == len(described) + 3 and all(any(t in title for title in titles) for t in described)
+    assert titles[0].startswith(f"Step 1 of {len(titles)}")
+
+
 @pytest.mark.slow
 def test_run_a_preset_live_gets_every_column_and_every_plot(client, embedded_pair):
     preset = PRESETS[0]  # private context: every handoff applies (C2C when a fuser ships)
     job = client.submit(
-        "embedded", preset.query, preset.context, 4, False, 0.7, 0, 8, 0.5, "kvcomm", True, 0.8, 10.0, "",
-        api_name="/run",
+        pair="embedded", query=preset.query, context=preset.context, max_new_tokens=4, message_tokens=8, api_name="/run",
     )
     outputs = job.result(timeout=600)
     view = split_run_outputs(outputs)
@@ -167,7 +191,7 @@ def test_run_a_preset_live_gets_every_column_and_every_plot(client, embedded_pai
     assert data["precomputed"] is False and data["pair"] == "embedded"
     assert data["request"]["query"] == preset.query
     results = {r["handoff"]: r for r in data["results"]}
-    assert set(results) == set(ui.COLUMNS)
+    assert set(results) == set(ui.default_columns())
     for name in ("receiver", "text", "kvcomm", "skyline"):
         assert results[name]["applicable"], results[name]["reason"]
         assert view["columns"][name]["answer"] == results[name]["answer"]
@@ -189,20 +213,3 @@ def test_run_a_preset_live_gets_every_column_and_every_plot(client, embedded_pai
         assert c2c_plot["layout"]["annotations"]
     # intermediate updates streamed before the final one
     assert len(job.outputs()) > 2
-
-
-def test_sweep_data_on_a_tiny_pair():
-    from tests.conftest import tiny_pair
-
-    items = [{"context": "The code is 4471.", "query": "What is the code?", "answers": ["4471"]}]
-    calls = []
-    data = ui.run_sweep_data(tiny_pair("llama"), ["kvcomm", "random"], 2, items=items, progress=lambda f, desc: calls.append(f))
-    from kvviz.presets import SWEEP_RATIOS
-
-    assert len(data["points"]) == 2 * len(SWEEP_RATIOS)
-    assert set(data["baselines"]) == {"receiver", "skyline"}
-    by_key = {(p["strategy"], p["ratio"]): p for p in data["points"]}
-    assert by_key[("kvcomm", 0.0)]["layers"] == 0 and by_key[("random", 1.0)]["layers"] == by_key[("kvcomm", 1.0)]["layers"] > 0
-    # ratios 0 and 1 run once and are shared; the progress bar reaches the end
-    assert len(data["answers"]) == 2 + 2 + 2 * (len(SWEEP_RATIOS) - 2)
-    assert calls and calls[-1] == pytest.approx(1.0)

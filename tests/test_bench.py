@@ -1,14 +1,15 @@
-"""The benchmark CLI (kvviz.bench) and the performance table (kvviz.perf).
+"""The benchmark (kvviz.bench): running, rows on disk, scoring, summarising, the RESULTS.md writer.
 
 Unit tests run the real bench loop on the tiny random models of ``tests/tiny_models.py`` (the
 engine's ``load_pair`` is pointed at them) with small JSONL datasets written here: resume after an
 interruption, the split over processes and the merged summary, the CSV columns, the confidence
-intervals, the multiple-choice likelihood column. The ``slow`` tests run the real embedded pair.
+intervals, the multiple-choice likelihood column. The ``slow`` test runs the real embedded pair.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -19,10 +20,10 @@ import pytest
 import torch
 
 from kvviz import bench, engine, perf
+from kvviz.bench import report, rows as bench_rows, run, scoring, summary
 from kvviz.cli import build_parser
-from kvviz.data import load_dataset, wilson_interval
-from kvviz.results import HandoffRequest, KVCommOptions
-from tests.conftest import tiny_pair
+from kvviz.data import MC_INSTRUCTION, choice_query, load_dataset, wilson_interval
+from kvviz.handoffs import registry
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,27 +44,6 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
     return path
 
 
-@pytest.fixture()
-def tiny_engine(monkeypatch):
-    """Point the bench at the tiny gemma pair and count handoff calls."""
-    pair = tiny_pair("gemma")
-    monkeypatch.setattr(engine, "load_pair", lambda *a, **k: pair)
-    calls = []
-    real = engine.run_handoff
-
-    def counting(name, loaded, request, on_token=None):
-        calls.append((name, request.query, request.kvcomm.ratio, request.kvcomm.strategy))
-        return real(name, loaded, request, on_token)
-
-    monkeypatch.setattr(engine, "run_handoff", counting)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add overhead, badly so on a busy machine
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "ACCELERATE_PROCESS_INDEX", "ACCELERATE_NUM_PROCESSES"):
-        monkeypatch.delenv(name, raising=False)
-    yield pair, calls
-    torch.set_num_threads(threads)
-
-
 def bench_args(dataset: Path, out: Path, *extra: str):
     return build_parser().parse_args(
         ["bench", "--pair", "tiny", "--dataset", str(dataset), "--out", str(out), "--quiet", "--max-new-tokens", "4",
@@ -79,33 +59,33 @@ def read_csv(path: Path) -> list[dict]:
 # --- variants, scoring, summary ---------------------------------------------------------------
 
 
-def test_kvcomm_becomes_one_variant_per_strategy_and_ratio():
-    variants = bench.expand_variants(["receiver", "kvcomm", "text"], [0.3, 0.5], ["kvcomm", "random"])
-    assert [v.label for v in variants] == [
-        "receiver", "kvcomm@0.3", "kvcomm@0.5", "kvcomm-random@0.3", "kvcomm-random@0.5", "text"
-    ]
-    assert variants[1].handoff == "kvcomm" and variants[1].ratio == 0.3 and variants[1].strategy == "kvcomm"
+def test_variants_come_from_the_registry_and_bad_values_are_refused():
+    variants = run.expand_variants(["receiver", "text"])
+    assert [(v.label, v.handoff, v.options) for v in variants] == [("receiver", "receiver", {}), ("text", "text", {})]
     with pytest.raises(ValueError, match="Unknown handoff"):
-        bench.expand_variants(["telepathy"], [0.5], ["kvcomm"])
-    with pytest.raises(ValueError, match="strategy"):
-        bench.expand_variants(["kvcomm"], [0.5], ["best"])
+        run.expand_variants(["telepathy"])
+    with pytest.raises(ValueError, match="not one of"):
+        run.expand_variants(["kvcomm"], {"kvcomm": {"strategy": "best"}})
     with pytest.raises(ValueError, match="between 0 and 1"):
-        bench.expand_variants(["kvcomm"], [1.5], ["kvcomm"])
+        run.expand_variants(["kvcomm"], {"kvcomm": {"ratio": "1.5"}})
+    with pytest.raises(ValueError, match="listed twice"):
+        run.expand_variants(["receiver", "receiver"])
 
 
 def test_answer_scoring_open_and_choice():
     record = load_dataset_record(OPEN_RECORDS[0])
-    scored = bench.score_answer(record, "The United States.")
+    scored = scoring.score_answer(record, "The United States.")
     assert scored["kind"] == "open" and scored["correct_f1"] == 1 and scored["correct_contains"] == 1
-    scored = bench.score_answer(record, "It is in the United States of America, I think")
+    scored = scoring.score_answer(record, "It is in the United States of America, I think")
     assert scored["correct_f1"] == 0 and scored["correct_contains"] == 1  # the two metrics disagree: both kept
     choice = load_dataset_record(CHOICE_RECORDS[1])  # answer B (Paris)
-    scored = bench.score_answer(choice, "B. Paris")
+    scored = scoring.score_answer(choice, "B. Paris")
     assert scored["kind"] == "choice" and scored["correct_letter"] == 1 and scored["correct"] == 1
     assert scored["gold_letter"] == "B" and scored["gold"] == "B. Paris"
-    assert bench.score_answer(choice, "A")["correct_letter"] == 0
-    query = bench.record_query(choice)
-    assert "A. pineapple\nB. Paris" in query and query.endswith(bench.MC_INSTRUCTION)
+    assert scoring.score_answer(choice, "A")["correct_letter"] == 0
+    query = choice_query(choice)  # the one multiple-choice prompt (eval-fuser asks the same)
+    assert "A. pineapple\nB. Paris" in query and query.endswith(MC_INSTRUCTION)
+    assert choice_query(record) == record.question
 
 
 def load_dataset_record(obj: dict):
@@ -124,17 +104,18 @@ def test_summary_accuracy_intervals_and_latency_statistics():
                      "time_total": str(i + 1), "time_receiver_prefill": "0.5", "ttft": "0.1", "bytes": "100",
                      "flops_total": "1e9"})
     rows.append({"variant": "b", "handoff": "b", "kind": "open", "applicable": "0", "reason": "no fuser"})
-    summary = bench.summarize(rows, order=["b", "a"])
-    assert [entry["variant"] for entry in summary] == ["b", "a"]
-    a = summary[1]
+    table = summary.summarize(rows, order=["b", "a"])
+    assert list(table["variant"]) == ["b", "a"]
+    entries = summary.records(table)
+    a = entries[1]
     assert a["acc_f1"] == pytest.approx(0.7) and a["n_f1"] == 10
     low, high = wilson_interval(7, 10)
     assert (a["acc_f1_low"], a["acc_f1_high"]) == pytest.approx((low, high))
     assert 0.39 < low < 0.40 and 0.89 < high < 0.90  # Wilson 7/10 by hand: [0.397, 0.892]
     assert a["acc_contains"] == pytest.approx(0.9)
     assert a["time_total_mean"] == pytest.approx(5.5) and a["time_total_median"] == pytest.approx(5.5)
-    assert summary[0]["applicable"] == 0 and summary[0]["acc_f1"] is None
-    text = bench.summary_markdown(summary)
+    assert entries[0]["applicable"] == 0 and entries[0]["acc_f1"] is None
+    text = summary.summary_markdown(table)
     assert "| a | 10 | 0.70 [0.40, 0.89] | 0.90 [0.60, 0.98] |" in text
     assert "b: no fuser" in text
 
@@ -148,12 +129,12 @@ def test_bench_writes_rows_summary_and_figures(tmp_path, tiny_engine):
     args = bench_args(dataset, out, "--handoffs", "receiver,skyline,text,kvcomm", "--ratios", "0.3,1.0", "--limit", "3")
     assert bench.main(args) == 0
     rows = read_csv(out / "rows.csv")
-    assert list(rows[0]) == bench.COLUMNS
+    assert list(rows[0]) == bench_rows.COLUMNS
     assert len(rows) == 3 * 5
     assert {row["variant"] for row in rows} == {"receiver", "skyline", "text", "kvcomm@0.3", "kvcomm@1"}
     for row in rows:
         assert row["applicable"] == "1"
-        for column in bench.TIME_COLUMNS + ["bytes", "flops_total", "f1", "correct_f1", "correct_contains"]:
+        for column in bench_rows.TIME_COLUMNS + ["bytes", "flops_total", "f1", "correct_f1", "correct_contains"]:
             assert row[column] != "", column
         assert float(row["time_total"]) > 0
     kv_rows = [row for row in rows if row["variant"].startswith("kvcomm")]
@@ -162,8 +143,8 @@ def test_bench_writes_rows_summary_and_figures(tmp_path, tiny_engine):
     by = {(row["sample_id"], row["variant"]): row for row in rows}
     for sample in {row["sample_id"] for row in rows}:
         assert by[(sample, "kvcomm@1")]["answer"] == by[(sample, "skyline")]["answer"]
-    summary = read_csv(out / "summary.csv")
-    assert [entry["variant"] for entry in summary] == ["receiver", "skyline", "text", "kvcomm@0.3", "kvcomm@1"]
+    table = read_csv(out / "summary.csv")
+    assert [entry["variant"] for entry in table] == ["receiver", "skyline", "text", "kvcomm@0.3", "kvcomm@1"]
     assert (out / "summary.md").read_text().count("\n| ") >= 5
     html = (out / "figures.html").read_text()
     assert "plotly" in html.lower() and "Wilson" in html
@@ -235,26 +216,27 @@ def test_split_over_two_processes_merges_into_one_summary(tmp_path, tiny_engine,
     assert bench.main(bench_args(dataset, out, *args)) == 0
     part0, part1 = read_csv(out / "rows.part-0-of-2.csv"), read_csv(out / "rows.part-1-of-2.csv")
     assert {r["sample_index"] for r in part0} == {"0", "2", "4"} and {r["sample_index"] for r in part1} == {"1", "3"}
-    summary = read_csv(out / "summary.csv")
-    assert [(s["variant"], s["samples"]) for s in summary] == [("receiver", "5"), ("skyline", "5")]
+    table = read_csv(out / "summary.csv")
+    assert [(s["variant"], s["samples"]) for s in table] == [("receiver", "5"), ("skyline", "5")]
     # --summarize rebuilds the same table from the part files
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.delenv("RANK")
     assert bench.main(bench_args(dataset, out, "--summarize")) == 0
-    assert read_csv(out / "summary.csv") == summary
+    assert read_csv(out / "summary.csv") == table
 
 
-def test_unavailable_handoff_gets_rows_that_say_why(tmp_path, tiny_engine, monkeypatch):
-    from kvviz.handoffs import HANDOFFS
+def test_a_handoff_that_does_not_apply_gets_rows_that_say_why_without_running(tmp_path, tiny_engine, monkeypatch):
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a handoff that does not apply must not run")
 
-    monkeypatch.setitem(bench.PENDING_HANDOFFS, "telepathy", "telepathy not available in this version of kvviz")
-    monkeypatch.delitem(HANDOFFS, "telepathy", raising=False)
+    # the tiny pair has no fuser: C2C does not apply
+    monkeypatch.setitem(registry.HANDOFFS, "c2c", dataclasses.replace(registry.get("c2c"), run=must_not_run))
     dataset = write_jsonl(tmp_path / "open.jsonl", OPEN_RECORDS)
     out = tmp_path / "run"
-    bench.main(bench_args(dataset, out, "--handoffs", "receiver,telepathy", "--limit", "2"))
-    rows = [r for r in read_csv(out / "rows.csv") if r["variant"] == "telepathy"]
-    assert len(rows) == 2 and all(r["applicable"] == "0" and "not available" in r["reason"] for r in rows)
-    assert "telepathy: telepathy not available" in (out / "summary.md").read_text()
+    bench.main(bench_args(dataset, out, "--handoffs", "receiver,c2c", "--limit", "2"))
+    rows = [r for r in read_csv(out / "rows.csv") if r["variant"] == "c2c"]
+    assert len(rows) == 2 and all(r["applicable"] == "0" and "No trained C2C fuser" in r["reason"] for r in rows)
+    assert "c2c: No trained C2C fuser" in (out / "summary.md").read_text()
 
 
 # --- multiple choice: the letter and the likelihood column -----------------------------------
@@ -278,14 +260,14 @@ def test_multiple_choice_rows_have_letter_and_likelihood(tmp_path, tiny_engine):
 
 
 def test_option_scores_equal_a_direct_forward(tiny_engine):
-    from kvviz import cache as kv
+    from kvviz.handoffs.common import read_prompt
     from kvviz.prompts import build_segments, encode
 
     pair, _ = tiny_engine
     model = pair.receiver
     prompt = build_segments(model.tokenizer, "What is the secret code word?", "The secret code word is pineapple.").input_ids
     options = ["pineapple", "the lazy dog"]
-    scores = bench.option_scores(model, kv.KVState(), prompt, options)
+    scores = scoring.option_scores(read_prompt(model, prompt), options)
     for option, score in zip(options, scores):
         ids = encode(model.tokenizer, " " + option)
         with torch.no_grad():
@@ -295,62 +277,9 @@ def test_option_scores_equal_a_direct_forward(tiny_engine):
         assert score == pytest.approx(expected / len(option.encode()), abs=1e-4)
 
 
-def test_likelihood_state_of_kvcomm_with_every_layer_equals_skyline(tiny_engine):
-    pair, _ = tiny_engine
-    request = HandoffRequest(query="What is the secret code word?", context="The secret code word is pineapple.",
-                             kvcomm=KVCommOptions(ratio=1.0))
-    result = engine.run_handoff("kvcomm", pair, request)
-    options = ["pineapple", "Paris", "the lazy dog"]
-    scores = {}
-    for name in ("skyline", "kvcomm"):
-        (model, state, ids), note = bench._receiver_prompt_state(pair, bench.Variant(name, name), request, result)
-        assert note == ""
-        scores[name] = bench.option_scores(model, state, ids, options)
-    assert scores["kvcomm"] == pytest.approx(scores["skyline"], abs=1e-4)
-    built, note = bench._receiver_prompt_state(pair, bench.Variant("c2c", "c2c"), request, result)
-    assert built is None and note.startswith("not computed")
-
-
-# --- perf ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("length", [80, 121, 200])
-def test_synthetic_context_has_the_exact_token_length(tiny_engine, length):
-    from kvviz.prompts import build_segments
-
-    pair, _ = tiny_engine
-    text, measured = perf.synthetic_context(pair.receiver.tokenizer, length)
-    assert measured == length == len(build_segments(pair.receiver.tokenizer, perf.QUESTION, text).context_ids)
-    assert perf.FACT in text
-    middle = (text.index(perf.FACT) + len(perf.FACT) / 2) / len(text)
-    assert 0.35 < middle < 0.65
-
-
-def test_peak_memory_sees_a_large_allocation():
-    with perf.PeakMemory(torch.device("cpu")) as meter:
-        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
-        float(block.sum())
-        del block
-    assert meter.peak_bytes >= 32 * 2**20  # sampled every ms: most of it is seen
-
-
-def test_perf_report_on_the_tiny_pair(tiny_engine):
-    pair, _ = tiny_engine
-    report = perf.measure(pair, [80, 120], repeats=2, message_tokens=4)
-    curve = report["context_curve"]
-    assert [row["context_tokens"] for row in curve] == [80, 120]
-    entry = curve[1]["kvcomm"]["kvcomm@0.3"]
-    assert entry["ttft_ratio_receiver"]["n"] == 2 and entry["ttft_ratio_receiver"]["median"] > 0
-    assert entry["flops_ratio_receiver"] < entry["flops_ratio_e2e"]
-    table, measured = curve[1]["kvcomm_bytes"], curve[1]["kvcomm_bytes_measured"]
-    assert table["kvcomm@0.3"] < table["kvcomm@0.5"] < table["kvcomm@1"]
-    assert set(measured) == {"kvcomm@0.3", "kvcomm@0.5", "kvcomm@1"}  # real runs at the memory length
-    assert all(measured[label] == table[label] for label in measured)  # the bytes formula is exact
-    assert report["shared_question"]["c2c_unavailable"].startswith("c2c not available")
-    assert set(report["memory"]["peak_bytes"]) >= {"receiver", "skyline", "text", "kvcomm@0.3"}
-    text = perf.markdown(report)
-    assert "C2C / text latency | c2c not available" in text and "receiver-side" in text and "end-to-end" in text
-    json.dumps(report)  # plain data
+def test_every_handoff_either_rebuilds_its_receiver_or_says_why():
+    for handoff in registry.all_handoffs():
+        assert handoff.receiver_prompt is not None or handoff.no_receiver_prompt.startswith("not computed"), handoff.name
 
 
 # --- slow: the real embedded pair ------------------------------------------------------------
@@ -392,7 +321,7 @@ def test_results_markdown_from_runs_and_perf(tmp_path, tiny_engine):
     (tmp_path / "perf").mkdir()
     (tmp_path / "perf" / "perf.json").write_text(json.dumps(perf.measure(pair, [80], repeats=1, message_tokens=4)))
     path = tmp_path / "RESULTS.md"
-    bench.write_results_markdown(str(path), [f"Open={tmp_path / 'open'}", f"Choice={tmp_path / 'mc'}"], str(tmp_path / "perf"), "make")
+    report.write_results_markdown(str(path), [f"Open={tmp_path / 'open'}", f"Choice={tmp_path / 'mc'}"], str(tmp_path / "perf"), "make")
     text = path.read_text()
     assert "| handoff | Open (F1>0.5, n=2) | Open (contains, n=2) | Choice (letter, n=2) | Choice (likelihood, n=2) |" in text
     assert "| skyline |" in text and "not run" in text  # skyline was not run on the choice set

@@ -134,6 +134,8 @@ def test_page_loads_with_precomputed_plots_then_runs_a_preset_live(page, embedde
         assert textbox_value(page, f"kv-answer-{name}").strip(), f"{name} has no answer"
     c2c_stats = page.locator("#kv-stats-c2c").inner_text()
     assert "total" in c2c_stats or "Not applicable" in c2c_stats
+    control_stats = page.locator("#kv-stats-c2c_control").inner_text()
+    assert "total" in control_stats or "Not applicable" in control_stats
 
     layers = embedded_pair.receiver.facts.num_layers
     kvcomm = bar_counts(page, "kv-plot-kvcomm")
@@ -141,7 +143,7 @@ def test_page_loads_with_precomputed_plots_then_runs_a_preset_live(page, embedde
     assert kvcomm["__rendered"] == 3 * layers  # every bar drawn
     latency = bar_counts(page, "kv-plot-latency")
     assert len([k for k in latency if k != "__rendered"]) == 5  # one trace per stage
-    applicable_columns = 4 + int("total" in c2c_stats)
+    applicable_columns = 4 + int("total" in c2c_stats) + int("total" in control_stats)
     assert all(v == applicable_columns for k, v in latency.items() if k != "__rendered")
     assert bar_counts(page, "kv-plot-bytes")["bytes"] >= 2  # text and KVComm send something
     c2c = bar_counts(page, "kv-plot-c2c")
@@ -165,4 +167,19 @@ def test_html_typed_into_the_query_is_shown_as_text(page):
     page.locator("#kv-col-receiver").get_by_text("What each model saw").click()
     assert payload in textbox_value(page, "kv-seen-receiver")
     page.screenshot(path=str(artifacts_dir() / "browser-html-query.png"), full_page=True)
+    assert not page.errors, page.errors
+
+
+def test_ticking_a_handoff_shows_its_column_with_no_page_code_for_it(page):
+    """AC and CIPHER are registered handoffs off the page at first: ticking them shows their
+    columns (and their precomputed results), without a line of the page's code naming them."""
+    from kvviz.handoffs import registry
+
+    page.locator("#kv-plot-latency .js-plotly-plot .main-svg").first.wait_for(timeout=60_000)
+    for name in ("ac", "cipher"):
+        assert not page.locator(f"#kv-col-{name}").is_visible()
+        page.locator("#kv-handoffs").get_by_text(registry.get(name).title).click()
+        page.locator(f"#kv-col-{name}").wait_for(state="visible", timeout=30_000)
+        assert registry.get(name).title in page.locator(f"#kv-col-{name}").inner_text()
+    page.locator("#kv-plot-ac .js-plotly-plot").first.wait_for(state="visible", timeout=30_000)
     assert not page.errors, page.errors

@@ -323,3 +323,53 @@ def test_private_context_goes_to_the_sharer_only(pair, tmp_path):
     result = run_handoff("c2c", pair, request(tmp_path / "private", context=CONTEXT))
     assert result.details["receiver_sees_context"] is False
     assert result.answer_ids == run_handoff("receiver", pair, request(None, context=CONTEXT)).answer_ids
+
+
+# --- the descriptor's figure (hand-made records, no models) ------------------------------------
+
+
+def test_c2c_figure_gates_and_head_heatmaps():
+    from tests.test_plots import c2c_result
+
+    result = c2c_result(num_layers=4, heads=3)
+    figure = c2c.gates_figure(result)
+    data = figure.to_dict()["data"]
+    gates = {t["meta"]["series"]: t for t in data if t["type"] == "bar"}
+    assert set(gates) == {"gate_k", "gate_v"}
+    for kind in ("k", "v"):
+        trace = gates[f"gate_{kind}"]
+        assert list(trace["x"]) == [0, 1, 2, 3]
+        assert list(trace["y"]) == [r[f"gate_{kind}"] for r in result["layers"]]
+        opened = [r[f"gate_{kind}_open"] for r in result["layers"]]
+        # open gates in colour, closed ones pale grey
+        assert [c != c2c.GATE_CLOSED_COLOR for c in trace["marker"]["color"]] == opened
+    heatmaps = {t["meta"]["series"]: t for t in data if t["type"] == "heatmap"}
+    assert set(heatmaps) == {"head_weights_k", "head_weights_v"}
+    for kind in ("k", "v"):
+        z = heatmaps[f"head_weights_{kind}"]["z"]
+        assert len(z) == 3 and all(len(row) == 4 for row in z)  # KV heads x layers
+        assert list(heatmaps[f"head_weights_{kind}"]["x"]) == [0, 1, 2, 3]
+        per_layer = [list(column) for column in zip(*z)]
+        assert per_layer == [r[f"head_weights_{kind}"] for r in result["layers"]]
+    assert "2 K gates and 2 V gates open of 4 layers" in figure.layout.title.text
+
+
+def test_c2c_figure_off_says_why():
+    from kvviz.results import HandoffResult
+
+    off = HandoffResult.not_applicable("c2c", "hand", "No trained C2C fuser for pair 'hand'.").to_dict()
+    figure = c2c.gates_figure(off)
+    assert not figure.to_dict()["data"]
+    assert "No trained C2C fuser" in figure.layout.annotations[0].text.replace("<br>", " ")
+
+
+def test_fuser_requirement_is_checked_at_once_and_the_option_sets_the_request(pair, tmp_path, monkeypatch):
+    from kvviz.handoffs import registry
+
+    monkeypatch.setattr(c2c, "ASSETS_DIR", tmp_path / "none")
+    for name in ("c2c", "c2c_control"):
+        reason = registry.get(name).applicable(pair, HandoffRequest(query="Q?"))
+        assert reason and "fuser" in reason
+    request = registry.get("c2c").with_options(HandoffRequest(query="Q?"), {"fuser": str(tmp_path)})
+    assert request.c2c_fuser == str(tmp_path)
+    assert registry.get("c2c").with_options(HandoffRequest(query="Q?"), {}).c2c_fuser is None

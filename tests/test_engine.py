@@ -498,3 +498,56 @@ def test_request_round_trips_through_plain_data():
     assert HandoffRequest.from_dict(original.to_dict()) == original
     calibrated = request(calibration="sample", calibration_sample=("A context.", "A question?"), alpha="paper")
     assert HandoffRequest.from_dict(json.loads(json.dumps(calibrated.to_dict()))) == calibrated
+
+
+def test_decode_steps_without_a_mask_equal_the_masked_path(tiny, monkeypatch):
+    """A decode step under a plan skips the mask when its token may see every key; the logits must
+    equal those of the masked path, through and past the tiny Gemma's sliding window of 8."""
+    from kvviz.attention import AttentionPlan
+
+    model = tiny.receiver
+    segments = build_segments(model.tokenizer, QUERY, CONTEXT)
+
+    def decode_logits() -> list[torch.Tensor]:
+        sender = kv.KVState()
+        prefill(model, sender, segments.context_ids, need_logits=False)
+        state = kv.splice_prefix(sender.cache, model.facts.num_layers, {0, 1})
+        step, _ = prefill(model, state, segments.query_ids)
+        logits = []
+        for _ in range(12):
+            logits.append(step.logits)
+            step, _ = prefill(model, state, [step.greedy_token()])
+        return logits
+
+    skipped = decode_logits()
+    monkeypatch.setattr(AttentionPlan, "sees_every_key", lambda *args: False)
+    masked = decode_logits()
+    for fast, slow in zip(skipped, masked):
+        assert torch.allclose(fast, slow, atol=1e-5)
+
+
+def test_sees_every_key_respects_the_sliding_window():
+    from kvviz.attention import AttentionPlan
+
+    plan = AttentionPlan(prefix_positions={0: torch.arange(5)})
+    # layer 0: prefix keys at 0..4, then 3 own keys at 8, 9, 10 (query at 10)
+    assert plan.sees_every_key(0, 8, 10, None)
+    assert plan.sees_every_key(0, 8, 10, 11)
+    assert not plan.sees_every_key(0, 8, 10, 10)  # key 0 is 10 positions back: outside a window of 10
+    # layer 1 holds own keys only: 6 keys ending at the query position 10 (positions 5..10)
+    assert plan.sees_every_key(1, 6, 10, 6) and not plan.sees_every_key(1, 6, 10, 5)
+
+
+def test_prefill_from_vectors_equals_prefill_from_tokens(tiny):
+    """Feeding a prompt's own embeddings as vectors is the same forward as feeding its ids."""
+    from kvviz.decode import prefill_vectors
+
+    model = tiny.receiver
+    segments = build_segments(model.tokenizer, "What is the code?", "The code is 4471.")
+    by_ids, by_vectors = kv.KVState(), kv.KVState()
+    expected, _ = prefill(model, by_ids, segments.input_ids)
+    embeddings = model.model.get_input_embeddings()(torch.tensor(segments.input_ids))
+    got = prefill_vectors(model, by_vectors, embeddings)
+    assert torch.allclose(got.logits, expected.logits, atol=1e-5) and by_vectors.next_position == by_ids.next_position
+    with pytest.raises(ValueError, match="vectors"):
+        prefill_vectors(model, kv.KVState(), embeddings[:, :3])

@@ -85,3 +85,23 @@ def test_cli_run_must_show_command():
         assert set(result["seen"]) >= {"receiver"}
     assert results["text"]["seen"]["message"] and results["text"]["bytes_communicated"] > 0
     assert results["kvcomm"]["bytes_communicated"] > 0 and len(results["kvcomm"]["layers"]) == 18
+
+
+def test_cli_runs_ac_and_cipher_with_their_per_layer_records():
+    """Issue 11's must-show command: both new handoffs through the CLI on the real pair that
+    shares an embedding space."""
+    done = subprocess.run(
+        [sys.executable, "-m", "kvviz", "run", "--pair", "embedded-gemma", "--context", UMA_CONTEXT, "--query", UMA_QUERY,
+         "--handoffs", "ac,cipher", "--max-new-tokens", "8", "--message-tokens", "12", "--json"],
+        capture_output=True, text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    results = {r["handoff"]: r for r in json.loads(done.stdout)["results"]}
+    assert list(results) == ["ac", "cipher"]
+    for result in results.values():
+        assert result["applicable"], result["reason"]
+        assert result["answer"] and result["bytes_communicated"] > 0
+        assert len(result["layers"]) == 18  # Gemma-3-270M's layers
+    assert results["ac"]["bytes_communicated"] == 640 * 4  # one float32 vector of the hidden size
+    assert sum(r["injected"] for r in results["ac"]["layers"]) == 1
+    assert results["cipher"]["seen"]["message"] and results["cipher"]["details"]["steps"]

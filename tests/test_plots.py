@@ -1,5 +1,6 @@
-"""The figures of kvviz.plots on hand-made results (no models): bars per layer, highlighting of
-selected layers and open gates, one colour per handoff everywhere, lists not base64 arrays."""
+"""The figures across handoffs (kvviz.plots) on hand-made results, no models: stages stacked in
+the handoff's colour, bytes on a log scale, the sweep, one colour per handoff everywhere, lists
+not base64 arrays, fixed heights. Each handoff's own figure is tested with its handoff."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import pytest
 
 from kvviz import plots
+from kvviz.handoffs import c2c, kvcomm, registry
 from kvviz.results import STAGES, HandoffResult
 
 NUM_LAYERS = 6
@@ -18,11 +20,15 @@ def kvcomm_result() -> dict:
     layers = [
         {
             "layer": layer,
-            "attention_raw": 0.1 * layer,
-            "attention_norm": layer / (NUM_LAYERS - 1),
+            "sent": "context" if layer in SELECTED else "sink",
+            "selected": layer in SELECTED,
+            "forced": layer == 0,
+            "calibration_attention": 0.1 * layer,
+            "calibration_attention_norm": layer / (NUM_LAYERS - 1),
+            "query_attention": 0.05 * layer,
+            "query_attention_norm": layer / (NUM_LAYERS - 1),
             "prior": 1.0 - abs(layer - 2.5) / 2.5,
             "score": 0.5,
-            "selected": layer in SELECTED,
         }
         for layer in range(NUM_LAYERS)
     ]
@@ -91,63 +97,6 @@ def bar_traces(figure) -> list[dict]:
     return [t for t in figure.to_dict()["data"] if t["type"] == "bar"]
 
 
-def test_kvcomm_figure_has_one_bar_per_layer_per_series_and_highlights_selected():
-    figure = plots.kvcomm_layers_figure(kvcomm_result())
-    bars = bar_traces(figure)
-    assert [t["meta"]["series"] for t in bars] == ["attention_norm", "prior", "score"]
-    for trace in bars:
-        assert list(trace["x"]) == list(range(NUM_LAYERS))
-        assert len(trace["y"]) == NUM_LAYERS
-        outlined = {layer for layer, color in zip(trace["x"], trace["marker"]["line"]["color"]) if color == plots.SELECTED_OUTLINE}
-        assert outlined == SELECTED
-        opaque = {layer for layer, opacity in zip(trace["x"], trace["marker"]["opacity"]) if opacity == 1.0}
-        assert opaque == SELECTED
-    markers = [t for t in figure.to_dict()["data"] if t["meta"]["series"] == "selected"][0]
-    assert sorted(markers["x"]) == sorted(SELECTED)
-    assert markers["marker"]["color"] == plots.color_of("kvcomm")
-    assert plots.bar_counts(figure) == {"attention_norm": NUM_LAYERS, "prior": NUM_LAYERS, "score": NUM_LAYERS}
-    assert "3 of 6 layers sent" in figure.layout.title.text
-
-
-def test_kvcomm_figure_for_not_applicable_result_says_why():
-    result = HandoffResult.not_applicable("kvcomm", "hand", "KVComm needs a private context.").to_dict()
-    figure = plots.kvcomm_layers_figure(result)
-    assert not bar_traces(figure)
-    assert "needs a private context" in figure.layout.annotations[0].text
-    assert "Run a preset" in plots.kvcomm_layers_figure(None).layout.annotations[0].text
-
-
-def test_c2c_figure_gates_and_head_heatmaps():
-    result = c2c_result(num_layers=4, heads=3)
-    figure = plots.c2c_figure(result)
-    data = figure.to_dict()["data"]
-    gates = {t["meta"]["series"]: t for t in data if t["type"] == "bar"}
-    assert set(gates) == {"gate_k", "gate_v"}
-    for kind in ("k", "v"):
-        trace = gates[f"gate_{kind}"]
-        assert list(trace["x"]) == [0, 1, 2, 3]
-        assert list(trace["y"]) == [r[f"gate_{kind}"] for r in result["layers"]]
-        opened = [r[f"gate_{kind}_open"] for r in result["layers"]]
-        # open gates in colour, closed ones pale grey
-        assert [c != plots.GATE_CLOSED_COLOR for c in trace["marker"]["color"]] == opened
-    heatmaps = {t["meta"]["series"]: t for t in data if t["type"] == "heatmap"}
-    assert set(heatmaps) == {"head_weights_k", "head_weights_v"}
-    for kind in ("k", "v"):
-        z = heatmaps[f"head_weights_{kind}"]["z"]
-        assert len(z) == 3 and all(len(row) == 4 for row in z)  # KV heads x layers
-        assert list(heatmaps[f"head_weights_{kind}"]["x"]) == [0, 1, 2, 3]
-        per_layer = [list(column) for column in zip(*z)]
-        assert per_layer == [r[f"head_weights_{kind}"] for r in result["layers"]]
-    assert "2 K gates and 2 V gates open of 4 layers" in figure.layout.title.text
-
-
-def test_c2c_figure_off_says_why():
-    off = HandoffResult.not_applicable("c2c", "hand", "C2C is off in this build: not registered.").to_dict()
-    figure = plots.c2c_figure(off)
-    assert not figure.to_dict()["data"]
-    assert "C2C is off" in figure.layout.annotations[0].text.replace("<br>", " ")
-
-
 def test_latency_stacks_every_stage_with_the_handoff_colours():
     results = all_results()
     figure = plots.latency_figure(results)
@@ -206,7 +155,8 @@ def test_one_colour_per_handoff_everywhere():
     bytes_bar = {t["meta"]["series"]: t for t in bar_traces(figures["bytes"])}["bytes"]
     for label, color in zip(bytes_bar["x"], bytes_bar["marker"]["color"]):
         assert by_label[label] == color
-    assert len(set(plots.HANDOFF_COLORS.values())) == len(plots.HANDOFF_COLORS)
+    colors = [handoff.color for handoff in registry.all_handoffs()]
+    assert len(set(colors)) == len(colors)
 
 
 def test_figures_are_plain_json_lists_not_base64():
@@ -222,11 +172,23 @@ def test_each_figure_keeps_its_height_when_empty():
     results = all_results()
     off = HandoffResult.not_applicable("c2c", "hand", "off").to_dict()
     pairs = {
-        "kvcomm": (plots.kvcomm_layers_figure(None), plots.kvcomm_layers_figure(kvcomm_result())),
-        "c2c": (plots.c2c_figure(off), plots.c2c_figure(c2c_result())),
         "latency": (plots.latency_figure([]), plots.latency_figure(results)),
         "bytes": (plots.bytes_figure([]), plots.bytes_figure(results)),
         "sweep": (plots.sweep_figure(None), plots.sweep_figure({"points": [{"strategy": "kvcomm", "ratio": 0.5, "accuracy": 1.0}]})),
     }
     for name, (empty, full) in pairs.items():
         assert empty.layout.height == full.layout.height == plots.HEIGHTS[name], name
+    handoff_figures = {
+        kvcomm.FIGURE_HEIGHT: (kvcomm.layers_figure(None), kvcomm.layers_figure(kvcomm_result())),
+        c2c.FIGURE_HEIGHT: (c2c.gates_figure(off), c2c.gates_figure(c2c_result())),
+    }
+    for height, (empty, full) in handoff_figures.items():
+        assert empty.layout.height == full.layout.height == height
+
+
+def test_all_figures_has_each_handoffs_own_figure_and_the_shared_ones():
+    figures = plots.all_figures(all_results())
+    assert set(figures) == set(plots.layer_figure_handoffs()) | {"latency", "bytes"}
+    assert {"kvcomm", "c2c"} <= set(figures)
+    only = plots.all_figures(all_results(), ["receiver", "kvcomm"])
+    assert set(only) == {"kvcomm", "latency", "bytes"}

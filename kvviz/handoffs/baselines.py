@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kvviz.handoffs.common import LoadedPair, TokenCallback, single_model_result
+from kvviz.handoffs.common import LoadedPair, TokenCallback, read_prompt, single_model_result
+from kvviz.handoffs.registry import Handoff, needs_context
 from kvviz.prompts import build_segments
 from kvviz.results import HandoffRequest, HandoffResult
 
@@ -27,3 +28,78 @@ def skyline(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback |
         )
     segments = build_segments(pair.receiver.tokenizer, request.query, request.context)
     return single_model_result("skyline", pair, pair.receiver, segments, request, "receiver", on_token)
+
+
+# --- descriptors ------------------------------------------------------------------------------
+
+
+def _receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult):
+    return read_prompt(pair.receiver, build_segments(pair.receiver.tokenizer, request.query).input_ids)
+
+
+def _sharer_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult):
+    return read_prompt(pair.sharer, build_segments(pair.sharer.tokenizer, request.query, request.context).input_ids)
+
+
+def _skyline_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult):
+    return read_prompt(pair.receiver, build_segments(pair.receiver.tokenizer, request.query, request.context).input_ids)
+
+
+HANDOFFS = (
+    Handoff(
+        name="receiver",
+        title="Receiver alone",
+        label="Receiver",
+        color="#7f7f7f",  # grey: nothing shared
+        summary="the receiver alone on the query (nothing shared)",
+        explanation=(
+            "The receiver model answers the question by itself. Nothing comes from the other model, so "
+            "this is the floor: any handoff worth having should beat it."
+        ),
+        run=receiver_alone,
+        receiver_prompt=_receiver_prompt,
+        role="floor",
+        page=0,
+        page_default=True,
+        walkthrough=(
+            "Look at the grey column. The receiver never saw the note, so it can only guess. Open *What each "
+            "model saw* under it: the prompt holds the question and nothing else."
+        ),
+    ),
+    Handoff(
+        name="sharer",
+        title="Sharer alone",
+        label="Sharer",
+        color="#D55E00",  # vermillion
+        summary="the sharer alone, with whatever context it holds",
+        explanation=(
+            "The sharer answers by itself, with the private context it holds. Not a handoff: it shows what "
+            "the sharer knows, so you can tell whether a handoff's failure is the sharer's or the trip's."
+        ),
+        run=sharer_alone,
+        receiver_prompt=_sharer_prompt,
+        page=90,
+    ),
+    Handoff(
+        name="skyline",
+        title="Skyline: sees everything",
+        label="Skyline",
+        color="#CC79A7",  # purple
+        summary="the receiver given context and query in one prompt (upper bound)",
+        explanation=(
+            "The receiver gets the context and the question in one prompt, as if it knew everything itself. "
+            "No handoff can do better than this, so it is the ceiling."
+        ),
+        run=skyline,
+        needs=("a private context",),
+        applicable=needs_context("Skyline needs a private context; without one it is the receiver alone."),
+        receiver_prompt=_skyline_prompt,
+        role="ceiling",
+        page=50,
+        page_default=True,
+        walkthrough=(
+            "Skyline (purple) gives the receiver the note directly, in its own prompt: the best any handoff "
+            "can hope for. Compare each column's answer with this one."
+        ),
+    ),
+)

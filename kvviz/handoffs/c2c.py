@@ -21,19 +21,24 @@ the pair's architecture fingerprint (models, KV shapes, tokenizer hash), whateve
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+import plotly.graph_objects as go
 import torch
+from plotly.subplots import make_subplots
 
 from kvviz import cache as kv
 from kvviz.align import align_prompt
 from kvviz.decode import generate, prefill
 from kvviz.fuser import C2CFuser, FuserError, checkpoint_label, fingerprints_match, load_fuser, model_fingerprint, read_config
 from kvviz.handoffs.common import LoadedPair, TokenCallback
+from kvviz.handoffs.registry import Handoff, Option
 from kvviz.measure import StageTimer, decode_flops, forward_flops
+from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
 from kvviz.results import HandoffRequest, HandoffResult
 
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets" / "fusers"
@@ -247,3 +252,186 @@ def run(
 def run_control(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
     """The control fuser (no sharer information): how much of C2C's effect is adaptation."""
     return run(pair, request, on_token=on_token, control=True)
+
+
+# --- descriptors ------------------------------------------------------------------------------
+
+GATE_OPEN_COLOR = "#0072B2"
+GATE_CLOSED_COLOR = "#d9d9d9"
+FIGURE_HEIGHT = 500
+
+
+def gates_figure(result) -> go.Figure:
+    """Top: soft gate value per receiver layer for K and V (coloured = open at inference, pale =
+    closed). Below, on the same layer axis: head weights as KV head x layer heatmaps for K and V."""
+    title = "C2C: gates and head weights per receiver layer"
+    missing = not_run_figure(title, result, FIGURE_HEIGHT, "C2C did not run.", "C2C")
+    if missing is not None:
+        return missing
+    result = as_dict(result)
+    records = sorted(result["layers"], key=lambda r: r["layer"])
+    layers = [int(r["layer"]) for r in records]
+    heads = max((len(r.get("head_weights_k") or []) for r in records), default=0)
+    heat_share = min(0.25, 0.13 + 0.015 * heads)
+    fig = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.07,
+        row_heights=[1 - 2 * heat_share, heat_share, heat_share],
+        subplot_titles=(
+            "gate per layer, sigmoid(logit): K solid, V hatched; coloured = open (sharer KV added), pale = closed",
+            "head weights for K (mean over tokens)",
+            "head weights for V",
+        ),
+    )
+    for kind, label in (("k", "K"), ("v", "V")):
+        soft = [float(r.get(f"gate_{kind}", 0.0)) for r in records]
+        logits = [float(r.get(f"gate_{kind}_logit", 0.0)) for r in records]
+        opened = [bool(r.get(f"gate_{kind}_open", False)) for r in records]
+        sharer = [r.get("sharer_layer") for r in records]
+        base = GATE_OPEN_COLOR if kind == "k" else "#56B4E9"
+        hover = [
+            f"receiver layer {layer} (reads sharer layer {s})<br>{label} gate: sigmoid(logit) = {g:.3f}, "
+            f"logit {lg:+.2f}<br>" + ("<b>open</b>: the projected sharer KV is added" if o else "closed: the receiver keeps its own KV")
+            for layer, s, g, lg, o in zip(layers, sharer, soft, logits, opened)
+        ]
+        fig.add_trace(
+            go.Bar(
+                x=layers,
+                y=soft,
+                name=f"{label} gate",
+                marker=dict(
+                    color=[base if o else GATE_CLOSED_COLOR for o in opened],
+                    line=dict(color=[SELECTED_OUTLINE if o else "#999999" for o in opened], width=1),
+                    pattern=dict(shape="" if kind == "k" else "/"),
+                ),
+                hovertext=hover,
+                hoverinfo="text",
+                showlegend=False,
+                meta={"series": f"gate_{kind}"},
+            ),
+            row=1,
+            col=1,
+        )
+    for row, kind in ((2, "k"), (3, "v")):
+        weights = [list(map(float, r.get(f"head_weights_{kind}") or [])) for r in records]
+        # z[head][layer]: one strip per KV head, sharing the gates' layer axis
+        z = [[w[head] if head < len(w) else None for w in weights] for head in range(heads)]
+        fig.add_trace(
+            go.Heatmap(
+                z=z,
+                x=layers,
+                y=list(range(heads)),
+                zmin=0,
+                zmax=1,
+                colorscale="Blues",
+                showscale=row == 2,
+                colorbar=dict(title=dict(text="head<br>weight"), len=0.35, y=0.2, thickness=12),
+                hovertemplate="layer %{x}, KV head %{y}<br>" + kind.upper() + " weight %{z:.3f} (mean over tokens)<extra></extra>",
+                name=f"head weights {kind.upper()}",
+                meta={"series": f"head_weights_{kind}"},
+            ),
+            row=row,
+            col=1,
+        )
+        fig.update_yaxes(title_text=f"{kind.upper()} head", dtick=1 if heads <= 8 else None, title_standoff=4, row=row, col=1)
+    fig.update_xaxes(dtick=1 if len(layers) <= 40 else None)
+    fig.update_xaxes(title_text="receiver layer", row=3, col=1)
+    fig.update_yaxes(title_text="gate (0 to 1)", range=[0, 1.05], row=1, col=1)
+    fig.update_annotations(font_size=11)
+    details = result.get("details", {})
+    open_k = sum(bool(r.get("gate_k_open")) for r in records)
+    open_v = sum(bool(r.get("gate_v_open")) for r in records)
+    subtitle = f"{open_k} K gates and {open_v} V gates open of {len(layers)} layers"
+    if details.get("fusion_seconds") is not None:
+        subtitle += f"; fusion {1000 * float(details['fusion_seconds']):.0f} ms"
+    if details.get("control"):
+        subtitle += "; control fuser (no sharer information)"
+    return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT, barmode="group", margin=dict(l=60, r=20, t=70, b=50))
+
+
+def notes(result: dict) -> list[str]:
+    records = result.get("layers") or []
+    if not records:
+        return []
+    open_k = sum(bool(r.get("gate_k_open")) for r in records)
+    open_v = sum(bool(r.get("gate_v_open")) for r in records)
+    return [f"gates open: {open_k} K, {open_v} V of {len(records)} layers"]
+
+
+def fuser_found(control: bool):
+    """Applicable when a fuser of this kind is found for the pair (config files only, no weights)."""
+
+    def check(pair: LoadedPair, request: HandoffRequest) -> str | None:
+        folder, reason = resolve_fuser(pair, request, control)
+        return reason if folder is None else None
+
+    return check
+
+
+def apply_options(request: HandoffRequest, values: dict) -> HandoffRequest:
+    """The fuser option is ``request.c2c_fuser``, read by both C2C and its control."""
+    return dataclasses.replace(request, c2c_fuser=values["fuser"].strip() or None)
+
+
+NO_LIKELIHOOD = "not computed: {name} changes the receiver's cache in a way the bench does not rebuild"
+
+HANDOFFS = (
+    Handoff(
+        name="c2c",
+        title="C2C: cache fusion",
+        label="C2C",
+        color="#0072B2",  # blue
+        summary="a trained fuser projects the sharer's KV cache into the receiver's",
+        explanation=(
+            "Cache-to-Cache. Both models read the same question. A small trained network, the fuser, turns the "
+            "sharer's memory of the question (its KV cache) into something the receiver understands and adds it "
+            "to the receiver's own cache, layer by layer. A gate per layer decides whether that layer takes the "
+            "sharer's help at all. Then the receiver answers alone. No words are written in between."
+        ),
+        run=run,
+        needs=("a trained fuser for the pair",),
+        applicable=fuser_found(control=False),
+        options=(
+            Option("fuser", "C2C fuser checkpoint folder (default: the pair's shipped one)", "", kind="text",
+                   flag="--fuser", on_page=False),
+        ),
+        apply_options=apply_options,
+        no_receiver_prompt=NO_LIKELIHOOD.format(name="c2c"),
+        figure=gates_figure,
+        notes=notes,
+        page=20,
+        page_default=True,
+        walkthrough=(
+            "C2C (blue) fuses the sharer's cache into the receiver's with a small trained network. Its plot "
+            "shows which layers' gates opened. It shines on *shared questions* where both models read the same "
+            "text (try the preset **Boiling water**)."
+        ),
+    ),
+    Handoff(
+        name="c2c_control",
+        title="C2C control: no sharer",
+        label="C2C control",
+        color="#56B4E9",  # light blue
+        summary="the control fuser (trained without the sharer's information): adaptation only",
+        explanation=(
+            "The control fuser has C2C's architecture, data, steps and seed, but was trained with the sharer's "
+            "cache replaced by zeros. It only adapts the receiver's own cache. Whatever C2C gains beyond its "
+            "control is what the sharer's knowledge adds; the rest is the fuser tuning the receiver. It reads "
+            "the fuser named for C2C (its control sits beside it)."
+        ),
+        run=run_control,
+        needs=("a trained control fuser for the pair",),
+        applicable=fuser_found(control=True),
+        no_receiver_prompt=NO_LIKELIHOOD.format(name="c2c_control"),
+        figure=gates_figure,
+        notes=notes,
+        page=25,
+        page_default=True,
+        walkthrough=(
+            "C2C control (light blue) runs a fuser trained without the sharer's information. Compare it with "
+            "C2C: if both answer alike, the gain is the fuser adapting the receiver, not the sharer's knowledge."
+        ),
+    ),
+)

@@ -7,6 +7,7 @@ from typing import Callable
 
 from kvviz.cache import KVState
 from kvviz.decode import DecodeOutput, generate, prefill
+from kvviz.handoffs.registry import ReceiverPrompt
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.models import LoadedModel, PairSpec
 from kvviz.prompts import PromptSegments
@@ -83,3 +84,11 @@ def single_model_result(
         receiver_first_token_seconds=first_token if role == "receiver" else None,
         details={"stopped_by": output.stopped_by, f"{role}_model": model.name},
     )
+
+
+def read_prompt(model: LoadedModel, token_ids: list[int], state: KVState | None = None) -> ReceiverPrompt:
+    """The receiver after reading ``token_ids`` (on top of ``state``): what a descriptor's
+    ``receiver_prompt`` returns for the benchmark's likelihood scoring."""
+    state = state or KVState()
+    next_token, _ = prefill(model, state, token_ids)
+    return ReceiverPrompt(model=model, state=state, next_token=next_token, last_token=token_ids[-1])

@@ -63,15 +63,20 @@ query_attention over layers; None without calibration), stopped_by.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import threading
 import time
 
+import plotly.graph_objects as go
+
 from kvviz import cache as kv
 from kvviz.decode import generate, prefill
-from kvviz.handoffs.common import LoadedPair, TokenCallback
+from kvviz.handoffs.common import LoadedPair, TokenCallback, read_prompt
+from kvviz.handoffs.registry import Handoff, Option, Sweep, all_of, needs_context
 from kvviz.measure import StageTimer, decode_flops, forward_flops
+from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
 from kvviz.prompts import build_segments
 from kvviz.results import HandoffRequest, HandoffResult, KVCommOptions
 
@@ -407,3 +412,197 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
             "stopped_by": output.stopped_by,
         },
     )
+
+
+# --- descriptor -------------------------------------------------------------------------------
+
+COLOR = "#009E73"  # green
+# the layer figure's three series per layer
+SERIES_COLORS = {"attention_norm": "#009E73", "prior": "#bdbdbd", "score": "#004D38"}
+FIGURE_HEIGHT = 400
+
+
+def layers_figure(result) -> go.Figure:
+    """Grouped bars per receiver layer: attention importance, Gaussian prior, combined score.
+
+    Selected layers (the ones whose context KV is sent) get a dark outline, full opacity and a
+    marker above the group; the others are faded.
+    """
+    title = "KVComm: which layers get the context (per receiver layer)"
+    hint = "Run a preset with a private context to see KVComm's layer choice."
+    missing = not_run_figure(title, result, FIGURE_HEIGHT, hint, "KVComm")
+    if missing is not None:
+        return missing
+    result = as_dict(result)
+    records = sorted(result["layers"], key=lambda r: r["layer"])
+    layers = [int(r["layer"]) for r in records]
+    selected = [bool(r.get("selected")) for r in records]
+    details = result.get("details", {})
+    alpha = details.get("alpha")
+    # (series, record field, name, explanation); a None value (nothing measured or used) draws no bar
+    series = [
+        ("attention_norm", "calibration_attention_norm", "attention importance on the calibration sample (normalised)",
+         "share of the calibration question's attention on its context, min-max over layers"),
+        ("prior", "prior", "Gaussian prior (normalised)", "favours middle layers"),
+        ("score", "score", "combined score", "alpha x importance + (1 - alpha) x prior"),
+    ]
+    fig = go.Figure()
+    for key, field, name, explain in series:
+        values = [None if r.get(field) is None else float(r[field]) for r in records]
+        hover = [
+            f"layer {layer}<br>{name}: {'not measured' if value is None else f'{value:.3f}'}<br>{explain}<br>"
+            + ("<b>selected: context KV sent</b>" if sel else "not selected: only the sink token")
+            for layer, value, sel in zip(layers, values, selected)
+        ]
+        fig.add_trace(
+            go.Bar(
+                x=layers,
+                y=values,
+                name=name,
+                marker=dict(
+                    color=SERIES_COLORS[key],
+                    opacity=[1.0 if sel else 0.35 for sel in selected],
+                    line=dict(color=[SELECTED_OUTLINE if sel else "rgba(0,0,0,0)" for sel in selected], width=1.5),
+                ),
+                hovertext=hover,
+                hoverinfo="text",
+                meta={"series": key},
+            )
+        )
+    chosen = [layer for layer, sel in zip(layers, selected) if sel]
+    fig.add_trace(
+        go.Scatter(
+            x=chosen,
+            y=[1.08] * len(chosen),
+            mode="markers",
+            name="selected layer (context KV sent)",
+            marker=dict(symbol="triangle-down", size=11, color=COLOR, line=dict(color=SELECTED_OUTLINE, width=1)),
+            hovertext=[f"layer {layer}: selected" for layer in chosen],
+            hoverinfo="text",
+            meta={"series": "selected"},
+        )
+    )
+    subtitle = f"{len(chosen)} of {len(layers)} layers sent"
+    if alpha is not None:
+        subtitle += f", alpha = {float(alpha):.2f}"
+    if details.get("strategy"):
+        subtitle += f", strategy {details['strategy']}"
+    fig.update_xaxes(
+        title_text="receiver layer", dtick=1 if len(layers) <= 40 else None, range=[min(layers) - 0.6, max(layers) + 0.6]
+    )
+    fig.update_yaxes(title_text="normalised value (0 to 1)", range=[0, 1.15])
+    return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT, barmode="group", bargap=0.2)
+
+
+def parse_layers(text: str) -> tuple[int, ...] | None:
+    """ "7, 0,3" -> (0, 3, 7); empty -> None."""
+    if not text or not text.strip():
+        return None
+    try:
+        return tuple(sorted({int(part) for part in text.replace(" ", ",").split(",") if part.strip()}))
+    except ValueError as error:
+        raise ValueError(f"Explicit layers must be numbers separated by commas, e.g. 0,3,7 (got {text!r}).") from error
+
+
+def apply_options(request: HandoffRequest, values: dict) -> HandoffRequest:
+    """KVComm keeps its options in ``request.kvcomm``; explicit layers override the strategy."""
+    layers = parse_layers(values["layers"])
+    options = dataclasses.replace(
+        request.kvcomm,
+        ratio=values["ratio"],
+        strategy="explicit" if layers else values["strategy"],
+        alpha=values["alpha"],
+        sigma=values["sigma"],
+        layers=layers,
+        seed=request.generation.seed,
+    )
+    return dataclasses.replace(request, kvcomm=options)
+
+
+def variant_label(values: dict) -> str:
+    """Bench rows: "kvcomm@0.3" (the paper's score), "kvcomm-random@0.5" ..."""
+    prefix = "kvcomm" if values["strategy"] == "kvcomm" else f"kvcomm-{values['strategy']}"
+    return f"{prefix}@{values['ratio']:g}"
+
+
+def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult):
+    """The sender's context KV spliced into the layers the run selected, then the query."""
+    segments = build_segments(pair.receiver.tokenizer, request.query, request.context)
+    sender_state = kv.KVState()
+    prefill(pair.kvcomm_sender, sender_state, segments.context_ids, need_logits=False)
+    selected = set(result.details.get("selected_layers", []))
+    state = kv.splice_prefix(sender_state.cache, pair.receiver.facts.num_layers, selected)
+    return read_prompt(pair.receiver, segments.query_ids, state)
+
+
+def notes(result: dict) -> list[str]:
+    selected = result.get("details", {}).get("selected_layers")
+    return [] if selected is None else ["layers sent: " + ", ".join(str(layer) for layer in selected)]
+
+
+SELECTABLE_STRATEGIES = tuple(s for s in STRATEGIES if s != "explicit")  # explicit: give layers
+
+HANDOFFS = (
+    Handoff(
+        name="kvcomm",
+        title="KVComm: selected layers",
+        label="KVComm",
+        color=COLOR,
+        summary="the receiver attends to the sender's context KV in selected layers",
+        explanation=(
+            "Only the sharer reads the private context. Instead of writing a message it hands over its KV "
+            "cache of the context, but only for some layers of the receiver. To pick them, KVComm measures once "
+            "how much each layer of the receiver looks at the context (attention importance), mixes that with "
+            "a bell curve that prefers middle layers (the prior), and sends the top-scoring share r of layers. "
+            "It needs two models of the same shape."
+        ),
+        run=run,
+        needs=("a private context", "a sender with the receiver's architecture, KV shape and tokenizer"),
+        applicable=all_of(
+            needs_context("KVComm shares the KV of a private context; this request has none."),
+            lambda pair, request: applicability(pair),
+        ),
+        options=(
+            Option("ratio", "KVComm ratio r (share of layers sent)", 0.5, minimum=0.0, maximum=1.0, step=0.05,
+                   flag="--ratio", sweep_flag="--ratios", sweep_default="0.3,0.5,0.7"),
+            Option("strategy", "KVComm layer selection", "kvcomm", kind="choice", choices=SELECTABLE_STRATEGIES,
+                   flag="--strategy", sweep_flag="--strategies", sweep_default="kvcomm"),
+            Option("alpha", "alpha (weight of attention vs prior)", 1.0, minimum=0.0, maximum=1.0, step=0.05,
+                   flag="--alpha", auto="The reference code's alpha, 1.0"),
+            Option("sigma", "sigma (width of the Gaussian prior, layers)", 10.0, minimum=0.5, maximum=30.0, step=0.5,
+                   flag="--sigma"),
+            Option("layers", "KVComm explicit layers (e.g. 0,3,7; overrides the strategy)", "", kind="text",
+                   flag="--layers"),
+        ),
+        apply_options=apply_options,
+        variant_label=variant_label,
+        receiver_prompt=receiver_prompt,
+        figure=layers_figure,
+        notes=notes,
+        page=40,
+        page_default=True,
+        walkthrough=(
+            "Here the sharer sends no words (green). It sends its internal memory of the note (the *KV cache*) "
+            "into some of the receiver's layers. The plot **KVComm: which layers get the context** shows, per "
+            "layer, how much that layer looked at the context, the bell-curve prior, and their mix. Layers with "
+            "a dark outline and a triangle were chosen. Open *Settings* and change the KVComm ratio to send more "
+            "or fewer layers."
+        ),
+        sweep=Sweep(
+            title="Sweep: how many layers does KVComm need?",
+            explanation=(
+                "Runs KVComm on the built-in private-context questions at each ratio for each chosen "
+                "layer-selection strategy, plus the receiver alone and Skyline as references."
+            ),
+            x_option="ratio",
+            x_values=(0.0, 0.25, 0.5, 0.75, 1.0),
+            x_label="share of receiver layers that get the context (ratio r)",
+            series_option="strategy",
+            series_values=("kvcomm", "prior", "contiguous", "random"),
+            series_default=("kvcomm", "contiguous", "random"),
+            shared_x=(0.0, 1.0),  # no layer / every layer: the same under every strategy
+            count_detail="num_selected",
+            count_name="layers",
+        ),
+    ),
+)

@@ -8,7 +8,8 @@ the receiver-alone prompt.
 
 from __future__ import annotations
 
-from kvviz.handoffs.common import LoadedPair, TokenCallback, answer
+from kvviz.handoffs.common import LoadedPair, TokenCallback, answer, read_prompt
+from kvviz.handoffs.registry import Handoff
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.prompts import build_segments
 from kvviz.results import GenerationSettings, HandoffRequest, HandoffResult
@@ -77,3 +78,43 @@ def run(
         receiver_first_token_seconds=receiver_first_token,
         details={"mode": "relay" if request.has_context else "background", "stopped_by": output.stopped_by},
     )
+
+
+# --- descriptor -------------------------------------------------------------------------------
+
+
+def _receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult):
+    return read_prompt(pair.receiver, receiver_segments(pair, request, result.seen.get("message", "")).input_ids)
+
+
+def _notes(result: dict) -> list[str]:
+    message = result.get("seen", {}).get("message", "")
+    shown = message if len(message) <= 60 else message[:57] + "..."
+    return [f"message: {int(result.get('tokens', {}).get('message', 0))} tokens, {shown!r}"]
+
+
+HANDOFFS = (
+    Handoff(
+        name="text",
+        title="Text message",
+        label="Text",
+        color="#E69F00",  # orange
+        summary="the sharer writes a short message; the receiver reads it",
+        explanation=(
+            "The sharer reads what it knows and writes a short message in words. The receiver reads that "
+            "message in front of the question. Easy to understand and tiny to send, but slow: the sharer has "
+            "to write its whole message token by token before the receiver can start, and whatever the sharer "
+            "leaves out is lost."
+        ),
+        run=run,
+        receiver_prompt=_receiver_prompt,
+        notes=_notes,
+        page=10,
+        page_default=True,
+        walkthrough=(
+            "The sharer writes the facts down in words and the receiver reads them (orange). Open *What each "
+            "model saw* to read the message. Then find the orange bar in **Latency by stage**: most of its time "
+            "is the sharer *writing*, before the receiver can even start."
+        ),
+    ),
+)

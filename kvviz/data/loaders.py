@@ -1,4 +1,4 @@
-"""Datasets and metrics for kvviz.
+"""Datasets into one record shape.
 
 Every dataset, whatever its file format, is turned into one record shape,
 :class:`Record`, so that the hand-off methods and the evaluation code never
@@ -8,7 +8,6 @@ Datasets are read from ``../shared/data`` next to the repository (override
 with the environment variable ``KVVIZ_DATA_DIR``).  Each folder there has a
 ``SOURCE.txt`` saying where the files came from and what is in them.
 
-Loading
     ``load_dataset(name_or_path, limit=None, seed=None, **options)``
     ``load_dataset_with_report(...) -> (records, LoadReport)``
     ``DATASETS``: registered name -> loader function
@@ -17,11 +16,6 @@ Bad input records (invalid JSON, a missing question, an answer that is not
 one of the choices, ...) are never dropped silently: each is listed in the
 :class:`LoadReport` with its file and line number and a ``warnings.warn``
 summarises them.
-
-Metrics
-    ``normalize_answer``, ``token_f1``, ``f1_match``, ``contains_answer``,
-    ``extract_choice_letter``, ``wilson_interval``; prompt helper
-    ``format_choices``.
 """
 
 from __future__ import annotations
@@ -31,48 +25,24 @@ import csv
 import dataclasses
 import io
 import json
-import math
 import os
 import random
 import re
-import string
 import unicodedata
 import warnings
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = [
-    "DATA_DIR_ENV",
-    "DATASETS",
-    "DEFAULT_DATA_DIR",
-    "LETTERS",
-    "LoadReport",
-    "Problem",
-    "Record",
-    "contains_answer",
-    "extract_choice_letter",
-    "f1_match",
-    "format_choices",
-    "get_data_dir",
-    "load_dataset",
-    "load_dataset_with_report",
-    "normalize_answer",
-    "token_f1",
-    "wilson_interval",
-]
-
-#: Letters used for multiple-choice options, by position.
-LETTERS = string.ascii_uppercase
+from kvviz.data.choices import LETTERS
 
 #: Environment variable that overrides where the datasets are looked for.
 DATA_DIR_ENV = "KVVIZ_DATA_DIR"
 
 #: <repo>/../shared/data: the shared folder sits next to the repository
 #: checkout, not inside it, so the data is never committed with the code.
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 # ---------------------------------------------------------------------------
@@ -855,134 +825,3 @@ def load_dataset(
     if report.problems:
         warnings.warn(report.summary(), stacklevel=2)
     return records
-
-
-def format_choices(record: Record) -> str:
-    """The options as "A. ...\\nB. ..." lines, for a multiple-choice prompt."""
-    if record.choices is None:
-        raise ValueError(f"record {record.id!r} is not multiple choice")
-    return "\n".join(f"{LETTERS[i]}. {choice}" for i, choice in enumerate(record.choices))
-
-
-# ---------------------------------------------------------------------------
-# Metrics
-# ---------------------------------------------------------------------------
-
-_PUNCTUATION = set(string.punctuation)
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-
-
-def normalize_answer(s: str) -> str:
-    """SQuAD normalisation: lower-case, drop punctuation and articles, squeeze whitespace."""
-    s = s.lower()
-    s = "".join(ch for ch in s if ch not in _PUNCTUATION)
-    s = _ARTICLES.sub(" ", s)
-    return " ".join(s.split())
-
-
-def token_f1(prediction: str, gold: str) -> float:
-    """SQuAD token F1 between two answers (after :func:`normalize_answer`).
-
-    Tokens are counted as a multiset.  Two empty answers score 1.0; one empty
-    answer scores 0.0.
-    """
-    pred_tokens = normalize_answer(prediction).split()
-    gold_tokens = normalize_answer(gold).split()
-    if not pred_tokens or not gold_tokens:
-        return float(pred_tokens == gold_tokens)
-    common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
-    if common == 0:
-        return 0.0
-    precision = common / len(pred_tokens)
-    recall = common / len(gold_tokens)
-    return 2 * precision * recall / (precision + recall)
-
-
-def _as_answer_list(answers: str | Sequence[str]) -> list[str]:
-    return [answers] if isinstance(answers, str) else list(answers)
-
-
-def f1_match(prediction: str, answers: str | Sequence[str], threshold: float = 0.5) -> bool:
-    """KVComm's accuracy metric: max token F1 over the answers is *strictly* above threshold.
-
-    Strictness matters: in Tip Sheets every option ends in "LLC", so naming a
-    wrong company scores exactly 0.5 and must not count.
-    """
-    golds = _as_answer_list(answers)
-    if not golds:
-        return False
-    return max(token_f1(prediction, g) for g in golds) > threshold
-
-
-def contains_answer(prediction: str, answers: str | Sequence[str]) -> bool:
-    """True if some normalised gold answer appears in the normalised prediction.
-
-    Matched on whole tokens so that gold "no" is not found inside "not sure".
-    Golds that normalise to nothing (e.g. "the") never match.
-    """
-    pred = f" {normalize_answer(prediction)} "
-    for gold in _as_answer_list(answers):
-        g = normalize_answer(gold)
-        if g and f" {g} " in pred:
-            return True
-    return False
-
-
-# Tried in order by extract_choice_letter.
-_CHOICE_PATTERNS = [
-    # "Answer: B", "answer is (C)", "The correct option is: D", "Final answer - A".
-    # IGNORECASE is for the keyword only: a lower-case letter it captures
-    # ("the answer is a bit unclear") fails the `in valid` test below.
-    re.compile(
-        r"\b(?:answer|option|choice)\b(?:\s+is)?\s*[:\-]?\s*\(?([A-Z])\)?(?![A-Za-z0-9])",
-        re.IGNORECASE,
-    ),
-    # a letter at the very start: "B", "(B)", "B.", "B)", "B:", "B,", "B\n..."
-    re.compile(r"^\s*\(?([A-Z])(?:\)|[.:,]|\s*$|\s*\n)"),
-    # "(B)" anywhere
-    re.compile(r"\(([A-Z])\)"),
-]
-
-
-def extract_choice_letter(text: str, n_choices: int) -> str | None:
-    """The option letter a model answered with, or None.
-
-    Looks, in this order, for an explicit statement ("Answer: B", "The answer
-    is (B)", "correct option is B"), then a letter at the very start ("B",
-    "(B)", "B.", "B)", "B: ..."), then a parenthesised letter anywhere
-    ("... so (B)").  Only capital letters among the first ``n_choices`` count;
-    a bare leading letter followed by a word ("A bird ...") is not taken as an
-    answer because it is usually the article "A".
-    """
-    if not 1 <= n_choices <= len(LETTERS):
-        raise ValueError(f"n_choices must be between 1 and {len(LETTERS)}, not {n_choices}")
-    if not text:
-        return None
-    valid = LETTERS[:n_choices]
-    body = text.replace("*", "")  # markdown bold: "**B**"
-    for pattern in _CHOICE_PATTERNS:
-        for match in pattern.finditer(body):
-            if match.group(1) in valid:
-                return match.group(1)
-    return None
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval for a proportion (z=1.96: 95%).
-
-    Unlike the normal approximation it stays inside [0, 1] and is sensible at
-    0/n and n/n.  With n == 0 nothing is known: (0.0, 1.0).
-    """
-    if n < 0 or not 0 <= successes <= n:
-        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    z2 = z * z
-    denom = 1 + z2 / n
-    centre = (p + z2 / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
-    # Clamp floating-point dust (e.g. 1.0000000000000002 at n/n).
-    low = 0.0 if successes == 0 else max(0.0, centre - half)
-    high = 1.0 if successes == n else min(1.0, centre + half)
-    return low, high

@@ -1,0 +1,93 @@
+"""The benchmark: handoffs x a dataset -> one CSV row per sample and handoff, a summary, figures.
+
+``python -m kvviz bench --pair embedded --dataset countries --handoffs receiver,skyline,text,kvcomm
+--ratios 0.3,0.5 --limit 40 --out DIR`` writes into DIR:
+
+* ``rows.csv`` (or ``rows.part-R-of-W.csv`` per process when the run is split): one row per sample
+  and handoff variant: the answer, every correctness metric, every stage time, time to first
+  token, bytes communicated, FLOPs per model. Rows are appended and flushed as they are produced,
+  so an interrupted run resumes where it stopped (pairs of sample and variant already in any part
+  file are skipped).
+* ``summary.csv`` and ``summary.md``: per variant, accuracy with 95% Wilson intervals for every
+  metric, mean and median latency per stage, bytes and FLOPs.
+* ``figures.html``: plotly figures (accuracy with intervals, latency per stage, accuracy against
+  bytes communicated).
+* ``config.json``: the settings; a resumed run must use the same ones.
+
+Four rooms: ``run`` (variants, requests, the resumable loop, the split over processes),
+``rows`` (the CSV on disk), ``scoring`` (correctness and the multiple-choice likelihood),
+``summary`` (per-variant statistics, markdown, figures); ``report`` writes docs/RESULTS.md from
+several runs. Handoffs, their options and their variants come from the registry.
+
+GPUs: ``accelerate launch --multi_gpu --num_processes N -m kvviz bench ...`` (each process uses
+``cuda:LOCAL_RANK``). CPU: ``torchrun --standalone --nproc_per_node N -m kvviz bench ...``
+(``accelerate launch --cpu`` starts a single process in accelerate 1.15). ``--summarize`` rebuilds
+the summary from whatever part files DIR holds. ``--perf`` runs the performance comparison
+instead (see ``kvviz.perf``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def configure_parser(parser) -> None:
+    from kvviz.flags import add_option_arguments
+    from kvviz.handoffs import registry
+
+    parser.add_argument("--pair", default="embedded")
+    parser.add_argument("--dataset", default="countries", help="a registered dataset name or a JSONL file")
+    parser.add_argument("--dataset-option", action="append", default=None, metavar="KEY=VALUE",
+                        help="loader option, e.g. with_fact=true (openbookqa), all_paragraphs=true (hotpotqa)")
+    parser.add_argument("--handoffs", default=",".join(registry.default_handoffs()),
+                        help="comma-separated, or all (default: the page's columns shown at first): " + ", ".join(registry.HANDOFFS))
+    parser.add_argument("--limit", type=int, default=40, help="number of samples (after the seeded shuffle)")
+    parser.add_argument("--seed", type=int, default=0, help="sample order, random choices and sampling")
+    parser.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="take the first --limit samples in file order")
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--message-tokens", type=int, default=64, help="message length bound for handoffs that write one")
+    parser.add_argument("--no-likelihood", action="store_true", help="skip the multiple-choice likelihood column")
+    parser.add_argument("--out", default=None, help="output folder (default runs/bench-DATASET)")
+    parser.add_argument("--fresh", action="store_true", help="delete earlier rows in --out instead of resuming")
+    parser.add_argument("--redo", default=None, metavar="VARIANTS",
+                        help="run these variants again (e.g. c2c,kvcomm@0.3): their rows in --out are removed first")
+    parser.add_argument("--summarize", action="store_true", help="only rebuild the summary from the rows in --out")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or printed table")
+    parser.add_argument("--perf", action="store_true", help="run the performance comparison instead (kvviz.perf)")
+    parser.add_argument("--json", action="store_true", help="--perf: print JSON")
+    parser.add_argument("--lengths", default="128,256,512,1024,2048", help="--perf: context lengths in tokens")
+    parser.add_argument("--repeats", type=int, default=5, help="--perf: repeats per measurement")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (default: torch's choice; 1 is much faster on a busy shared machine)")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default=None)
+    add_option_arguments(parser, swept=True)
+
+
+def main(args) -> int:
+    from kvviz.bench.rows import row_files
+    from kvviz.bench.run import run_bench
+    from kvviz.bench.summary import summary_markdown, write_summary
+
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.perf:
+        from kvviz import perf
+
+        return perf.main(args)
+    if args.out is None:
+        args.out = str(Path("runs") / f"bench-{Path(args.dataset).stem}")
+    if args.summarize:
+        out = Path(args.out)
+        if not row_files(out):
+            raise FileNotFoundError(f"no rows*.csv in {out}")
+        order = None
+        if (out / "config.json").exists():
+            order = json.loads((out / "config.json").read_text(encoding="utf-8")).get("variants")
+        summary = write_summary(out, order, title=f"{args.dataset} on pair {args.pair}")
+        print(summary_markdown(summary))
+        return 0
+    return run_bench(args)

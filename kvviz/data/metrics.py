@@ -1,0 +1,90 @@
+"""Answer metrics: SQuAD normalisation, token F1 (the KVComm paper's F1 > 0.5 match),
+containment of a gold answer, and the Wilson interval for an accuracy."""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+
+_PUNCTUATION = set(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD normalisation: lower-case, drop punctuation and articles, squeeze whitespace."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in _PUNCTUATION)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    """SQuAD token F1 between two answers (after :func:`normalize_answer`).
+
+    Tokens are counted as a multiset.  Two empty answers score 1.0; one empty
+    answer scores 0.0.
+    """
+    pred_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(gold).split()
+    if not pred_tokens or not gold_tokens:
+        return float(pred_tokens == gold_tokens)
+    common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if common == 0:
+        return 0.0
+    precision = common / len(pred_tokens)
+    recall = common / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def _as_answer_list(answers: str | Sequence[str]) -> list[str]:
+    return [answers] if isinstance(answers, str) else list(answers)
+
+
+def f1_match(prediction: str, answers: str | Sequence[str], threshold: float = 0.5) -> bool:
+    """KVComm's accuracy metric: max token F1 over the answers is *strictly* above threshold.
+
+    Strictness matters: in Tip Sheets every option ends in "LLC", so naming a
+    wrong company scores exactly 0.5 and must not count.
+    """
+    golds = _as_answer_list(answers)
+    if not golds:
+        return False
+    return max(token_f1(prediction, g) for g in golds) > threshold
+
+
+def contains_answer(prediction: str, answers: str | Sequence[str]) -> bool:
+    """True if some normalised gold answer appears in the normalised prediction.
+
+    Matched on whole tokens so that gold "no" is not found inside "not sure".
+    Golds that normalise to nothing (e.g. "the") never match.
+    """
+    pred = f" {normalize_answer(prediction)} "
+    for gold in _as_answer_list(answers):
+        g = normalize_answer(gold)
+        if g and f" {g} " in pred:
+            return True
+    return False
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a proportion (z=1.96: 95%).
+
+    Unlike the normal approximation it stays inside [0, 1] and is sensible at
+    0/n and n/n.  With n == 0 nothing is known: (0.0, 1.0).
+    """
+    if n < 0 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    z2 = z * z
+    denom = 1 + z2 / n
+    centre = (p + z2 / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
+    # Clamp floating-point dust (e.g. 1.0000000000000002 at n/n).
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return low, high

@@ -1,0 +1,352 @@
+"""Activation Communication (AC): one hidden-state vector crosses from the sender to the receiver.
+
+Ramesh & Li 2025, "Communicating Activations Between Language Model Agents", and the KVComm
+paper's AC baseline (REFERENCE §2):
+1. The sender (the pair's same-shape sender, as for KVComm) prefills the private context. Its
+   hidden state entering decoder layer k, at the last context token, is the message: one vector.
+2. The receiver reads its own prompt (the question alone, as the receiver-alone baseline does).
+   In that one prompt pass, the hidden state entering its decoder layer j at the last prompt token
+   is merged with the sender's vector by f: ``replace`` (take the sender's), ``sum`` or ``mean``.
+3. The receiver then decodes with the shared decode loop; answer tokens are not touched.
+
+Layer numbers count decoder layers from 0; negative ones count from the end (-2: the second to
+last), as in the reference code. The sender only needs its first k layers; kvviz runs them all so
+that the figure can compare the two models' states at every depth.
+
+How the merge reaches layer j: a forward pre-hook on the decoder layer. The model is shared by
+every thread of the server, so the hook is installed once per layer and does nothing unless the
+thread running the forward armed it (``on_layer_inputs``, a context manager that disarms on exit,
+error or not): concurrent runs never see each other's edits, and hooks are never added or removed
+while another thread may be iterating them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Callable
+
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from kvviz.cache import KVState
+from kvviz.decode import generate, prefill
+from kvviz.handoffs.common import LoadedPair, TokenCallback
+from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, all_of, needs_context, option_values
+from kvviz.measure import StageTimer, decode_flops, forward_flops
+from kvviz.models import LoadedModel
+from kvviz.plotkit import SELECTED_OUTLINE, layout, not_run_figure
+from kvviz.prompts import build_segments
+from kvviz.results import HandoffRequest, HandoffResult
+
+NAME = "ac"
+COLOR = "#8C564B"  # brown
+MERGES = ("replace", "sum", "mean")
+OPTIONS = (
+    Option("k", "AC sender layer k (its input hidden state is sent; negative counts from the end)", -2, kind="int"),
+    Option("j", "AC receiver layer j (merged into its input hidden state; negative counts from the end)", -2, kind="int"),
+    Option("f", "AC merge f", "replace", kind="choice", choices=MERGES),
+)
+FIGURE_HEIGHT = 440
+CONTEXT_REASON = "AC sends the sender's activation over a private context; this request has none."
+
+
+# --- reading and editing the hidden states that enter decoder layers ---------------------------
+
+_armed = threading.local()  # per thread: {decoder layer module: edit}
+_install_lock = threading.Lock()
+
+
+def _dispatch(module, args, kwargs):
+    """The one pre-hook on a decoder layer: runs the edit this thread armed for it, if any."""
+    edit = (getattr(_armed, "edits", None) or {}).get(module)
+    if edit is None:
+        return None
+    hidden = args[0] if args else kwargs["hidden_states"]
+    changed = edit(hidden)
+    if changed is None:
+        return None
+    if args:
+        return (changed, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": changed}
+
+
+def decoder_layers(model: LoadedModel):
+    return model.model.get_decoder().layers
+
+
+@contextlib.contextmanager
+def on_layer_inputs(model: LoadedModel, edits: dict[int, Callable[[torch.Tensor], torch.Tensor | None]]):
+    """Inside the block, forwards made by this thread call ``edits[layer](hidden)`` on the hidden
+    states ``[batch, tokens, width]`` entering those decoder layers; an edit returns a replacement
+    or None (read only). Other threads are never affected; the edits end with the block."""
+    layers = decoder_layers(model)
+    armed = {}
+    for layer, edit in edits.items():
+        module = layers[layer]
+        with _install_lock:
+            if not getattr(module, "_kvviz_input_hook", False):
+                module.register_forward_pre_hook(_dispatch, with_kwargs=True)
+                module._kvviz_input_hook = True
+        armed[module] = edit
+    previous = getattr(_armed, "edits", None)
+    _armed.edits = armed
+    try:
+        yield
+    finally:
+        _armed.edits = previous
+
+
+def layer_index(layer: int, num_layers: int) -> int:
+    """A layer number (negative counts from the end) as 0..num_layers-1."""
+    if not -num_layers <= layer < num_layers:
+        raise ValueError(f"layer {layer} does not exist in a model with {num_layers} layers")
+    return layer % num_layers
+
+
+def merge(receiver: torch.Tensor, sender: torch.Tensor, f: str) -> torch.Tensor:
+    if f == "replace":
+        return sender.clone()
+    if f == "sum":
+        return receiver + sender
+    if f == "mean":
+        return 0.5 * (receiver + sender)
+    raise ValueError(f"AC merge must be one of {', '.join(MERGES)}, not {f!r}")
+
+
+def _last_token_reader(store: dict, layer: int):
+    def read(hidden):
+        store[layer] = hidden[0, -1].detach().clone()
+
+    return read
+
+
+@torch.no_grad()
+def read_layer_inputs(model: LoadedModel, token_ids: list[int]) -> list[torch.Tensor]:
+    """Prefill ``token_ids``; the hidden state entering each decoder layer at the last token."""
+    store: dict[int, torch.Tensor] = {}
+    num_layers = model.facts.num_layers
+    with on_layer_inputs(model, {layer: _last_token_reader(store, layer) for layer in range(num_layers)}):
+        prefill(model, KVState(), token_ids, need_logits=False)
+    return [store[layer] for layer in range(num_layers)]
+
+
+@torch.no_grad()
+def receive(model: LoadedModel, token_ids: list[int], activation: torch.Tensor, j: int, f: str):
+    """The receiver reads its prompt with ``activation`` merged into layer j's input at the last
+    token. Returns the receiver after its prompt and the states that entered each layer there
+    (layer j's before the merge)."""
+    store: dict[int, torch.Tensor] = {}
+
+    def merge_into_j(hidden):
+        store[j] = hidden[0, -1].detach().clone()
+        changed = hidden.clone()
+        changed[:, -1, :] = merge(hidden[:, -1, :], activation.to(hidden.device, hidden.dtype), f)
+        return changed
+
+    edits = {layer: _last_token_reader(store, layer) for layer in range(model.facts.num_layers)}
+    edits[j] = merge_into_j
+    state = KVState()
+    with on_layer_inputs(model, edits):
+        next_token, _ = prefill(model, state, token_ids)
+    prompt = ReceiverPrompt(model=model, state=state, next_token=next_token, last_token=token_ids[-1])
+    return prompt, [store[layer] for layer in range(model.facts.num_layers)]
+
+
+# --- the handoff ------------------------------------------------------------------------------
+
+
+def requirements(pair: LoadedPair, request: HandoffRequest) -> str | None:
+    """Same hidden size, and layers k and j inside the two models."""
+    sender, receiver = pair.kvcomm_sender.facts, pair.receiver.facts
+    if sender.hidden_size != receiver.hidden_size:
+        return (
+            "AC merges one hidden-state vector of the sender into the receiver's, so both need the same hidden size: "
+            f"{sender.name} has {sender.hidden_size}, {receiver.name} has {receiver.hidden_size}."
+        )
+    values = option_values(request, NAME, OPTIONS)
+    for role, facts, key in (("sender", sender, "k"), ("receiver", receiver, "j")):
+        if not -facts.num_layers <= values[key] < facts.num_layers:
+            return f"AC layer {key}={values[key]} does not exist: the {role} {facts.name} has layers 0..{facts.num_layers - 1}."
+    return None
+
+
+def _cosine(a: torch.Tensor | None, b: torch.Tensor | None) -> float | None:
+    if a is None or b is None:
+        return None
+    return float(torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=0))
+
+
+def layer_records(sender_states: list, receiver_states: list, k: int, j: int) -> list[dict]:
+    """Per layer: both models' last-token states entering it (norms), how alike they are, and
+    where the vector was taken (k, the sender's) and merged (j, the receiver's)."""
+    records = []
+    for layer in range(max(len(sender_states), len(receiver_states))):
+        sent = sender_states[layer] if layer < len(sender_states) else None
+        own = receiver_states[layer] if layer < len(receiver_states) else None
+        records.append({
+            "layer": layer,
+            "sender_norm": None if sent is None else float(sent.float().norm()),
+            "receiver_norm": None if own is None else float(own.float().norm()),
+            "cosine": _cosine(sent, own),
+            "taken": layer == k,
+            "injected": layer == j,
+        })
+    return records
+
+
+def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+    reason = needs_context(CONTEXT_REASON)(pair, request) or requirements(pair, request)
+    if reason:
+        return HandoffResult.not_applicable(NAME, pair.name, reason)
+    values = option_values(request, NAME, OPTIONS)
+    sender, receiver = pair.kvcomm_sender, pair.receiver
+    k = layer_index(values["k"], sender.facts.num_layers)
+    j = layer_index(values["j"], receiver.facts.num_layers)
+    timer = StageTimer()
+    sender_segments = build_segments(sender.tokenizer, request.query, request.context)
+    with timer.stage("sharer_prefill"):
+        sender_states = read_layer_inputs(sender, sender_segments.context_ids)
+    with timer.stage("transfer"):
+        activation = sender_states[k].to(receiver.device)
+    segments = build_segments(receiver.tokenizer, request.query)
+    with timer.stage("receiver_prefill"):
+        prompt, receiver_states = receive(receiver, segments.input_ids, activation, j, values["f"])
+    with timer.stage("receiver_decode"):
+        output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=on_token)
+    timings = timer.as_dict()
+
+    context_length, prompt_length = len(sender_segments.context_ids), len(segments.input_ids)
+    receiver_flops = forward_flops(receiver.facts, prompt_length, 0, 1) + decode_flops(
+        receiver.facts, len(output.token_ids), prompt_length
+    )
+    merged = merge(receiver_states[j].unsqueeze(0), activation.to(receiver_states[j].dtype).unsqueeze(0), values["f"])[0]
+    return HandoffResult(
+        handoff=NAME,
+        pair=pair.name,
+        answer=output.text,
+        answer_ids=output.token_ids,
+        seen={
+            "sharer": sender_segments.context_text,
+            "activation": (
+                f"one hidden-state vector of {activation.numel()} numbers: what entered the sender's layer {k} at its "
+                f"last context token, merged ({values['f']}) into what entered the receiver's layer {j} at its last "
+                "prompt token"
+            ),
+            "receiver": segments.text,
+        },
+        timings=timings,
+        bytes_communicated=activation.numel() * activation.element_size(),
+        communication="activation",
+        flops={"sharer": forward_flops(sender.facts, context_length, 0, 0), "receiver": receiver_flops},
+        tokens={"sender_prompt": context_length, "receiver_prompt": prompt_length, "vectors": 1,
+                "generated": len(output.token_ids)},
+        layers=layer_records(sender_states, receiver_states, k, j),
+        # the receiver waits for the sender's prefill, then for one vector
+        first_token_seconds=timings["sharer_prefill"] + timings["transfer"] + timings["receiver_prefill"]
+        + output.first_token_seconds,
+        receiver_first_token_seconds=timings["transfer"] + timings["receiver_prefill"] + output.first_token_seconds,
+        details={
+            "k": k,
+            "j": j,
+            "f": values["f"],
+            "sender_model": sender.name,
+            "cosine_at_merge": _cosine(activation, receiver_states[j]),
+            "norm_before_merge": float(receiver_states[j].float().norm()),
+            "norm_after_merge": float(merged.float().norm()),
+            "stopped_by": output.stopped_by,
+        },
+    )
+
+
+# --- descriptor -------------------------------------------------------------------------------
+
+
+def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult) -> ReceiverPrompt:
+    """The receiver after its prompt with the sender's vector merged (the sender reruns: greedy,
+    deterministic)."""
+    details = result.details
+    sender_ids = build_segments(pair.kvcomm_sender.tokenizer, request.query, request.context).context_ids
+    activation = read_layer_inputs(pair.kvcomm_sender, sender_ids)[details["k"]]
+    prompt_ids = build_segments(pair.receiver.tokenizer, request.query).input_ids
+    prompt, _ = receive(pair.receiver, prompt_ids, activation, details["j"], details["f"])
+    return prompt
+
+
+def figure(result) -> go.Figure:
+    """Top: how alike the two models' last-token states are at each depth (cosine), with where the
+    vector was taken (sender layer k) and merged (receiver layer j). Below: their sizes (norms)."""
+    title = "AC: where the activation was taken and merged (per layer)"
+    missing = not_run_figure(title, result, FIGURE_HEIGHT, "Run a preset with a private context to see AC's layers.", "AC")
+    if missing is not None:
+        return missing
+    records = sorted(result["layers"], key=lambda r: r["layer"])
+    details = result.get("details", {})
+    layers = [r["layer"] for r in records]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1, row_heights=[0.6, 0.4],
+                        subplot_titles=("cosine similarity of the sender's and the receiver's state entering each layer",
+                                        "size (norm) of each model's state"))
+    cosines = [r["cosine"] if r["cosine"] is not None else 0.0 for r in records]
+    marked = [r["taken"] or r["injected"] for r in records]
+    fig.add_trace(go.Bar(
+        x=layers, y=cosines, name="cosine (sender vs receiver)",
+        marker=dict(color=[COLOR if m else "#c7b1aa" for m in marked],
+                    line=dict(color=[SELECTED_OUTLINE if m else "rgba(0,0,0,0)" for m in marked], width=1.5)),
+        hovertext=[f"layer {r['layer']}: cosine {c:.3f}" + (" <b>taken from the sender</b>" if r["taken"] else "")
+                   + (" <b>merged into the receiver</b>" if r["injected"] else "") for r, c in zip(records, cosines)],
+        hoverinfo="text", meta={"series": "cosine"},
+    ), row=1, col=1)
+    for key, symbol, text in (("taken", "triangle-down", "sender layer k (vector taken)"),
+                              ("injected", "star", "receiver layer j (vector merged)")):
+        at = [r["layer"] for r in records if r[key]]
+        fig.add_trace(go.Scatter(x=at, y=[1.08] * len(at), mode="markers", name=text,
+                                 marker=dict(symbol=symbol, size=12, color=COLOR, line=dict(color=SELECTED_OUTLINE, width=1)),
+                                 hoverinfo="name", meta={"series": key}), row=1, col=1)
+    for key, dash, text in (("sender_norm", "dot", "sender"), ("receiver_norm", "solid", "receiver")):
+        fig.add_trace(go.Scatter(x=layers, y=[r[key] for r in records], mode="lines+markers", name=f"{text} norm",
+                                 line=dict(color=COLOR, dash=dash), meta={"series": key}), row=2, col=1)
+    fig.update_yaxes(title_text="cosine", range=[min(0.0, min(cosines)) - 0.05, 1.15], row=1, col=1)
+    fig.update_yaxes(title_text="norm", row=2, col=1)
+    fig.update_xaxes(title_text="layer", dtick=1 if len(layers) <= 40 else None, row=2, col=1)
+    fig.update_annotations(font_size=11)
+    subtitle = f"sender layer {details.get('k')} -> receiver layer {details.get('j')}, merge: {details.get('f')}"
+    return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT, margin=dict(l=60, r=20, t=80, b=60))
+
+
+def notes(result: dict) -> list[str]:
+    details = result.get("details", {})
+    if "k" not in details:
+        return []
+    return [f"sender layer {details['k']} -> receiver layer {details['j']} ({details['f']})"]
+
+
+HANDOFFS = (
+    Handoff(
+        name=NAME,
+        title="AC: activation merge",
+        label="AC",
+        color=COLOR,
+        summary="one hidden-state vector of the sender is merged into the receiver's at one layer",
+        explanation=(
+            "Activation Communication. The sender reads the private context; the state of its residual stream "
+            "entering layer k, at the last context token, is the whole message: one vector of numbers. The "
+            "receiver reads only the question, and while it does, that vector is merged into its own state "
+            "entering layer j at the last token (replaced, added, or averaged). Then the receiver answers. "
+            "Tiny to send, no writing, but everything the sender knows has to fit into one vector, and the "
+            "two models must share a hidden size."
+        ),
+        run=run,
+        needs=("a private context", "a sender with the receiver's hidden size"),
+        applicable=all_of(needs_context(CONTEXT_REASON), requirements),
+        options=OPTIONS,
+        receiver_prompt=receiver_prompt,
+        figure=figure,
+        notes=notes,
+        page=45,
+        walkthrough=(
+            "AC (brown) sends a single vector: the sender's internal state at one layer, at the last word of the "
+            "context. The plot shows where it was taken and where it was merged into the receiver."
+        ),
+    ),
+)

@@ -1,0 +1,334 @@
+"""CIPHER: the sharer writes its message as expected embeddings instead of tokens.
+
+Pham et al. 2024, "Let Models Speak Ciphers" (one of the KVComm paper's baselines, REFERENCE §2):
+1. The sharer reads the same prompt as in the text handoff (relay the private context, or write
+   background for a shared question).
+2. At each step of writing, instead of picking one token it takes the whole next-token
+   distribution p (a softmax at ``temperature``) and writes the expected embedding
+   ``sum_i p_i * E[i]`` (E: its input-embedding table, at the scale its embedding layer outputs).
+   That vector is fed back as its next input. It stops when the most likely token would end the
+   message (end of turn, or a new line for a base model), or at the message length bound.
+3. The receiver reads those vectors in the context slot of its prompt, where the text handoff puts
+   the message's tokens, and answers with the shared decode loop.
+
+The vectors only mean something to a receiver that embeds tokens the same way: sharer and receiver
+must share a tokenizer and an embedding width (a model and itself, or its fine-tune). For a
+learner, each vector is also read back as its nearest token (cosine over the embedding table) and
+as the most likely token; at temperature 0 the distribution is one-hot, every vector is exactly
+the embedding of the greedy token, and CIPHER reads what the text handoff's sharer writes.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from kvviz.attention import AttentionPlan
+from kvviz.cache import KVState
+from kvviz.decode import NextToken, generate, prefill, prefill_vectors
+from kvviz.handoffs.common import LoadedPair, TokenCallback, read_prompt
+from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, option_values
+from kvviz.handoffs.text import sharer_message_segments
+from kvviz.measure import StageTimer, decode_flops, forward_flops
+from kvviz.models import LoadedModel
+from kvviz.plotkit import as_dict, empty_figure, layout
+from kvviz.prompts import build_segments, encode, has_chat_template, stop_token_ids
+from kvviz.results import HandoffRequest, HandoffResult
+
+NAME = "cipher"
+COLOR = "#332288"  # indigo
+OPTIONS = (
+    Option("temperature", "CIPHER temperature of the sharer's softmax (0: one-hot, the text handoff's tokens)", 1.0,
+           minimum=0.0, maximum=2.0, step=0.05),
+)
+FIGURE_HEIGHT = 480
+# Marks the message slot in the receiver's prompt while it is split around it (never in user text).
+_SLOT = "\u2063kvviz-message\u2063"
+
+
+@dataclass
+class Message:
+    vectors: torch.Tensor  # [steps, width]: what is sent
+    steps: list[dict]  # per vector: its readings and how sure the sharer was
+    likeliest_ids: list[int]  # the most likely token at each step
+    nearest_ids: list[int]  # the token whose embedding is nearest to each vector
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+_row_norms: dict[tuple, torch.Tensor] = {}
+_row_norms_lock = threading.Lock()
+
+
+def _embedding_table(model: LoadedModel) -> tuple[torch.Tensor, float]:
+    """(the input-embedding weights [vocab, width], the scale the embedding layer multiplies by)."""
+    embedding = model.model.get_input_embeddings()
+    scale = getattr(embedding, "embed_scale", 1.0)
+    return embedding.weight, float(scale)
+
+
+def _norms(model: LoadedModel, weight: torch.Tensor) -> torch.Tensor:
+    key = (model.name, weight.data_ptr(), str(weight.device))
+    with _row_norms_lock:
+        if key not in _row_norms:
+            _row_norms[key] = weight.float().norm(dim=-1).clamp_min(1e-12)
+        return _row_norms[key]
+
+
+def nearest_token(model: LoadedModel, vector: torch.Tensor) -> tuple[int, float]:
+    """The token whose embedding points most nearly the same way as ``vector``, and the cosine."""
+    weight, _ = _embedding_table(model)
+    cosines = (weight.float() @ vector.float()) / (_norms(model, weight) * vector.float().norm().clamp_min(1e-12))
+    best = int(cosines.argmax())
+    return best, float(cosines[best])
+
+
+@torch.no_grad()
+def write_message(sender: LoadedModel, prompt_ids: list[int], temperature: float, max_vectors: int,
+                  timer: StageTimer | None = None) -> Message:
+    """The sharer's message as expected embeddings, one per step (see the module docstring); its
+    prompt pass is timed as ``sharer_prefill``, the writing as ``sharer_decode``."""
+    timer = timer or StageTimer()
+    weight, scale = _embedding_table(sender)
+    tokenizer = sender.tokenizer
+    stop_ids = stop_token_ids(tokenizer)
+    stop_at_newline = not has_chat_template(tokenizer)
+    state = KVState()
+    with timer.stage("sharer_prefill"):
+        next_token, _ = prefill(sender, state, prompt_ids)
+    with timer.stage("sharer_decode"):
+        return _write(sender, state, next_token, weight, scale, temperature, max_vectors, stop_ids, stop_at_newline)
+
+
+def _write(sender, state, next_token, weight, scale, temperature, max_vectors, stop_ids, stop_at_newline) -> Message:
+    tokenizer = sender.tokenizer
+    vectors, steps, likeliest, nearest = [], [], [], []
+    for step in range(max_vectors):
+        logits = next_token.logits[0]
+        if temperature > 0:
+            probabilities = torch.softmax(logits / temperature, dim=-1)
+        else:
+            probabilities = torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).float()
+        top = int(probabilities.argmax())
+        if top in stop_ids:
+            break
+        reading = tokenizer.decode(likeliest + [top], skip_special_tokens=True)
+        if stop_at_newline and "\n" in reading.lstrip():
+            break
+        vector = (probabilities.to(weight.dtype) @ weight) * scale
+        near, cosine = nearest_token(sender, vector)
+        positive = probabilities[probabilities > 0]
+        steps.append({
+            "step": step,
+            "likeliest": tokenizer.decode([top]),
+            "nearest": tokenizer.decode([near]),
+            "top_probability": float(probabilities[top]),
+            "entropy": float(-(positive * positive.log()).sum()),
+            "cosine_nearest": cosine,
+        })
+        vectors.append(vector)
+        likeliest.append(top)
+        nearest.append(near)
+        if step + 1 < max_vectors:
+            next_token = prefill_vectors(sender, state, vector[None])
+    width = sender.facts.hidden_size
+    stacked = torch.stack(vectors) if vectors else torch.zeros(0, width, dtype=weight.dtype)
+    return Message(vectors=stacked, steps=steps, likeliest_ids=likeliest, nearest_ids=nearest)
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def receiver_pieces(receiver: LoadedModel, request: HandoffRequest) -> tuple[list[int], list[int], str, str]:
+    """The receiver's prompt split around the message slot (where the text handoff puts the
+    message): (ids before, ids after, text before, text after)."""
+    segments = build_segments(receiver.tokenizer, request.query, context=_SLOT)
+    before, after = segments.text.split(_SLOT)
+    return encode(receiver.tokenizer, before), encode(receiver.tokenizer, after), before, after
+
+
+@torch.no_grad()
+def read_message(receiver: LoadedModel, request: HandoffRequest, vectors: torch.Tensor) -> tuple[ReceiverPrompt, list[float]]:
+    """The receiver after reading its prompt with ``vectors`` in the message slot, and per layer the
+    attention mass its tokens after the slot put on the message (mean over heads and tokens; the
+    measure KVComm ranks layers by). With no vectors: the receiver alone's prompt, as for an empty
+    text message, and no attention to report."""
+    if vectors.shape[0] == 0:
+        return read_prompt(receiver, build_segments(receiver.tokenizer, request.query).input_ids), []
+    before, after, _, _ = receiver_pieces(receiver, request)
+    device = receiver.device
+    embedded_before = receiver.model.get_input_embeddings()(torch.tensor(before, device=device))
+    state = KVState()
+    prefill_vectors(receiver, state, torch.cat([embedded_before, vectors.to(device=device, dtype=receiver.dtype)]),
+                    need_logits=False)
+    # The tokens after the slot, with an attention plan of its own: every key before them is a
+    # "prefix" at its real position, and the mass on keys [len(before), len(before) + vectors) is
+    # recorded per layer (the plan's capture window).
+    layers = range(receiver.facts.num_layers)
+    keys_so_far = torch.arange(state.next_position, device=device)
+    plan = AttentionPlan(prefix_positions={layer: keys_so_far for layer in layers}, capture=True, capture_skip=len(before))
+    hidden = receiver.model.model(input_ids=torch.tensor([after], device=device), cache=state.cache,
+                                  position_ids=state.positions(len(after), device), use_cache=True,
+                                  kvviz_plan=plan).last_hidden_state
+    state.next_position += len(after)
+    prompt = ReceiverPrompt(model=receiver, state=state, next_token=NextToken(receiver, hidden[:, -1, :]), last_token=after[-1])
+    return prompt, [plan.captured_mass.get(layer, 0.0) for layer in layers]
+
+
+# --- the handoff ------------------------------------------------------------------------------
+
+
+def shared_embedding_space(pair: LoadedPair, request: HandoffRequest) -> str | None:
+    sharer, receiver = pair.sharer.facts, pair.receiver.facts
+    if sharer.tokenizer_hash != receiver.tokenizer_hash or sharer.hidden_size != receiver.hidden_size:
+        return (
+            "CIPHER sends embedding vectors that the receiver reads as if they were its own token embeddings, so "
+            f"sharer and receiver must share a tokenizer and an embedding width: {sharer.name} has "
+            f"{'another tokenizer' if sharer.tokenizer_hash != receiver.tokenizer_hash else 'the same tokenizer'} and "
+            f"width {sharer.hidden_size}, {receiver.name} width {receiver.hidden_size}."
+        )
+    return None
+
+
+def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+    reason = shared_embedding_space(pair, request)
+    if reason:
+        return HandoffResult.not_applicable(NAME, pair.name, reason)
+    temperature = option_values(request, NAME, OPTIONS)["temperature"]
+    sharer, receiver = pair.sharer, pair.receiver
+    timer = StageTimer()
+    sharer_segments = sharer_message_segments(pair, request)
+    message = write_message(sharer, sharer_segments.input_ids, temperature, request.text_message_tokens, timer)
+    with timer.stage("receiver_prefill"):
+        prompt, attention = read_message(receiver, request, message.vectors)
+    with timer.stage("receiver_decode"):
+        output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=on_token)
+    timings = timer.as_dict()
+
+    count = len(message.steps)
+    reading = sharer.tokenizer.decode(message.nearest_ids, skip_special_tokens=True).strip()
+    _, _, before, after = receiver_pieces(receiver, request)
+    receiver_seen = (f"{before}[{count} vectors, read as nearest tokens: {reading}]{after}" if count
+                     else build_segments(receiver.tokenizer, request.query).text)
+    prompt_length, sharer_length = prompt.state.next_position, len(sharer_segments.input_ids)
+    vocab, width = sharer.facts.vocab_size, sharer.facts.hidden_size
+    sharer_flops = (forward_flops(sharer.facts, sharer_length, 0, 1) + decode_flops(sharer.facts, count, sharer_length)
+                    + 2.0 * vocab * width * count)  # the expected embeddings
+    receiver_flops = forward_flops(receiver.facts, prompt_length, 0, 1) + decode_flops(
+        receiver.facts, len(output.token_ids), prompt_length)
+    return HandoffResult(
+        handoff=NAME,
+        pair=pair.name,
+        answer=output.text,
+        answer_ids=output.token_ids,
+        seen={"sharer": sharer_segments.text, "message": reading, "receiver": receiver_seen},
+        timings=timings,
+        bytes_communicated=message.vectors.numel() * message.vectors.element_size(),
+        communication="embeddings",
+        flops={"sharer": sharer_flops, "receiver": receiver_flops},
+        tokens={"message": count, "receiver_prompt": prompt_length, "generated": len(output.token_ids)},
+        layers=[{"layer": layer, "attention_on_message": mass} for layer, mass in enumerate(attention)],
+        # the receiver cannot start before the whole message is written
+        first_token_seconds=timings["sharer_prefill"] + timings["sharer_decode"] + timings["receiver_prefill"]
+        + output.first_token_seconds,
+        receiver_first_token_seconds=timings["receiver_prefill"] + output.first_token_seconds,
+        details={
+            "temperature": temperature,
+            "likeliest_message": sharer.tokenizer.decode(message.likeliest_ids, skip_special_tokens=True).strip(),
+            "nearest_message": reading,
+            "steps": message.steps,
+            "mean_top_probability": sum(s["top_probability"] for s in message.steps) / count if count else None,
+            "mode": "relay" if request.has_context else "background",
+            "stopped_by": output.stopped_by,
+        },
+    )
+
+
+# --- descriptor -------------------------------------------------------------------------------
+
+
+def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult) -> ReceiverPrompt:
+    """The receiver after reading the message (the sharer writes it again: it is deterministic)."""
+    temperature = option_values(request, NAME, OPTIONS)["temperature"]
+    message = write_message(pair.sharer, sharer_message_segments(pair, request).input_ids, temperature,
+                            request.text_message_tokens)
+    return read_message(pair.receiver, request, message.vectors)[0]
+
+
+def figure(result) -> go.Figure:
+    """Top, per message vector: how sure the sharer was (the likeliest token's probability),
+    labelled with the vector's nearest-token reading. Below, per receiver layer: the attention
+    mass its question tokens put on the message."""
+    title = "CIPHER: the message vectors and how the receiver reads them"
+    if result is None:
+        return empty_figure(title, "Run a pair that shares an embedding space to see CIPHER's message.", FIGURE_HEIGHT)
+    result = as_dict(result)
+    steps = result.get("details", {}).get("steps") or []
+    if not result.get("applicable", True) or not steps:
+        return empty_figure(title, "CIPHER did not run: " + (result.get("reason") or "the message is empty."), FIGURE_HEIGHT)
+    records = sorted(result.get("layers") or [], key=lambda r: r["layer"])
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.2, row_heights=[0.55, 0.45],
+                        subplot_titles=("per message vector: probability of the likeliest token (label: nearest token)",
+                                        "per receiver layer: attention on the message"))
+    x = [s["step"] for s in steps]
+    fig.add_trace(go.Bar(
+        x=x, y=[s["top_probability"] for s in steps], name="probability of the likeliest token",
+        marker=dict(color=COLOR), text=[s["nearest"] for s in steps], textposition="outside",
+        hovertext=[f"vector {s['step']}: nearest token {s['nearest']!r} (cosine {s['cosine_nearest']:.2f}), likeliest "
+                   f"{s['likeliest']!r} p={s['top_probability']:.2f}, entropy {s['entropy']:.2f} nats" for s in steps],
+        hoverinfo="text", meta={"series": "top_probability"},
+    ), row=1, col=1)
+    fig.add_trace(go.Scatter(
+        x=[r["layer"] for r in records], y=[r["attention_on_message"] for r in records], mode="lines+markers",
+        name="attention on the message", line=dict(color=COLOR), meta={"series": "attention_on_message"},
+    ), row=2, col=1)
+    fig.update_xaxes(title_text="message vector", dtick=1 if len(x) <= 40 else None, row=1, col=1)
+    fig.update_xaxes(title_text="receiver layer", dtick=1 if len(records) <= 40 else None, row=2, col=1)
+    fig.update_yaxes(title_text="probability", range=[0, 1.25], row=1, col=1)
+    fig.update_yaxes(title_text="attention mass", rangemode="tozero", row=2, col=1)
+    fig.update_annotations(font_size=11)
+    subtitle = f"{len(steps)} vectors at temperature {result['details'].get('temperature')}; 1.0 = one token, lower = a blend"
+    return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT, margin=dict(l=60, r=20, t=80, b=60))
+
+
+def notes(result: dict) -> list[str]:
+    details = result.get("details", {})
+    if "steps" not in details:
+        return []
+    mean = details.get("mean_top_probability")
+    sure = "" if mean is None else f", likeliest token's mean probability {mean:.2f}"
+    return [f"message: {len(details['steps'])} vectors{sure}"]
+
+
+HANDOFFS = (
+    Handoff(
+        name=NAME,
+        title="CIPHER: embedding message",
+        label="CIPHER",
+        color=COLOR,
+        summary="the sharer writes expected embeddings instead of tokens; the receiver reads the vectors",
+        explanation=(
+            "CIPHER. The sharer writes a message as the text handoff does, but never picks a word: at each step it "
+            "sends the average of all token embeddings weighted by how likely each token is, and feeds that blend "
+            "back to itself. The receiver reads these vectors where it would read the message's words, so nothing "
+            "the sharer was unsure about is thrown away. Only models that embed tokens the same way can talk so. "
+            "*What each model saw* reads each vector back as its nearest token."
+        ),
+        run=run,
+        needs=("a sharer with the receiver's tokenizer and embedding width",),
+        applicable=shared_embedding_space,
+        options=OPTIONS,
+        receiver_prompt=receiver_prompt,
+        figure=figure,
+        notes=notes,
+        page=15,
+        walkthrough=(
+            "CIPHER (indigo) writes like the text handoff but sends, for each word, a blend of all word "
+            "embeddings weighted by their probability. Its plot shows how sure the sharer was at each step."
+        ),
+    ),
+)

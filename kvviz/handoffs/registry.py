@@ -1,0 +1,353 @@
+"""The handoff descriptor and the registry every part of kvviz reads.
+
+Each handoff file ends with its descriptor(s) (kvpress style: a small object over the one shared
+pipeline of ``kvviz.decode`` and ``kvviz.cache``): what it is called and how it looks, what it
+needs, its options, how it runs, what the benchmark and the page need from it. The page, the
+plots, the benchmark, the CLI help and the presets read descriptors from here and never name a
+handoff. ``kvviz.handoffs`` registers the files' descriptors, one line per file.
+
+A descriptor in short::
+
+    HANDOFFS = (Handoff(name="echo", title="Echo: the first words", label="Echo", color="#123456",
+                        summary="one line", explanation="how it works, in words", run=run,
+                        applicable=needs_context("..."), options=(Option("words", ...),),
+                        no_receiver_prompt="not computed: ..."),)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from kvviz.results import HandoffRequest, HandoffResult
+
+if TYPE_CHECKING:  # type names only: the registry imports no model code
+    from kvviz.cache import KVState
+    from kvviz.decode import NextToken
+    from kvviz.handoffs.common import LoadedPair
+    from kvviz.models import LoadedModel
+
+DIAGRAM_DIR = Path(__file__).resolve().parents[2] / "assets" / "diagrams"
+
+# What a requirement check returns: None when the handoff can run, else the reason it cannot.
+Check = Callable[["LoadedPair", HandoffRequest], "str | None"]
+ROLES = ("floor", "ceiling", "handoff")
+OPTION_KINDS = ("float", "int", "choice", "text")
+
+
+# --- options ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting of a handoff: a page widget, a ``run``/``bench`` flag, and optionally a bench
+    sweep (one variant per listed value).
+
+    ``auto``: when not empty, the value may be None, meaning what ``auto`` says ("the paper's alpha
+    for the model family"); the page shows a checkbox for it and the CLI leaves the flag out.
+    """
+
+    name: str
+    label: str
+    default: Any
+    kind: str = "float"
+    choices: tuple = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    step: float | None = None
+    flag: str = ""  # the CLI flag; "" means --HANDOFF-NAME
+    sweep_flag: str = ""  # bench: a comma-separated list, one variant per value (e.g. --ratios)
+    sweep_default: str = ""
+    on_page: bool = True
+    auto: str = ""
+
+    def __post_init__(self):
+        if self.kind not in OPTION_KINDS:
+            raise ValueError(f"option {self.name}: kind must be one of {', '.join(OPTION_KINDS)}, not {self.kind!r}")
+        if self.kind == "choice" and self.default not in self.choices:
+            raise ValueError(f"option {self.name}: default {self.default!r} is not one of its choices {self.choices}")
+
+    def cli_flag(self, handoff: str) -> str:
+        return self.flag or f"--{handoff}-{self.name}".replace("_", "-")
+
+    def parse(self, value: Any) -> Any:
+        """The value in its kind, checked; None or "" give the default (None when ``auto``)."""
+        if value is None or (isinstance(value, str) and not value.strip() and self.kind != "text"):
+            return None if self.auto else self.default
+        try:
+            if self.kind == "float":
+                parsed: Any = float(value)
+            elif self.kind == "int":
+                number = float(value)  # a page's number box sends 3.0
+                if not number.is_integer():
+                    raise ValueError(value)
+                parsed = int(number)
+            else:
+                parsed = str(value).strip() if self.kind == "choice" else str(value)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{self.label}: {value!r} is not a{'n integer' if self.kind == 'int' else ' number'}.") from error
+        if self.kind == "choice" and parsed not in self.choices:
+            raise ValueError(f"{self.label}: {parsed!r} is not one of {', '.join(map(str, self.choices))}.")
+        if self.kind in ("float", "int"):
+            if self.minimum is not None and parsed < self.minimum or self.maximum is not None and parsed > self.maximum:
+                raise ValueError(f"{self.label} must be between {self.minimum:g} and {self.maximum:g}, got {parsed:g}.")
+        return parsed
+
+    def parse_list(self, text: str) -> list:
+        """A comma-separated list of values (a bench sweep)."""
+        return [self.parse(part) for part in str(text).split(",") if part.strip()]
+
+
+def option_values(request: HandoffRequest, name: str, options: tuple[Option, ...]) -> dict:
+    """A handoff's option values as ``with_options`` stored them in ``request.options`` (the
+    defaults for a request built without them)."""
+    return parse_values(options, request.options.get(name))
+
+
+def parse_values(options: tuple[Option, ...], given: dict | None) -> dict:
+    """Every option's value: the given ones checked, the others at their defaults."""
+    given = given or {}
+    unknown = sorted(set(given) - {option.name for option in options})
+    if unknown:
+        raise ValueError(f"Unknown option(s) {', '.join(unknown)}; known: {', '.join(o.name for o in options) or 'none'}.")
+    return {option.name: option.parse(given.get(option.name)) for option in options}
+
+
+# --- what a handoff needs ---------------------------------------------------------------------
+
+
+def always(pair, request) -> None:
+    return None
+
+
+def needs_context(reason: str) -> Check:
+    """A check that fails with ``reason`` when the request has no private context."""
+
+    def check(pair, request: HandoffRequest) -> str | None:
+        return None if request.has_context else reason
+
+    return check
+
+
+def all_of(*checks: Check) -> Check:
+    """The first failing check's reason, or None."""
+
+    def check(pair, request):
+        for one in checks:
+            reason = one(pair, request)
+            if reason:
+                return reason
+        return None
+
+    return check
+
+
+# --- the descriptor ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReceiverPrompt:
+    """The receiver right after reading its prompt the way a handoff left it: what the
+    benchmark's likelihood scoring continues from (``next_token`` predicts the first answer token)."""
+
+    model: "LoadedModel"
+    state: "KVState"
+    next_token: "NextToken"
+    last_token: int  # the prompt's last token (whether an option continues it after a space)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A page experiment: accuracy on the built-in sweep set against one option (``x``), one line
+    per value of another (``series``). Points are stored under the options' own names."""
+
+    title: str
+    explanation: str
+    x_option: str
+    x_values: tuple[float, ...]
+    x_label: str
+    series_option: str
+    series_values: tuple[str, ...]
+    series_default: tuple[str, ...]
+    # x values at which every series runs the same thing: run once and shared
+    shared_x: tuple[float, ...] = ()
+    # a details key of the result reported per point (e.g. how many layers were sent), and its name
+    count_detail: str = ""
+    count_name: str = ""
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """Everything the lab needs to know about one way for two models to talk."""
+
+    name: str  # the registry name: CLI, API, result rows
+    title: str  # column head and figure legends
+    label: str  # short, for plot axes
+    color: str  # one colour per handoff, the same everywhere
+    summary: str  # one line: CLI help, the column's subtitle
+    explanation: str  # "how it works", a short paragraph of markdown
+    run: Callable[..., HandoffResult]  # run(pair, request, on_token=None) -> HandoffResult
+    needs: tuple[str, ...] = ()  # what it needs, in words ("a private context", "a trained fuser")
+    applicable: Check = always  # says "not applicable" at once, without running a model
+    options: tuple[Option, ...] = ()
+    # puts option values into a request; None: they go to request.options[name]
+    apply_options: Callable[[HandoffRequest, dict], HandoffRequest] | None = None
+    variant_label: Callable[[dict], str] | None = None  # bench row name from the swept values
+    # the benchmark's likelihood column: the receiver after its prompt, or why it cannot be rebuilt
+    receiver_prompt: Callable[["LoadedPair", HandoffRequest, HandoffResult], ReceiverPrompt] | None = None
+    no_receiver_prompt: str = ""
+    figure: Callable[[dict | None], Any] | None = None  # its per-layer (or per-step) figure
+    notes: Callable[[dict], list[str]] | None = None  # extra facts under the answer (plain text)
+    role: str = "handoff"  # "floor": nothing shared; "ceiling": sees everything; "handoff"
+    page: int | None = None  # position among the page's columns; None: not a page column
+    page_default: bool = False  # shown when the page opens
+    walkthrough: str = ""  # its step of the page's guided walk-through
+    sweep: Sweep | None = None
+    diagram: Path | None = field(default=None)  # default: assets/diagrams/NAME.svg when present
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"handoff {self.name}: role must be one of {', '.join(ROLES)}")
+        if self.receiver_prompt is None and not self.no_receiver_prompt:
+            raise ValueError(f"handoff {self.name}: without receiver_prompt, say why in no_receiver_prompt")
+        if self.diagram is None and (DIAGRAM_DIR / f"{self.name}.svg").is_file():
+            object.__setattr__(self, "diagram", DIAGRAM_DIR / f"{self.name}.svg")
+
+    def option(self, name: str) -> Option:
+        for option in self.options:
+            if option.name == name:
+                return option
+        raise KeyError(f"{self.name} has no option {name!r}")
+
+    def with_options(self, request: HandoffRequest, given: dict | None = None) -> HandoffRequest:
+        """The request with this handoff's options set (the given ones checked, others default)."""
+        values = parse_values(self.options, given)
+        if self.apply_options is not None:
+            return self.apply_options(request, values)
+        return dataclasses.replace(request, options={**request.options, self.name: values})
+
+    def swept_options(self) -> list[Option]:
+        return [option for option in self.options if option.sweep_flag]
+
+    def label_variant(self, values: dict) -> str:
+        return self.variant_label(values) if self.variant_label and values else self.name
+
+    def not_applicable(self, pair_name: str, reason: str) -> HandoffResult:
+        return HandoffResult.not_applicable(self.name, pair_name, reason)
+
+
+# --- the registry -----------------------------------------------------------------------------
+
+HANDOFFS: dict[str, Handoff] = {}
+
+
+def register(*handoffs: Handoff) -> None:
+    for handoff in handoffs:
+        if not isinstance(handoff, Handoff):
+            raise TypeError(f"register() takes Handoff descriptors, got {type(handoff).__name__}")
+        HANDOFFS[handoff.name] = handoff
+
+
+def register_module(module) -> None:
+    """Register the descriptors a handoff file ends with (its ``HANDOFFS`` tuple)."""
+    descriptors = getattr(module, "HANDOFFS", None)
+    if not descriptors:
+        raise ValueError(f"{module.__name__} ends with no HANDOFFS tuple of descriptors")
+    register(*descriptors)
+
+
+def get(name: str) -> Handoff:
+    if name not in HANDOFFS:
+        raise ValueError(f"Unknown handoff '{name}'; choose from {', '.join(HANDOFFS)}.")
+    return HANDOFFS[name]
+
+
+def all_handoffs() -> list[Handoff]:
+    """Every registered handoff, in registration order (the order of every table)."""
+    return list(HANDOFFS.values())
+
+
+def page_handoffs() -> list[Handoff]:
+    """The page's columns, in their order."""
+    return sorted((h for h in HANDOFFS.values() if h.page is not None), key=lambda h: (h.page, h.name))
+
+
+def default_handoffs() -> list[str]:
+    """What runs when nobody says: the page's columns shown at first, in their order."""
+    return [h.name for h in page_handoffs() if h.page_default]
+
+
+def with_role(role: str) -> list[Handoff]:
+    return [h for h in HANDOFFS.values() if h.role == role]
+
+
+def with_sweep() -> list[Handoff]:
+    return [h for h in HANDOFFS.values() if h.sweep is not None]
+
+
+def color_of(name: str) -> str:
+    return HANDOFFS[name].color if name in HANDOFFS else "#444444"
+
+
+def label_of(name: str) -> str:
+    return HANDOFFS[name].label if name in HANDOFFS else name
+
+
+def title_of(name: str) -> str:
+    return HANDOFFS[name].title if name in HANDOFFS else name
+
+
+def parse_handoffs(names: str | list[str]) -> list[str]:
+    """Handoff names from "a,b" or a list; "all" means every registered handoff."""
+    if isinstance(names, str):
+        names = [name.strip() for name in names.split(",") if name.strip()]
+    if list(names) == ["all"]:
+        return list(HANDOFFS)
+    unknown = [name for name in names if name not in HANDOFFS]
+    if unknown:
+        raise ValueError(f"Unknown handoff(s) {', '.join(unknown)}; choose from {', '.join(HANDOFFS)}.")
+    if not names:
+        raise ValueError("Name at least one handoff.")
+    return list(names)
+
+
+def request_with_options(request: HandoffRequest, given: dict[str, dict] | None = None) -> HandoffRequest:
+    """Set every registered handoff's options: ``given`` maps handoff name -> {option: value}."""
+    given = given or {}
+    unknown = sorted(set(given) - set(HANDOFFS))
+    if unknown:
+        raise ValueError(f"Options for unknown handoff(s) {', '.join(unknown)}.")
+    for handoff in HANDOFFS.values():
+        if handoff.options:
+            request = handoff.with_options(request, given.get(handoff.name))
+    return request
+
+
+def build_request(
+    query: str,
+    context: str | None = None,
+    max_new_tokens: int = 32,
+    sample: bool = False,
+    temperature: float = 0.7,
+    seed: int = 0,
+    message_tokens: int = 64,
+    options: dict[str, dict] | None = None,
+    **fields,
+) -> HandoffRequest:
+    """A request from the settings every surface shares (page form, CLI flags, bench) plus each
+    handoff's options (handoff name -> {option: value}; the others at their defaults).
+    A ValueError says what is wrong in plain words."""
+    from kvviz.results import GenerationSettings
+
+    request = HandoffRequest(
+        query=(query or "").strip(),
+        context=(context or "").strip() or None,
+        generation=GenerationSettings(
+            max_new_tokens=int(max_new_tokens), greedy=not sample, temperature=float(temperature), seed=int(seed or 0)
+        ),
+        text_message_tokens=int(message_tokens),
+        **fields,
+    )
+    return request_with_options(request, options)

@@ -1,0 +1,101 @@
+"""The KVComm descriptor's parts that the page and the benchmark read: its layer figure, its
+options as the page and the CLI set them, its bench variants, and the receiver state it rebuilds
+for the likelihood column. (The handoff's invariants run in test_engine.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvviz.bench.run import expand_variants
+from kvviz.bench.scoring import option_scores
+from kvviz.engine import run_handoff
+from kvviz.handoffs import kvcomm, registry
+from kvviz.plotkit import SELECTED_OUTLINE, bar_counts
+from kvviz.results import HandoffRequest, HandoffResult, KVCommOptions
+from tests.conftest import tiny_pair
+from tests.test_plots import NUM_LAYERS, SELECTED, kvcomm_result
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def bar_traces(figure) -> list[dict]:
+    return [t for t in figure.to_dict()["data"] if t["type"] == "bar"]
+
+
+def test_kvcomm_figure_has_one_bar_per_layer_per_series_and_highlights_selected():
+    figure = kvcomm.layers_figure(kvcomm_result())
+    bars = bar_traces(figure)
+    assert [t["meta"]["series"] for t in bars] == ["attention_norm", "prior", "score"]
+    for trace in bars:
+        assert list(trace["x"]) == list(range(NUM_LAYERS))
+        assert len(trace["y"]) == NUM_LAYERS
+        outlined = {layer for layer, color in zip(trace["x"], trace["marker"]["line"]["color"]) if color == SELECTED_OUTLINE}
+        assert outlined == SELECTED
+        opaque = {layer for layer, opacity in zip(trace["x"], trace["marker"]["opacity"]) if opacity == 1.0}
+        assert opaque == SELECTED
+    markers = [t for t in figure.to_dict()["data"] if t["meta"]["series"] == "selected"][0]
+    assert sorted(markers["x"]) == sorted(SELECTED)
+    assert markers["marker"]["color"] == kvcomm.COLOR
+    assert bar_counts(figure) == {"attention_norm": NUM_LAYERS, "prior": NUM_LAYERS, "score": NUM_LAYERS}
+    assert "3 of 6 layers sent" in figure.layout.title.text
+
+
+def test_kvcomm_figure_draws_no_bar_where_nothing_was_measured():
+    result = run_handoff("kvcomm", tiny_pair("llama"), HandoffRequest(
+        query="What is the secret code word?", context="The secret code word is pineapple.",
+        kvcomm=KVCommOptions(strategy="random", ratio=0.5)))
+    bars = {t["meta"]["series"]: t["y"] for t in bar_traces(kvcomm.layers_figure(result))}
+    assert all(value is None for series in bars.values() for value in series)  # random: no attention, no score
+
+
+def test_kvcomm_figure_for_not_applicable_result_says_why():
+    result = HandoffResult.not_applicable("kvcomm", "hand", "KVComm needs a private context.").to_dict()
+    figure = kvcomm.layers_figure(result)
+    assert not bar_traces(figure)
+    assert "needs a private context" in figure.layout.annotations[0].text
+    assert "Run a preset" in kvcomm.layers_figure(None).layout.annotations[0].text
+
+
+def test_options_set_the_request_and_explicit_layers_override_the_strategy():
+    handoff = registry.get("kvcomm")
+    base = HandoffRequest(query="Q?", context="C")
+    request = handoff.with_options(base, {"ratio": "0.25", "strategy": "prior", "sigma": 4})
+    assert request.kvcomm.ratio == 0.25 and request.kvcomm.strategy == "prior" and request.kvcomm.sigma == 4.0
+    assert request.kvcomm.alpha is None  # "auto": the reference code's 1.0
+    explicit = handoff.with_options(base, {"layers": "7, 0,3"})
+    assert explicit.kvcomm.strategy == "explicit" and explicit.kvcomm.layers == (0, 3, 7)
+    with pytest.raises(ValueError, match="Explicit layers"):
+        handoff.with_options(base, {"layers": "a,b"})
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        handoff.with_options(base, {"ratio": 1.5})
+    with pytest.raises(ValueError, match="not one of"):
+        handoff.with_options(base, {"strategy": "best"})
+
+
+def test_one_bench_variant_per_strategy_and_ratio():
+    variants = expand_variants(["receiver", "kvcomm", "text"], {"kvcomm": {"ratio": "0.3,0.5", "strategy": "kvcomm,random"}})
+    assert [v.label for v in variants] == [
+        "receiver", "kvcomm@0.3", "kvcomm@0.5", "kvcomm-random@0.3", "kvcomm-random@0.5", "text"
+    ]
+    assert variants[1].handoff == "kvcomm" and variants[1].options == {"ratio": 0.3, "strategy": "kvcomm"}
+    default = expand_variants(["kvcomm"])
+    assert [v.label for v in default] == ["kvcomm@0.3", "kvcomm@0.5", "kvcomm@0.7"]
+
+
+def test_likelihood_state_with_every_layer_equals_skylines():
+    pair = tiny_pair("gemma")
+    request = HandoffRequest(query="What is the secret code word?", context="The secret code word is pineapple.",
+                             kvcomm=KVCommOptions(ratio=1.0))
+    result = run_handoff("kvcomm", pair, request)
+    options = ["pineapple", "Paris", "the lazy dog"]
+    scores = {name: option_scores(registry.get(name).receiver_prompt(pair, request, result), options)
+              for name in ("skyline", "kvcomm")}
+    assert scores["kvcomm"] == pytest.approx(scores["skyline"], abs=1e-4)
+
+
+def test_not_applicable_at_once_without_a_context_or_across_architectures(mixed_tiny_pair):
+    handoff = registry.get("kvcomm")
+    assert "private context" in handoff.applicable(tiny_pair("llama"), HandoffRequest(query="Q?"))
+    assert "architecture" in handoff.applicable(mixed_tiny_pair, HandoffRequest(query="Q?", context="C"))
+    assert handoff.applicable(tiny_pair("llama"), HandoffRequest(query="Q?", context="C")) is None
+    assert isinstance(handoff.not_applicable("p", "why"), HandoffResult)

@@ -1,0 +1,65 @@
+"""The performance study (kvviz.perf) on the tiny pair: exact synthetic context lengths, peak
+memory, the report and its markdown, the issue-6 targets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kvviz import perf
+
+
+@pytest.mark.parametrize("length", [80, 121, 200])
+def test_synthetic_context_has_the_exact_token_length(tiny_engine, length):
+    from kvviz.prompts import build_segments
+
+    pair, _ = tiny_engine
+    text, measured = perf.synthetic_context(pair.receiver.tokenizer, length)
+    assert measured == length == len(build_segments(pair.receiver.tokenizer, perf.QUESTION, text).context_ids)
+    assert perf.FACT in text
+    middle = (text.index(perf.FACT) + len(perf.FACT) / 2) / len(text)
+    assert 0.35 < middle < 0.65
+
+
+def test_peak_memory_sees_a_large_allocation():
+    with perf.PeakMemory(torch.device("cpu")) as meter:
+        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        float(block.sum())
+        del block
+    assert meter.peak_bytes >= 32 * 2**20  # sampled every ms: most of it is seen
+
+
+def test_perf_report_on_the_tiny_pair(tiny_engine):
+    pair, _ = tiny_engine
+    report = perf.measure(pair, [80, 120], repeats=2, message_tokens=4)
+    curve = report["context_curve"]
+    assert [row["context_tokens"] for row in curve] == [80, 120]
+    entry = curve[1]["kvcomm"]["kvcomm@0.3"]
+    assert entry["ttft_ratio_receiver"]["n"] == 2 and entry["ttft_ratio_receiver"]["median"] > 0
+    assert entry["flops_ratio_receiver"] < entry["flops_ratio_e2e"]
+    table, measured = curve[1]["kvcomm_bytes"], curve[1]["kvcomm_bytes_measured"]
+    assert table["kvcomm@0.3"] < table["kvcomm@0.5"] < table["kvcomm@1"]
+    assert set(measured) == {"kvcomm@0.3", "kvcomm@0.5", "kvcomm@1"}  # real runs at the memory length
+    assert all(measured[label] == table[label] for label in measured)  # the bytes formula is exact
+    assert report["shared_question"]["c2c_unavailable"].startswith("c2c not available")
+    assert set(report["memory"]["peak_bytes"]) >= {"receiver", "skyline", "text", "kvcomm@0.3"}
+    text = perf.markdown(report)
+    assert "C2C / text latency | c2c not available" in text and "receiver-side" in text and "end-to-end" in text
+    # the speed table: every model's decode speed beside the machine's limits, and the full run
+    assert set(report["decode_ms_per_token"]) == {pair.receiver.name}
+    assert report["decode_ms_per_token"][pair.receiver.name] > 0
+    assert report["warm_full_run_seconds"] > 0
+    model = report["speed"]["models"][0]
+    assert model["limits"]["stream_weights_ms"]["median"] > 0 and model["limits"]["head_product_ms"]["median"] > 0
+    assert model["ratios"]["decode / stream weights"]["n"] == 2
+    assert "decode ms/token" in text and "Warm full run" in text
+    json.dumps(report)  # plain data
+
+
+def test_targets_give_a_verdict_only_for_what_was_measured():
+    assert perf.targets(None, {}) == []
+    summaries = {"countries": [{"variant": "skyline", "acc_f1": 0.2}, {"variant": "kvcomm@0.3", "acc_f1": 0.1}]}
+    (target, measured, verdict), = perf.targets(None, summaries)
+    assert "Countries" in target and measured == "0.10 vs 0.20 (50%)" and verdict == "missed"

@@ -1,0 +1,76 @@
+"""kvviz.present: results as text and tables for people (no models, no Gradio)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from kvviz import present
+from kvviz.handoffs import registry
+from kvviz.results import STAGES, HandoffResult
+
+
+def kvcomm_result() -> dict:
+    timings = {stage: 0.01 for stage in STAGES} | {"total": 0.05}
+    return HandoffResult(handoff="kvcomm", pair="hand", answer="4471", timings=timings, bytes_communicated=2048,
+                         communication="kv", tokens={"context": 9, "generated": 2}, first_token_seconds=0.02,
+                         seen={"sharer": "the note", "receiver": "the question"},
+                         details={"selected_layers": [0, 3]}).to_dict()
+
+
+def test_user_text_is_escaped_in_markdown():
+    escaped = present.md('<img src=x onerror="alert(1)"> *bold* [link](http://x)')
+    assert escaped.count("<") == escaped.count("\\<") == 1 and "\\*bold\\*" in escaped
+    result = {"handoff": "kvcomm", "applicable": False, "reason": "<script>alert(1)</script>"}
+    stats = present.stats_markdown(result)
+    assert stats.startswith("**Not applicable:**") and stats.count("<") == stats.count("\\<")
+
+
+def test_stats_show_time_bytes_and_the_handoffs_own_notes():
+    stats = present.stats_markdown(kvcomm_result())
+    assert "**50 ms** total" in stats and "first token 20 ms" in stats
+    assert "**2.0 KB** sent as kv" in stats and "2 tokens answered" in stats
+    assert "layers sent: 0, 3" in stats  # the KVComm descriptor's note
+    assert present.stats_markdown(None, "running") == "*running ...*"
+    assert "precomputed" in present.stats_markdown(dict(kvcomm_result(), precomputed=True))
+
+
+def test_seen_text_lists_what_each_model_read_in_order():
+    text = present.seen_text(dict(kvcomm_result(), seen={"receiver": "Q", "sharer": "C", "extra": "E"}))
+    assert text.index("What the sharer read") < text.index("What the receiver read") < text.index("--- extra ---")
+    assert present.seen_text(None) == ""
+
+
+def test_results_frame_has_one_row_per_result_and_a_fixed_layout():
+    off = HandoffResult.not_applicable("skyline", "hand", "needs a context").to_dict()
+    frame = present.results_frame(present.payload("hand", None, [kvcomm_result(), off], False))
+    assert isinstance(frame, pd.DataFrame) and list(frame.columns) == present.RESULT_COLUMNS
+    assert list(frame["handoff"]) == ["kvcomm", "skyline"]
+    assert frame.loc[0, "title"] == registry.get("kvcomm").title and frame.loc[0, "notes"] == "layers sent: 0, 3"
+    assert not frame.loc[1, "applicable"] and frame.loc[1, "reason"] == "needs a context"
+    assert present.results_frame({}).empty
+
+
+def test_exports_write_the_payload_and_its_table(tmp_path):
+    data = present.payload("hand", {"query": "Q"}, [kvcomm_result()], False)
+    json_path, csv_path = present.write_exports(data, tmp_path)
+    assert json.loads(open(json_path, encoding="utf-8").read()) == data
+    table = pd.read_csv(csv_path)
+    assert list(table.columns) == present.RESULT_COLUMNS and table.loc[0, "answer"] == 4471
+
+
+def test_column_head_and_how_it_works_come_from_the_descriptor():
+    handoff = registry.get("skyline")
+    head = present.header_html("skyline")
+    assert handoff.color in head and handoff.title in head and handoff.summary in head
+    text = present.how_it_works_markdown("skyline")
+    assert text.startswith(handoff.explanation) and "*Needs:* a private context." in text
+    assert "<svg" in present.diagram_html("skyline")
+    assert present.diagram_html("c2c_control") == ""  # no diagram drawn for it
+
+
+def test_pair_facts_need_no_weights():
+    text = present.pair_facts_markdown("embedded")
+    assert "| sharer | smollm2-135m |" in text and "same-shape sender" in text and "| hidden |" in text
+    assert present.pair_facts_markdown("nope").startswith("**Unknown pair")
