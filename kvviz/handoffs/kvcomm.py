@@ -40,8 +40,8 @@ Per-layer records (``HandoffResult.layers``, one per receiver layer; plots read 
   layer                      receiver layer index
   sent                       "context" (the whole context KV) or "sink" (only its first token)
   selected                   sent == "context"
-  forced                     True for layer 0 when it was sent by ``always_send_layer0``, not by
-                             its score
+  forced                     True for layer 0 when ``always_send_layer0`` put it in the set (its
+                             score was not consulted)
   calibration_attention      S_a(l) measured on the calibration sample; None when the strategy
                              used no attention (prior, random, explicit, or alpha = 0)
   calibration_attention_norm the same, min-max normalised over layers; None likewise
