@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from kvviz.prompts import PromptSegments, build_segments, user_message
+from kvviz.prompts import PromptSegments, answer_instruction, build_segments, user_message
 
 
 def terminal_layer_map(sharer_layers: int, receiver_layers: int) -> list[int]:
@@ -55,9 +55,9 @@ def message_span(tokenizer, query: str, context: str | None = None, instruction:
     its characters lie inside the message text (template tokens, and any token straddling the
     boundary, do not).
     """
-    kwargs = {} if instruction is None else {"instruction": instruction}
-    segments = build_segments(tokenizer, query, context, **kwargs)
-    context_part, query_part = user_message(query, context, **kwargs)
+    instruction = answer_instruction(tokenizer) if instruction is None else instruction
+    segments = build_segments(tokenizer, query, context, instruction)
+    context_part, query_part = user_message(query, context, instruction)
     message = context_part + query_part
     text = segments.context_text + segments.query_text
     char_start = segments.context_text.rfind(context_part) if context_part else len(segments.context_text)

@@ -6,16 +6,23 @@ in one forward; KVComm lets the sender prefill ``context_ids`` and the receiver 
 ``query_ids``. Because both use the very same segments, "KVComm with every layer equals Skyline"
 is exact by construction, not by luck of tokenisation.
 
-Models with a chat template (SmolLM2, Qwen) get it; base models (Gemma-3-270M) get a plain
-"Context: ...\n\nQuestion: ...\nAnswer briefly.\nAnswer:" layout that base models complete well.
+Models with a chat template (SmolLM2, Qwen) get it, and the question comes with "Answer briefly.";
+base models (Gemma-3-270M) get a plain "Context: ...\n\nQuestion: ...\nAnswer:" layout with no
+instruction line: the prompt's "Answer:" already asks for the answer.
 
-The base layout was chosen by measurement (``scripts/prompt_layouts.py``; Gemma-3-270M, greedy,
-token F1 > 0.5, the benchmark's 100 samples, Skyline / receiver alone): this layout scores
-Countries 0.29 / 0.06 and HotpotQA 0.22 / 0.03; without "Answer briefly." Countries 0.31 / 0.10
-(0.31 with or without the blank line) but HotpotQA 0.16 / 0.03, its answers running long; the
-context without a "Context:" label 0.26, "Q: / A:" 0.23, "Short answer:" 0.22 on Countries.
-Skyline's Countries errors are wrong countries, not wrong formats: the model does not know where
-the landmark is (on the file's first 100 samples the same layouts score 0.36-0.38).
+The base layout was chosen by measurement (``scripts/prompt_layouts.py`` and a held-out check;
+Gemma-3-270M, greedy, token F1 > 0.5). Skyline / receiver alone on the benchmark's 100 samples:
+  Context: C\n\nQuestion: Q\nAnswer briefly.\nAnswer:   Countries 0.29 / 0.06, HotpotQA 0.22 / 0.03
+  Context: C\n\nQuestion: Q\nAnswer:                     Countries 0.31 / 0.10  (this layout)
+  Context: C\nQuestion: Q\nAnswer:                       Countries 0.31 / 0.10, HotpotQA 0.16 / 0.03
+  C\nQuestion: Q\nAnswer: 0.26; C\nQ: Q\nA: 0.23; ...\nShort answer: 0.22 (Countries Skyline)
+The instruction line decided it: with it, a base receiver that sees the context only in part
+(KVComm) mostly ends its answer line at once and writes "Answer:" again. On the 98 Countries
+samples the benchmark does not use (KVComm calibrated on the first of them), Skyline scores 35
+with or without the line, KVComm r=0.3 10 with it (77 empty answers) and 17 without (33), r=0.5
+22 (53) and 31 (4); McNemar p = 0.07 and 0.004. Without it HotpotQA answers run longer (Skyline
+0.16 against 0.22). Skyline's Countries errors are wrong countries, not formats: the model does
+not know where the landmark is.
 """
 
 from __future__ import annotations
@@ -49,6 +56,12 @@ def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
+def answer_instruction(tokenizer) -> str:
+    """What a model is told to do with a question when nothing else is asked: chat models "Answer
+    briefly."; base models nothing (their prompt ends in "Answer:"; see the module docstring)."""
+    return ANSWER_INSTRUCTION if has_chat_template(tokenizer) else ""
+
+
 def user_message(query: str, context: str | None = None, instruction: str = ANSWER_INSTRUCTION) -> tuple[str, str]:
     """The user's words, split into (context part, query part)."""
     context_part = f"Context: {context.strip()}\n\n" if context and context.strip() else ""
@@ -60,10 +73,12 @@ def build_segments(
     tokenizer,
     query: str,
     context: str | None = None,
-    instruction: str = ANSWER_INSTRUCTION,
+    instruction: str | None = None,
     history: list[dict] | None = None,
 ) -> PromptSegments:
-    """Segments for one model. ``history`` adds earlier chat turns (used by the text handoff)."""
+    """Segments for one model. ``instruction``: what the model is asked to do with the question
+    (None: ``answer_instruction``). ``history`` adds earlier chat turns (used by the text handoff)."""
+    instruction = answer_instruction(tokenizer) if instruction is None else instruction
     context_part, query_part = user_message(query, context, instruction)
     if has_chat_template(tokenizer):
         messages = list(history or []) + [{"role": "user", "content": context_part + _SPLIT_MARKER + query_part}]
