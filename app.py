@@ -30,8 +30,10 @@ def main(argv=None) -> None:
     parser.add_argument("--share", action="store_true", help="ask Gradio for a public share link")
     args = parser.parse_args(argv)
 
+    from kvviz.stream import use_one_thread_per_handoff
     from kvviz.ui import build_demo, launch_kwargs
 
+    use_one_thread_per_handoff()
     demo = build_demo(default_pair=args.pair)
     if not args.no_preload:
         threading.Thread(target=_preload, args=(args.pair,), daemon=True, name="kvviz-preload").start()

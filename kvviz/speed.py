@@ -29,19 +29,14 @@ import time
 
 import torch
 
+from kvviz.perf import spread
+
 PROMPT_TOKENS = 32
 PREFILL_TOKENS = 128
 DECODE_STEPS = 16
 FULL_RUN_QUERY = "What is the code for locker 12?"
 FULL_RUN_CONTEXT = "The code for locker 12 is 4471."
 FULL_RUN_TOKENS = 32
-
-
-def spread(values: list[float]) -> dict:
-    values = [v for v in values if v is not None]
-    if not values:
-        return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
 def _synchronize(device) -> None:

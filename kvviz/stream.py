@@ -1,13 +1,21 @@
-"""Run handoffs in a worker thread and stream what happens: the engine, for a page.
+"""Run handoffs in worker threads and stream what happens: the engine, for a page.
 
 ``stream_handoffs`` yields events as they happen so that a page can show each answer token by
-token while the handoffs run one after another on a shared pair of models.
+token while the handoffs run on a shared pair of models, ``workers`` at a time.
+
+Side by side on a CPU: a decode step is bound by memory and per-layer overhead, and torch's
+intra-op threads wait on each other when anything else runs, so two handoffs on one thread each
+finish sooner than the same two one after another on two threads (``python -m kvviz bench
+--perf`` and docs/RESULTS.md have the measurements). Each handoff's own timings then include
+sharing the machine with the others; ``workers=1`` gives clean per-handoff timings.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator
 
 from kvviz.results import HandoffRequest
@@ -17,10 +25,35 @@ class Cancelled(Exception):
     """Raised inside a token callback to stop a run the user left or cancelled."""
 
 
-def stream_handoffs(pair_name: str, request: HandoffRequest, names: Iterable[str]) -> Iterator[tuple[str, str | None, object]]:
-    """Run the handoffs one after another in a worker thread; yield ``(kind, name, data)`` events:
-    ``status`` (a progress line), ``start``, ``token`` (answer so far), ``done`` (result dict),
-    ``error`` (a message).
+def default_workers() -> int:
+    """How many handoffs of one run go side by side: ``KVVIZ_WORKERS``, else one per CPU core (at
+    most 2) when models run on the CPU with one torch thread each, else 1."""
+    if os.environ.get("KVVIZ_WORKERS"):
+        return max(1, int(os.environ["KVVIZ_WORKERS"]))
+    import torch
+
+    if torch.cuda.is_available() or torch.get_num_threads() > 1:
+        return 1
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def use_one_thread_per_handoff() -> None:
+    """The serving default on a CPU: one torch thread per handoff, handoffs side by side
+    (``default_workers``). ``KVVIZ_THREADS=N`` keeps N intra-op threads instead."""
+    import torch
+
+    if os.environ.get("KVVIZ_THREADS"):
+        torch.set_num_threads(max(1, int(os.environ["KVVIZ_THREADS"])))
+    elif not torch.cuda.is_available():
+        torch.set_num_threads(1)
+
+
+def stream_handoffs(
+    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1
+) -> Iterator[tuple[str, str | None, object]]:
+    """Run the handoffs, ``workers`` at a time, in worker threads; yield ``(kind, name, data)``
+    events: ``status`` (a progress line), ``start``, ``token`` (answer so far), ``done`` (result
+    dict), ``error`` (a message).
 
     Handoffs that cannot run on this pair or request are ``done`` at once, before any model runs,
     so that their columns never wait behind the others.
@@ -44,18 +77,23 @@ def stream_handoffs(pair_name: str, request: HandoffRequest, names: Iterable[str
                     runnable.append(name)
                 else:
                     events.put(("done", name, refused.to_dict()))
-            for name in runnable:
+
+            def run_one(name):
                 if cancel.is_set():
                     return
                 events.put(("start", name, None))
 
-                def on_token(text, _name=name):
+                def on_token(text):
                     if cancel.is_set():
                         raise Cancelled()
-                    events.put(("token", _name, text))
+                    events.put(("token", name, text))
 
                 result = run_handoff(name, pair, request, on_token=on_token)
                 events.put(("done", name, result.to_dict()))
+
+            with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kvviz-handoff") as pool:
+                for future in [pool.submit(run_one, name) for name in runnable]:
+                    future.result()  # re-raises a handoff's unexpected error here
         except Cancelled:
             pass
         except Exception as error:  # shown to the user; the server keeps running

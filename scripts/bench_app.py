@@ -7,7 +7,9 @@ Measures, with the app served on 127.0.0.1 (random free port) in this process:
    ``--max-new-tokens`` per answer: one run first loads and warms the models, the next ones are
    timed (wall clock of the whole endpoint call, and each handoff's own measured total);
 2. the time from page load (navigation start) to the first plot painted, in Debian's Chromium
-   driven by Playwright (skipped with a note when /usr/bin/chromium is missing).
+   driven by Playwright (skipped with a note when /usr/bin/chromium is missing), and the same for
+   a control page served the same way: one Gradio ``gr.Plot`` with a three-bar figure and nothing
+   else, the floor that any page drawing its plots with Gradio's plotly has on this machine.
 """
 
 from __future__ import annotations
@@ -90,6 +92,22 @@ def first_plot_times(url: str, loads: int) -> list[float] | str:
     return times
 
 
+def control_page_times(loads: int) -> list[float] | str:
+    """First-plot times of a page with one small plotly figure and nothing else (the floor)."""
+    import gradio as gr
+    import plotly.graph_objects as go
+
+    from kvviz.ui import launch_kwargs
+
+    with gr.Blocks() as control:
+        gr.Plot(go.Figure(go.Bar(x=["a", "b", "c"], y=[3, 1, 2])))
+    control.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    try:
+        return first_plot_times(control.local_url, loads)
+    finally:
+        control.close()
+
+
 def live_screenshot(url: str, path: str, preset_label: str | None = None) -> float:
     """Open the page, (optionally) click a preset, run it live, save a full-page screenshot."""
     from playwright.sync_api import sync_playwright
@@ -127,8 +145,10 @@ def main(argv=None) -> int:
 
     from kvviz.engine import load_pair
     from kvviz.presets import PRESETS
+    from kvviz.stream import use_one_thread_per_handoff
     from kvviz.ui import build_demo, launch_kwargs
 
+    use_one_thread_per_handoff()  # as app.py serves it
     started = time.perf_counter()
     load_pair(args.pair, progress=lambda message: print(message, file=sys.stderr))
     load_seconds = time.perf_counter() - started
@@ -140,6 +160,8 @@ def main(argv=None) -> int:
         # page load first, while the server is idle (as a visitor would find it)
         times = first_plot_times(url, args.loads)
         report["first_plot_seconds"] = times
+        control_times = control_page_times(args.loads)
+        report["control_first_plot_seconds"] = control_times
         client = Client(url, verbose=False)
         preset = PRESETS[0]  # private context: every handoff applies
         timed_run(client, args.pair, preset, args.max_new_tokens)  # warm-up
@@ -165,6 +187,8 @@ def main(argv=None) -> int:
     else:
         print(f"page load to first plot painted: median {statistics.median(times):.2f} s (loads: "
               + ", ".join(f"{t:.2f}" for t in times) + ")")
+        print(f"control page (one gr.Plot, nothing else): median {statistics.median(control_times):.2f} s; "
+              f"the lab page takes {statistics.median(times) / statistics.median(control_times):.2f}x the floor")
     if "screenshot_run_seconds" in report:
         print(f"live run in the browser for the screenshot: {report['screenshot_run_seconds']:.1f} s -> {args.screenshot}")
     if args.out:

@@ -213,3 +213,15 @@ def test_run_a_preset_live_gets_every_column_and_every_plot(client, embedded_pai
         assert c2c_plot["layout"]["annotations"]
     # intermediate updates streamed before the final one
     assert len(job.outputs()) > 2
+
+
+def test_the_page_preloads_the_plot_script_it_will_need(app_url):
+    """The head links Gradio's plotly chunk for early fetching; the link must resolve on the server."""
+    import re
+    import urllib.request
+
+    config = json.loads(urllib.request.urlopen(f"{app_url}/config", timeout=30).read().decode("utf-8"))
+    links = re.findall(r'<link rel="modulepreload" href="(assets/PlotlyPlot-[^"]+\.js)">', config.get("head") or "")
+    assert links, "the page head should preload the plot chunk"
+    with urllib.request.urlopen(f"{app_url}/{links[0]}", timeout=30) as response:
+        assert response.status == 200 and "javascript" in response.headers.get("Content-Type", "")
