@@ -1,6 +1,7 @@
 """kvviz lab: `python app.py` serves the page on 127.0.0.1:7860 (see --help for flags).
 
-Thin by design: the page lives in kvviz/ui.py, the figures in kvviz/plots.py.
+Thin by design: the page lives in kvviz/ui.py, the figures in kvviz/plots.py. The same file is a
+Hugging Face Space's app (`python -m kvviz space export DIR`).
 """
 
 from __future__ import annotations
@@ -8,6 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import threading
+
+# First, before anything imports torch: on a ZeroGPU Space the `spaces` package must be imported
+# before CUDA is touched (kvviz.zerogpu imports it where it is installed, and no torch).
+from kvviz import zerogpu
 
 
 def _preload(pair: str) -> None:
@@ -26,17 +31,38 @@ def main(argv=None) -> None:
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), help="default 127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), help="default 7860")
     parser.add_argument("--pair", default="embedded", help="the pair selected when the page opens")
+    parser.add_argument("--device", default=None,
+                        help="cpu, cuda, cuda:N, or auto (spread each model over every GPU); default: CUDA where available")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU)")
     parser.add_argument("--no-preload", action="store_true", help="load models on the first run, not at start")
     parser.add_argument("--share", action="store_true", help="ask Gradio for a public share link")
+    parser.add_argument("--public", action="store_true",
+                        help="public mode (on by itself on a Hugging Face Space): registered pairs only, smaller caps")
     args = parser.parse_args(argv)
+    # every model the page loads (kvviz.models.default_device / parse_dtype) follows these
+    if args.device:
+        os.environ["KVVIZ_DEVICE"] = args.device
+    if args.dtype:
+        os.environ["KVVIZ_DTYPE"] = args.dtype
 
+    from kvviz import policy
     from kvviz.stream import use_one_thread_per_handoff
     from kvviz.ui import build_demo, launch_kwargs
 
+    if args.public:
+        policy.set_public_mode()
+
     use_one_thread_per_handoff()
     demo = build_demo(default_pair=args.pair)
-    if not args.no_preload:
+    if zerogpu.on_zerogpu():
+        # ZeroGPU: the models go to CUDA now, on the main thread, where the `spaces` package
+        # intercepts `.to("cuda")`; each @spaces.GPU call then finds them on its GPU.
+        _preload(args.pair)
+    elif not args.no_preload:
         threading.Thread(target=_preload, args=(args.pair,), daemon=True, name="kvviz-preload").start()
+    mode = "public mode" if policy.public_mode() else "local mode"
+    runs = policy.model_concurrency()
+    print(f"kvviz: {mode}, {runs} run(s) at once, queue of {policy.caps().queue_size}", flush=True)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_kwargs())
 
 

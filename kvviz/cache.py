@@ -60,6 +60,22 @@ def slice_tokens(cache: DynamicCache, start: int, end: int | None = None) -> Dyn
     )
 
 
+def place(cache: DynamicCache, devices: list[torch.device]) -> None:
+    """Move each layer's keys and values to the device of the layer that reads them (in place).
+
+    A model spread over several GPUs (``--device auto``) keeps each layer's cache on that layer's
+    device; KV spliced in from another model, or fused by a C2C fuser, arrives on wherever it was
+    made. ``kvviz.decode`` calls this before every forward, so every handoff's cache follows its
+    receiving layers; layers already in place are not touched (on one device this moves nothing).
+    """
+    for index, device in enumerate(devices[: num_layers(cache)]):
+        entry = cache.layers[index]
+        if entry.keys is None or entry.keys.device == device:
+            continue
+        entry.keys, entry.values = entry.keys.to(device), entry.values.to(device)
+        entry.device = device
+
+
 def kv_bytes(cache: DynamicCache, layers: list[int] | None = None) -> int:
     """Bytes of keys and values held in the given layers (all layers by default)."""
     chosen = range(num_layers(cache)) if layers is None else layers

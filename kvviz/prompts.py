@@ -78,28 +78,122 @@ def build_segments(
 ) -> PromptSegments:
     """Segments for one model. ``instruction``: what the model is asked to do with the question
     (None: ``answer_instruction``). ``history`` adds earlier chat turns (used by the text handoff)."""
-    instruction = answer_instruction(tokenizer) if instruction is None else instruction
-    context_part, query_part = user_message(query, context, instruction)
-    if has_chat_template(tokenizer):
-        messages = list(history or []) + [{"role": "user", "content": context_part + _SPLIT_MARKER + query_part}]
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        head, tail = rendered.split(_SPLIT_MARKER)
-    else:
-        earlier = "".join(f"{turn['role'].capitalize()}: {turn['content'].strip()}\n\n" for turn in history or [])
-        bos = tokenizer.bos_token or ""
-        head = bos + earlier + context_part
-        tail = query_part + "\nAnswer:"
+    head, tail = render(tokenizer, query, context, instruction, history)
     return PromptSegments(
         context_ids=encode(tokenizer, head),
         query_ids=encode(tokenizer, tail),
-        context_text=head,
-        query_text=tail,
+        context_text=unmark(head),
+        query_text=unmark(tail),
     )
 
 
+def render(
+    tokenizer,
+    query: str,
+    context: str | None = None,
+    instruction: str | None = None,
+    history: list[dict] | None = None,
+) -> tuple[str, str]:
+    """The prompt's text as (head, tail): the context segment and the query segment, with the
+    user's words marked (``users_words``) so that ``encode`` reads them as plain text.
+    ``instruction`` None: ``answer_instruction`` (chat models are asked to answer briefly)."""
+    instruction = answer_instruction(tokenizer) if instruction is None else instruction
+    context = users_words(context) if context and context.strip() else None
+    history = [dict(turn, content=users_words(turn["content"])) for turn in history or []]
+    context_part, query_part = user_message(users_words(query), context, instruction)
+    if has_chat_template(tokenizer):
+        messages = history + [{"role": "user", "content": context_part + _SPLIT_MARKER + query_part}]
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        head, tail = rendered.split(_SPLIT_MARKER)
+    else:
+        earlier = "".join(f"{turn['role'].capitalize()}: {turn['content'].strip()}\n\n" for turn in history)
+        bos = tokenizer.bos_token or ""
+        head = bos + earlier + context_part
+        tail = query_part + "\nAnswer:"
+    return head, tail
+
+
+# --- the user's words are text --------------------------------------------------------------------
+# A user may type "<|im_start|>" or "<bos>": the model must read those characters, never the control
+# token. ``render`` wraps the user's words in two invisible marks (U+2063 never reaches a prompt
+# from user text: kvviz.limits removes it); ``encode`` reads the marked stretches as plain text.
+_USER_START, _USER_END = "\u2063kvviz-user\u2063", "\u2063kvviz-user-end\u2063"
+
+
+def users_words(text: str) -> str:
+    """Mark text as the user's words (whitespace at its ends stays outside the marks)."""
+    stripped = text.strip().replace("\u2063", "")
+    if not stripped:
+        return text
+    left = text[: len(text) - len(text.lstrip())]
+    right = text[len(text.rstrip()) :]
+    return left + _USER_START + stripped + _USER_END + right
+
+
+def unmark(text: str) -> str:
+    """The text without the user marks: what the model reads."""
+    return text.replace(_USER_START, "").replace(_USER_END, "")
+
+
+def _user_spans(marked: str) -> tuple[str, list[tuple[int, int]]]:
+    """(the text without marks, the [start, end) character spans of the user's words in it)."""
+    first, *pieces = marked.split(_USER_START)
+    text, spans = first.replace(_USER_END, ""), []  # a piece cut out of a prompt may hold half a pair
+    for piece in pieces:
+        words, _, rest = piece.partition(_USER_END)
+        spans.append((len(text), len(text) + len(words)))
+        text += words + rest.replace(_USER_END, "")
+    return text, spans
+
+
 def encode(tokenizer, text: str) -> list[int]:
-    """Token ids for text that already holds any special tokens it needs."""
-    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+    """Token ids for prompt text that holds the special tokens it needs (a template's
+    ``<|im_start|>``, a ``<bos>``); the user's words in it (marked by ``render``) are plain text."""
+    return encode_with_offsets(tokenizer, text)[0]
+
+
+def encode_with_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """``encode``, with each token's (begin, end) characters in the text without the marks.
+
+    The text is encoded as usual; only when a special token lies inside the user's words is it
+    read again: the template's own special tokens stay, and each stretch between them is encoded
+    with special-token splitting on (the usual ids for every stretch without such a string).
+    """
+    text, users = _user_spans(text)
+    if not text:
+        return [], []
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(encoded["input_ids"]), [tuple(span) for span in encoded["offset_mapping"]]
+    special = _special_ids(tokenizer) if users else set()
+
+    def typed(begin: int, end: int) -> bool:
+        return any(start <= begin and end <= stop for start, stop in users)
+
+    if not any(token in special and typed(*span) for token, span in zip(ids, offsets)):
+        return ids, offsets
+    out_ids, out_offsets, cursor = [], [], 0
+
+    def as_text(end: int):
+        if end > cursor:
+            piece = tokenizer(text[cursor:end], add_special_tokens=False, split_special_tokens=True,
+                              return_offsets_mapping=True)
+            out_ids.extend(piece["input_ids"])
+            out_offsets.extend((cursor + b, cursor + e) for b, e in piece["offset_mapping"])
+
+    for token, (begin, end) in zip(ids, offsets):
+        if token in special and not typed(begin, end):
+            as_text(begin)
+            out_ids.append(token)
+            out_offsets.append((begin, end))
+            cursor = end
+    as_text(len(text))
+    return out_ids, out_offsets
+
+
+def _special_ids(tokenizer) -> set[int]:
+    """Ids of the tokenizer's special tokens (the named ones and every added token marked special)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return set(tokenizer.all_special_ids) | {token_id for token_id, token in added.items() if getattr(token, "special", False)}
 
 
 def stop_token_ids(tokenizer) -> set[int]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+from kvviz import limits, policy
+
 # Stage names, in the order they happen. Every timing dict uses these keys (seconds).
 STAGES = (
     "sharer_prefill",
@@ -16,9 +18,6 @@ STAGES = (
     "receiver_prefill",
     "receiver_decode",
 )
-
-MAX_QUERY_CHARS = 4000
-MAX_CONTEXT_CHARS = 16000
 
 
 @dataclass(frozen=True)
@@ -30,10 +29,8 @@ class GenerationSettings:
     seed: int = 0
 
     def __post_init__(self):
-        if not 1 <= self.max_new_tokens <= 1024:
-            raise ValueError("max_new_tokens must be between 1 and 1024")
-        if not self.greedy and self.temperature <= 0:
-            raise ValueError("temperature must be positive when sampling")
+        for name in ("max_new_tokens", "temperature", "top_p", "seed"):
+            limits.check_setting(name, getattr(self, name))
 
 
 CALIBRATIONS = ("builtin", "query", "sample")
@@ -87,14 +84,12 @@ class HandoffRequest:
     options: dict[str, dict] = field(default_factory=dict)
 
     def __post_init__(self):
-        if not self.query or not self.query.strip():
-            raise ValueError("The query is empty: type a question.")
-        if len(self.query) > MAX_QUERY_CHARS:
-            raise ValueError(f"The query is {len(self.query)} characters; the limit is {MAX_QUERY_CHARS}.")
-        if self.context and len(self.context) > MAX_CONTEXT_CHARS:
-            raise ValueError(f"The context is {len(self.context)} characters; the limit is {MAX_CONTEXT_CHARS}.")
-        if not 1 <= self.text_message_tokens <= 512:
-            raise ValueError("text_message_tokens must be between 1 and 512")
+        # the text as the models will read it (kvviz.limits says what is removed or refused)
+        object.__setattr__(self, "query", limits.clean_query(self.query))
+        object.__setattr__(self, "context", limits.clean_context(self.context))
+        limits.check_setting("message_tokens", self.text_message_tokens)
+        if self.c2c_fuser and policy.public_mode():
+            raise ValueError(policy.PUBLIC_FUSER_REFUSAL)
 
     @property
     def has_context(self) -> bool:

@@ -18,17 +18,18 @@ repeats:
   preset (32 new tokens at most), after one warm-up run, wall time per repeat; and each handoff's
   own total.
 
-Timings are wall-clock (``time.perf_counter``), taken on whatever else the machine is doing:
-compare the ratios, which are measured side by side, rather than absolute values across runs.
+Timings are wall-clock (``kvviz.measure.clock``, which waits for the GPU first), taken on whatever
+else the machine is doing: compare the ratios, which are measured side by side, rather than
+absolute values across runs.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
+from kvviz.measure import clock
 from kvviz.perf import spread
 
 PROMPT_TOKENS = 32
@@ -39,17 +40,10 @@ FULL_RUN_CONTEXT = "The code for locker 12 is 4471."
 FULL_RUN_TOKENS = 32
 
 
-def _synchronize(device) -> None:
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize(device)
-
-
-def _timed(function, device) -> float:
-    _synchronize(device)
-    started = time.perf_counter()
+def _timed(function) -> float:
+    started = clock()
     function()
-    _synchronize(device)
-    return time.perf_counter() - started
+    return clock() - started
 
 
 def _prompt_ids(loaded, count: int) -> list[int]:
@@ -85,21 +79,18 @@ def model_speed(loaded, repeats: int) -> dict:
         token = first.greedy_token()
         steps, stacks, heads = [], [], []
         for _ in range(DECODE_STEPS):
-            _synchronize(device)
-            started = time.perf_counter()
+            started = clock()
             next_token, _ = prefill(loaded, state, [token])
-            _synchronize(device)
-            middle = time.perf_counter()
+            middle = clock()
             token = next_token.greedy_token()
-            _synchronize(device)
-            stopped = time.perf_counter()
+            stopped = clock()
             steps.append(stopped - started)
             stacks.append(middle - started)
             heads.append(stopped - middle)
         hidden = next_token.hidden
-        full = _timed(lambda: head.logits(hidden), device)
-        stream = _timed(lambda: [p.sum() for p in parameters], device)
-        whole = _timed(lambda: prefill(loaded, kv.KVState(), long_prompt, need_logits=False), device)
+        full = _timed(lambda: head.logits(hidden))
+        stream = _timed(lambda: [p.sum() for p in parameters])
+        whole = _timed(lambda: prefill(loaded, kv.KVState(), long_prompt, need_logits=False))
         step_s.append(statistics.median(steps))
         stack_s.append(statistics.median(stacks))
         head_s.append(statistics.median(heads))
@@ -146,7 +137,7 @@ def full_run(pair, repeats: int, handoffs: list[str] | None = None) -> dict:
     )
     walls, per_handoff, answers, tokens = [], {name: [] for name in handoffs}, {}, {}
     for repeat in range(repeats + 1):  # the first run warms up (calibration, fusers, head index)
-        started = time.perf_counter()
+        started = clock()
         for name in handoffs:
             result = run_handoff(name, pair, request)
             if repeat:
@@ -154,7 +145,7 @@ def full_run(pair, repeats: int, handoffs: list[str] | None = None) -> dict:
             answers[name] = result.answer if result.applicable else f"(not applicable: {result.reason})"
             tokens[name] = result.tokens.get("generated", 0)
         if repeat:
-            walls.append(time.perf_counter() - started)
+            walls.append(clock() - started)
     return {
         "handoffs": list(handoffs),
         "query": FULL_RUN_QUERY,

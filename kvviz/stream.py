@@ -15,14 +15,17 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator
 
+from kvviz import policy
 from kvviz.results import HandoffRequest
 
 
-class Cancelled(Exception):
-    """Raised inside a token callback to stop a run the user left or cancelled."""
+class Cancelled(BaseException):
+    """Raised inside a token callback to stop a run the user left or cancelled, or that ran out of
+    time. A BaseException, like KeyboardInterrupt: no ``except Exception`` in a handoff swallows it."""
 
 
 def default_workers() -> int:
@@ -49,27 +52,55 @@ def use_one_thread_per_handoff() -> None:
 
 
 def stream_handoffs(
+    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None
+) -> Iterator[tuple[str, str | None, object]]:
+    """``run_events``; on a Space (the ``spaces`` package installed) inside ``@spaces.GPU``, with
+    only plain data crossing (``kvviz.zerogpu``)."""
+    from kvviz import zerogpu
+
+    if zerogpu.available():
+        yield from zerogpu.gpu_run_events(pair_name, request.to_dict(), list(names), workers)
+    else:
+        yield from run_events(pair_name, request, names, workers)
+
+
+def run_events(
     pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1
 ) -> Iterator[tuple[str, str | None, object]]:
     """Run the handoffs, ``workers`` at a time, in worker threads; yield ``(kind, name, data)``
     events: ``status`` (a progress line), ``start``, ``token`` (answer so far), ``done`` (result
-    dict), ``error`` (a message).
+    dict), ``stopped`` (the run reached ``max_seconds``: why; the handoffs not done did not run),
+    ``error`` (a message: the run could not start).
 
     Handoffs that cannot run on this pair or request are ``done`` at once, before any model runs,
     so that their columns never wait behind the others.
 
     Closing the generator (the user cancelled or left) stops the worker at its next token.
+    ``max_seconds`` defaults to the policy's cap (``kvviz.policy``; none locally).
     """
-    from kvviz.engine import load_pair, not_applicable, run_handoff
+    from kvviz.engine import check_fits, load_pair, not_applicable, run_handoff
 
     names = list(names)
     events: queue.Queue = queue.Queue()
     cancel = threading.Event()
+    max_seconds = policy.caps().max_run_seconds if max_seconds is None else max_seconds
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    out_of_time = f"Stopped: this server allows {max_seconds or 0:g} s per run; the handoffs not finished did not run."
+
+    def out_of_time_now() -> bool:
+        return deadline is not None and time.monotonic() > deadline
+
+    def check_stop():
+        if out_of_time_now():
+            cancel.set()  # the handoffs still waiting do not start
+        if cancel.is_set():
+            raise Cancelled()
 
     def worker():
         try:
             events.put(("status", None, f"Loading the pair '{pair_name}' (once per server) ..."))
             pair = load_pair(pair_name, progress=lambda message: events.put(("status", None, str(message))))
+            check_fits(pair, request)
             runnable = []
             for name in names:
                 refused = not_applicable(name, pair, request)
@@ -79,13 +110,11 @@ def stream_handoffs(
                     events.put(("done", name, refused.to_dict()))
 
             def run_one(name):
-                if cancel.is_set():
-                    return
+                check_stop()
                 events.put(("start", name, None))
 
                 def on_token(text):
-                    if cancel.is_set():
-                        raise Cancelled()
+                    check_stop()
                     events.put(("token", name, text))
 
                 result = run_handoff(name, pair, request, on_token=on_token)
@@ -93,11 +122,13 @@ def stream_handoffs(
 
             with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kvviz-handoff") as pool:
                 for future in [pool.submit(run_one, name) for name in runnable]:
-                    future.result()  # re-raises a handoff's unexpected error here
+                    future.result()  # re-raises a handoff's unexpected error (or a stop) here
         except Cancelled:
-            pass
+            if out_of_time_now():
+                events.put(("stopped", None, out_of_time))
         except Exception as error:  # shown to the user; the server keeps running
-            events.put(("error", None, f"{type(error).__name__}: {error}"))
+            said = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+            events.put(("error", None, said))
         finally:
             events.put(("end", None, None))
 

@@ -11,7 +11,11 @@ Serving rules kept here:
 * models load once per process (``kvviz.models.load_model`` caches them); per-user data lives only
   in ``gr.State`` and event arguments, never in module globals;
 * every model-running event shares one queue (``concurrency_id="models"``), limit
-  ``KVVIZ_CONCURRENCY`` (default 1: one model run at a time uses every core already);
+  ``kvviz.policy.model_concurrency()`` (``KVVIZ_CONCURRENCY``; the defaults were measured); the
+  queue holds at most ``policy.caps().queue_size`` waiting requests and says so when full;
+* in public mode (``kvviz.policy``) the pair box offers registered pairs only and the sliders stop
+  at the public caps; every limit is checked again on the server (``kvviz.limits``), so the API
+  gets the same refusals as the page;
 * every event has an explicit ``api_name`` so scripts can drive the app with ``gradio_client``;
 * user text (query, context, answers, prompts) only ever goes into text boxes or escaped
   markdown: it is shown as text, never run as HTML.
@@ -24,7 +28,6 @@ setting takes two inputs: the auto checkbox, then the value), then the handoffs 
 from __future__ import annotations
 
 import inspect
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from kvviz import plots, present
+from kvviz import limits, plots, policy, present, zerogpu
 from kvviz.handoffs import registry
 from kvviz.handoffs.registry import Handoff, Option
 from kvviz.models import PAIRS, resolve_pair
@@ -41,7 +44,7 @@ from kvviz.stream import default_workers, stream_handoffs
 from kvviz.sweep import run_sweep
 
 MODEL_QUEUE = "models"
-MAX_UI_NEW_TOKENS = 256
+MAX_UI_NEW_TOKENS = 256  # the slider's end (the server's cap, kvviz.limits, may be lower)
 STREAM_INTERVAL = 0.12  # seconds between streamed UI updates
 FIXED_PLOTS = ("latency", "bytes")
 
@@ -165,6 +168,16 @@ def build_request(query, context, max_new_tokens=32, sample=False, temperature=0
 # --- the page -----------------------------------------------------------------------------------
 
 
+def server_checked_slider(*args, **kwargs) -> gr.Slider:
+    """A slider whose value the server checks with ``kvviz.limits``, so that an API call out of
+    range hears which setting and what is allowed ("KVComm ratio r must be between 0 and 1, got
+    1.5"), as the CLI does; Gradio's own check would not name the setting. (Not a subclass: Gradio
+    writes a type stub beside the file of every component subclass.)"""
+    slider = gr.Slider(*args, **kwargs)
+    slider.preprocess = lambda payload: payload
+    return slider
+
+
 def _option_widget(spec: PageOption):
     """The widgets of one option: [auto checkbox,] value."""
     option, handoff = spec.option, spec.handoff
@@ -177,7 +190,7 @@ def _option_widget(spec: PageOption):
     elif option.kind == "text":
         widgets.append(gr.Textbox(value=option.default, label=option.label, elem_id=elem))
     elif option.kind == "float" and option.minimum is not None and option.maximum is not None:
-        widgets.append(gr.Slider(option.minimum, option.maximum, value=option.default, step=option.step or 0.01,
+        widgets.append(server_checked_slider(option.minimum, option.maximum, value=option.default, step=option.step or 0.01,
                                  label=option.label, elem_id=elem))
     else:
         widgets.append(gr.Number(value=option.default, precision=0 if option.kind == "int" else None, label=option.label,
@@ -195,8 +208,10 @@ def build_demo(
     ``default_max_new_tokens`` sets the slider's start value (tests use a small one)."""
     precomputed = load_precomputed() if precomputed is None else precomputed
     sweep = load_precomputed_sweep() if sweep is None else sweep
-    concurrency = max(1, int(os.environ.get("KVVIZ_CONCURRENCY", "1")))
+    concurrency = policy.model_concurrency()
     workers = default_workers()
+    public = policy.public_mode()
+    setting = limits.settings()
     pre_presets = precomputed.get("presets", {})
     pre_pair = precomputed.get("pair", default_pair)
     columns, shown_at_first, figure_names = column_names(), default_columns(), plot_names()
@@ -265,8 +280,8 @@ def build_demo(
                     choices=list(PAIRS),
                     value=default_pair,
                     label="Model pair (sharer -> receiver)",
-                    allow_custom_value=True,
-                    info="A registered pair, or SHARER+RECEIVER with any two model names.",
+                    allow_custom_value=not public,
+                    info="A registered pair." if public else "A registered pair, or SHARER+RECEIVER with any two model names.",
                     elem_id="kv-pair",
                 )
             with gr.Column(scale=3):
@@ -296,12 +311,16 @@ def build_demo(
         )
         with gr.Accordion("Settings", open=False, elem_id="kv-settings"):
             with gr.Row():
-                max_new_tokens = gr.Slider(1, MAX_UI_NEW_TOKENS, value=int(default_max_new_tokens), step=1,
+                top = min(MAX_UI_NEW_TOKENS, int(setting["max_new_tokens"].maximum))
+                max_new_tokens = server_checked_slider(1, top, value=min(top, int(default_max_new_tokens)), step=1,
                                            label="Max new tokens (answer length bound)")
-                message_tokens = gr.Slider(1, 256, value=64, step=1, label="Message length bound (tokens), for handoffs that write a message")
+                message_top = min(256, int(setting["message_tokens"].maximum))
+                message_tokens = server_checked_slider(1, message_top, value=min(64, message_top), step=1,
+                                           label="Message length bound (tokens), for handoffs that write a message")
             with gr.Row():
                 sample = gr.Checkbox(value=False, label="Sample instead of greedy decoding")
-                temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature (when sampling)")
+                temperature = server_checked_slider(setting["temperature"].minimum, setting["temperature"].maximum, value=0.7, step=0.05,
+                                        label="Temperature (when sampling)")
                 seed = gr.Number(value=0, precision=0, label="Seed (sampling and random choices)")
             option_inputs = []
             for handoff in registry.all_handoffs():
@@ -443,6 +462,7 @@ def build_demo(
             log = "starting ..."
             last = 0.0
             started = time.perf_counter()
+            stopped = ""  # why the run stopped early (the server's time limit), if it did
 
             def snapshot(final=False):
                 """Every output: at the start, when a handoff finishes, and at the end."""
@@ -453,6 +473,8 @@ def build_demo(
 
             def header(final=False):
                 wall = present.format_seconds(time.perf_counter() - started)
+                if final and stopped:
+                    return f"**{present.md(stopped)}** ({wall}) Every number below was measured in this run."
                 if final:
                     side_by_side = (
                         f" The handoffs ran {workers} at a time, so each one's own times include sharing the CPU."
@@ -492,6 +514,8 @@ def build_demo(
                     partial.pop(name, None)
                     states.pop(name, None)
                     yield snapshot()
+                elif kind == "stopped":
+                    stopped = data
                 elif kind == "error":
                     raise gr.Error(f"The run failed: {data}")
             yield snapshot(final=True)
@@ -515,7 +539,10 @@ def build_demo(
                 """Run the sweep on the built-in set; returns the figure and the data."""
                 progress(0.0, desc="Loading models ...")
                 try:
-                    data = run_sweep(pair, series, int(max_new_tokens), progress=progress, handoff=swept.name)
+                    if zerogpu.available():  # on a Space: inside @spaces.GPU, plain data across, no progress bar
+                        data = zerogpu.gpu_sweep(pair, list(series or []), int(max_new_tokens), swept.name)
+                    else:
+                        data = run_sweep(pair, series, int(max_new_tokens), progress=progress, handoff=swept.name)
                 except ValueError as error:
                     raise gr.Error(str(error)) from error
                 text = f"**Live sweep finished** in {data['seconds']:.0f} s ({data['n']} questions, {len(data['answers'])} runs)."
@@ -535,7 +562,13 @@ def build_demo(
 
         def export(results):
             """Write the current results as JSON and CSV files to download."""
-            return present.write_exports(results or {}, tempfile.mkdtemp(prefix="kvviz-export-"))
+            try:
+                return present.write_exports(results or {}, tempfile.mkdtemp(prefix="kvviz-export-"))
+            except OSError as error:  # a full or read-only disk: say so; the results stay on the page
+                raise gr.Error(
+                    f"Could not write the export files ({error.strerror or error}). The results are still on the "
+                    "page: copy them from 'Structured results', or try again when the server has disk space."
+                ) from error
 
         export_button.click(export, inputs=[results_state], outputs=[export_files], api_name="export")
 
@@ -550,7 +583,7 @@ def build_demo(
                         api_name="walkthrough_back", show_progress="hidden")
 
     # light events (presets, facts, export, walk-through) run side by side; model runs share one queue
-    demo.queue(max_size=64, default_concurrency_limit=4)
+    demo.queue(max_size=policy.caps().queue_size, default_concurrency_limit=4)
     return demo
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import tempfile
 from pathlib import Path
 
 # Tests never need the hub: fail fast instead of waiting on network retries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tests write fuser checkpoints into temporary folders: let fusers come from there (kvviz.policy).
+os.environ.setdefault("KVVIZ_FUSER_DIRS", tempfile.gettempdir())
 
 import pytest
 

@@ -328,3 +328,12 @@ def test_results_markdown_from_runs_and_perf(tmp_path, tiny_engine):
     assert "git commit" in text and "cores" in text and "## Performance" in text
     assert "C2C latency <= 0.4x text | c2c not available" in text
     assert "at 1024 tokens" not in text.split("## Performance")[0]  # no 1024 row measured: no verdict invented
+
+
+def test_regenerating_results_keeps_the_load_test_section(tmp_path):
+    from kvviz.bench.report import kept_sections
+
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# old\n\nold numbers\n\n<!-- load-test:start -->\n## Load test\n| a | b |\n<!-- load-test:end -->\n")
+    assert kept_sections(path) == "\n<!-- load-test:start -->\n## Load test\n| a | b |\n<!-- load-test:end -->\n"
+    assert kept_sections(tmp_path / "missing.md") == ""

@@ -59,6 +59,16 @@ def accuracy_table(tables: list[tuple[str, list[dict], dict]]) -> str:
     return markdown_table(pd.DataFrame(cells, columns=header))
 
 
+# Until someone runs the GPU check on a GPU: then its output (with date and device) replaces this.
+GPU_SECTION = (
+    "## On a GPU\n\n"
+    "Not measured yet. `python scripts/gpu_check.py` (every handoff on the Qwen3-0.6B, Qwen2.5-0.5B-Instruct and "
+    "Gemma-3-270M architectures with random weights, no download: the `bench --perf` ratio tables, tokens per second "
+    "and peak GPU memory) and `python -m kvviz bench --perf --pair qwen3-self` have not been run on a GPU: no GPU was "
+    "lent to the session that wrote them (2026-11-30). Only their CPU paths are tested (`gpu_check.py --tiny`)."
+)
+
+
 def results_markdown(runs: list[tuple[str, Path]], perf_dir: Path | None, machine: dict, command: str) -> str:
     """docs/RESULTS.md: the accuracy table over datasets, the targets, the perf table, details."""
     from kvviz import perf as perf_module
@@ -117,6 +127,7 @@ def results_markdown(runs: list[tuple[str, Path]], perf_dir: Path | None, machin
               markdown_table(pd.DataFrame(targets, columns=["target", "measured", "verdict"]))]
     if perf:
         lines += ["", "## Performance (`python -m kvviz bench --perf`)", "", perf_module.markdown(perf)]
+    lines += ["", GPU_SECTION]
     lines += ["", "## Per-dataset details (latency per stage, bytes, FLOPs)", ""]
     for title, summary, _ in tables:
         lines += [summary_markdown(pd.DataFrame(summary), f"### {title}"), ""]
@@ -144,4 +155,20 @@ def write_results_markdown(path: str, runs: list[str], perf_dir: str | None, com
         pass
     text = results_markdown(pairs, Path(perf_dir) if perf_dir else None, machine, command)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text, encoding="utf-8")
+    Path(path).write_text(text + kept_sections(Path(path)), encoding="utf-8")
+
+
+# Sections of docs/RESULTS.md that other scripts write (scripts/load_test.py): kept when the rest
+# is regenerated, each between its own start and end marks.
+KEPT = ("load-test",)
+
+
+def kept_sections(path: Path) -> str:
+    """The kept sections of the file as it is now ("" when it has none)."""
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    out = ""
+    for name in KEPT:
+        start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+        if start in old and end in old:
+            out += "\n" + old[old.index(start) : old.index(end) + len(end)] + "\n"
+    return out

@@ -32,9 +32,10 @@ import torch
 from plotly.subplots import make_subplots
 
 from kvviz import cache as kv
+from kvviz import policy
 from kvviz.align import align_prompt
 from kvviz.decode import generate, prefill
-from kvviz.fuser import C2CFuser, FuserError, checkpoint_label, fingerprints_match, load_fuser, model_fingerprint, read_config
+from kvviz.fuser import CONFIG_FILE, WEIGHTS_FILE, C2CFuser, FuserError, checkpoint_label, fingerprints_match, load_fuser, model_fingerprint, read_config
 from kvviz.handoffs.common import LoadedPair, TokenCallback
 from kvviz.handoffs.registry import Handoff, Option
 from kvviz.measure import StageTimer, decode_flops, forward_flops
@@ -87,7 +88,18 @@ def get_fuser(folder: Path, pair: LoadedPair) -> C2CFuser:
 
 
 def resolve_fuser(pair: LoadedPair, request: HandoffRequest, control: bool) -> tuple[Path | None, str]:
-    """(folder, "") or (None, reason)."""
+    """(folder, "") or (None, reason). The folder and its files must lie inside the folders fusers
+    may come from (``kvviz.policy``: a symlink out of them is refused)."""
+    folder, reason = locate_fuser(pair, request, control)
+    if folder is not None:
+        refusal = policy.fuser_folder_refusal(folder, (CONFIG_FILE, WEIGHTS_FILE))
+        if refusal:
+            return None, refusal
+    return folder, reason
+
+
+def locate_fuser(pair: LoadedPair, request: HandoffRequest, control: bool) -> tuple[Path | None, str]:
+    """(folder, "") or (None, reason): the request's fuser folder, or the pair's shipped one."""
     kind = "control" if control else "c2c"
     if request.c2c_fuser:
         folder = Path(request.c2c_fuser).expanduser()

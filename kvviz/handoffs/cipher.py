@@ -36,7 +36,7 @@ from kvviz.handoffs.text import sharer_message_segments
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.models import LoadedModel
 from kvviz.plotkit import as_dict, empty_figure, layout
-from kvviz.prompts import build_segments, encode, has_chat_template, stop_token_ids
+from kvviz.prompts import build_segments, encode, has_chat_template, render, stop_token_ids, unmark
 from kvviz.results import HandoffRequest, HandoffResult
 
 NAME = "cipher"
@@ -146,9 +146,9 @@ def _write(sender, state, next_token, weight, scale, temperature, max_vectors, s
 def receiver_pieces(receiver: LoadedModel, request: HandoffRequest) -> tuple[list[int], list[int], str, str]:
     """The receiver's prompt split around the message slot (where the text handoff puts the
     message): (ids before, ids after, text before, text after)."""
-    segments = build_segments(receiver.tokenizer, request.query, context=_SLOT)
-    before, after = segments.text.split(_SLOT)
-    return encode(receiver.tokenizer, before), encode(receiver.tokenizer, after), before, after
+    head, tail = render(receiver.tokenizer, request.query, context=_SLOT)
+    before, after = (head + tail).split(_SLOT)
+    return encode(receiver.tokenizer, before), encode(receiver.tokenizer, after), unmark(before), unmark(after)
 
 
 @torch.no_grad()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from kvviz import limits
 from kvviz.results import HandoffRequest, HandoffResult
 
 if TYPE_CHECKING:  # type names only: the registry imports no model code
@@ -76,23 +77,16 @@ class Option:
         """The value in its kind, checked; None or "" give the default (None when ``auto``)."""
         if value is None or (isinstance(value, str) and not value.strip() and self.kind != "text"):
             return None if self.auto else self.default
-        try:
-            if self.kind == "float":
-                parsed: Any = float(value)
-            elif self.kind == "int":
-                number = float(value)  # a page's number box sends 3.0
-                if not number.is_integer():
-                    raise ValueError(value)
-                parsed = int(number)
-            else:
-                parsed = str(value).strip() if self.kind == "choice" else str(value)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"{self.label}: {value!r} is not a{'n integer' if self.kind == 'int' else ' number'}.") from error
+        if self.kind in ("float", "int"):
+            parsed: Any = limits.parse_number(self.label, value, integer=self.kind == "int")
+            if self.minimum is not None or self.maximum is not None:
+                low = float("-inf") if self.minimum is None else self.minimum
+                high = float("inf") if self.maximum is None else self.maximum
+                limits.check_range(self.label, parsed, low, high)
+            return parsed
+        parsed = str(value).strip() if self.kind == "choice" else str(value)
         if self.kind == "choice" and parsed not in self.choices:
             raise ValueError(f"{self.label}: {parsed!r} is not one of {', '.join(map(str, self.choices))}.")
-        if self.kind in ("float", "int"):
-            if self.minimum is not None and parsed < self.minimum or self.maximum is not None and parsed > self.maximum:
-                raise ValueError(f"{self.label} must be between {self.minimum:g} and {self.maximum:g}, got {parsed:g}.")
         return parsed
 
     def parse_list(self, text: str) -> list:
@@ -341,13 +335,16 @@ def build_request(
     A ValueError says what is wrong in plain words."""
     from kvviz.results import GenerationSettings
 
+    setting = limits.settings()
+    number = lambda name, value: limits.parse_number(setting[name].label, value, setting[name].integer)  # noqa: E731
     request = HandoffRequest(
-        query=(query or "").strip(),
-        context=(context or "").strip() or None,
+        query=query,
+        context=context,
         generation=GenerationSettings(
-            max_new_tokens=int(max_new_tokens), greedy=not sample, temperature=float(temperature), seed=int(seed or 0)
+            max_new_tokens=number("max_new_tokens", max_new_tokens), greedy=not sample,
+            temperature=number("temperature", temperature), seed=number("seed", seed or 0),
         ),
-        text_message_tokens=int(message_tokens),
+        text_message_tokens=number("message_tokens", message_tokens),
         **fields,
     )
     return request_with_options(request, options)

@@ -1,0 +1,186 @@
+"""ZeroGPU: with the ``spaces`` package the page's model work runs inside ``@spaces.GPU`` with a
+duration fitted to the request and only plain data across; without it nothing changes.
+
+The package is not installed here: a stand-in module plays it. Its decorator records the duration
+it was asked for and does what ZeroGPU does to the data: it pickles the arguments on the way in
+and every yielded or returned value on the way out (a forked worker in between).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+import sys
+import threading
+import types
+
+import pytest
+import torch
+
+from kvviz import engine, zerogpu
+from kvviz.results import GenerationSettings, HandoffRequest
+from tests.conftest import tiny_pair
+
+
+def plain(value) -> bool:
+    """Only built-in data: no tensor, model or cache anywhere inside."""
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and plain(v) for k, v in value.items())
+    return False
+
+
+def standin_spaces() -> types.ModuleType:
+    """A ``spaces`` module whose GPU decorator crosses a pickle boundary, as ZeroGPU's does."""
+    module = types.ModuleType("spaces")
+    module.calls = []
+
+    def GPU(task=None, *, duration=60):
+        def decorate(function):
+            def wrapper(*args):
+                seconds = duration(*args) if callable(duration) else duration
+                args = pickle.loads(pickle.dumps(args))
+                module.calls.append({"function": function.__name__, "seconds": seconds, "args": args})
+                result = function(*args)
+                if isinstance(result, types.GeneratorType):
+                    return (pickle.loads(pickle.dumps(item)) for item in result)
+                return pickle.loads(pickle.dumps(result))
+
+            return wrapper
+
+        return decorate if task is None else decorate(task)
+
+    module.GPU = GPU
+    return module
+
+
+@pytest.fixture()
+def with_spaces(monkeypatch):
+    """kvviz.zerogpu re-imported with the stand-in package installed; restored afterwards."""
+    standin = standin_spaces()
+    monkeypatch.setitem(sys.modules, "spaces", standin)
+    importlib.reload(zerogpu)
+    yield standin
+    monkeypatch.delitem(sys.modules, "spaces")
+    importlib.reload(zerogpu)
+
+
+def request(max_new_tokens=3, message_tokens=4) -> HandoffRequest:
+    return HandoffRequest(query="What is the secret code word?", context="The secret code word is pineapple.",
+                          generation=GenerationSettings(max_new_tokens=max_new_tokens), text_message_tokens=message_tokens)
+
+
+NAMES = ["receiver", "text", "kvcomm", "skyline"]
+
+
+def events(monkeypatch):
+    from kvviz.stream import stream_handoffs
+
+    pair = tiny_pair("gemma")
+    monkeypatch.setattr(engine, "load_pair", lambda name, progress=None: pair)
+    return list(stream_handoffs("tiny", request(), NAMES))
+
+
+def test_without_the_package_nothing_changes(monkeypatch, one_thread):
+    assert sys.modules.get("spaces") is None or not hasattr(sys.modules["spaces"], "GPU")
+    assert not zerogpu.available() and not zerogpu.on_zerogpu()
+    # undecorated, and the page's runner does not go through it
+    assert zerogpu.gpu_run_events is zerogpu._run_events and zerogpu.gpu_sweep is zerogpu._sweep
+    monkeypatch.setattr(zerogpu, "gpu_run_events", lambda *a: pytest.fail("went through the GPU function"))
+    done = [name for kind, name, _ in events(monkeypatch) if kind == "done"]
+    assert done == NAMES
+
+
+def test_the_repository_spaces_folder_does_not_count(monkeypatch, tmp_path):
+    """A `spaces/` folder without __init__.py imports as an empty namespace package."""
+    (tmp_path / "spaces").mkdir()
+    (tmp_path / "spaces" / "README.md").write_text("not a package")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "spaces", raising=False)
+    assert importlib.import_module("spaces").__path__  # it does import ...
+    assert zerogpu.spaces_module() is None  # ... but has no GPU
+    monkeypatch.delitem(sys.modules, "spaces")
+
+
+def test_with_the_package_the_run_crosses_as_plain_data(with_spaces, monkeypatch, one_thread):
+    seen = events(monkeypatch)
+    (call,) = with_spaces.calls
+    assert call["function"] == "_run_events"
+    pair_name, sent, names, workers = call["args"]
+    assert pair_name == "tiny" and names == NAMES and workers == 1 and plain(sent) and sent == request().to_dict()
+    # the duration was computed from this request: tokens x handoffs
+    assert call["seconds"] == zerogpu.run_seconds("tiny", request().to_dict(), NAMES, 1)
+    # every event came back through pickle, as plain data, and the run is complete
+    assert all(plain(event) for event in seen), [e for e in seen if not plain(e)][:1]
+    assert [name for kind, name, _ in seen if kind == "done"] == NAMES
+    results = {name: data for kind, name, data in seen if kind == "done"}
+    assert results["receiver"]["answer_ids"] and results["kvcomm"]["applicable"]
+
+
+def test_the_same_answers_with_and_without_the_package(monkeypatch, one_thread):
+    without = {name: data["answer_ids"] for kind, name, data in events(monkeypatch) if kind == "done"}
+    standin = standin_spaces()
+    monkeypatch.setitem(sys.modules, "spaces", standin)
+    importlib.reload(zerogpu)
+    try:
+        with_package = {name: data["answer_ids"] for kind, name, data in events(monkeypatch) if kind == "done"}
+    finally:
+        monkeypatch.delitem(sys.modules, "spaces")
+        importlib.reload(zerogpu)
+    assert with_package == without and len(standin.calls) == 1
+
+
+def test_duration_fits_the_request_within_bounds():
+    def seconds(max_new_tokens, message_tokens, handoffs):
+        return zerogpu.run_seconds("p", request(max_new_tokens, message_tokens).to_dict(), ["receiver"] * handoffs)
+
+    assert seconds(1, 1, 1) == zerogpu.MIN_SECONDS
+    assert seconds(1024, 512, 9) == zerogpu.MAX_SECONDS
+    middle = seconds(100, 64, 5)
+    assert middle == round(zerogpu.BASE_SECONDS + zerogpu.SECONDS_PER_TOKEN * (100 + 64) * 5)
+    assert zerogpu.MIN_SECONDS < middle < zerogpu.MAX_SECONDS
+    assert seconds(100, 64, 5) < seconds(200, 64, 5) and seconds(100, 64, 2) < seconds(100, 64, 5)
+    assert zerogpu.MIN_SECONDS <= zerogpu.sweep_seconds("p", ["kvcomm"], 12, "kvcomm") <= zerogpu.MAX_SECONDS
+
+
+def test_the_sweep_runs_inside_the_gpu_function_and_returns_plain_data(with_spaces, monkeypatch):
+    import kvviz.sweep
+
+    monkeypatch.setattr(kvviz.sweep, "run_sweep", lambda pair, series, tokens, handoff=None: {"pair": pair, "points": [[0.5, 1.0]]})
+    data = zerogpu.gpu_sweep("embedded", ["kvcomm"], 12, "kvcomm")
+    (call,) = with_spaces.calls
+    assert call["function"] == "_sweep" and call["seconds"] == zerogpu.sweep_seconds("embedded", ["kvcomm"], 12, "kvcomm")
+    assert data == {"pair": "embedded", "points": [[0.5, 1.0]]} and plain(data)
+
+
+def test_on_zerogpu_models_default_to_cuda_bfloat16_without_asking_cuda(with_spaces, monkeypatch):
+    from kvviz import models
+
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    assert zerogpu.on_zerogpu()
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a: pytest.fail("asked CUDA in the main process"))
+    assert models.default_dtype("cuda") == torch.bfloat16
+    monkeypatch.setenv("SPACES_ZERO_GPU", "false")
+    assert not zerogpu.on_zerogpu()  # a CPU Space has the package too: nothing moves to CUDA there
+
+
+def test_app_loads_the_models_on_the_main_thread_on_zerogpu(with_spaces, monkeypatch):
+    """ZeroGPU intercepts `.to("cuda")` on the main thread only: the preload must run there, before launch."""
+    import app
+    from kvviz import stream, ui
+
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    order = []
+    monkeypatch.setattr(app, "_preload", lambda pair: order.append(("preload", pair, threading.current_thread() is threading.main_thread())))
+
+    class Demo:
+        def launch(self, **kwargs):
+            order.append(("launch",))
+
+    monkeypatch.setattr(ui, "build_demo", lambda default_pair: Demo())
+    monkeypatch.setattr(stream, "use_one_thread_per_handoff", lambda: None)  # no thread change for the session
+    app.main(["--pair", "embedded-gemma"])
+    assert order == [("preload", "embedded-gemma", True), ("launch",)]
