@@ -16,6 +16,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from kvviz import present, ui  # noqa: E402
 from kvviz.handoffs import registry  # noqa: E402
+from kvviz.handoffs import kvcomm as kvcomm_handoff  # noqa: E402
 from kvviz.plotkit import bar_counts  # noqa: E402
 from kvviz.presets import PRESETS, load_precomputed  # noqa: E402
 from tests.conftest import served_on_loopback  # noqa: E402
@@ -96,7 +97,8 @@ def test_preset_paints_precomputed_results_and_plots(client):
         assert "precomputed" in view["columns"][name]["stats"]
     kvcomm = next(r for r in view["json"]["results"] if r["handoff"] == "kvcomm")
     counts = bar_counts(view["plots"]["kvcomm"])
-    assert counts == {"attention_norm": len(kvcomm["layers"]), "prior": len(kvcomm["layers"]), "score": len(kvcomm["layers"])}
+    assert set(counts) == {s[0] for s in kvcomm_handoff.figure_series(kvcomm)} and "query" in counts
+    assert set(counts.values()) == {len(kvcomm["layers"])}
     assert len(bar_counts(view["plots"]["latency"])) == 5  # one trace per stage
     assert set(view["plots"]) == set(ui.plot_names())
 
@@ -201,7 +203,9 @@ def test_run_a_preset_live_gets_every_column_and_every_plot(client, embedded_pai
     if not results["c2c"]["applicable"]:
         assert view["columns"]["c2c"]["stats"].startswith("**Not applicable:**")
     num_layers = embedded_pair.receiver.facts.num_layers
-    assert bar_counts(view["plots"]["kvcomm"]) == {"attention_norm": num_layers, "prior": num_layers, "score": num_layers}
+    kvcomm_counts = bar_counts(view["plots"]["kvcomm"])
+    assert set(kvcomm_counts) == {"calibration", "query"}  # alpha 1.0: the score is the calibration importance
+    assert set(kvcomm_counts.values()) == {num_layers}
     latency = bar_counts(view["plots"]["latency"])
     applicable = sum(r["applicable"] for r in results.values())
     assert len(latency) == 5 and set(latency.values()) == {applicable}

@@ -25,7 +25,10 @@ def bar_traces(figure) -> list[dict]:
 def test_kvcomm_figure_has_one_bar_per_layer_per_series_and_highlights_selected():
     figure = kvcomm.layers_figure(kvcomm_result())
     bars = bar_traces(figure)
-    assert [t["meta"]["series"] for t in bars] == ["attention_norm", "prior", "score"]
+    assert [t["meta"]["series"] for t in bars] == ["calibration", "query", "prior", "score"]
+    names = {t["meta"]["series"]: t["name"] for t in bars}
+    assert "calibration sample" in names["calibration"] and "this query" in names["query"]
+    assert "0.80 x importance + 0.20 x prior" in names["score"]
     for trace in bars:
         assert list(trace["x"]) == list(range(NUM_LAYERS))
         assert len(trace["y"]) == NUM_LAYERS
@@ -33,19 +36,48 @@ def test_kvcomm_figure_has_one_bar_per_layer_per_series_and_highlights_selected(
         assert outlined == SELECTED
         opaque = {layer for layer, opacity in zip(trace["x"], trace["marker"]["opacity"]) if opacity == 1.0}
         assert opaque == SELECTED
-    markers = [t for t in figure.to_dict()["data"] if t["meta"]["series"] == "selected"][0]
-    assert sorted(markers["x"]) == sorted(SELECTED)
-    assert markers["marker"]["color"] == kvcomm.COLOR
-    assert bar_counts(figure) == {"attention_norm": NUM_LAYERS, "prior": NUM_LAYERS, "score": NUM_LAYERS}
-    assert "3 of 6 layers sent" in figure.layout.title.text
+    markers = {t["meta"]["series"]: t for t in figure.to_dict()["data"] if t["type"] == "scatter"}
+    assert list(markers["forced"]["x"]) == [0] and "forced" in markers["forced"]["name"]
+    assert sorted(markers["sent"]["x"]) == sorted(SELECTED - {0})
+    assert sorted(markers["sink"]["x"]) == sorted(set(range(NUM_LAYERS)) - SELECTED)
+    assert markers["sent"]["marker"]["color"] == kvcomm.COLOR
+    assert markers["sent"]["marker"]["symbol"] != markers["sink"]["marker"]["symbol"] != markers["forced"]["marker"]["symbol"]
+    assert bar_counts(figure) == {"calibration": NUM_LAYERS, "query": NUM_LAYERS, "prior": NUM_LAYERS, "score": NUM_LAYERS}
+    assert "3 of 6 layers sent (layer 0 by rule)" in figure.layout.title.text
+    assert "Spearman +0.60" in figure.layout.title.text
 
 
-def test_kvcomm_figure_draws_no_bar_where_nothing_was_measured():
-    result = run_handoff("kvcomm", tiny_pair("llama"), HandoffRequest(
+def _tiny_run(**options):
+    return run_handoff("kvcomm", tiny_pair("llama"), HandoffRequest(
         query="What is the secret code word?", context="The secret code word is pineapple.",
-        kvcomm=KVCommOptions(strategy="random", ratio=0.5)))
-    bars = {t["meta"]["series"]: t["y"] for t in bar_traces(kvcomm.layers_figure(result))}
-    assert all(value is None for series in bars.values() for value in series)  # random: no attention, no score
+        kvcomm=KVCommOptions(**options)))
+
+
+@pytest.mark.parametrize("strategy", ["prior", "random"])
+def test_kvcomm_figure_draws_no_calibration_attention_where_none_was_measured(strategy):
+    result = _tiny_run(strategy=strategy, ratio=0.5)
+    series = {t["meta"]["series"] for t in bar_traces(kvcomm.layers_figure(result))}
+    assert "calibration" not in series  # nothing measured on a calibration sample
+    assert "score" not in series  # no mixed score: prior alone (alpha = 0) or none (random)
+    assert "query" in series  # this query's importance is always measured, and labelled as such
+    assert ("prior" in series) == (strategy == "prior")
+    assert all(r["calibration_attention"] is None for r in result.layers)
+    assert "Spearman" not in kvcomm.layers_figure(result).layout.title.text
+
+
+def test_kvcomm_figure_at_reference_alpha_draws_importance_as_the_score_and_no_prior():
+    result = _tiny_run(ratio=0.5)  # alpha 1.0: the score is the calibration importance
+    bars = {t["meta"]["series"]: t for t in bar_traces(kvcomm.layers_figure(result))}
+    assert set(bars) == {"calibration", "query"}
+    assert bars["calibration"]["name"].endswith("= score") and "built-in sample" in bars["calibration"]["name"]
+    rho = result.details["importance_spearman"]
+    assert rho is not None and f"Spearman {rho:+.2f}" in kvcomm.layers_figure(result).layout.title.text
+
+
+def test_kvcomm_figure_with_query_calibration_draws_one_importance_that_chose_the_layers():
+    result = _tiny_run(ratio=0.5, calibration="query")
+    bars = {t["meta"]["series"]: t for t in bar_traces(kvcomm.layers_figure(result))}
+    assert set(bars) == {"query"} and "chose the layers" in bars["query"]["name"]
 
 
 def test_kvcomm_figure_for_not_applicable_result_says_why():

@@ -41,7 +41,12 @@ def kvcomm_result() -> dict:
         communication="kv",
         tokens={"context": 13, "generated": 2},
         layers=layers,
-        details={"selected_layers": sorted(SELECTED), "alpha": 0.8, "strategy": "kvcomm"},
+        details={
+            "selected_layers": sorted(SELECTED), "alpha": 0.8, "strategy": "kvcomm", "forced_layers": [0],
+            "calibration": {"source": "sample", "context": "Peggy is at the Gevangenpoort.",
+                            "query": "Which country is Peggy located in?"},
+            "importance_spearman": 0.6,
+        },
     ).to_dict()
 
 

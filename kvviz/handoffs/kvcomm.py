@@ -417,16 +417,79 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
 # --- descriptor -------------------------------------------------------------------------------
 
 COLOR = "#009E73"  # green
-# the layer figure's three series per layer
-SERIES_COLORS = {"attention_norm": "#009E73", "prior": "#bdbdbd", "score": "#004D38"}
-FIGURE_HEIGHT = 400
+# the layer figure's series per layer (``meta.series`` of each trace)
+SERIES_COLORS = {"calibration": "#009E73", "query": "#E69F00", "prior": "#bdbdbd", "score": "#004D38"}
+# the row of markers above the bars: how each layer got (or did not get) the context
+SENT_MARKERS = {
+    "sent": dict(symbol="triangle-down", size=11, color=COLOR),
+    "forced": dict(symbol="star", size=12, color="#ffffff"),
+    "sink": dict(symbol="line-ew", size=10, color="#888888"),
+}
+CALIBRATION_SOURCES = {
+    "builtin": "the built-in sample",
+    "sample": "the task's calibration sample",
+    "query": "this query",
+}
+FIGURE_HEIGHT = 420
+
+
+def _sent_reason(details: dict) -> str:
+    """Why the non-forced sent layers were sent, in words, by strategy."""
+    strategy = details.get("strategy")
+    if strategy == "random":
+        return "sent: drawn at random"
+    if strategy == "explicit":
+        return "sent: given by hand"
+    if strategy == "contiguous":
+        return "sent: best-scoring block"
+    return "sent: top score"
+
+
+def figure_series(result: dict) -> list[tuple[str, str, str, str]]:
+    """The bar series a KVComm result can show, as (series, record field, name, explanation);
+    only what the run measured or used: the calibration importance where a calibration was used,
+    this query's importance (always measured), the prior and the score only where a score mixed
+    both (0 < alpha < 1), or the prior alone where it was the score (alpha = 0)."""
+    details = result.get("details", {}) or {}
+    records = result.get("layers") or []
+    alpha = details.get("alpha")
+    calibration = details.get("calibration") or {}
+    source = calibration.get("source")
+    has = lambda field: any(r.get(field) is not None for r in records)  # noqa: E731
+    series = []
+    on_this_query = source == "query"
+    if has("calibration_attention_norm") and not on_this_query:
+        where = CALIBRATION_SOURCES.get(source, "the calibration sample")
+        name = f"importance on {where} (chose the layers)"
+        if alpha == 1:
+            name += " = score"
+        series.append(("calibration", "calibration_attention_norm", name,
+                       f"share of the calibration question's attention on its context, min-max over layers; "
+                       f"measured once on {where}"))
+    if has("query_attention_norm"):
+        if on_this_query:
+            name = "this query's importance (chose the layers" + (", = score)" if alpha == 1 else ")")
+            explain = "share of this question's attention on this context, min-max over layers; measured before answering"
+        else:
+            name = "this query's importance (measured after the answer; not used)"
+            explain = ("share of this question's attention on this context, min-max over layers; measured after "
+                       "the answer to see whether the calibration transfers")
+        series.append(("query", "query_attention_norm", name, explain))
+    if alpha is not None and alpha < 1 and has("prior"):
+        name = "Gaussian prior" + (" = score (alpha = 0)" if alpha == 0 else f" (weight 1 - alpha = {1 - alpha:.2f})")
+        series.append(("prior", "prior", name, "favours middle layers, min-max over layers"))
+    if alpha is not None and 0 < alpha < 1 and has("score"):
+        series.append(("score", "score", f"score = {alpha:.2f} x importance + {1 - alpha:.2f} x prior",
+                       "the value the layers were ranked by"))
+    return series
 
 
 def layers_figure(result) -> go.Figure:
-    """Grouped bars per receiver layer: attention importance, Gaussian prior, combined score.
+    """Grouped bars per receiver layer, only of what this run measured or used (``figure_series``),
+    and a row of markers above them: the layers sent by the strategy, layer 0 sent by rule
+    (forced), and the layers that kept only the one-token sink.
 
-    Selected layers (the ones whose context KV is sent) get a dark outline, full opacity and a
-    marker above the group; the others are faded.
+    Sent layers get a dark outline and full opacity in every series; sink-only layers are faded.
     """
     title = "KVComm: which layers get the context (per receiver layer)"
     hint = "Run a preset with a private context to see KVComm's layer choice."
@@ -437,23 +500,27 @@ def layers_figure(result) -> go.Figure:
     records = sorted(result["layers"], key=lambda r: r["layer"])
     layers = [int(r["layer"]) for r in records]
     selected = [bool(r.get("selected")) for r in records]
-    details = result.get("details", {})
+    forced = [bool(r.get("forced")) for r in records]
+    details = result.get("details", {}) or {}
     alpha = details.get("alpha")
-    # (series, record field, name, explanation); a None value (nothing measured or used) draws no bar
-    series = [
-        ("attention_norm", "calibration_attention_norm", "attention importance on the calibration sample (normalised)",
-         "share of the calibration question's attention on its context, min-max over layers"),
-        ("prior", "prior", "Gaussian prior (normalised)", "favours middle layers"),
-        ("score", "score", "combined score", "alpha x importance + (1 - alpha) x prior"),
-    ]
+
+    def status(layer_selected: bool, layer_forced: bool) -> str:
+        if layer_forced:
+            return "<b>layer 0: always sent (by rule, not by score)</b>"
+        if layer_selected:
+            return f"<b>{_sent_reason(details)}: the whole context KV</b>"
+        return "sink only: this layer keeps just the context's first token"
+
     fig = go.Figure()
-    for key, field, name, explain in series:
+    for key, field, name, explain in figure_series(result):
         values = [None if r.get(field) is None else float(r[field]) for r in records]
-        hover = [
-            f"layer {layer}<br>{name}: {'not measured' if value is None else f'{value:.3f}'}<br>{explain}<br>"
-            + ("<b>selected: context KV sent</b>" if sel else "not selected: only the sink token")
-            for layer, value, sel in zip(layers, values, selected)
-        ]
+        raw_field = {"calibration": "calibration_attention", "query": "query_attention"}.get(key)
+        hover = []
+        for record, value, sel, frc in zip(records, values, selected, forced):
+            text = f"layer {record['layer']}<br>{name}: {'not measured' if value is None else f'{value:.3f}'}"
+            if raw_field and record.get(raw_field) is not None:
+                text += f" (raw {float(record[raw_field]):.4f})"
+            hover.append(f"{text}<br>{explain}<br>{status(sel, frc)}")
         fig.add_trace(
             go.Bar(
                 x=layers,
@@ -469,29 +536,45 @@ def layers_figure(result) -> go.Figure:
                 meta={"series": key},
             )
         )
-    chosen = [layer for layer, sel in zip(layers, selected) if sel]
-    fig.add_trace(
-        go.Scatter(
-            x=chosen,
-            y=[1.08] * len(chosen),
-            mode="markers",
-            name="selected layer (context KV sent)",
-            marker=dict(symbol="triangle-down", size=11, color=COLOR, line=dict(color=SELECTED_OUTLINE, width=1)),
-            hovertext=[f"layer {layer}: selected" for layer in chosen],
-            hoverinfo="text",
-            meta={"series": "selected"},
+    groups = {
+        "sent": ([layer for layer, sel, frc in zip(layers, selected, forced) if sel and not frc],
+                 f"{_sent_reason(details)} (context KV)"),
+        "forced": ([layer for layer, frc in zip(layers, forced) if frc], "layer 0: always sent (forced)"),
+        "sink": ([layer for layer, sel in zip(layers, selected) if not sel], "sink only (one token)"),
+    }
+    for key, (xs, name) in groups.items():
+        if not xs:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=[1.08] * len(xs),
+                mode="markers",
+                name=name,
+                marker=dict(**SENT_MARKERS[key], line=dict(color=SELECTED_OUTLINE if key != "sink" else "#888888", width=1)),
+                hovertext=[f"layer {layer}: {name}" for layer in xs],
+                hoverinfo="text",
+                meta={"series": key},
+            )
         )
-    )
-    subtitle = f"{len(chosen)} of {len(layers)} layers sent"
-    if alpha is not None:
-        subtitle += f", alpha = {float(alpha):.2f}"
+    chosen = sum(selected)
+    subtitle = f"{chosen} of {len(layers)} layers sent"
+    if any(forced):
+        subtitle += " (layer 0 by rule)"
     if details.get("strategy"):
         subtitle += f", strategy {details['strategy']}"
+    if alpha is not None:
+        subtitle += f", alpha = {float(alpha):.2f}"
+    spearman_value = details.get("importance_spearman")
+    source = (details.get("calibration") or {}).get("source")
+    if spearman_value is not None and source != "query":
+        subtitle += f"; calibration vs this query: Spearman {float(spearman_value):+.2f}"
     fig.update_xaxes(
         title_text="receiver layer", dtick=1 if len(layers) <= 40 else None, range=[min(layers) - 0.6, max(layers) + 0.6]
     )
     fig.update_yaxes(title_text="normalised value (0 to 1)", range=[0, 1.15])
-    return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT, barmode="group", bargap=0.2)
+    return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT, barmode="group", bargap=0.2,
+                  margin=dict(l=60, r=20, t=70, b=120))
 
 
 def parse_layers(text: str) -> tuple[int, ...] | None:
@@ -515,6 +598,8 @@ def apply_options(request: HandoffRequest, values: dict) -> HandoffRequest:
         sigma=values["sigma"],
         layers=layers,
         seed=request.generation.seed,
+        calibration=values.get("calibration") or "builtin",
+        calibration_sample=None,
     )
     return dataclasses.replace(request, kvcomm=options)
 
@@ -541,6 +626,9 @@ def notes(result: dict) -> list[str]:
 
 
 SELECTABLE_STRATEGIES = tuple(s for s in STRATEGIES if s != "explicit")  # explicit: give layers
+# page and ``run``: the built-in sample or this query; ``bench`` calibrates on the task's first sample
+# unless --calibration is given (kvviz.bench.run)
+CALIBRATION_CHOICES = ("builtin", "query")
 
 HANDOFFS = (
     Handoff(
@@ -573,6 +661,8 @@ HANDOFFS = (
                    flag="--sigma"),
             Option("layers", "KVComm explicit layers (e.g. 0,3,7; overrides the strategy)", "", kind="text",
                    flag="--layers"),
+            Option("calibration", "KVComm calibration: whose attention chooses the layers", "builtin", kind="choice",
+                   choices=CALIBRATION_CHOICES, flag="--calibration"),
         ),
         apply_options=apply_options,
         variant_label=variant_label,
