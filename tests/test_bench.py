@@ -151,6 +151,32 @@ def test_bench_writes_rows_summary_and_figures(tmp_path, tiny_engine):
     assert json.loads((out / "config.json").read_text())["variants"][-1] == "kvcomm@1"
 
 
+def test_kvcomm_calibrates_on_the_tasks_first_sample_which_is_not_scored(tmp_path, tiny_engine):
+    dataset = write_jsonl(tmp_path / "open.jsonl", OPEN_RECORDS)
+    out = tmp_path / "run"
+    assert bench.main(bench_args(dataset, out, "--handoffs", "receiver,kvcomm", "--ratios", "0.5", "--limit", "3",
+                                 "--no-shuffle")) == 0
+    rows = read_csv(out / "rows.csv")
+    assert {row["sample_id"] for row in rows} == {"q1", "q2", "q3"}  # q0 calibrates: not scored, 3 scored
+    assert json.loads((out / "config.json").read_text())["kvcomm_calibration_sample"] == "q0"
+    assert "calibrated on the task's first sample, q0" in (out / "summary.md").read_text()
+    # --calibration given: no sample is set aside
+    other = tmp_path / "builtin"
+    assert bench.main(bench_args(dataset, other, "--handoffs", "receiver,kvcomm", "--ratios", "0.5", "--limit", "3",
+                                 "--no-shuffle", "--calibration", "builtin")) == 0
+    assert {row["sample_id"] for row in read_csv(other / "rows.csv")} == {"q0", "q1", "q2"}
+    assert "calibrated" not in (other / "summary.md").read_text()
+
+
+def test_bench_request_carries_the_calibration_sample_to_kvcomm_only():
+    records = load_dataset(str(write_jsonl(Path(os.environ.get("TMPDIR", "/tmp")) / "kvviz_cal.jsonl", OPEN_RECORDS)))
+    args = bench_args(Path("unused.jsonl"), Path("unused"))
+    kv = run.variant_request(records[1], run.Variant("kvcomm@0.5", "kvcomm", {"ratio": 0.5}), args, {}, records[0])
+    assert kv.kvcomm.calibration == "sample" and kv.kvcomm.calibration_sample == (records[0].context, choice_query(records[0]))
+    text = run.variant_request(records[1], run.Variant("text", "text"), args, {}, records[0])
+    assert text.kvcomm.calibration == "builtin"
+
+
 def test_interrupted_run_resumes_without_redoing_rows(tmp_path, tiny_engine, monkeypatch):
     pair, calls = tiny_engine
     dataset = write_jsonl(tmp_path / "open.jsonl", OPEN_RECORDS)
@@ -163,7 +189,7 @@ def test_interrupted_run_resumes_without_redoing_rows(tmp_path, tiny_engine, mon
         return counting(*a, **k)
 
     monkeypatch.setattr(engine, "run_handoff", dies_after_five)
-    args = bench_args(dataset, out, "--handoffs", "receiver,skyline,kvcomm", "--ratios", "0.5", "--limit", "4")
+    args = bench_args(dataset, out, "--handoffs", "receiver,skyline,kvcomm", "--ratios", "0.5", "--limit", "3")
     with pytest.raises(KeyboardInterrupt):
         bench.main(args)
     assert len(read_csv(out / "rows.csv")) == 5
@@ -173,17 +199,18 @@ def test_interrupted_run_resumes_without_redoing_rows(tmp_path, tiny_engine, mon
     monkeypatch.setattr(engine, "run_handoff", counting)
     assert bench.main(args) == 0
     rows = read_csv(out / "rows.csv")
-    assert len(rows) == 4 * 3 == len({(row["sample_id"], row["variant"]) for row in rows})
-    assert len(calls) == 12  # 5 before the interruption + 7 after: nothing done twice
-    assert bench.main(args) == 0 and len(calls) == 12  # a finished run does nothing
+    # 3 scored samples (KVComm's calibration sample, the first, is not scored) x 3 variants
+    assert len(rows) == 3 * 3 == len({(row["sample_id"], row["variant"]) for row in rows})
+    assert len(calls) == 9  # 5 before the interruption + 4 after: nothing done twice
+    assert bench.main(args) == 0 and len(calls) == 9  # a finished run does nothing
     # a larger --limit extends the same run
-    assert bench.main(bench_args(dataset, out, "--handoffs", "receiver,skyline,kvcomm", "--ratios", "0.5", "--limit", "5")) == 0
-    assert len(read_csv(out / "rows.csv")) == 15 and len(calls) == 15
+    assert bench.main(bench_args(dataset, out, "--handoffs", "receiver,skyline,kvcomm", "--ratios", "0.5", "--limit", "4")) == 0
+    assert len(read_csv(out / "rows.csv")) == 12 and len(calls) == 12
     # --redo runs some variants again (e.g. C2C once its fuser has landed)
-    assert bench.main(bench_args(dataset, out, "--handoffs", "receiver,skyline,kvcomm", "--ratios", "0.5", "--limit", "5",
+    assert bench.main(bench_args(dataset, out, "--handoffs", "receiver,skyline,kvcomm", "--ratios", "0.5", "--limit", "4",
                                  "--redo", "skyline")) == 0
     rows = read_csv(out / "rows.csv")
-    assert len(rows) == 15 and len(calls) == 20 and calls[-1][0] == "skyline"
+    assert len(rows) == 12 and len(calls) == 16 and calls[-1][0] == "skyline"
     # other settings in the same folder are refused, --fresh starts over
     with pytest.raises(ValueError, match="other settings"):
         bench.main(bench_args(dataset, out, "--handoffs", "receiver", "--seed", "3"))
@@ -252,7 +279,9 @@ def test_multiple_choice_rows_have_letter_and_likelihood(tmp_path, tiny_engine):
         assert row["gold_letter"] in "ABCD" and row["correct_letter"] in ("0", "1")
         assert row["likelihood_letter"] in "ABCD" and row["correct_likelihood"] in ("0", "1"), row["variant"]
     by = {(r["sample_id"], r["variant"]): r for r in rows}
-    for sample in ("m0", "m1", "m2"):  # every layer sent: KVComm's state is Skyline's
+    scored = {r["sample_id"] for r in rows}
+    assert len(scored) == 2  # of 3: the first calibrates KVComm
+    for sample in scored:  # every layer sent: KVComm's state is Skyline's
         assert by[(sample, "kvcomm@1")]["likelihood_letter"] == by[(sample, "skyline")]["likelihood_letter"]
     summary = read_csv(out / "summary.csv")
     assert "acc_letter" in summary[0] and "acc_likelihood" in summary[0]
