@@ -131,3 +131,31 @@ def test_not_applicable_at_once_without_a_context_or_across_architectures(mixed_
     assert "architecture" in handoff.applicable(mixed_tiny_pair, HandoffRequest(query="Q?", context="C"))
     assert handoff.applicable(tiny_pair("llama"), HandoffRequest(query="Q?", context="C")) is None
     assert isinstance(handoff.not_applicable("p", "why"), HandoffResult)
+
+
+def test_page_words_say_what_was_measured_and_no_more():
+    from kvviz import presets, ui
+    from kvviz.handoffs.registry import DIAGRAM_DIR
+
+    handoff = registry.get("kvcomm")
+    words = " ".join([handoff.explanation, handoff.walkthrough, handoff.summary])
+    assert "the sharer reads" not in words.lower() and "sender" in words
+    for fact in ("sink", "layer 0", "calibration", "1 - alpha", "in memory"):
+        assert fact in words, fact
+    diagram = (DIAGRAM_DIR / "kvcomm.svg").read_text()
+    assert "other layers: nothing" not in diagram and "sink" in diagram and "(1−α)" in diagram
+    skyline = registry.get("skyline")
+    assert "no handoff can do better" not in skyline.explanation.lower() and "not a bound" in skyline.explanation
+    assert "no handoff beats it" not in (DIAGRAM_DIR / "skyline.svg").read_text()
+    notes = " ".join(p.note for p in presets.PRESETS)
+    assert "Compare which layers KVComm sends" not in notes and "best case" not in notes
+    import inspect
+
+    assert "Every column runs on the same pair" not in inspect.getsource(ui)
+    assert handoff.option("calibration").choices == ("builtin", "query")
+
+
+def test_notes_name_the_calibration_sample_and_the_forced_layer():
+    lines = kvcomm.notes(kvcomm_result())
+    assert lines[0] == "layers sent: 0 (always), 2, 3"
+    assert "Peggy is at the Gevangenpoort." in lines[1] and "Spearman +0.60" in lines[2]

@@ -370,7 +370,7 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
         pair=pair.name,
         answer=output.text,
         answer_ids=output.token_ids,
-        seen={"sharer": segments.context_text, "receiver": segments.query_text},
+        seen={"sender": segments.context_text, "receiver": segments.query_text},
         timings=timings,
         bytes_communicated=sent_bytes,
         communication="kv",
@@ -621,8 +621,27 @@ def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffRe
 
 
 def notes(result: dict) -> list[str]:
-    selected = result.get("details", {}).get("selected_layers")
-    return [] if selected is None else ["layers sent: " + ", ".join(str(layer) for layer in selected)]
+    """Under the answer: the layers sent (layer 0 by rule), the calibration sample in full and how
+    well its importance ranks this query's."""
+    details = result.get("details", {}) or {}
+    selected = details.get("selected_layers")
+    if selected is None:
+        return []
+    forced = set(details.get("forced_layers") or [])
+    lines = ["layers sent: " + ", ".join(f"{layer} (always)" if layer in forced else str(layer) for layer in selected)]
+    calibration = details.get("calibration")
+    if calibration is None:
+        if "calibration" in details:  # older records lack the key: say nothing about them
+            lines.append(f"no attention measured to choose the layers (strategy {details.get('strategy')})")
+    elif calibration.get("source") == "query":
+        lines.append("calibrated on this query (its own attention chose the layers)")
+    else:
+        where = CALIBRATION_SOURCES.get(calibration.get("source"), "the calibration sample")
+        lines.append(f"calibrated on {where}: \"{calibration.get('context')}\" / \"{calibration.get('query')}\"")
+        rho = details.get("importance_spearman")
+        if rho is not None:
+            lines.append(f"calibration vs this query's importance: Spearman {float(rho):+.2f}")
+    return lines
 
 
 SELECTABLE_STRATEGIES = tuple(s for s in STRATEGIES if s != "explicit")  # explicit: give layers
@@ -636,13 +655,17 @@ HANDOFFS = (
         title="KVComm: selected layers",
         label="KVComm",
         color=COLOR,
-        summary="the receiver attends to the sender's context KV in selected layers",
+        summary="the receiver attends to a same-model sender's context KV in selected layers",
         explanation=(
-            "Only the sharer reads the private context. Instead of writing a message it hands over its KV "
-            "cache of the context, but only for some layers of the receiver. To pick them, KVComm measures once "
-            "how much each layer of the receiver looks at the context (attention importance), mixes that with "
-            "a bell curve that prefers middle layers (the prior), and sends the top-scoring share r of layers. "
-            "It needs two models of the same shape."
+            "KVComm needs a sender with the receiver's architecture, so its sender is not the sharer: it is a "
+            "second copy of the receiver's model (on the default pair, another Gemma-3-270M). The sender reads "
+            "the private context and hands over its KV cache of it, but only in some receiver layers; every "
+            "other layer keeps just the context's first token (an attention sink), and layer 0 is always sent. "
+            "The layers are chosen by score = alpha x attention importance + (1 - alpha) x a bell-curve prior "
+            "over layers (alpha = 1 by default, as in the reference code, so the prior has no weight). The "
+            "attention importance is measured on a calibration sample (the built-in sentence, or this query if "
+            "you choose it in Settings), not on your question unless you choose that; the top share r of layers "
+            "is sent. The transfer here is a splice in memory: the bytes are counted, no network is timed."
         ),
         run=run,
         needs=("a private context", "a sender with the receiver's architecture, KV shape and tokenizer"),
@@ -661,7 +684,7 @@ HANDOFFS = (
                    flag="--sigma"),
             Option("layers", "KVComm explicit layers (e.g. 0,3,7; overrides the strategy)", "", kind="text",
                    flag="--layers"),
-            Option("calibration", "KVComm calibration: whose attention chooses the layers", "builtin", kind="choice",
+            Option("calibration", "KVComm calibration (whose attention chooses the layers: the builtin sample or this query)", "builtin", kind="choice",
                    choices=CALIBRATION_CHOICES, flag="--calibration"),
         ),
         apply_options=apply_options,
@@ -669,20 +692,29 @@ HANDOFFS = (
         receiver_prompt=receiver_prompt,
         figure=layers_figure,
         notes=notes,
+        stage_labels={
+            "sharer_prefill": "the sender (a copy of the receiver's model, not the sharer) reads the context",
+            "transfer": "choose layers and splice the KV in memory (no network time)",
+        },
         page=40,
         page_default=True,
         walkthrough=(
-            "Here the sharer sends no words (green). It sends its internal memory of the note (the *KV cache*) "
-            "into some of the receiver's layers. The plot **KVComm: which layers get the context** shows, per "
-            "layer, how much that layer looked at the context, the bell-curve prior, and their mix. Layers with "
-            "a dark outline and a triangle were chosen. Open *Settings* and change the KVComm ratio to send more "
-            "or fewer layers."
+            "KVComm (green) sends no words. Its sender, a second copy of the receiver's model (the sharer cannot "
+            "be used: the shapes must match), reads the note and puts its internal memory of it (the *KV cache*) "
+            "into some of the receiver's layers; the others keep only the note's first token, and layer 0 is "
+            "always sent. The plot **KVComm: which layers get the context** shows, per layer, the attention "
+            "importance measured on the calibration sample (which chose the layers) next to the importance "
+            "measured on *this* question after it was answered, with their rank correlation, so you can see "
+            "whether one calibration sample speaks for your question. Triangles mark the layers sent, a star "
+            "layer 0 (sent by rule), a dash the layers that kept only the sink. In *Settings* change the ratio, "
+            "or calibrate on this query instead of the built-in sample."
         ),
         sweep=Sweep(
             title="Sweep: how many layers does KVComm need?",
             explanation=(
                 "Runs KVComm on the built-in private-context questions at each ratio for each chosen "
-                "layer-selection strategy, plus the receiver alone and Skyline as references."
+                "layer-selection strategy (calibrated on the built-in sample), plus the receiver alone and "
+                "Skyline as references."
             ),
             x_option="ratio",
             x_values=(0.0, 0.25, 0.5, 0.75, 1.0),

@@ -200,6 +200,9 @@ class Handoff:
     walkthrough: str = ""  # its step of the page's guided walk-through
     sweep: Sweep | None = None
     diagram: Path | None = field(default=None)  # default: assets/diagrams/NAME.svg when present
+    # what a latency stage is for this handoff, where the shared stage name would say more (or less)
+    # than was measured, e.g. {"transfer": "splice in memory (no network)"}
+    stage_labels: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.role not in ROLES:
