@@ -366,3 +366,47 @@ def test_regenerating_results_keeps_the_load_test_section(tmp_path):
     path.write_text("# old\n\nold numbers\n\n<!-- load-test:start -->\n## Load test\n| a | b |\n<!-- load-test:end -->\n")
     assert kept_sections(path) == "\n<!-- load-test:start -->\n## Load test\n| a | b |\n<!-- load-test:end -->\n"
     assert kept_sections(tmp_path / "missing.md") == ""
+
+
+def test_regenerating_results_keeps_the_kvcomm_table_section(tmp_path):
+    from kvviz.bench.report import kept_sections
+
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# old\n<!-- load-test:start -->\nL\n<!-- load-test:end -->\n"
+                    "<!-- kvcomm-table:start -->\nK\n<!-- kvcomm-table:end -->\n")
+    kept = kept_sections(path)
+    assert "<!-- kvcomm-table:start -->\nK\n<!-- kvcomm-table:end -->" in kept and "L" in kept
+
+
+def test_kvcomm_results_section_pairs_samples_and_says_met_or_missed(tmp_path):
+    """scripts/kvcomm_results.py on hand-made rows: only samples every variant answered count, the
+    verdicts follow the numbers, and the section replaces its old self in the file."""
+    folder = tmp_path / "table"
+    folder.mkdir()
+    (folder / "calibration.txt").write_text("calibration sample: c0\ncontext: C\nquestion: Where is Q?\n")
+    right = {  # variant -> correct on samples s0..s9
+        "receiver": [0] * 10, "skyline": [1] * 5 + [0] * 5, "text": [1] * 3 + [0] * 7,
+        "kvcomm@0.3": [1] * 4 + [0] * 6, "kvcomm@0.5": [1] * 4 + [0] * 6, "kvcomm@0.7": [1] * 5 + [0] * 5,
+        "kvcomm-random@0.3": [1] * 1 + [0] * 9, "kvcomm-contiguous@0.3": [1] * 4 + [0] * 6,
+    }
+    rows = [{"sample_id": f"s{i}", "variant": v, "applicable": "1", "correct": str(c[i]), "answer": str(c[i]),
+             "importance_spearman": "0.9"} for v, c in right.items() for i in range(10)]
+    rows.append({"sample_id": "s10", "variant": "skyline", "applicable": "1", "correct": "1", "answer": "x",
+                 "importance_spearman": ""})  # answered by one variant only: not paired, left out
+    with (folder / "rows.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# top\n\n<!-- kvcomm-table:start -->\nold\n<!-- kvcomm-table:end -->\n\ntail\n")
+    command = [sys.executable, str(REPO / "scripts" / "kvcomm_results.py"), "--table", f"Countries={folder}",
+               "--write", str(results)]
+    subprocess.run(command, check=True, capture_output=True, cwd=REPO)
+    text = results.read_text()
+    assert "\nold\n" not in text and text.startswith("# top") and text.rstrip().endswith("tail")
+    assert "`c0`" in text and "n = 10 scored samples" in text
+    assert "| Skyline (`skyline`) | 5/10 | 0.50 |" in text
+    assert "| KVComm r = 0.3 >= 80% of Skyline | 4/5 = 80% | met |" in text
+    assert "| KVComm r = 0.5 >= 95% of Skyline | 4/5 = 80% | missed |" in text
+    assert "beats random layers, r = 0.3 by >= 10 points | +30 points | met |" in text
+    assert "beats contiguous layers, r = 0.3 by >= 10 points | +0 points | missed |" in text
