@@ -665,7 +665,8 @@ HANDOFFS = (
             "over layers (alpha = 1 by default, as in the reference code, so the prior has no weight). The "
             "attention importance is measured on a calibration sample (the built-in sentence, or this query if "
             "you choose it in Settings), not on your question unless you choose that; the top share r of layers "
-            "is sent. The transfer here is a splice in memory: the bytes are counted, no network is timed."
+            "is sent. The transfer here is a splice in memory: the bytes are counted, no network is timed. "
+            f"The built-in calibration sample: *{CALIBRATION_CONTEXT}* / *{CALIBRATION_QUERY}*"
         ),
         run=run,
         needs=("a private context", "a sender with the receiver's architecture, KV shape and tokenizer"),
