@@ -133,17 +133,20 @@ def test_the_run_endpoint_names_every_setting_and_option_in_order():
     assert names[:8] == ["pair", "query", "context", "max_new_tokens", "sample", "temperature", "seed", "message_tokens"]
     assert names[-1] == "handoffs"
     # the KVComm options keep the positions scripts used before the registry (alpha: auto, then value)
-    assert names[8:14] == ["kvcomm_ratio", "kvcomm_strategy", "kvcomm_alpha_auto", "kvcomm_alpha", "kvcomm_sigma", "kvcomm_layers"]
+    assert names[8:15] == ["kvcomm_ratio", "kvcomm_strategy", "kvcomm_alpha_auto", "kvcomm_alpha", "kvcomm_sigma", "kvcomm_layers",
+                           "kvcomm_calibration"]
     widgets = sum(spec.inputs for spec in ui.page_options())
     assert len(names) == 8 + widgets + 1
 
 
 def test_form_values_become_each_handoffs_options():
     specs = [spec for spec in ui.page_options() if spec.handoff.name == "kvcomm"]
-    values = ui.option_values(specs, [0.25, "prior", True, 0.3, 5.0, ""])
-    assert values == {"kvcomm": {"ratio": 0.25, "strategy": "prior", "alpha": None, "sigma": 5.0, "layers": ""}}
+    values = ui.option_values(specs, [0.25, "prior", True, 0.3, 5.0, "", "query"])
+    assert values == {"kvcomm": {"ratio": 0.25, "strategy": "prior", "alpha": None, "sigma": 5.0, "layers": "",
+                                 "calibration": "query"}}
     request = ui.build_request("Q?", "  ", 8, False, 0.7, 3, 16, values)
     assert request.context is None and request.kvcomm.strategy == "prior" and request.generation.max_new_tokens == 8
+    assert request.kvcomm.calibration == "query" and request.kvcomm.calibration_sample is None
     assert request.kvcomm.alpha is None and request.kvcomm.seed == 3
     explicit = ui.build_request("Q?", "ctx", options={"kvcomm": {"layers": "7, 0,3"}})
     assert explicit.kvcomm.strategy == "explicit" and explicit.kvcomm.layers == (0, 3, 7)
