@@ -59,13 +59,13 @@ def stream_handoffs(
     from kvviz import zerogpu
 
     if zerogpu.available():
-        yield from zerogpu.gpu_run_events(pair_name, request.to_dict(), list(names), workers)
+        yield from zerogpu.gpu_run_events(pair_name, request.to_dict(), list(names), workers, max_seconds)
     else:
-        yield from run_events(pair_name, request, names, workers)
+        yield from run_events(pair_name, request, names, workers, max_seconds)
 
 
 def run_events(
-    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1
+    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None
 ) -> Iterator[tuple[str, str | None, object]]:
     """Run the handoffs, ``workers`` at a time, in worker threads; yield ``(kind, name, data)``
     events: ``status`` (a progress line), ``start``, ``token`` (answer so far), ``done`` (result

@@ -58,7 +58,7 @@ def _bounded(seconds: float) -> int:
     return int(min(MAX_SECONDS, max(MIN_SECONDS, round(seconds))))
 
 
-def run_seconds(pair_name: str, request: dict, names: list[str], workers: int = 1) -> int:
+def run_seconds(pair_name: str, request: dict, names: list[str], workers: int = 1, max_seconds: float | None = None) -> int:
     """GPU seconds for one page run: every handoff may write a message and an answer (counted one
     after another whatever ``workers`` is: on a GPU handoffs run one at a time)."""
     per_handoff = request["generation"]["max_new_tokens"] + request["text_message_tokens"]
@@ -78,12 +78,12 @@ def sweep_seconds(pair_name: str, series: list[str], max_new_tokens: int, handof
 # --- the model work, as plain data in and out -------------------------------------------------
 
 
-def _run_events(pair_name: str, request: dict, names: list[str], workers: int = 1):
+def _run_events(pair_name: str, request: dict, names: list[str], workers: int = 1, max_seconds: float | None = None):
     """One page run's events (see ``kvviz.stream.stream_handoffs``), computed where this runs."""
     from kvviz.results import HandoffRequest
     from kvviz.stream import run_events
 
-    yield from run_events(pair_name, HandoffRequest.from_dict(request), names, workers)
+    yield from run_events(pair_name, HandoffRequest.from_dict(request), names, workers, max_seconds)
 
 
 def _sweep(pair_name: str, series: list[str], max_new_tokens: int, handoff: str) -> dict:

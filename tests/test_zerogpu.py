@@ -109,8 +109,9 @@ def test_with_the_package_the_run_crosses_as_plain_data(with_spaces, monkeypatch
     seen = events(monkeypatch)
     (call,) = with_spaces.calls
     assert call["function"] == "_run_events"
-    pair_name, sent, names, workers = call["args"]
+    pair_name, sent, names, workers, max_seconds = call["args"]
     assert pair_name == "tiny" and names == NAMES and workers == 1 and plain(sent) and sent == request().to_dict()
+    assert max_seconds is None  # the time cap crosses too (None: the policy's cap, applied inside)
     # the duration was computed from this request: tokens x handoffs
     assert call["seconds"] == zerogpu.run_seconds("tiny", request().to_dict(), NAMES, 1)
     # every event came back through pickle, as plain data, and the run is complete
