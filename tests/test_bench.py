@@ -354,6 +354,7 @@ def test_results_markdown_from_runs_and_perf(tmp_path, tiny_engine):
     text = path.read_text()
     assert "| handoff | Open (F1>0.5, n=2) | Open (contains, n=2) | Choice (letter, n=2) | Choice (likelihood, n=2) |" in text
     assert "| skyline |" in text and "not run" in text  # skyline was not run on the choice set
+    assert "KVComm calibrated on the task's first sample, `" in text  # named, and left out of the score
     assert "git commit" in text and "cores" in text and "## Performance" in text
     assert "C2C latency <= 0.4x text | c2c not available" in text
     assert "at 1024 tokens" not in text.split("## Performance")[0]  # no 1024 row measured: no verdict invented
