@@ -165,6 +165,22 @@ def dataset_section(name: str, folder: Path, command: str) -> str:
                  f"| {'' if n >= 100 else 'the run was stopped before 100 samples (time)'} |")
     if facts:
         lines += ["", "Measured facts behind the verdicts: " + "; ".join(facts) + "."]
+    # what those facts rule out, said only when they were measured and say so
+    ruled_out = []
+    if "kvcomm-all" in table and "skyline" in table:
+        both = [s for s in table["kvcomm-all"] if s in table["skyline"]]
+        if both and all(table["kvcomm-all"][s]["answer"] == table["skyline"][s]["answer"] for s in both):
+            ruled_out.append("the splice (every layer sent answers exactly as Skyline)")
+    if "kvcomm-query@0.3" in table and "kvcomm@0.3" in table:
+        both = [s for s in table["kvcomm-query@0.3"] if s in table["kvcomm@0.3"]]
+        c = {v: {s: int(float(table[v][s]["correct"] or 0)) for s in both} for v in ("kvcomm-query@0.3", "kvcomm@0.3")}
+        r = compare(c, "kvcomm-query@0.3", "kvcomm@0.3")
+        if r["p"] >= 0.05:
+            ruled_out.append("the one-sample calibration (choosing the layers on each query's own attention does "
+                             "not score significantly differently)")
+    if ruled_out:
+        lines += ["", "So a gap to Skyline at a small ratio is not explained by " + " nor by ".join(ruled_out)
+                  + ": what is left is how many layers get the context."]
     return "\n".join(lines) + "\n"
 
 
