@@ -3,6 +3,8 @@
     python scripts/kvcomm_results.py --table Countries=runs/table-countries --table HotpotQA=runs/table-hotpotqa
     python scripts/kvcomm_results.py ... --write docs/RESULTS.md   # replace the section in the file
 
+A FOLDER may be "A+B": the rows of a run split over two processes (kvcomm_table.py --skip).
+
 Per dataset: the calibration sample (the task's first, not scored), accuracy with 95% Wilson
 intervals on the samples every variant answered (paired), McNemar's exact test for KVComm against
 Skyline and against random and contiguous layers, and each target of issue 12 met or missed, with
@@ -43,8 +45,12 @@ NAMES = {
 
 
 def read_rows(folder: Path) -> list[dict]:
-    with (folder / "rows.csv").open(newline="", encoding="utf-8") as handle:
-        return [row for row in csv.DictReader(handle) if row.get("applicable", "1") in ("1", "True")]
+    """Applicable rows of FOLDER/rows.csv; "A+B" reads both (a run split with kvcomm_table.py --skip)."""
+    rows = []
+    for part in str(folder).split("+"):
+        with (Path(part) / "rows.csv").open(newline="", encoding="utf-8") as handle:
+            rows += [row for row in csv.DictReader(handle) if row.get("applicable", "1") in ("1", "True")]
+    return rows
 
 
 def paired(rows: list[dict], variants: list[str]) -> tuple[dict[str, dict[str, dict]], list[str]]:
@@ -74,7 +80,7 @@ def fmt_p(p: float) -> str:
 
 def dataset_section(name: str, folder: Path, command: str) -> str:
     rows = read_rows(folder)
-    calibration = (folder / "calibration.txt").read_text(encoding="utf-8").splitlines()
+    calibration = (Path(str(folder).split("+")[0]) / "calibration.txt").read_text(encoding="utf-8").splitlines()
     cal_id = calibration[0].split(":", 1)[1].strip()
     cal_question = next((line.split(":", 1)[1].strip() for line in calibration if line.startswith("question:")), "")
     table, shared = paired(rows, list(ORDER))

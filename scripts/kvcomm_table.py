@@ -76,6 +76,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ratios", default="0.3,0.5,0.7")
     parser.add_argument("--control-ratio", type=float, default=0.3)
+    parser.add_argument("--skip", type=int, default=0,
+                        help="leave out the first SKIP scored samples (a second process can take the last ones; "
+                             "merge the rows files afterwards)")
     parser.add_argument("--only", default=None, help="comma-separated variant labels to run (default: all)")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--message-tokens", type=int, default=64)
@@ -92,7 +95,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     records = load_dataset(args.dataset, limit=args.limit + 1, seed=args.seed)
-    calibration_record, scored = records[0], records[1:]
+    calibration_record, scored = records[0], records[1 + args.skip:]
     calibration_sample = (calibration_record.context, choice_query(calibration_record))
     table = variants([float(r) for r in args.ratios.split(",")], args.control_ratio)
     if args.only:
@@ -120,7 +123,7 @@ def main() -> int:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         if new_file:
             writer.writeheader()
-        for index, record in enumerate(scored, start=1):
+        for index, record in enumerate(scored, start=1 + args.skip):
             for label, options in table.items():
                 if (record.id, label) in done:
                     continue
@@ -166,7 +169,7 @@ def main() -> int:
                 })
                 handle.flush()
             elapsed = time.perf_counter() - started
-            print(f"{index}/{len(scored)} samples, {elapsed:.0f} s", file=sys.stderr, flush=True)
+            print(f"{index}/{args.limit} samples, {elapsed:.0f} s", file=sys.stderr, flush=True)
     return 0
 
 
