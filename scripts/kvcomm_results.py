@@ -195,8 +195,13 @@ def section(tables: list[tuple[str, Path, str]]) -> str:
              "The embedded pair's KVComm: Gemma-3-270M sends to a second Gemma-3-270M, alpha = 1.0 (the reference "
              "code's default), layer 0 always among the sent layers, every other layer keeping a one-token sink. "
              "Every variant answers the same samples, so they are compared pair by pair (McNemar's exact test), "
-             "not only by their intervals. Written by `python scripts/kvcomm_results.py` from the runs named "
-             "under each table; the section is kept when the rest of this file is regenerated.", ""]
+             "not only by their intervals. Rerun with `bash scripts/kvcomm_tables.sh` (it resumes, and it reads a "
+             "run split over processes with `kvcomm_table.py --skip` together); it ends with "
+             "`python scripts/kvcomm_results.py ... --write docs/RESULTS.md`, which wrote this section from the runs "
+             "named under each table. The section is kept when the rest of this file is regenerated. Where the "
+             "tables at the top of this file (from `bash scripts/make_results.sh`) are older than this section, "
+             "their KVComm rows were measured with earlier defaults (see the date and commit at the top); "
+             "this section is measured with the defaults named here.", ""]
     for name, folder, command in tables:
         parts.append(dataset_section(name, folder, command))
     parts.append(END)
