@@ -39,6 +39,13 @@ class AttentionPlan:
     capture: bool = False
     capture_skip: int = 1
     captured_mass: dict[int, float] = field(default_factory=dict)
+    # Reproduce the KVComm reference code's mask (off by default): transformers builds one mask for
+    # the longest layer and crops it to each layer's length, which treats key i as if it sat at
+    # position i. In a layer holding only the sink, every query token then sees every other query
+    # token during a prefill (bidirectional); layers holding the whole context are unaffected. In a
+    # sliding-window layer it also measures the window from key indices, so a context longer than
+    # the window leaves some query with no key at all (an error here).
+    reference_mask: bool = False
 
     def sees_every_key(self, layer: int, key_length: int, query_position: int, sliding_window: int | None) -> bool:
         """Whether one query at ``query_position`` may attend to every key of the layer: true on
@@ -53,6 +60,8 @@ class AttentionPlan:
         return query_position - oldest < sliding_window
 
     def key_positions(self, layer: int, key_length: int, last_query_position: int, device) -> torch.Tensor:
+        if self.reference_mask:
+            return torch.arange(key_length, device=device)
         prefix = self.prefix_positions.get(layer)
         prefix_length = 0 if prefix is None else prefix.numel()
         own_count = key_length - prefix_length
@@ -92,6 +101,11 @@ def kvviz_attention(module, query, key, value, attention_mask, dropout=0.0, scal
         return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
     key_positions = plan.key_positions(layer, key.shape[2], last_position, query.device)
     mask = positional_mask(query_positions, key_positions, sliding_window)
+    if plan.reference_mask and not bool(mask.any(-1).all()):
+        raise ValueError(
+            f"The reference-code mask hides every key from a query in layer {layer}: the context is longer than "
+            "this sliding-window layer's window, where the reference code's quirk is undefined. Use the causal mask."
+        )
     if plan.capture:
         return _eager_with_capture(module, query, key, value, mask, scaling, plan, kwargs.get("softcap"))
     return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from typing import Sequence
 
 import torch
 
@@ -93,28 +94,57 @@ class StageTimer:
         return timings
 
 
-def forward_flops(facts: ModelFacts, new_tokens: int, past_tokens: int, logits_tokens: int = 0) -> float:
-    """Approximate FLOPs of feeding ``new_tokens`` after ``past_tokens`` cached keys.
+def visible_key_pairs(new_tokens: int, past_tokens: int, window: int | None = None) -> float:
+    """Query-key pairs a causal layer scores when ``new_tokens`` follow ``past_tokens`` keys.
 
-    2 FLOPs per weight per token for the matrix multiplies (embeddings excluded), plus the
-    attention scores and weighted sum (2 x 2 x heads x head_dim per query-key pair per layer), plus
-    the output head for the positions whose logits are computed.
+    Query i (0-based among the new tokens) sees past_tokens + i + 1 keys, at most ``window`` of
+    them in a sliding-window layer (Gemma 3: 15 of its 18 layers attend within 512 tokens).
+    """
+    if new_tokens <= 0:
+        return 0.0
+    first, last = past_tokens + 1, past_tokens + new_tokens  # keys seen by the first and last query
+    if window is None or last <= window:
+        return (first + last) * new_tokens / 2
+    if first >= window:
+        return float(window * new_tokens)
+    return (first + window) * (window - first + 1) / 2 + (last - window) * window
+
+
+def _per_layer(past_tokens: int | Sequence[int], num_layers: int) -> list[int]:
+    if isinstance(past_tokens, int):
+        return [past_tokens] * num_layers
+    if len(past_tokens) != num_layers:
+        raise ValueError(f"past_tokens has {len(past_tokens)} entries for a model with {num_layers} layers")
+    return list(past_tokens)
+
+
+def forward_flops(facts: ModelFacts, new_tokens: int, past_tokens: int | Sequence[int], logits_tokens: int = 0) -> float:
+    """Approximate FLOPs of feeding ``new_tokens`` after cached keys.
+
+    ``past_tokens``: the cached keys, one count for every layer or a list per layer (KVComm's
+    receiver holds the context in some layers and only the sink in others). 2 FLOPs per weight per
+    token for the matrix multiplies (embeddings excluded), plus the attention scores and weighted
+    sum (2 x 2 x heads x head_dim per visible query-key pair per layer, sliding windows honoured),
+    plus the output head for the positions whose logits are computed.
     """
     if new_tokens <= 0:
         return 0.0
     embedding = facts.vocab_size * facts.hidden_size
     weights = max((facts.num_parameters or 0) - embedding, 0)
     dense = 2.0 * weights * new_tokens
-    # query i (0-based among the new tokens) sees past_tokens + i + 1 keys
-    key_pairs = new_tokens * past_tokens + new_tokens * (new_tokens + 1) / 2
-    attention = 4.0 * facts.num_layers * facts.num_heads * facts.head_dim * key_pairs
+    pairs = 0.0
+    for layer, past in enumerate(_per_layer(past_tokens, facts.num_layers)):
+        sliding = layer < len(facts.layer_types) and facts.layer_types[layer] == "sliding_attention"
+        pairs += visible_key_pairs(new_tokens, past, facts.sliding_window if sliding else None)
+    attention = 4.0 * facts.num_heads * facts.head_dim * pairs
     head = 2.0 * embedding * logits_tokens
     return dense + attention + head
 
 
-def decode_flops(facts: ModelFacts, generated: int, past_tokens: int) -> float:
-    """FLOPs of generating ``generated`` tokens one at a time after ``past_tokens``."""
+def decode_flops(facts: ModelFacts, generated: int, past_tokens: int | Sequence[int]) -> float:
+    """FLOPs of generating ``generated`` tokens one at a time after ``past_tokens`` (as above)."""
+    past = _per_layer(past_tokens, facts.num_layers)
     total = 0.0
     for step in range(generated):
-        total += forward_flops(facts, 1, past_tokens + step, logits_tokens=1)
+        total += forward_flops(facts, 1, [count + step for count in past], logits_tokens=1)
     return total

@@ -232,13 +232,13 @@ def machine_facts(device) -> dict:
     return facts
 
 
-def _kvcomm_flops(pair, context_length: int, query_length: int, selected: int) -> tuple[float, float]:
+def _kvcomm_flops(pair, context_length: int, query_length: int, selected: list[int]) -> tuple[float, float]:
     """(receiver-side, sender prefill) FLOPs to the first token, as kvcomm.run estimates them."""
     from kvviz.measure import forward_flops
 
-    layers = pair.receiver.facts.num_layers
-    mean_prefix = (selected * context_length + (layers - selected) * min(1, context_length)) / layers
-    receiver = forward_flops(pair.receiver.facts, query_length, int(round(mean_prefix)), 1)
+    # the receiver's query sees the context in the sent layers and only the sink in the others
+    prefix = [context_length if layer in selected else min(1, context_length) for layer in range(pair.receiver.facts.num_layers)]
+    receiver = forward_flops(pair.receiver.facts, query_length, prefix, 1)
     sender = forward_flops(pair.kvcomm_sender.facts, context_length, 0, 0)
     return receiver, sender
 
@@ -345,12 +345,11 @@ def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, messag
                 result = run_handoff("kvcomm", pair, request)
                 if not result.applicable:
                     raise RuntimeError(f"KVComm does not run on pair {pair.name}: {result.reason}")
-                receiver_side = result.timings["transfer"] + result.first_token_seconds
-                timing[length][label]["receiver"].append(receiver_side)
-                timing[length][label]["e2e"].append(result.timings["sharer_prefill"] + receiver_side)
+                timing[length][label]["receiver"].append(result.receiver_first_token_seconds)
+                timing[length][label]["e2e"].append(result.first_token_seconds)
                 if repeat == 0:
                     receiver_flops, sender_flops = _kvcomm_flops(
-                        pair, result.tokens["context"], result.tokens["receiver_prompt"], result.details["num_selected"]
+                        pair, result.tokens["context"], result.tokens["receiver_prompt"], result.details["selected_layers"]
                     )
                     flops[length][label] = {"receiver": receiver_flops, "e2e": receiver_flops + sender_flops}
                     selected, context_tokens = result.details["num_selected"], result.tokens["context"]

@@ -23,7 +23,7 @@ from kvviz.results import STAGES
 STAGE_LABELS = {
     "sharer_prefill": "sharer reads (prefill)",
     "sharer_decode": "sharer writes (decode)",
-    "transfer": "transfer / fusion",
+    "transfer": "transfer / fusion (in memory)",
     "receiver_prefill": "receiver reads (prefill)",
     "receiver_decode": "receiver answers (decode)",
 }
@@ -82,6 +82,23 @@ def find(results: Iterable, handoff: str) -> dict | None:
 # --- 3. latency by stage ------------------------------------------------------------------------
 
 
+def stage_label(handoff: str, stage: str) -> str:
+    """The stage in words for this handoff (its descriptor's ``stage_labels``), else the shared name."""
+    own = registry.get(handoff).stage_labels if handoff in registry.HANDOFFS else {}
+    return own.get(stage, STAGE_LABELS[stage])
+
+
+def first_token_hover(result: dict) -> str:
+    """First-token times as measured: from the question to the receiver's first token (everything
+    on the way), and the receiver's side alone where the handoff has one."""
+    text = ""
+    if result.get("first_token_seconds") is not None:
+        text += f"<br>first token {float(result['first_token_seconds']):.2f} s (question to first answer token)"
+    if result.get("receiver_first_token_seconds") is not None:
+        text += f"<br>receiver side alone {float(result['receiver_first_token_seconds']):.2f} s"
+    return text
+
+
 def latency_figure(results) -> go.Figure:
     """Stacked bars per handoff, one segment per stage (seconds). The bar colour is the handoff's
     colour; stages are told apart by their fill pattern."""
@@ -95,8 +112,8 @@ def latency_figure(results) -> go.Figure:
     for stage in STAGES:
         values = [float(r.get("timings", {}).get(stage, 0.0)) for r in rows]
         hover = [
-            f"{label_of(n)}<br>{STAGE_LABELS[stage]}: {v * 1000:.0f} ms"
-            f"<br>total {float(r.get('timings', {}).get('total', 0.0)):.2f} s"
+            f"{label_of(n)}<br>{stage_label(n, stage)}: {v * 1000:.0f} ms"
+            f"<br>total {float(r.get('timings', {}).get('total', 0.0)):.2f} s" + first_token_hover(r)
             for n, v, r in zip(names, values, rows)
         ]
         fig.add_trace(

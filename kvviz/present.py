@@ -52,6 +52,10 @@ def stats_markdown(result: dict | None, state: str = "") -> str:
     parts = [f"**{format_seconds(float(timings.get('total', 0.0)))}** total"]
     if result.get("first_token_seconds") is not None:
         parts.append(f"first token {format_seconds(float(result['first_token_seconds']))}")
+    if result.get("receiver_first_token_seconds") is not None and result.get("receiver_first_token_seconds") != result.get(
+        "first_token_seconds"
+    ):
+        parts.append(f"receiver side {format_seconds(float(result['receiver_first_token_seconds']))}")
     sent = int(result.get("bytes_communicated", 0))
     kind = result.get("communication") or "none"
     sent_text = "nothing sent" if sent == 0 else f"**{human_bytes(sent)}** sent as {md(kind)}"
@@ -72,7 +76,12 @@ def answer_text(result: dict | None, partial: str | None = None) -> str:
     return result.get("answer", "")
 
 
-SEEN_TITLES = {"sharer": "What the sharer read", "message": "The message it wrote", "receiver": "What the receiver read"}
+SEEN_TITLES = {
+    "sharer": "What the sharer read",
+    "sender": "What KVComm's sender (a copy of the receiver's model, not the sharer) read",
+    "message": "The message it wrote",
+    "receiver": "What the receiver read",
+}
 
 
 def seen_text(result: dict | None) -> str:
@@ -80,7 +89,7 @@ def seen_text(result: dict | None) -> str:
     if not result or not result.get("seen"):
         return ""
     blocks = []
-    for key in ("sharer", "message", "receiver"):
+    for key in ("sharer", "sender", "message", "receiver"):
         if key in result["seen"]:
             blocks.append(f"--- {SEEN_TITLES[key]} ---\n{result['seen'][key]}")
     for key, value in result["seen"].items():
@@ -97,7 +106,7 @@ def payload(pair: str, request: dict | None, results: list[dict], precomputed: b
 RESULT_COLUMNS = (
     ["handoff", "title", "applicable", "reason", "answer", "bytes_communicated", "communication"]
     + [f"{stage}_s" for stage in STAGES]
-    + ["total_s", "first_token_s", "generated_tokens", "message_tokens", "notes", "precomputed"]
+    + ["total_s", "first_token_s", "receiver_first_token_s", "generated_tokens", "message_tokens", "notes", "precomputed"]
 )
 
 
@@ -116,6 +125,7 @@ def results_frame(data: dict) -> pd.DataFrame:
             "communication": result.get("communication", ""),
             "total_s": timings.get("total"),
             "first_token_s": result.get("first_token_seconds"),
+            "receiver_first_token_s": result.get("receiver_first_token_seconds"),
             "generated_tokens": tokens.get("generated"),
             "message_tokens": tokens.get("message"),
             "notes": "; ".join(notes_of(result)),

@@ -53,8 +53,8 @@ PRESETS: list[Preset] = [
         query="What is the code for locker 12?",
         answers=("4471",),
         note=(
-            "Only the sharer knows the code. The receiver alone has to guess; the text message and "
-            "KVComm carry the number across, and Skyline shows the best case."
+            "Only the sharer knows the code. The receiver alone has to guess; the text message carries it "
+            "in words, KVComm as a same-model sender's KV cache, and Skyline reads the note itself."
         ),
     ),
     Preset(
@@ -65,8 +65,9 @@ PRESETS: list[Preset] = [
         query="Which country is Kofi in?",
         answers=("United Kingdom", "UK", "England", "Britain"),
         note=(
-            "The receiver must know that Big Ben is in London. Compare which layers KVComm sends with "
-            "the Skyline answer."
+            "The receiver must know that Big Ben is in London. With KVComm calibrated on the built-in "
+            "sample the same layers are sent for every question; choose calibration on this query in the "
+            "settings to let this question's own attention pick them, and compare with Skyline's answer."
         ),
     ),
     Preset(

@@ -33,17 +33,43 @@ class GenerationSettings:
             limits.check_setting(name, getattr(self, name))
 
 
+CALIBRATIONS = ("builtin", "query", "sample")
+
+
 @dataclass(frozen=True)
 class KVCommOptions:
     ratio: float = 0.5
     strategy: str = "kvcomm"  # kvcomm | attention | prior | contiguous | random | explicit
-    alpha: float | None = None  # None: the paper's default for the receiver's family
+    # Weight of the attention importance against the Gaussian prior. None: 1.0, the reference
+    # code's default; "paper": the paper's value for the receiver's family (kvcomm.PAPER_ALPHAS).
+    alpha: float | str | None = None
     mu: float | None = None  # None: the middle layer
     sigma: float = 10.0
     layers: tuple[int, ...] | None = None  # for strategy "explicit"
     seed: int = 0
     always_send_layer0: bool = True
-    calibration_query: str | None = None  # None: the built-in calibration sample
+    # Which sample's attention chooses the layers: "builtin" (kvviz's own sentence), "query" (this
+    # request's context and question) or "sample" (``calibration_sample``: a (context, question)
+    # pair, e.g. a task's first item, as the reference code does).
+    calibration: str = "builtin"
+    calibration_sample: tuple[str, str] | None = None
+    # True: reproduce the reference code's prefill mask (query tokens see later query tokens in
+    # unselected layers; kvviz.attention.AttentionPlan.reference_mask). False: correct causal mask.
+    reference_mask: bool = False
+
+    def __post_init__(self):
+        if self.calibration not in CALIBRATIONS:
+            raise ValueError(f"Unknown KVComm calibration '{self.calibration}'; choose one of {', '.join(CALIBRATIONS)}.")
+        if (self.calibration == "sample") != (self.calibration_sample is not None):
+            raise ValueError('KVComm calibration "sample" needs calibration_sample=(context, question), and only it does.')
+        if self.calibration_sample is not None and (
+            len(self.calibration_sample) != 2 or not all(isinstance(t, str) and t.strip() for t in self.calibration_sample)
+        ):
+            raise ValueError("calibration_sample must be two non-empty texts: (context, question).")
+        if isinstance(self.alpha, str) and self.alpha != "paper":
+            raise ValueError(f'KVComm alpha must be a number between 0 and 1, "paper" or None; got {self.alpha!r}.')
+        if isinstance(self.alpha, (int, float)) and not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"KVComm alpha must be between 0 and 1, got {self.alpha}.")
 
 
 @dataclass(frozen=True)
@@ -77,8 +103,9 @@ class HandoffRequest:
         data = dict(data)
         data["generation"] = GenerationSettings(**data.get("generation", {}))
         kvcomm = dict(data.get("kvcomm", {}))
-        if kvcomm.get("layers") is not None:
-            kvcomm["layers"] = tuple(kvcomm["layers"])
+        for key in ("layers", "calibration_sample"):  # JSON turns tuples into lists
+            if kvcomm.get(key) is not None:
+                kvcomm[key] = tuple(kvcomm[key])
         data["kvcomm"] = KVCommOptions(**kvcomm)
         data["options"] = {name: dict(values) for name, values in (data.get("options") or {}).items()}
         return cls(**data)
@@ -101,7 +128,15 @@ class HandoffResult:
     tokens: dict[str, int] = field(default_factory=dict)  # prompt/generated/message token counts
     layers: list[dict] = field(default_factory=list)  # per receiver layer records for plots
     details: dict = field(default_factory=dict)  # handoff specific facts (calibration, gates, ...)
-    first_token_seconds: float | None = None  # receiver's time to first token from its start
+    # Time to first token, one definition for every handoff: from the moment the question is asked
+    # to the receiver's first token, everything on the critical path included (the sharer's prefill
+    # and message, the transfer or fusion, the receiver's prefill, choosing the first token).
+    first_token_seconds: float | None = None
+    # The receiver's side alone: from the moment what the sharer sent is there (text message, KV
+    # cache) to the receiver's first token: transfer/fusion, receiver prefill, first token. For a
+    # handoff with no sharer (receiver alone, Skyline) it equals ``first_token_seconds``; None where
+    # there is no receiver (the sharer alone).
+    receiver_first_token_seconds: float | None = None
     precomputed: bool = False
 
     def to_dict(self) -> dict:

@@ -141,7 +141,10 @@ def walkthrough_steps() -> list[tuple[str, str | None, str]]:
             None,
             "**What crosses between the models** compares sizes on a log scale: a text message is a few dozen "
             "bytes, a KV cache is hundreds of kilobytes. Text is small but slow to write; KV is big but needs no "
-            "writing. Which is better depends on the network and on the time you have.",
+            "writing. Nothing here crosses a network: the bytes are counted and KVComm's transfer is a copy in "
+            "memory, so which is better on a real link is not measured here. *First token* is timed from the "
+            "question to the receiver's first answer token, the sender's work included; *receiver side* leaves "
+            "that work out.",
         ),
         (
             "Your turn",
@@ -265,7 +268,9 @@ def build_demo(
             "# kvviz: watch two language models talk\n"
             "One question, several ways for a *sharer* model to help a *receiver* model answer it: "
             + ", ".join(registry.get(name).title for name in shown_at_first)
-            + ". Every column runs on the same pair; the plots show what happened inside.",
+            + ". Text and C2C go from the pair's sharer to its receiver; KVComm needs a sender of the receiver's "
+            "own shape, so its sender is a second copy of the receiver's model. The plots show what was measured "
+            "inside.",
             elem_id="kv-title",
         )
         with gr.Accordion("Guided walk-through: new here? start with this", open=False, elem_id="kv-walkthrough"):

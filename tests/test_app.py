@@ -16,6 +16,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from kvviz import present, ui  # noqa: E402
 from kvviz.handoffs import registry  # noqa: E402
+from kvviz.handoffs import kvcomm as kvcomm_handoff  # noqa: E402
 from kvviz.plotkit import bar_counts  # noqa: E402
 from kvviz.presets import PRESETS, load_precomputed  # noqa: E402
 from tests.conftest import served_on_loopback  # noqa: E402
@@ -96,7 +97,8 @@ def test_preset_paints_precomputed_results_and_plots(client):
         assert "precomputed" in view["columns"][name]["stats"]
     kvcomm = next(r for r in view["json"]["results"] if r["handoff"] == "kvcomm")
     counts = bar_counts(view["plots"]["kvcomm"])
-    assert counts == {"attention_norm": len(kvcomm["layers"]), "prior": len(kvcomm["layers"]), "score": len(kvcomm["layers"])}
+    assert set(counts) == {s[0] for s in kvcomm_handoff.figure_series(kvcomm)} and "query" in counts
+    assert set(counts.values()) == {len(kvcomm["layers"])}
     assert len(bar_counts(view["plots"]["latency"])) == 5  # one trace per stage
     assert set(view["plots"]) == set(ui.plot_names())
 
@@ -131,17 +133,20 @@ def test_the_run_endpoint_names_every_setting_and_option_in_order():
     assert names[:8] == ["pair", "query", "context", "max_new_tokens", "sample", "temperature", "seed", "message_tokens"]
     assert names[-1] == "handoffs"
     # the KVComm options keep the positions scripts used before the registry (alpha: auto, then value)
-    assert names[8:14] == ["kvcomm_ratio", "kvcomm_strategy", "kvcomm_alpha_auto", "kvcomm_alpha", "kvcomm_sigma", "kvcomm_layers"]
+    assert names[8:15] == ["kvcomm_ratio", "kvcomm_strategy", "kvcomm_alpha_auto", "kvcomm_alpha", "kvcomm_sigma", "kvcomm_layers",
+                           "kvcomm_calibration"]
     widgets = sum(spec.inputs for spec in ui.page_options())
     assert len(names) == 8 + widgets + 1
 
 
 def test_form_values_become_each_handoffs_options():
     specs = [spec for spec in ui.page_options() if spec.handoff.name == "kvcomm"]
-    values = ui.option_values(specs, [0.25, "prior", True, 0.3, 5.0, ""])
-    assert values == {"kvcomm": {"ratio": 0.25, "strategy": "prior", "alpha": None, "sigma": 5.0, "layers": ""}}
+    values = ui.option_values(specs, [0.25, "prior", True, 0.3, 5.0, "", "query"])
+    assert values == {"kvcomm": {"ratio": 0.25, "strategy": "prior", "alpha": None, "sigma": 5.0, "layers": "",
+                                 "calibration": "query"}}
     request = ui.build_request("Q?", "  ", 8, False, 0.7, 3, 16, values)
     assert request.context is None and request.kvcomm.strategy == "prior" and request.generation.max_new_tokens == 8
+    assert request.kvcomm.calibration == "query" and request.kvcomm.calibration_sample is None
     assert request.kvcomm.alpha is None and request.kvcomm.seed == 3
     explicit = ui.build_request("Q?", "ctx", options={"kvcomm": {"layers": "7, 0,3"}})
     assert explicit.kvcomm.strategy == "explicit" and explicit.kvcomm.layers == (0, 3, 7)
@@ -201,7 +206,9 @@ def test_run_a_preset_live_gets_every_column_and_every_plot(client, embedded_pai
     if not results["c2c"]["applicable"]:
         assert view["columns"]["c2c"]["stats"].startswith("**Not applicable:**")
     num_layers = embedded_pair.receiver.facts.num_layers
-    assert bar_counts(view["plots"]["kvcomm"]) == {"attention_norm": num_layers, "prior": num_layers, "score": num_layers}
+    kvcomm_counts = bar_counts(view["plots"]["kvcomm"])
+    assert set(kvcomm_counts) == {"calibration", "query"}  # alpha 1.0: the score is the calibration importance
+    assert set(kvcomm_counts.values()) == {num_layers}
     latency = bar_counts(view["plots"]["latency"])
     applicable = sum(r["applicable"] for r in results.values())
     assert len(latency) == 5 and set(latency.values()) == {applicable}

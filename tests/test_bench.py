@@ -151,6 +151,32 @@ def test_bench_writes_rows_summary_and_figures(tmp_path, tiny_engine):
     assert json.loads((out / "config.json").read_text())["variants"][-1] == "kvcomm@1"
 
 
+def test_kvcomm_calibrates_on_the_tasks_first_sample_which_is_not_scored(tmp_path, tiny_engine):
+    dataset = write_jsonl(tmp_path / "open.jsonl", OPEN_RECORDS)
+    out = tmp_path / "run"
+    assert bench.main(bench_args(dataset, out, "--handoffs", "receiver,kvcomm", "--ratios", "0.5", "--limit", "3",
+                                 "--no-shuffle")) == 0
+    rows = read_csv(out / "rows.csv")
+    assert {row["sample_id"] for row in rows} == {"q1", "q2", "q3"}  # q0 calibrates: not scored, 3 scored
+    assert json.loads((out / "config.json").read_text())["kvcomm_calibration_sample"] == "q0"
+    assert "calibrated on the task's first sample, q0" in (out / "summary.md").read_text()
+    # --calibration given: no sample is set aside
+    other = tmp_path / "builtin"
+    assert bench.main(bench_args(dataset, other, "--handoffs", "receiver,kvcomm", "--ratios", "0.5", "--limit", "3",
+                                 "--no-shuffle", "--calibration", "builtin")) == 0
+    assert {row["sample_id"] for row in read_csv(other / "rows.csv")} == {"q0", "q1", "q2"}
+    assert "calibrated" not in (other / "summary.md").read_text()
+
+
+def test_bench_request_carries_the_calibration_sample_to_kvcomm_only():
+    records = load_dataset(str(write_jsonl(Path(os.environ.get("TMPDIR", "/tmp")) / "kvviz_cal.jsonl", OPEN_RECORDS)))
+    args = bench_args(Path("unused.jsonl"), Path("unused"))
+    kv = run.variant_request(records[1], run.Variant("kvcomm@0.5", "kvcomm", {"ratio": 0.5}), args, {}, records[0])
+    assert kv.kvcomm.calibration == "sample" and kv.kvcomm.calibration_sample == (records[0].context, choice_query(records[0]))
+    text = run.variant_request(records[1], run.Variant("text", "text"), args, {}, records[0])
+    assert text.kvcomm.calibration == "builtin"
+
+
 def test_interrupted_run_resumes_without_redoing_rows(tmp_path, tiny_engine, monkeypatch):
     pair, calls = tiny_engine
     dataset = write_jsonl(tmp_path / "open.jsonl", OPEN_RECORDS)
@@ -163,7 +189,7 @@ def test_interrupted_run_resumes_without_redoing_rows(tmp_path, tiny_engine, mon
         return counting(*a, **k)
 
     monkeypatch.setattr(engine, "run_handoff", dies_after_five)
-    args = bench_args(dataset, out, "--handoffs", "receiver,skyline,kvcomm", "--ratios", "0.5", "--limit", "4")
+    args = bench_args(dataset, out, "--handoffs", "receiver,skyline,kvcomm", "--ratios", "0.5", "--limit", "3")
     with pytest.raises(KeyboardInterrupt):
         bench.main(args)
     assert len(read_csv(out / "rows.csv")) == 5
@@ -173,17 +199,18 @@ def test_interrupted_run_resumes_without_redoing_rows(tmp_path, tiny_engine, mon
     monkeypatch.setattr(engine, "run_handoff", counting)
     assert bench.main(args) == 0
     rows = read_csv(out / "rows.csv")
-    assert len(rows) == 4 * 3 == len({(row["sample_id"], row["variant"]) for row in rows})
-    assert len(calls) == 12  # 5 before the interruption + 7 after: nothing done twice
-    assert bench.main(args) == 0 and len(calls) == 12  # a finished run does nothing
+    # 3 scored samples (KVComm's calibration sample, the first, is not scored) x 3 variants
+    assert len(rows) == 3 * 3 == len({(row["sample_id"], row["variant"]) for row in rows})
+    assert len(calls) == 9  # 5 before the interruption + 4 after: nothing done twice
+    assert bench.main(args) == 0 and len(calls) == 9  # a finished run does nothing
     # a larger --limit extends the same run
-    assert bench.main(bench_args(dataset, out, "--handoffs", "receiver,skyline,kvcomm", "--ratios", "0.5", "--limit", "5")) == 0
-    assert len(read_csv(out / "rows.csv")) == 15 and len(calls) == 15
+    assert bench.main(bench_args(dataset, out, "--handoffs", "receiver,skyline,kvcomm", "--ratios", "0.5", "--limit", "4")) == 0
+    assert len(read_csv(out / "rows.csv")) == 12 and len(calls) == 12
     # --redo runs some variants again (e.g. C2C once its fuser has landed)
-    assert bench.main(bench_args(dataset, out, "--handoffs", "receiver,skyline,kvcomm", "--ratios", "0.5", "--limit", "5",
+    assert bench.main(bench_args(dataset, out, "--handoffs", "receiver,skyline,kvcomm", "--ratios", "0.5", "--limit", "4",
                                  "--redo", "skyline")) == 0
     rows = read_csv(out / "rows.csv")
-    assert len(rows) == 15 and len(calls) == 20 and calls[-1][0] == "skyline"
+    assert len(rows) == 12 and len(calls) == 16 and calls[-1][0] == "skyline"
     # other settings in the same folder are refused, --fresh starts over
     with pytest.raises(ValueError, match="other settings"):
         bench.main(bench_args(dataset, out, "--handoffs", "receiver", "--seed", "3"))
@@ -252,7 +279,9 @@ def test_multiple_choice_rows_have_letter_and_likelihood(tmp_path, tiny_engine):
         assert row["gold_letter"] in "ABCD" and row["correct_letter"] in ("0", "1")
         assert row["likelihood_letter"] in "ABCD" and row["correct_likelihood"] in ("0", "1"), row["variant"]
     by = {(r["sample_id"], r["variant"]): r for r in rows}
-    for sample in ("m0", "m1", "m2"):  # every layer sent: KVComm's state is Skyline's
+    scored = {r["sample_id"] for r in rows}
+    assert len(scored) == 2  # of 3: the first calibrates KVComm
+    for sample in scored:  # every layer sent: KVComm's state is Skyline's
         assert by[(sample, "kvcomm@1")]["likelihood_letter"] == by[(sample, "skyline")]["likelihood_letter"]
     summary = read_csv(out / "summary.csv")
     assert "acc_letter" in summary[0] and "acc_likelihood" in summary[0]
@@ -325,6 +354,7 @@ def test_results_markdown_from_runs_and_perf(tmp_path, tiny_engine):
     text = path.read_text()
     assert "| handoff | Open (F1>0.5, n=2) | Open (contains, n=2) | Choice (letter, n=2) | Choice (likelihood, n=2) |" in text
     assert "| skyline |" in text and "not run" in text  # skyline was not run on the choice set
+    assert "KVComm calibrated on the task's first sample, `" in text  # named, and left out of the score
     assert "git commit" in text and "cores" in text and "## Performance" in text
     assert "C2C latency <= 0.4x text | c2c not available" in text
     assert "at 1024 tokens" not in text.split("## Performance")[0]  # no 1024 row measured: no verdict invented
@@ -337,3 +367,47 @@ def test_regenerating_results_keeps_the_load_test_section(tmp_path):
     path.write_text("# old\n\nold numbers\n\n<!-- load-test:start -->\n## Load test\n| a | b |\n<!-- load-test:end -->\n")
     assert kept_sections(path) == "\n<!-- load-test:start -->\n## Load test\n| a | b |\n<!-- load-test:end -->\n"
     assert kept_sections(tmp_path / "missing.md") == ""
+
+
+def test_regenerating_results_keeps_the_kvcomm_table_section(tmp_path):
+    from kvviz.bench.report import kept_sections
+
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# old\n<!-- load-test:start -->\nL\n<!-- load-test:end -->\n"
+                    "<!-- kvcomm-table:start -->\nK\n<!-- kvcomm-table:end -->\n")
+    kept = kept_sections(path)
+    assert "<!-- kvcomm-table:start -->\nK\n<!-- kvcomm-table:end -->" in kept and "L" in kept
+
+
+def test_kvcomm_results_section_pairs_samples_and_says_met_or_missed(tmp_path):
+    """scripts/kvcomm_results.py on hand-made rows: only samples every variant answered count, the
+    verdicts follow the numbers, and the section replaces its old self in the file."""
+    folder = tmp_path / "table"
+    folder.mkdir()
+    (folder / "calibration.txt").write_text("calibration sample: c0\ncontext: C\nquestion: Where is Q?\n")
+    right = {  # variant -> correct on samples s0..s9
+        "receiver": [0] * 10, "skyline": [1] * 5 + [0] * 5, "text": [1] * 3 + [0] * 7,
+        "kvcomm@0.3": [1] * 4 + [0] * 6, "kvcomm@0.5": [1] * 4 + [0] * 6, "kvcomm@0.7": [1] * 5 + [0] * 5,
+        "kvcomm-random@0.3": [1] * 1 + [0] * 9, "kvcomm-contiguous@0.3": [1] * 4 + [0] * 6,
+    }
+    rows = [{"sample_id": f"s{i}", "variant": v, "applicable": "1", "correct": str(c[i]), "answer": str(c[i]),
+             "importance_spearman": "0.9"} for v, c in right.items() for i in range(10)]
+    rows.append({"sample_id": "s10", "variant": "skyline", "applicable": "1", "correct": "1", "answer": "x",
+                 "importance_spearman": ""})  # answered by one variant only: not paired, left out
+    with (folder / "rows.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# top\n\n<!-- kvcomm-table:start -->\nold\n<!-- kvcomm-table:end -->\n\ntail\n")
+    command = [sys.executable, str(REPO / "scripts" / "kvcomm_results.py"), "--table", f"Countries={folder}",
+               "--write", str(results)]
+    subprocess.run(command, check=True, capture_output=True, cwd=REPO)
+    text = results.read_text()
+    assert "\nold\n" not in text and text.startswith("# top") and text.rstrip().endswith("tail")
+    assert "`c0`" in text and "n = 10 scored samples" in text
+    assert "| Skyline (`skyline`) | 5/10 | 0.50 |" in text
+    assert "| KVComm r = 0.3 >= 80% of Skyline | 4/5 = 80% | met |" in text
+    assert "| KVComm r = 0.5 >= 95% of Skyline | 4/5 = 80% | missed |" in text
+    assert "beats random layers, r = 0.3 by >= 10 points | +30 points | met |" in text
+    assert "beats contiguous layers, r = 0.3 by >= 10 points | +0 points | missed |" in text

@@ -139,8 +139,8 @@ def test_page_loads_with_precomputed_plots_then_runs_a_preset_live(page, embedde
 
     layers = embedded_pair.receiver.facts.num_layers
     kvcomm = bar_counts(page, "kv-plot-kvcomm")
-    assert {k: v for k, v in kvcomm.items() if k != "__rendered"} == {"attention_norm": layers, "prior": layers, "score": layers}
-    assert kvcomm["__rendered"] == 3 * layers  # every bar drawn
+    assert {k: v for k, v in kvcomm.items() if k != "__rendered"} == {"calibration": layers, "query": layers}
+    assert kvcomm["__rendered"] == 2 * layers  # every bar drawn
     latency = bar_counts(page, "kv-plot-latency")
     assert len([k for k in latency if k != "__rendered"]) == 5  # one trace per stage
     applicable_columns = 4 + int("total" in c2c_stats) + int("total" in control_stats)

@@ -5,18 +5,22 @@ If one of these breaks, every plot in the app is silently wrong.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 
 from kvviz import cache as kv
+from kvviz.attention import AttentionPlan, positional_mask
 from kvviz.decode import full_logits, prefill
 from kvviz.engine import run_handoff
-from kvviz.handoffs import kvcomm, text
+from kvviz.handoffs import common, kvcomm, text
 from kvviz.handoffs.kvcomm import layer_budget, select_layers
 from kvviz.prompts import build_segments
 from kvviz.results import GenerationSettings, HandoffRequest, KVCommOptions
+from tests.conftest import tiny_pair
+from tests.tiny_models import tiny_llama
 
 CONTEXT = "The secret code word is pineapple. Uma is at the Mahaffie House. " * 2  # longer than the window
 QUERY = "What is the secret code word?"
@@ -70,27 +74,48 @@ def test_kvcomm_with_every_layer_equals_skyline(tiny):
     assert shared.answer == skyline.answer
 
 
-def test_kvcomm_with_no_layer_sees_only_the_sink(tiny):
-    """Nothing shared: the answer depends on the context only through its first token."""
-    model = tiny.receiver
-    first = build_segments(model.tokenizer, QUERY, CONTEXT)
-    other_context = "The hidden code word is a banana. Carol is at the old lighthouse. " * 2
-    second = build_segments(model.tokenizer, QUERY, other_context)
-    n = min(len(first.context_ids), len(second.context_ids))
-    logits = []
-    for segments in (first, second):
-        sender = kv.KVState()
-        prefill(model, sender, segments.context_ids[:n], need_logits=False)
-        state = kv.splice_prefix(sender.cache, model.facts.num_layers, selected=set())
-        for layer in range(model.facts.num_layers):
-            assert kv.layer_length(state.cache, layer) == 1  # the sink only
-        assert state.next_position == n  # query positions still continue after |C|
-        logits.append(full_logits(model, state, segments.query_ids))
-    assert torch.allclose(logits[0], logits[1], atol=1e-6)
-    # ...and that differs from Skyline, which reads the whole context
-    skyline = full_forward_logits(model, first.input_ids)[len(first.context_ids) :]
-    sink_only = full_logits(model, kv.splice_prefix(_prefilled(model, first.context_ids).cache, model.facts.num_layers, set()), first.query_ids)
-    assert (sink_only - skyline).abs().max() > 1e-3
+def context_hidden_logits(model, context_ids, query_ids, selected, sink_tokens=1, bidirectional_query=False):
+    """An independent reference for KVComm's splice (no kvviz cache, plan or positions).
+
+    One stock forward over context + question, with a per-layer 4D mask: every token sees the
+    earlier tokens (within the window in sliding layers), except that in the layers not in
+    ``selected`` the question's tokens do not see the context beyond its first ``sink_tokens``.
+    Same model as sender and receiver, so the context rows are the sender's prefill.
+    ``bidirectional_query``: in those layers the question's tokens also see later question tokens
+    (the reference code's mask quirk).
+    """
+    n_context, total = len(context_ids), len(context_ids) + len(query_ids)
+    positions = torch.arange(total)
+    difference = positions[:, None] - positions[None, :]
+    facts = model.facts
+    hooks = []
+    for index, layer in enumerate(model.model.model.layers):
+        allowed = difference >= 0
+        if facts.layer_types[index] == "sliding_attention":
+            allowed &= difference < facts.sliding_window
+        if index not in selected:
+            allowed[n_context:, sink_tokens:n_context] = False
+            if bidirectional_query:
+                allowed[n_context:, n_context:] = True
+
+        def use_mask(module, args, kwargs, mask=allowed[None, None]):
+            assert "attention_mask" in kwargs, "the decoder layer no longer passes attention_mask by keyword"
+            return args, {**kwargs, "attention_mask": mask}
+
+        hooks.append(layer.self_attn.register_forward_pre_hook(use_mask, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            logits = model.model(input_ids=torch.tensor([context_ids + query_ids])).logits[0].float()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return logits[n_context:]
+
+
+def spliced_logits(model, context_ids, query_ids, selected):
+    """kvviz's KVComm: the sender prefills the context, the receiver reads the question on the splice."""
+    state = kv.splice_prefix(_prefilled(model, context_ids).cache, model.facts.num_layers, set(selected))
+    return full_logits(model, state, query_ids)
 
 
 def _prefilled(model, token_ids):
@@ -99,11 +124,133 @@ def _prefilled(model, token_ids):
     return state
 
 
-def test_kvcomm_ratio_zero_runs_and_differs_from_skyline_logits(tiny):
+def test_reference_construction_sees_the_whole_context_when_every_layer_is_selected(tiny):
+    """The reference above, checked against the plain forward it must reduce to."""
+    model = tiny.receiver
+    segments = build_segments(model.tokenizer, QUERY, CONTEXT)
+    everything = set(range(model.facts.num_layers))
+    reference = context_hidden_logits(model, segments.context_ids, segments.query_ids, everything)
+    plain = full_forward_logits(model, segments.input_ids)[len(segments.context_ids) :]
+    assert torch.allclose(reference, plain, atol=1e-5)
+
+
+def test_kvcomm_splice_equals_the_reference_for_mixed_selections(tiny):
+    model = tiny.receiver
+    segments = build_segments(model.tokenizer, QUERY, CONTEXT)
+    num_layers = model.facts.num_layers
+    selections = [{0}, {0, 2}, set(range(1, num_layers, 2)), {num_layers - 1}, set(range(num_layers - 1))]
+    skyline = full_forward_logits(model, segments.input_ids)[len(segments.context_ids) :]
+    for selected in selections:
+        reference = context_hidden_logits(model, segments.context_ids, segments.query_ids, selected)
+        spliced = spliced_logits(model, segments.context_ids, segments.query_ids, selected)
+        assert (reference - spliced).abs().max() < 1e-5, f"selection {sorted(selected)}"
+        assert (reference - skyline).abs().max() > 1e-3, f"selection {sorted(selected)} should hide something"
+
+
+def test_kvcomm_with_no_layer_sees_only_the_sink(tiny):
+    """Nothing shared: each layer holds the sink only, the question's positions continue after |C|,
+    and the logits are the reference's with the context hidden in every layer."""
+    model = tiny.receiver
+    first = build_segments(model.tokenizer, QUERY, CONTEXT)
+    state = kv.splice_prefix(_prefilled(model, first.context_ids).cache, model.facts.num_layers, selected=set())
+    for layer in range(model.facts.num_layers):
+        assert kv.layer_length(state.cache, layer) == 1  # the sink only
+    assert state.next_position == len(first.context_ids)  # query positions still continue after |C|
+    spliced = full_logits(model, state, first.query_ids)
+    reference = context_hidden_logits(model, first.context_ids, first.query_ids, selected=set())
+    assert (spliced - reference).abs().max() < 1e-5
+    # ...so another context of the same length and first token gives the same logits
+    other = build_segments(model.tokenizer, QUERY, "The hidden code word is a banana. Carol is at the old lighthouse. " * 2)
+    n = min(len(first.context_ids), len(other.context_ids))
+    assert first.context_ids[0] == other.context_ids[0]
+    logits = [spliced_logits(model, segments.context_ids[:n], segments.query_ids, set()) for segments in (first, other)]
+    assert torch.allclose(logits[0], logits[1], atol=1e-6)
+
+
+@pytest.fixture
+def first_logits(monkeypatch):
+    """The logits each handoff's decode starts from, recorded per run: [kvcomm runs], [others]."""
+    recorded = {"kvcomm": [], "single": []}
+
+    def recording(name, generate):
+        def wrapped(loaded, state, first, *args, **kwargs):
+            recorded[name].append(first.logits.clone())
+            return generate(loaded, state, first, *args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(kvcomm, "generate", recording("kvcomm", kvcomm.generate))
+    monkeypatch.setattr(common, "generate", recording("single", common.generate))
+    return recorded
+
+
+def test_kvcomm_ratio_zero_runs_and_differs_from_skyline_logits(tiny, first_logits):
+    """The handoffs themselves, with the first logits each decode starts from."""
     result = run_handoff("kvcomm", tiny, request(ratio=0.0))
-    assert result.applicable
+    skyline = run_handoff("skyline", tiny, request())
+    assert result.applicable and skyline.applicable
     assert result.details["selected_layers"] == []
-    assert not any(record["selected"] for record in result.layers)
+    assert all(record["sent"] == "sink" for record in result.layers)
+    [kvcomm_logits], [skyline_logits] = first_logits["kvcomm"], first_logits["single"]
+    assert (kvcomm_logits - skyline_logits).abs().max() > 1e-3
+    # and the handoff's logits are the sink-only reference's, not noise
+    model = tiny.receiver
+    segments = build_segments(model.tokenizer, QUERY, CONTEXT)
+    reference = context_hidden_logits(model, segments.context_ids, segments.query_ids, selected=set())[-1]
+    assert (kvcomm_logits[0] - reference).abs().max() < 1e-5
+
+
+def test_reference_mask_differs_from_the_causal_mask_exactly_among_query_tokens_of_sink_layers():
+    context_length, query_length = 6, 4
+    plan_layers = {0: torch.arange(context_length), 1: torch.arange(1)}  # layer 0 sent, layer 1 sink only
+    query_positions = torch.arange(context_length, context_length + query_length)
+
+    def mask(reference: bool, layer: int, key_length: int) -> torch.Tensor:
+        plan = AttentionPlan(prefix_positions=plan_layers, reference_mask=reference)
+        keys = plan.key_positions(layer, key_length, int(query_positions[-1]), "cpu")
+        return positional_mask(query_positions, keys)[0, 0]
+
+    full = context_length + query_length
+    assert torch.equal(mask(True, 0, full), mask(False, 0, full))  # a sent layer: no difference
+    causal, quirk = mask(False, 1, 1 + query_length), mask(True, 1, 1 + query_length)
+    expected = torch.zeros(query_length, 1 + query_length, dtype=torch.bool)
+    for query in range(query_length):
+        for own in range(query_length):
+            expected[query, 1 + own] = own > query  # a later question token
+    assert torch.equal(causal != quirk, expected)
+    assert quirk.all()  # every question token sees the sink and every question token
+
+
+def test_reference_mask_reproduces_the_reference_codes_prefill():
+    """Tiny Llama (no sliding windows: with them the quirk also hides the sink, see attention.py)."""
+    model = tiny_llama()
+    segments = build_segments(model.tokenizer, QUERY, CONTEXT)
+    selected = {0, 2}
+    state = kv.splice_prefix(_prefilled(model, segments.context_ids).cache, model.facts.num_layers, selected)
+    state.reference_mask = True
+    quirk = full_logits(model, state, segments.query_ids)
+    reference = context_hidden_logits(model, segments.context_ids, segments.query_ids, selected, bidirectional_query=True)
+    assert (quirk - reference).abs().max() < 1e-5
+    assert (quirk - spliced_logits(model, segments.context_ids, segments.query_ids, selected)).abs().max() > 1e-3
+    # every layer sent: nothing is cropped, the two masks agree
+    everything = set(range(model.facts.num_layers))
+    state = kv.splice_prefix(_prefilled(model, segments.context_ids).cache, model.facts.num_layers, everything)
+    state.reference_mask = True
+    assert torch.allclose(full_logits(model, state, segments.query_ids), spliced_logits(model, segments.context_ids, segments.query_ids, everything), atol=1e-5)
+
+
+def test_kvcomm_reference_mask_option_reaches_the_attention(first_logits):
+    pair = tiny_pair("llama")
+    causal = run_handoff("kvcomm", pair, request(ratio=0.5))
+    quirk = run_handoff("kvcomm", pair, request(ratio=0.5, reference_mask=True))
+    assert quirk.applicable and quirk.details["reference_mask"] is True and causal.details["reference_mask"] is False
+    assert quirk.details["selected_layers"] == causal.details["selected_layers"]
+    assert (first_logits["kvcomm"][0] - first_logits["kvcomm"][1]).abs().max() > 1e-3
+
+
+def test_reference_mask_refuses_a_context_longer_than_a_sliding_window():
+    result = run_handoff("kvcomm", tiny_pair("gemma"), request(ratio=0.5, reference_mask=True))
+    assert not result.applicable and "sliding-window" in result.reason
 
 
 def test_text_handoff_with_empty_message_equals_receiver_alone(tiny):
@@ -156,13 +303,51 @@ def test_random_selection_depends_only_on_the_seed():
 
 def test_scores_prior_and_alpha():
     raw = [0.1, 0.5, 0.3, 0.9, 0.2]
-    attention_only = kvcomm.layer_scores(raw, KVCommOptions(strategy="attention"), "gemma3_text")
-    assert attention_only["alpha"] == 1.0 and attention_only["score"] == attention_only["attention_norm"]
+    attention_only = kvcomm.layer_scores(raw, 1.0, KVCommOptions(), len(raw))
+    assert attention_only["score"] == attention_only["attention_norm"] and attention_only["prior"] is not None
     assert min(attention_only["attention_norm"]) == 0.0 and max(attention_only["attention_norm"]) == 1.0
-    prior_only = kvcomm.layer_scores(raw, KVCommOptions(strategy="prior", sigma=1.0), "llama")
-    assert prior_only["score"].index(1.0) == 2  # the middle layer
-    assert kvcomm.layer_scores(raw, KVCommOptions(), "llama")["alpha"] == 1.0
-    assert kvcomm.layer_scores(raw, KVCommOptions(), "qwen3")["alpha"] == 0.8
+    prior_only = kvcomm.layer_scores(None, 0.0, KVCommOptions(sigma=1.0), len(raw))
+    assert prior_only["attention_norm"] is None and prior_only["score"].index(1.0) == 2  # the middle layer
+    mixed = kvcomm.layer_scores(raw, 0.8, KVCommOptions(), len(raw))
+    assert mixed["score"] == pytest.approx([0.8 * a + 0.2 * p for a, p in zip(mixed["attention_norm"], mixed["prior"])])
+    assert kvcomm.layer_scores(None, None, KVCommOptions(strategy="random"), len(raw)) == {
+        "attention_norm": None, "prior": None, "score": None
+    }
+
+
+def test_alpha_is_the_reference_default_unless_set():
+    resolve = kvcomm.resolve_alpha
+    assert resolve(KVCommOptions(), "gemma3_text") == (1.0, "reference default")
+    assert resolve(KVCommOptions(alpha=0.6), "llama") == (0.6, "set")
+    assert resolve(KVCommOptions(alpha="paper"), "qwen3") == (0.8, "paper (qwen3)")
+    assert resolve(KVCommOptions(alpha="paper"), "llama") == (1.0, "paper (llama)")
+    alpha, source = resolve(KVCommOptions(alpha="paper"), "gemma3_text")
+    assert alpha == 1.0 and "no alpha for gemma3_text" in source
+    assert resolve(KVCommOptions(strategy="prior", alpha=0.7), "llama")[0] == 0.0
+    assert resolve(KVCommOptions(strategy="random"), "llama")[0] is None
+    with pytest.raises(ValueError, match="paper"):
+        KVCommOptions(alpha="best")
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        KVCommOptions(alpha=1.5)
+
+
+def test_calibration_options_are_checked():
+    with pytest.raises(ValueError, match="needs calibration_sample"):
+        KVCommOptions(calibration="sample")
+    with pytest.raises(ValueError, match="needs calibration_sample"):
+        KVCommOptions(calibration_sample=("a context", "a question"))
+    with pytest.raises(ValueError, match="Unknown KVComm calibration"):
+        KVCommOptions(calibration="task")
+    with pytest.raises(ValueError, match="two non-empty texts"):
+        KVCommOptions(calibration="sample", calibration_sample=("a context", " "))
+
+
+def test_spearman_rank_correlation():
+    assert kvcomm.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert kvcomm.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert kvcomm.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)  # 1 - 6*4/(5*24)
+    assert kvcomm.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254)  # tied ranks averaged
+    assert kvcomm.spearman([1, 1, 1], [1, 2, 3]) is None
 
 
 def test_timings_are_positive_and_add_up(tiny):
@@ -193,10 +378,86 @@ def test_kvcomm_bytes_scale_with_selected_layers(tiny):
 def test_kvcomm_calibration_is_cached_and_recorded(tiny):
     first = run_handoff("kvcomm", tiny, request())
     second = run_handoff("kvcomm", tiny, request(ratio=0.3))
-    assert second.details["calibration"]["cached"] is True
+    calibration = second.details["calibration"]
+    assert calibration["cached"] is True and calibration["source"] == "builtin"
     assert first.details["calibration"]["query"] == kvcomm.CALIBRATION_QUERY
-    raw = [record["attention_raw"] for record in second.layers]
+    assert first.details["calibration"]["context"] == kvcomm.CALIBRATION_CONTEXT
+    assert calibration["alpha"] == second.details["alpha"] == 1.0
+    raw = [record["calibration_attention"] for record in second.layers]
     assert all(0.0 <= value <= 1.0 for value in raw) and max(raw) > 0
+
+
+def test_every_kvcomm_run_measures_this_querys_importance(tiny):
+    result = run_handoff("kvcomm", tiny, request())
+    live = [record["query_attention"] for record in result.layers]
+    calibration = [record["calibration_attention"] for record in result.layers]
+    assert all(0.0 <= value <= 1.0 for value in live) and max(live) > 0
+    assert live != calibration  # another sample, other attention
+    assert result.details["importance_spearman"] == pytest.approx(kvcomm.spearman(calibration, live))
+    measured = result.details["query_importance"]
+    assert measured["instrumentation"] is True and measured["seconds"] > 0
+    # instrumentation stays out of the handoff's time: the total spans the stages only
+    stages = sum(value for key, value in result.timings.items() if key != "total")
+    assert result.timings["total"] < stages + measured["seconds"]
+
+
+def test_kvcomm_calibration_on_this_query_or_a_given_sample(tiny):
+    own = run_handoff("kvcomm", tiny, request(calibration="query"))
+    assert own.details["calibration"]["source"] == "query" and own.details["calibration"]["query"] == QUERY
+    assert own.details["importance_spearman"] == pytest.approx(1.0)
+    assert own.details["query_importance"]["instrumentation"] is False  # it chose the layers
+    assert [r["calibration_attention"] for r in own.layers] == [r["query_attention"] for r in own.layers]
+    assert own.bytes_communicated == run_handoff("kvcomm", tiny, request(ratio=1.0)).bytes_communicated
+    sample = ("Carol is at the Arlington House.", "Which country is Carol located in?")
+    given = run_handoff("kvcomm", tiny, request(calibration="sample", calibration_sample=sample))
+    assert (given.details["calibration"]["context"], given.details["calibration"]["query"]) == sample
+    assert given.details["calibration"]["source"] == "sample"
+
+
+@pytest.mark.parametrize("strategy", ["prior", "random", "explicit"])
+def test_strategies_without_attention_carry_no_attention_values(tiny, strategy):
+    options = {"strategy": strategy, "ratio": 0.5}
+    if strategy == "explicit":
+        options["layers"] = (1, 2)
+    result = run_handoff("kvcomm", tiny, request(**options))
+    assert result.details["calibration"] is None and result.details["importance_spearman"] is None
+    for record in result.layers:
+        assert record["calibration_attention"] is None and record["calibration_attention_norm"] is None
+        assert record["query_attention"] is not None  # this query's attention is always measured
+        if strategy == "prior":
+            assert record["prior"] == record["score"] is not None
+        else:
+            assert record["prior"] is None and record["score"] is None
+    assert result.details["alpha"] == (0.0 if strategy == "prior" else None)
+
+
+def test_layer_records_say_what_each_layer_got(tiny):
+    num_layers = tiny.receiver.facts.num_layers
+    result = run_handoff("kvcomm", tiny, request(ratio=0.5))
+    by_layer = {record["layer"]: record for record in result.layers}
+    assert by_layer[0]["sent"] == "context" and by_layer[0]["forced"] is True
+    assert result.details["forced_layers"] == [0]
+    assert not any(record["forced"] for record in result.layers[1:])
+    assert [r["layer"] for r in result.layers if r["sent"] == "sink"] == result.details["sink_layers"]
+    assert len(result.details["sink_layers"]) + len(result.details["selected_layers"]) == num_layers
+    assert all(record["selected"] == (record["sent"] == "context") for record in result.layers)
+    free = run_handoff("kvcomm", tiny, request(ratio=0.5, always_send_layer0=False))
+    explicit = run_handoff("kvcomm", tiny, request(strategy="explicit", layers=(0, 1)))
+    assert free.details["forced_layers"] == explicit.details["forced_layers"] == []
+
+
+def test_first_token_time_covers_the_critical_path(tiny):
+    results = {name: run_handoff(name, tiny, request()) for name in ("receiver", "skyline", "text", "kvcomm", "sharer")}
+    for name in ("receiver", "skyline"):
+        assert results[name].receiver_first_token_seconds == results[name].first_token_seconds > 0
+    assert results["sharer"].receiver_first_token_seconds is None
+    kvcomm_result, text_result = results["kvcomm"], results["text"]
+    timings = kvcomm_result.timings
+    assert kvcomm_result.receiver_first_token_seconds > timings["transfer"] + timings["receiver_prefill"]
+    assert kvcomm_result.first_token_seconds == pytest.approx(timings["sharer_prefill"] + kvcomm_result.receiver_first_token_seconds)
+    sharer_side = text_result.timings["sharer_prefill"] + text_result.timings["sharer_decode"]
+    assert text_result.first_token_seconds == pytest.approx(sharer_side + text_result.receiver_first_token_seconds)
+    assert text_result.receiver_first_token_seconds > text_result.timings["receiver_prefill"]
 
 
 def test_kvcomm_not_applicable_across_architectures(mixed_tiny_pair):
@@ -235,6 +496,8 @@ def test_bad_requests_get_clear_errors(kwargs, message):
 def test_request_round_trips_through_plain_data():
     original = request(strategy="explicit", layers=(0, 2))
     assert HandoffRequest.from_dict(original.to_dict()) == original
+    calibrated = request(calibration="sample", calibration_sample=("A context.", "A question?"), alpha="paper")
+    assert HandoffRequest.from_dict(json.loads(json.dumps(calibrated.to_dict()))) == calibrated
 
 
 def test_decode_steps_without_a_mask_equal_the_masked_path(tiny, monkeypatch):

@@ -25,7 +25,10 @@ def bar_traces(figure) -> list[dict]:
 def test_kvcomm_figure_has_one_bar_per_layer_per_series_and_highlights_selected():
     figure = kvcomm.layers_figure(kvcomm_result())
     bars = bar_traces(figure)
-    assert [t["meta"]["series"] for t in bars] == ["attention_norm", "prior", "score"]
+    assert [t["meta"]["series"] for t in bars] == ["calibration", "query", "prior", "score"]
+    names = {t["meta"]["series"]: t["name"] for t in bars}
+    assert "calibration sample" in names["calibration"] and "this query" in names["query"]
+    assert "0.80 x importance + 0.20 x prior" in names["score"]
     for trace in bars:
         assert list(trace["x"]) == list(range(NUM_LAYERS))
         assert len(trace["y"]) == NUM_LAYERS
@@ -33,11 +36,48 @@ def test_kvcomm_figure_has_one_bar_per_layer_per_series_and_highlights_selected(
         assert outlined == SELECTED
         opaque = {layer for layer, opacity in zip(trace["x"], trace["marker"]["opacity"]) if opacity == 1.0}
         assert opaque == SELECTED
-    markers = [t for t in figure.to_dict()["data"] if t["meta"]["series"] == "selected"][0]
-    assert sorted(markers["x"]) == sorted(SELECTED)
-    assert markers["marker"]["color"] == kvcomm.COLOR
-    assert bar_counts(figure) == {"attention_norm": NUM_LAYERS, "prior": NUM_LAYERS, "score": NUM_LAYERS}
-    assert "3 of 6 layers sent" in figure.layout.title.text
+    markers = {t["meta"]["series"]: t for t in figure.to_dict()["data"] if t["type"] == "scatter"}
+    assert list(markers["forced"]["x"]) == [0] and "forced" in markers["forced"]["name"]
+    assert sorted(markers["sent"]["x"]) == sorted(SELECTED - {0})
+    assert sorted(markers["sink"]["x"]) == sorted(set(range(NUM_LAYERS)) - SELECTED)
+    assert markers["sent"]["marker"]["color"] == kvcomm.COLOR
+    assert markers["sent"]["marker"]["symbol"] != markers["sink"]["marker"]["symbol"] != markers["forced"]["marker"]["symbol"]
+    assert bar_counts(figure) == {"calibration": NUM_LAYERS, "query": NUM_LAYERS, "prior": NUM_LAYERS, "score": NUM_LAYERS}
+    assert "3 of 6 layers sent (layer 0 by rule)" in figure.layout.title.text
+    assert "Spearman +0.60" in figure.layout.title.text
+
+
+def _tiny_run(**options):
+    return run_handoff("kvcomm", tiny_pair("llama"), HandoffRequest(
+        query="What is the secret code word?", context="The secret code word is pineapple.",
+        kvcomm=KVCommOptions(**options)))
+
+
+@pytest.mark.parametrize("strategy", ["prior", "random"])
+def test_kvcomm_figure_draws_no_calibration_attention_where_none_was_measured(strategy):
+    result = _tiny_run(strategy=strategy, ratio=0.5)
+    series = {t["meta"]["series"] for t in bar_traces(kvcomm.layers_figure(result))}
+    assert "calibration" not in series  # nothing measured on a calibration sample
+    assert "score" not in series  # no mixed score: prior alone (alpha = 0) or none (random)
+    assert "query" in series  # this query's importance is always measured, and labelled as such
+    assert ("prior" in series) == (strategy == "prior")
+    assert all(r["calibration_attention"] is None for r in result.layers)
+    assert "Spearman" not in kvcomm.layers_figure(result).layout.title.text
+
+
+def test_kvcomm_figure_at_reference_alpha_draws_importance_as_the_score_and_no_prior():
+    result = _tiny_run(ratio=0.5)  # alpha 1.0: the score is the calibration importance
+    bars = {t["meta"]["series"]: t for t in bar_traces(kvcomm.layers_figure(result))}
+    assert set(bars) == {"calibration", "query"}
+    assert bars["calibration"]["name"].endswith("= score") and "built-in sample" in bars["calibration"]["name"]
+    rho = result.details["importance_spearman"]
+    assert rho is not None and f"Spearman {rho:+.2f}" in kvcomm.layers_figure(result).layout.title.text
+
+
+def test_kvcomm_figure_with_query_calibration_draws_one_importance_that_chose_the_layers():
+    result = _tiny_run(ratio=0.5, calibration="query")
+    bars = {t["meta"]["series"]: t for t in bar_traces(kvcomm.layers_figure(result))}
+    assert set(bars) == {"query"} and "chose the layers" in bars["query"]["name"]
 
 
 def test_kvcomm_figure_for_not_applicable_result_says_why():
@@ -53,7 +93,7 @@ def test_options_set_the_request_and_explicit_layers_override_the_strategy():
     base = HandoffRequest(query="Q?", context="C")
     request = handoff.with_options(base, {"ratio": "0.25", "strategy": "prior", "sigma": 4})
     assert request.kvcomm.ratio == 0.25 and request.kvcomm.strategy == "prior" and request.kvcomm.sigma == 4.0
-    assert request.kvcomm.alpha is None  # "auto": the paper's alpha for the family
+    assert request.kvcomm.alpha is None  # "auto": the reference code's 1.0
     explicit = handoff.with_options(base, {"layers": "7, 0,3"})
     assert explicit.kvcomm.strategy == "explicit" and explicit.kvcomm.layers == (0, 3, 7)
     with pytest.raises(ValueError, match="Explicit layers"):
@@ -91,3 +131,31 @@ def test_not_applicable_at_once_without_a_context_or_across_architectures(mixed_
     assert "architecture" in handoff.applicable(mixed_tiny_pair, HandoffRequest(query="Q?", context="C"))
     assert handoff.applicable(tiny_pair("llama"), HandoffRequest(query="Q?", context="C")) is None
     assert isinstance(handoff.not_applicable("p", "why"), HandoffResult)
+
+
+def test_page_words_say_what_was_measured_and_no_more():
+    from kvviz import presets, ui
+    from kvviz.handoffs.registry import DIAGRAM_DIR
+
+    handoff = registry.get("kvcomm")
+    words = " ".join([handoff.explanation, handoff.walkthrough, handoff.summary])
+    assert "the sharer reads" not in words.lower() and "sender" in words
+    for fact in ("sink", "layer 0", "calibration", "1 - alpha", "in memory"):
+        assert fact in words, fact
+    diagram = (DIAGRAM_DIR / "kvcomm.svg").read_text()
+    assert "other layers: nothing" not in diagram and "sink" in diagram and "(1−α)" in diagram
+    skyline = registry.get("skyline")
+    assert "no handoff can do better" not in skyline.explanation.lower() and "not a bound" in skyline.explanation
+    assert "no handoff beats it" not in (DIAGRAM_DIR / "skyline.svg").read_text()
+    notes = " ".join(p.note for p in presets.PRESETS)
+    assert "Compare which layers KVComm sends" not in notes and "best case" not in notes
+    import inspect
+
+    assert "Every column runs on the same pair" not in inspect.getsource(ui)
+    assert handoff.option("calibration").choices == ("builtin", "query")
+
+
+def test_notes_name_the_calibration_sample_and_the_forced_layer():
+    lines = kvcomm.notes(kvcomm_result())
+    assert lines[0] == "layers sent: 0 (always), 2, 3"
+    assert "Peggy is at the Gevangenpoort." in lines[1] and "Spearman +0.60" in lines[2]

@@ -20,11 +20,15 @@ def kvcomm_result() -> dict:
     layers = [
         {
             "layer": layer,
-            "attention_raw": 0.1 * layer,
-            "attention_norm": layer / (NUM_LAYERS - 1),
+            "sent": "context" if layer in SELECTED else "sink",
+            "selected": layer in SELECTED,
+            "forced": layer == 0,
+            "calibration_attention": 0.1 * layer,
+            "calibration_attention_norm": layer / (NUM_LAYERS - 1),
+            "query_attention": 0.05 * layer,
+            "query_attention_norm": layer / (NUM_LAYERS - 1),
             "prior": 1.0 - abs(layer - 2.5) / 2.5,
             "score": 0.5,
-            "selected": layer in SELECTED,
         }
         for layer in range(NUM_LAYERS)
     ]
@@ -37,7 +41,12 @@ def kvcomm_result() -> dict:
         communication="kv",
         tokens={"context": 13, "generated": 2},
         layers=layers,
-        details={"selected_layers": sorted(SELECTED), "alpha": 0.8, "strategy": "kvcomm"},
+        details={
+            "selected_layers": sorted(SELECTED), "alpha": 0.8, "strategy": "kvcomm", "forced_layers": [0],
+            "calibration": {"source": "sample", "context": "Peggy is at the Gevangenpoort.",
+                            "query": "Which country is Peggy located in?"},
+            "importance_spearman": 0.6,
+        },
     ).to_dict()
 
 

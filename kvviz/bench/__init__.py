@@ -42,7 +42,8 @@ def configure_parser(parser) -> None:
                         help="loader option, e.g. with_fact=true (openbookqa), all_paragraphs=true (hotpotqa)")
     parser.add_argument("--handoffs", default=",".join(registry.default_handoffs()),
                         help="comma-separated, or all (default: the page's columns shown at first): " + ", ".join(registry.HANDOFFS))
-    parser.add_argument("--limit", type=int, default=40, help="number of samples (after the seeded shuffle)")
+    parser.add_argument("--limit", type=int, default=40,
+                        help="number of scored samples (after the seeded shuffle; with KVComm, its calibration sample, the first, comes on top)")
     parser.add_argument("--seed", type=int, default=0, help="sample order, random choices and sampling")
     parser.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="take the first --limit samples in file order")
     parser.add_argument("--max-new-tokens", type=int, default=24)

@@ -106,6 +106,8 @@ def results_markdown(runs: list[tuple[str, Path]], perf_dir: Path | None, machin
             f"{max((entry['samples'] for entry in summary), default=0)} samples run "
             f"(seeded shuffle, seed {config['seed']}), answers up to {config['max_new_tokens']} tokens, messages up to "
             f"{config['message_tokens']} tokens."
+            + (f" KVComm calibrated on the task's first sample, `{config['kvcomm_calibration_sample']}` (not scored)."
+               if config.get("kvcomm_calibration_sample") else "")
         )
     reasons: dict[str, set] = {}
     for _, summary, _ in tables:
@@ -158,9 +160,9 @@ def write_results_markdown(path: str, runs: list[str], perf_dir: str | None, com
     Path(path).write_text(text + kept_sections(Path(path)), encoding="utf-8")
 
 
-# Sections of docs/RESULTS.md that other scripts write (scripts/load_test.py): kept when the rest
-# is regenerated, each between its own start and end marks.
-KEPT = ("load-test",)
+# Sections of docs/RESULTS.md that other scripts write (scripts/load_test.py, scripts/kvcomm_results.py):
+# kept when the rest is regenerated, each between its own start and end marks.
+KEPT = ("kvcomm-table", "load-test")
 
 
 def kept_sections(path: Path) -> str:

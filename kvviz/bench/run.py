@@ -13,12 +13,13 @@ present) writes the merged summary.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvviz.bench.rows import RowWriter, done_pairs, drop_variants, part_path, row_files
@@ -30,7 +31,10 @@ from kvviz.handoffs.registry import build_request
 from kvviz.results import HandoffRequest
 
 # The settings a resumed run must share with the run it continues.
-RESUME_KEYS = ("pair", "dataset", "dataset_options", "seed", "max_new_tokens", "message_tokens", "shuffle", "options")
+RESUME_KEYS = (
+    "pair", "dataset", "dataset_options", "seed", "max_new_tokens", "message_tokens", "shuffle", "options",
+    "kvcomm_calibration_sample",
+)
 
 
 @dataclass(frozen=True)
@@ -71,12 +75,29 @@ def expand_variants(handoffs: list[str], sweeps: dict[str, dict] | None = None) 
     return variants
 
 
-def variant_request(record, variant: Variant, args, options: dict[str, dict]) -> HandoffRequest:
-    """The request of one sample and variant: greedy, the run's settings, the variant's values."""
+def variant_request(record, variant: Variant, args, options: dict[str, dict],
+                    calibration_record=None) -> HandoffRequest:
+    """The request of one sample and variant: greedy, the run's settings, the variant's values;
+    KVComm calibrated on ``calibration_record`` when one is given (the task's first sample)."""
     given = {name: dict(values) for name, values in options.items()}
     given.setdefault(variant.handoff, {}).update(variant.options)
-    return build_request(choice_query(record), record.context, args.max_new_tokens, False, 0.7, args.seed,
-                         args.message_tokens, given)
+    request = build_request(choice_query(record), record.context, args.max_new_tokens, False, 0.7, args.seed,
+                            args.message_tokens, given)
+    if variant.handoff == "kvcomm" and calibration_record is not None:
+        sample = (calibration_record.context, choice_query(calibration_record))
+        request = replace(request, kvcomm=replace(request.kvcomm, calibration="sample", calibration_sample=sample))
+    return request
+
+
+def calibrates_on_task(handoffs: list[str], options: dict[str, dict]) -> bool:
+    """KVComm in the run and no --calibration given: calibrate on the task's first sample, as the
+    reference code does, and leave that sample out of the score."""
+    return "kvcomm" in handoffs and "calibration" not in options.get("kvcomm", {})
+
+
+def calibration_note(record) -> str:
+    return (f"KVComm calibrated on the task's first sample, {record.id} (left out of the score): "
+            f"{choice_query(record).strip()!r}")
 
 
 def check_config(out: Path, config: dict) -> None:
@@ -170,6 +191,15 @@ def run_bench(args) -> int:
     }
     if options:
         config["options"] = options
+    calibration_record = None
+    if calibrates_on_task(handoffs, options):
+        # the first sample calibrates KVComm and is not scored: one more is loaded so that --limit are scored
+        more = None if args.limit is None else args.limit + 1
+        records = list(enumerate(load_records(argparse.Namespace(**{**vars(args), "limit": more}))))
+        calibration_record = records.pop(0)[1] if records else None
+        config["kvcomm_calibration_sample"] = calibration_record.id if calibration_record else None
+    else:
+        records = list(enumerate(load_records(args)))
     if rank == 0 or world == 1 or (out / "config.json").exists():
         # the other ranks check against what rank 0 wrote (or will write: same command line)
         check_config(out, config)
@@ -179,8 +209,7 @@ def run_bench(args) -> int:
         dropped = drop_variants(out, set(parse_names(args.redo)))
         print(f"--redo: removed {dropped} row(s) of {args.redo} to run them again", file=sys.stderr)
 
-    records = load_records(args)
-    mine = [(index, record) for index, record in enumerate(records) if index % world == rank]
+    mine = [(index, record) for index, record in records if index % world == rank]
     done = done_pairs(out)
     todo = [(index, record, variant) for index, record in mine for variant in variants if (record.id, variant.label) not in done]
     skipped = len(mine) * len(variants) - len(todo)
@@ -204,7 +233,7 @@ def run_bench(args) -> int:
                    position=rank if world > 1 else 0, disable=args.quiet)
         for index, record, variant in bar:
             bar.set_postfix_str(variant.label, refresh=False)
-            request = variant_request(record, variant, args, options)
+            request = variant_request(record, variant, args, options, calibration_record)
             result = engine.run_handoff(variant.handoff, pair, request)
             row = result_row(record, index, variant, result, args, rank, world)
             if result.applicable and record.choices is not None and not args.no_likelihood:
@@ -217,9 +246,12 @@ def run_bench(args) -> int:
     marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%S"), encoding="utf-8")
     finished = all((out / f".done-{r}-of-{world}").exists() for r in range(world))
     if finished:
-        summary = write_summary(out, [v.label for v in variants], title=f"{args.dataset} on pair {args.pair}")
+        title = f"{args.dataset} on pair {args.pair}"
+        if calibration_record is not None:
+            title += f"\n\n{calibration_note(calibration_record)}"
+        summary = write_summary(out, [v.label for v in variants], title=title)
         if not args.quiet:
-            print(summary_markdown(summary, f"{args.dataset} on pair {args.pair} (limit {args.limit}, seed {args.seed})"))
+            print(summary_markdown(summary, title))
         print(f"wrote {out}/summary.csv, summary.md, figures.html and {part_path(out, rank, world).name}", file=sys.stderr)
     else:
         print(f"rank {rank}: rows written to {part_path(out, rank, world)}; the last process to finish writes the summary",

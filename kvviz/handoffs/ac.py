@@ -243,8 +243,10 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
         tokens={"sender_prompt": context_length, "receiver_prompt": prompt_length, "vectors": 1,
                 "generated": len(output.token_ids)},
         layers=layer_records(sender_states, receiver_states, k, j),
-        # the sender's prefill is its own work, as for KVComm: the receiver waits for one vector
-        first_token_seconds=timings["transfer"] + timings["receiver_prefill"] + output.first_token_seconds,
+        # the receiver waits for the sender's prefill, then for one vector
+        first_token_seconds=timings["sharer_prefill"] + timings["transfer"] + timings["receiver_prefill"]
+        + output.first_token_seconds,
+        receiver_first_token_seconds=timings["transfer"] + timings["receiver_prefill"] + output.first_token_seconds,
         details={
             "k": k,
             "j": j,

@@ -21,7 +21,7 @@ def sharer_alone(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallb
 
 
 def skyline(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
-    """The receiver sees the context and the query in one prompt (the upper bound)."""
+    """The receiver sees the context and the query in one prompt (a reference, not a bound)."""
     if not request.has_context:
         return HandoffResult.not_applicable(
             "skyline", pair.name, "Skyline needs a private context; without one it is the receiver alone."
@@ -85,10 +85,11 @@ HANDOFFS = (
         title="Skyline: sees everything",
         label="Skyline",
         color="#CC79A7",  # purple
-        summary="the receiver given context and query in one prompt (upper bound)",
+        summary="the receiver given context and query in one prompt (the usual reference)",
         explanation=(
             "The receiver gets the context and the question in one prompt, as if it knew everything itself. "
-            "No handoff can do better than this, so it is the ceiling."
+            "It is the usual reference, not a bound: a handoff can beat it (in the KVComm paper, KVComm beat "
+            "Skyline on one dataset), because another model's cache can help more than the receiver's own reading."
         ),
         run=skyline,
         needs=("a private context",),
@@ -98,8 +99,9 @@ HANDOFFS = (
         page=50,
         page_default=True,
         walkthrough=(
-            "Skyline (purple) gives the receiver the note directly, in its own prompt: the best any handoff "
-            "can hope for. Compare each column's answer with this one."
+            "Skyline (purple) gives the receiver the note directly, in its own prompt. It is the reference the "
+            "papers compare with, not a limit: a handoff may do better or worse. Compare each column's answer "
+            "with this one."
         ),
     ),
 )

@@ -296,6 +296,7 @@ def run(
         },
         layers=[asdict(record) for record in records],
         first_token_seconds=timings["sharer_prefill"] + timings["transfer"] + timings["receiver_prefill"] + output.first_token_seconds,
+        receiver_first_token_seconds=timings["transfer"] + timings["receiver_prefill"] + output.first_token_seconds,
         details={
             "fuser_path": fuser.config.reference.get("hub") or checkpoint_label(folder),
             "fuser_source": fuser.config.source,

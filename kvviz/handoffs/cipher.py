@@ -235,6 +235,7 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
         # the receiver cannot start before the whole message is written
         first_token_seconds=timings["sharer_prefill"] + timings["sharer_decode"] + timings["receiver_prefill"]
         + output.first_token_seconds,
+        receiver_first_token_seconds=timings["receiver_prefill"] + output.first_token_seconds,
         details={
             "temperature": temperature,
             "likeliest_message": sharer.tokenizer.decode(message.likeliest_ids, skip_special_tokens=True).strip(),

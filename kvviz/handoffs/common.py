@@ -79,6 +79,9 @@ def single_model_result(
         flops={role: flops},
         tokens={f"{role}_prompt": prompt_length, "generated": len(output.token_ids)},
         first_token_seconds=first_token,
+        # one model, nothing to wait for: the receiver's side is the whole path (no receiver when
+        # the sharer answers alone)
+        receiver_first_token_seconds=first_token if role == "receiver" else None,
         details={"stopped_by": output.stopped_by, f"{role}_model": model.name},
     )
 

@@ -1,20 +1,64 @@
 """KVComm: the receiver attends to the sender's KV of the context in a selected set of layers.
 
-Protocol (KVComm, arXiv 2510.03346; REFERENCE.md §2):
+Protocol (KVComm, arXiv 2510.03346, and its reference code; REFERENCE.md §2):
 1. The sender prefills the context C (its cache, keys after RoPE, positions 0..|C|-1).
-2. Calibration, once per pair and calibration sample: the receiver prefills a calibration query
-   with the sender's context KV present in every layer; for each layer, the attention importance
-   S_a(l) is the mean over heads and query tokens of the attention mass on the context keys
-   (the first key, the attention sink, excluded).
+2. Calibration, once per pair and calibration sample: the receiver prefills the calibration
+   question with the sender's KV of the calibration context present in every layer; for each
+   layer, the attention importance S_a(l) is the mean over heads and query tokens of the attention
+   mass on the context keys (the first key, the attention sink, excluded).
 3. Score S = alpha * minmax(S_a) + (1 - alpha) * minmax(P) with the Gaussian prior
    P(l) = exp(-(l - mu)^2 / (2 sigma^2)); the top M = ceil(r * L) layers are sent (non-contiguous).
+   alpha is 1.0 unless set (the reference code's default); ``alpha="paper"`` takes the paper's
+   value for the receiver's family (PAPER_ALPHAS; the paper gives none for Gemma).
 4. Selected receiver layers see the whole context KV before their own; the others keep only the
    sender's first token as an attention sink. Query positions continue after |C| in every layer,
-   and the mask is causal by real positions (the reference code's mask quirk is not reproduced).
+   and the mask is causal by real positions. ``reference_mask=True`` reproduces the reference
+   code's mask instead (query tokens see later query tokens in the unselected layers during the
+   prefill; ``kvviz.attention.AttentionPlan.reference_mask``), so its numbers can be compared.
+
+Calibration sample (``KVCommOptions.calibration``): "builtin" (the sentence below, the same for
+every task), "sample" (a given (context, question), e.g. a task's first item as the reference
+code does) or "query" (this request itself: the receiver then reads the question twice, once with
+the context in every layer to choose the layers, once for real; both passes are on the critical
+path and timed as its prefill).
+
+This query's importance: every run also measures S_a(l) of *this* question on *this* context
+(one extra receiver pass with the context in every layer, after the answer is written). It is
+instrumentation, to show whether one-sample calibration transfers: timed in
+``details["query_importance"]["seconds"]``, never in the handoff's stages or first-token time
+(except with calibration "query", where that pass is the calibration itself).
 
 Layer 0: with ``always_send_layer0`` (the default, as the reference code does) layer 0 is one of
 the M sent layers whenever M >= 1, and the other M - 1 are the best-scoring of layers 1..L-1.
 So "exactly M layers" holds in every strategy, and r = 0 sends nothing but the sink.
+
+Strategies: "kvcomm" (the score above), "attention" (alpha = 1), "prior" (alpha = 0), "contiguous"
+(the best-scoring block of consecutive layers), "random" (seeded; no score), "explicit" (the
+layers given; no score).
+
+Per-layer records (``HandoffResult.layers``, one per receiver layer; plots read these):
+  layer                      receiver layer index
+  sent                       "context" (the whole context KV) or "sink" (only its first token)
+  selected                   sent == "context"
+  forced                     True for layer 0 when ``always_send_layer0`` put it in the set (its
+                             score was not consulted)
+  calibration_attention      S_a(l) measured on the calibration sample; None when the strategy
+                             used no attention (prior, random, explicit, or alpha = 0)
+  calibration_attention_norm the same, min-max normalised over layers; None likewise
+  query_attention            S_a(l) of this question on this context (always measured)
+  query_attention_norm       the same, min-max normalised over layers
+  prior                      the normalised Gaussian prior, the score's second term (its weight is
+                             1 - alpha: 0 by default); None when no score was used
+  score                      alpha * calibration_attention_norm + (1 - alpha) * prior, the value
+                             the layers were ranked by; None when no score was used (random,
+                             explicit)
+
+``details`` keys: strategy, ratio, alpha (None when no score was used), alpha_source, mu, sigma,
+selected_layers, num_selected, forced_layers, sink_layers, reference_mask, sender_model,
+calibration (None when no attention was used; else source "builtin" | "sample" | "query",
+context, query, alpha, seconds, cached), query_importance (seconds, instrumentation),
+importance_spearman (Spearman rank correlation between calibration_attention and
+query_attention over layers; None without calibration), stopped_by.
 """
 
 from __future__ import annotations
@@ -42,6 +86,10 @@ STRATEGIES = ("kvcomm", "attention", "prior", "contiguous", "random", "explicit"
 CALIBRATION_CONTEXT = "Mira keeps her red bicycle in the garden shed behind the old library in Lisbon."
 CALIBRATION_QUERY = "Where does Mira keep her bicycle?"
 
+# alpha as the paper gives it per model family (§4); the reference code defaults to 1.0.
+PAPER_ALPHAS = {"llama": 1.0, "qwen2": 0.8, "qwen3": 0.8, "falcon": 0.8}
+DEFAULT_ALPHA = 1.0
+
 
 def applicability(pair: LoadedPair) -> str | None:
     """None when KVComm can run on this pair, else the reason it cannot."""
@@ -58,15 +106,28 @@ def applicability(pair: LoadedPair) -> str | None:
     return None
 
 
-def default_alpha(model_type: str) -> float:
-    """The paper's alpha: 1.0 for Llama pairs, 0.8 for Qwen, Falcon and the rest."""
-    return 1.0 if model_type == "llama" else 0.8
+def resolve_alpha(options: KVCommOptions, model_type: str) -> tuple[float | None, str]:
+    """(alpha, where it came from). None: the strategy ranks no scores (random, explicit)."""
+    if options.strategy in ("random", "explicit"):
+        return None, f"strategy {options.strategy}: no score"
+    if options.strategy == "attention":
+        return 1.0, "strategy attention"
+    if options.strategy == "prior":
+        return 0.0, "strategy prior"
+    if options.alpha is None:
+        return DEFAULT_ALPHA, "reference default"
+    if options.alpha == "paper":
+        if model_type in PAPER_ALPHAS:
+            return PAPER_ALPHAS[model_type], f"paper ({model_type})"
+        return DEFAULT_ALPHA, f"the paper gives no alpha for {model_type}: reference default"
+    return float(options.alpha), "set"
 
 
 def minmax(values: list[float]) -> list[float]:
+    """Scale to 0..1 over layers; all zeros when every value is equal (as the reference code)."""
     low, high = min(values), max(values)
     if high - low < 1e-12:
-        return [1.0 for _ in values]
+        return [0.0 for _ in values]
     return [(value - low) / (high - low) for value in values]
 
 
@@ -75,14 +136,38 @@ def gaussian_prior(num_layers: int, mu: float | None, sigma: float) -> list[floa
     return [math.exp(-((layer - mu) ** 2) / (2 * sigma**2)) for layer in range(num_layers)]
 
 
+def spearman(first: list[float], second: list[float]) -> float | None:
+    """Spearman rank correlation (ties get their average rank); None when either is constant."""
+
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=lambda index: values[index])
+        result = [0.0] * len(values)
+        start = 0
+        while start < len(order):
+            end = start
+            while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+                end += 1
+            for position in range(start, end + 1):
+                result[order[position]] = (start + end) / 2
+            start = end + 1
+        return result
+
+    a, b = ranks(first), ranks(second)
+    mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
+    covariance = sum((x - mean_a) * (y - mean_b) for x, y in zip(a, b))
+    spread = math.sqrt(sum((x - mean_a) ** 2 for x in a) * sum((y - mean_b) ** 2 for y in b))
+    return None if spread == 0 else covariance / spread
+
+
 def layer_budget(ratio: float, num_layers: int) -> int:
     if not 0.0 <= ratio <= 1.0:
         raise ValueError(f"KVComm ratio must be between 0 and 1, got {ratio}")
     return min(num_layers, math.ceil(ratio * num_layers - 1e-9))
 
 
-def select_layers(scores: list[float], options: KVCommOptions, num_layers: int) -> list[int]:
-    """The layers to send, sorted. ``scores`` is the combined score per layer."""
+def select_layers(scores: list[float] | None, options: KVCommOptions, num_layers: int) -> list[int]:
+    """The layers to send, sorted. ``scores``: the combined score per layer (None for random and
+    explicit, which rank nothing)."""
     strategy = options.strategy
     if strategy not in STRATEGIES:
         raise ValueError(f"Unknown KVComm strategy '{strategy}'; choose one of {', '.join(STRATEGIES)}.")
@@ -99,8 +184,10 @@ def select_layers(scores: list[float], options: KVCommOptions, num_layers: int) 
     candidates = [layer for layer in range(num_layers) if layer not in forced]
     remaining = budget - len(forced)
     if strategy == "random":
-        chosen = random.Random(options.seed).sample(candidates, remaining)
-    elif strategy == "contiguous":
+        return sorted(forced + random.Random(options.seed).sample(candidates, remaining))
+    if scores is None:
+        raise ValueError(f"KVComm strategy '{strategy}' ranks layers by score; no scores were given.")
+    if strategy == "contiguous":
         # the best block of `remaining` consecutive candidate layers by total score
         best_start = max(
             range(len(candidates) - remaining + 1),
@@ -112,14 +199,32 @@ def select_layers(scores: list[float], options: KVCommOptions, num_layers: int) 
     return sorted(forced + chosen)
 
 
-# --- calibration ------------------------------------------------------------------------------
+def forced_layers(options: KVCommOptions, selected: list[int]) -> list[int]:
+    """Layers sent by rule rather than by score: layer 0 under ``always_send_layer0``."""
+    if options.strategy == "explicit" or not options.always_send_layer0 or 0 not in selected:
+        return []
+    return [0]
+
+
+# --- attention importance and calibration ----------------------------------------------------
+
+
+def attention_importance(pair: LoadedPair, context_cache, query_ids: list[int]) -> list[float]:
+    """S_a(l) per receiver layer: the receiver reads ``query_ids`` with the sender's context KV in
+    every layer; mean over heads and query tokens of the attention mass on the context keys, the
+    sink excluded (kvviz.attention's capture)."""
+    num_layers = pair.receiver.facts.num_layers
+    state = kv.splice_prefix(context_cache, num_layers, selected=set(range(num_layers)))
+    _, plan = prefill(pair.receiver, state, query_ids, need_logits=False, capture=True)
+    return [plan.captured_mass.get(layer, 0.0) for layer in range(num_layers)]
+
 
 _calibration_cache: dict[tuple, dict] = {}
 _calibration_lock = threading.Lock()
 
 
 def calibrate(pair: LoadedPair, context: str, query: str) -> dict:
-    """Raw attention importance per receiver layer, from one sample; cached per pair and sample."""
+    """Attention importance per receiver layer on one sample; cached per pair and sample."""
     key = (pair.kvcomm_sender.name, pair.receiver.name, context, query)
     with _calibration_lock:
         if key in _calibration_cache:
@@ -128,12 +233,8 @@ def calibrate(pair: LoadedPair, context: str, query: str) -> dict:
     segments = build_segments(pair.receiver.tokenizer, query, context)
     sender_state = kv.KVState()
     prefill(pair.kvcomm_sender, sender_state, segments.context_ids, need_logits=False)
-    num_layers = pair.receiver.facts.num_layers
-    state = kv.splice_prefix(sender_state.cache, num_layers, selected=set(range(num_layers)))
-    _, plan = prefill(pair.receiver, state, segments.query_ids, need_logits=False, capture=True)
-    raw = [plan.captured_mass.get(layer, 0.0) for layer in range(num_layers)]
     calibration = {
-        "attention_raw": raw,
+        "attention": attention_importance(pair, sender_state.cache, segments.query_ids),
         "context": context,
         "query": query,
         "seconds": time.perf_counter() - started,
@@ -143,16 +244,55 @@ def calibrate(pair: LoadedPair, context: str, query: str) -> dict:
     return {**calibration, "cached": False}
 
 
-def layer_scores(attention_raw: list[float], options: KVCommOptions, model_type: str) -> dict:
-    """Normalised attention, prior and combined score per layer, with the alpha used."""
-    num_layers = len(attention_raw)
-    alpha = {"attention": 1.0, "prior": 0.0}.get(options.strategy)
+def calibration_texts(options: KVCommOptions) -> tuple[str, str]:
+    """(context, question) of a built-in or given calibration sample."""
+    if options.calibration == "sample":
+        return options.calibration_sample
+    return CALIBRATION_CONTEXT, CALIBRATION_QUERY
+
+
+def layer_scores(calibration_attention: list[float] | None, alpha: float | None, options: KVCommOptions, num_layers: int) -> dict:
+    """Normalised attention, prior and combined score per layer; None where the strategy used none."""
     if alpha is None:
-        alpha = options.alpha if options.alpha is not None else default_alpha(model_type)
-    attention_norm = minmax(attention_raw)
+        return {"attention_norm": None, "prior": None, "score": None}
+    attention_norm = minmax(calibration_attention) if alpha > 0 else None
     prior = minmax(gaussian_prior(num_layers, options.mu, options.sigma))
-    combined = [alpha * a + (1 - alpha) * p for a, p in zip(attention_norm, prior)]
-    return {"alpha": alpha, "attention_norm": attention_norm, "prior": prior, "score": combined}
+    score = [
+        (alpha * attention_norm[layer] if attention_norm is not None else 0.0) + (1 - alpha) * prior[layer]
+        for layer in range(num_layers)
+    ]
+    return {"attention_norm": attention_norm, "prior": prior, "score": score}
+
+
+def layer_records(
+    num_layers: int,
+    selected: list[int],
+    forced: list[int],
+    calibration_attention: list[float] | None,
+    scores: dict,
+    query_attention: list[float],
+) -> list[dict]:
+    """One record per receiver layer (fields in the module docstring); None where nothing was used."""
+
+    def at(values: list[float] | None, layer: int) -> float | None:
+        return None if values is None else values[layer]
+
+    query_norm = minmax(query_attention)
+    return [
+        {
+            "layer": layer,
+            "sent": "context" if layer in selected else "sink",
+            "selected": layer in selected,
+            "forced": layer in forced,
+            "calibration_attention": at(calibration_attention, layer),
+            "calibration_attention_norm": at(scores["attention_norm"], layer),
+            "query_attention": query_attention[layer],
+            "query_attention_norm": query_norm[layer],
+            "prior": at(scores["prior"], layer),
+            "score": at(scores["score"], layer),
+        }
+        for layer in range(num_layers)
+    ]
 
 
 # --- the handoff ------------------------------------------------------------------------------
@@ -169,76 +309,106 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     options = request.kvcomm
     sender, receiver = pair.kvcomm_sender, pair.receiver
     num_layers = receiver.facts.num_layers
+    alpha, alpha_source = resolve_alpha(options, receiver.facts.model_type)
+    uses_attention = alpha is not None and alpha > 0
+    on_this_query = uses_attention and options.calibration == "query"
+    segments = build_segments(receiver.tokenizer, request.query, request.context)
 
-    if options.strategy in ("kvcomm", "attention", "contiguous") or options.calibration_query:
-        calibration_context, calibration_query = (
-            (request.context, request.query) if options.calibration_query == "self" else (CALIBRATION_CONTEXT, CALIBRATION_QUERY)
-        )
-        calibration = calibrate(pair, calibration_context, calibration_query)
-    else:  # prior, random and explicit selections need no attention scores
-        calibration = {"attention_raw": [0.0] * num_layers, "context": None, "query": None, "seconds": 0.0, "cached": False}
-    scores = layer_scores(calibration["attention_raw"], options, receiver.facts.model_type)
+    calibration = None
+    if uses_attention and not on_this_query:
+        # one-off per pair and sample (cached), before the question is asked: not timed here
+        calibration = {**calibrate(pair, *calibration_texts(options)), "source": options.calibration}
 
     timer = StageTimer()
-    segments = build_segments(receiver.tokenizer, request.query, request.context)
     sender_state = kv.KVState()
     with timer.stage("sharer_prefill"):
         prefill(sender, sender_state, segments.context_ids, need_logits=False)
+    query_importance = None
+    if on_this_query:
+        # The receiver reads this question once with the context in every layer to choose the
+        # layers: part of its prefill, on the critical path, and every layer's KV is sent.
+        started = time.perf_counter()
+        with timer.stage("receiver_prefill"):
+            measured = attention_importance(pair, sender_state.cache, segments.query_ids)
+        seconds = time.perf_counter() - started
+        calibration = {
+            "attention": measured, "context": request.context, "query": request.query,
+            "seconds": seconds, "cached": False, "source": "query",
+        }
+        query_importance = {"attention": measured, "seconds": seconds, "instrumentation": False}
+    scores = layer_scores(calibration["attention"] if calibration else None, alpha, options, num_layers)
     with timer.stage("transfer"):
         selected = select_layers(scores["score"], options, num_layers)
         state = kv.splice_prefix(sender_state.cache, num_layers, set(selected))
-        sent_bytes = kv.kv_bytes(state.cache)
+        state.reference_mask = options.reference_mask
+        sent_bytes = kv.kv_bytes(sender_state.cache if on_this_query else state.cache)
     with timer.stage("receiver_prefill"):
-        logits, _ = prefill(receiver, state, segments.query_ids)
+        first, _ = prefill(receiver, state, segments.query_ids)
     with timer.stage("receiver_decode"):
-        output = generate(receiver, state, logits, request.generation, on_token=on_token)
+        output = generate(receiver, state, first, request.generation, on_token=on_token)
     timings = timer.as_dict()
+    if query_importance is None:
+        # instrumentation: after the answer, outside every stage and the total
+        started = time.perf_counter()
+        measured = attention_importance(pair, sender_state.cache, segments.query_ids)
+        query_importance = {"attention": measured, "seconds": time.perf_counter() - started, "instrumentation": True}
 
     context_length, query_length = len(segments.context_ids), len(segments.query_ids)
-    # receiver attention sees |C| keys in sent layers and 1 (the sink) in the others
-    mean_prefix = (len(selected) * context_length + (num_layers - len(selected)) * min(1, context_length)) / num_layers
-    receiver_flops = forward_flops(receiver.facts, query_length, int(round(mean_prefix)), 1) + decode_flops(
-        receiver.facts, len(output.token_ids), int(round(mean_prefix)) + query_length
+    # receiver attention sees |C| prefix keys in sent layers and 1 (the sink) in the others
+    prefix = [context_length if layer in selected else min(1, context_length) for layer in range(num_layers)]
+    receiver_flops = forward_flops(receiver.facts, query_length, prefix, 1) + decode_flops(
+        receiver.facts, len(output.token_ids), [count + query_length for count in prefix]
     )
-    layers = [
-        {
-            "layer": layer,
-            "attention_raw": calibration["attention_raw"][layer],
-            "attention_norm": scores["attention_norm"][layer],
-            "prior": scores["prior"][layer],
-            "score": scores["score"][layer],
-            "selected": layer in selected,
-        }
-        for layer in range(num_layers)
-    ]
+    if on_this_query:  # the extra pass that chose the layers
+        receiver_flops += forward_flops(receiver.facts, query_length, context_length, 0)
+    forced = forced_layers(options, selected)
+    calibration_attention = calibration["attention"] if calibration else None
+    layers = layer_records(num_layers, selected, forced, calibration_attention, scores, query_importance["attention"])
+    receiver_first_token = timings["transfer"] + timings["receiver_prefill"] + output.first_token_seconds
     return HandoffResult(
         handoff="kvcomm",
         pair=pair.name,
         answer=output.text,
         answer_ids=output.token_ids,
-        seen={"sharer": segments.context_text, "receiver": segments.query_text},
+        seen={"sender": segments.context_text, "receiver": segments.query_text},
         timings=timings,
         bytes_communicated=sent_bytes,
         communication="kv",
         flops={"sharer": forward_flops(sender.facts, context_length, 0, 0), "receiver": receiver_flops},
         tokens={"context": context_length, "receiver_prompt": query_length, "generated": len(output.token_ids)},
         layers=layers,
-        first_token_seconds=timings["receiver_prefill"] + output.first_token_seconds,
+        first_token_seconds=timings["sharer_prefill"] + receiver_first_token,
+        receiver_first_token_seconds=receiver_first_token,
         details={
             "strategy": options.strategy,
             "ratio": options.ratio,
-            "alpha": scores["alpha"],
+            "alpha": alpha,
+            "alpha_source": alpha_source,
             "mu": options.mu if options.mu is not None else (num_layers - 1) / 2,
             "sigma": options.sigma,
             "selected_layers": selected,
             "num_selected": len(selected),
+            "forced_layers": forced,
+            "sink_layers": [layer for layer in range(num_layers) if layer not in selected],
+            "reference_mask": options.reference_mask,
             "sender_model": sender.name,
-            "calibration": {
+            "calibration": None
+            if calibration is None
+            else {
+                "source": calibration["source"],
                 "context": calibration["context"],
                 "query": calibration["query"],
+                "alpha": alpha,
                 "seconds": calibration["seconds"],
                 "cached": calibration["cached"],
             },
+            "query_importance": {
+                "seconds": query_importance["seconds"],
+                "instrumentation": query_importance["instrumentation"],
+            },
+            "importance_spearman": None
+            if calibration_attention is None
+            else spearman(calibration_attention, query_importance["attention"]),
             "stopped_by": output.stopped_by,
         },
     )
@@ -247,16 +417,79 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
 # --- descriptor -------------------------------------------------------------------------------
 
 COLOR = "#009E73"  # green
-# the layer figure's three series per layer
-SERIES_COLORS = {"attention_norm": "#009E73", "prior": "#bdbdbd", "score": "#004D38"}
-FIGURE_HEIGHT = 400
+# the layer figure's series per layer (``meta.series`` of each trace)
+SERIES_COLORS = {"calibration": "#009E73", "query": "#E69F00", "prior": "#bdbdbd", "score": "#004D38"}
+# the row of markers above the bars: how each layer got (or did not get) the context
+SENT_MARKERS = {
+    "sent": dict(symbol="triangle-down", size=11, color=COLOR),
+    "forced": dict(symbol="star", size=12, color="#ffffff"),
+    "sink": dict(symbol="line-ew", size=10, color="#888888"),
+}
+CALIBRATION_SOURCES = {
+    "builtin": "the built-in sample",
+    "sample": "the task's calibration sample",
+    "query": "this query",
+}
+FIGURE_HEIGHT = 420
+
+
+def _sent_reason(details: dict) -> str:
+    """Why the non-forced sent layers were sent, in words, by strategy."""
+    strategy = details.get("strategy")
+    if strategy == "random":
+        return "sent: drawn at random"
+    if strategy == "explicit":
+        return "sent: given by hand"
+    if strategy == "contiguous":
+        return "sent: best-scoring block"
+    return "sent: top score"
+
+
+def figure_series(result: dict) -> list[tuple[str, str, str, str]]:
+    """The bar series a KVComm result can show, as (series, record field, name, explanation);
+    only what the run measured or used: the calibration importance where a calibration was used,
+    this query's importance (always measured), the prior and the score only where a score mixed
+    both (0 < alpha < 1), or the prior alone where it was the score (alpha = 0)."""
+    details = result.get("details", {}) or {}
+    records = result.get("layers") or []
+    alpha = details.get("alpha")
+    calibration = details.get("calibration") or {}
+    source = calibration.get("source")
+    has = lambda field: any(r.get(field) is not None for r in records)  # noqa: E731
+    series = []
+    on_this_query = source == "query"
+    if has("calibration_attention_norm") and not on_this_query:
+        where = CALIBRATION_SOURCES.get(source, "the calibration sample")
+        name = f"importance on {where} (chose the layers)"
+        if alpha == 1:
+            name += " = score"
+        series.append(("calibration", "calibration_attention_norm", name,
+                       f"share of the calibration question's attention on its context, min-max over layers; "
+                       f"measured once on {where}"))
+    if has("query_attention_norm"):
+        if on_this_query:
+            name = "this query's importance (chose the layers" + (", = score)" if alpha == 1 else ")")
+            explain = "share of this question's attention on this context, min-max over layers; measured before answering"
+        else:
+            name = "this query's importance (measured after the answer; not used)"
+            explain = ("share of this question's attention on this context, min-max over layers; measured after "
+                       "the answer to see whether the calibration transfers")
+        series.append(("query", "query_attention_norm", name, explain))
+    if alpha is not None and alpha < 1 and has("prior"):
+        name = "Gaussian prior" + (" = score (alpha = 0)" if alpha == 0 else f" (weight 1 - alpha = {1 - alpha:.2f})")
+        series.append(("prior", "prior", name, "favours middle layers, min-max over layers"))
+    if alpha is not None and 0 < alpha < 1 and has("score"):
+        series.append(("score", "score", f"score = {alpha:.2f} x importance + {1 - alpha:.2f} x prior",
+                       "the value the layers were ranked by"))
+    return series
 
 
 def layers_figure(result) -> go.Figure:
-    """Grouped bars per receiver layer: attention importance, Gaussian prior, combined score.
+    """Grouped bars per receiver layer, only of what this run measured or used (``figure_series``),
+    and a row of markers above them: the layers sent by the strategy, layer 0 sent by rule
+    (forced), and the layers that kept only the one-token sink.
 
-    Selected layers (the ones whose context KV is sent) get a dark outline, full opacity and a
-    marker above the group; the others are faded.
+    Sent layers get a dark outline and full opacity in every series; sink-only layers are faded.
     """
     title = "KVComm: which layers get the context (per receiver layer)"
     hint = "Run a preset with a private context to see KVComm's layer choice."
@@ -267,21 +500,27 @@ def layers_figure(result) -> go.Figure:
     records = sorted(result["layers"], key=lambda r: r["layer"])
     layers = [int(r["layer"]) for r in records]
     selected = [bool(r.get("selected")) for r in records]
-    details = result.get("details", {})
+    forced = [bool(r.get("forced")) for r in records]
+    details = result.get("details", {}) or {}
     alpha = details.get("alpha")
-    series = [
-        ("attention_norm", "attention importance (normalised)", "share of attention on the context, min-max over layers"),
-        ("prior", "Gaussian prior (normalised)", "favours middle layers"),
-        ("score", "combined score", "alpha x importance + (1 - alpha) x prior"),
-    ]
+
+    def status(layer_selected: bool, layer_forced: bool) -> str:
+        if layer_forced:
+            return "<b>layer 0: always sent (by rule, not by score)</b>"
+        if layer_selected:
+            return f"<b>{_sent_reason(details)}: the whole context KV</b>"
+        return "sink only: this layer keeps just the context's first token"
+
     fig = go.Figure()
-    for key, name, explain in series:
-        values = [float(r.get(key, 0.0)) for r in records]
-        hover = [
-            f"layer {layer}<br>{name}: {value:.3f}<br>{explain}<br>"
-            + ("<b>selected: context KV sent</b>" if sel else "not selected: only the sink token")
-            for layer, value, sel in zip(layers, values, selected)
-        ]
+    for key, field, name, explain in figure_series(result):
+        values = [None if r.get(field) is None else float(r[field]) for r in records]
+        raw_field = {"calibration": "calibration_attention", "query": "query_attention"}.get(key)
+        hover = []
+        for record, value, sel, frc in zip(records, values, selected, forced):
+            text = f"layer {record['layer']}<br>{name}: {'not measured' if value is None else f'{value:.3f}'}"
+            if raw_field and record.get(raw_field) is not None:
+                text += f" (raw {float(record[raw_field]):.4f})"
+            hover.append(f"{text}<br>{explain}<br>{status(sel, frc)}")
         fig.add_trace(
             go.Bar(
                 x=layers,
@@ -297,29 +536,45 @@ def layers_figure(result) -> go.Figure:
                 meta={"series": key},
             )
         )
-    chosen = [layer for layer, sel in zip(layers, selected) if sel]
-    fig.add_trace(
-        go.Scatter(
-            x=chosen,
-            y=[1.08] * len(chosen),
-            mode="markers",
-            name="selected layer (context KV sent)",
-            marker=dict(symbol="triangle-down", size=11, color=COLOR, line=dict(color=SELECTED_OUTLINE, width=1)),
-            hovertext=[f"layer {layer}: selected" for layer in chosen],
-            hoverinfo="text",
-            meta={"series": "selected"},
+    groups = {
+        "sent": ([layer for layer, sel, frc in zip(layers, selected, forced) if sel and not frc],
+                 f"{_sent_reason(details)} (context KV)"),
+        "forced": ([layer for layer, frc in zip(layers, forced) if frc], "layer 0: always sent (forced)"),
+        "sink": ([layer for layer, sel in zip(layers, selected) if not sel], "sink only (one token)"),
+    }
+    for key, (xs, name) in groups.items():
+        if not xs:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=[1.08] * len(xs),
+                mode="markers",
+                name=name,
+                marker=dict(**SENT_MARKERS[key], line=dict(color=SELECTED_OUTLINE if key != "sink" else "#888888", width=1)),
+                hovertext=[f"layer {layer}: {name}" for layer in xs],
+                hoverinfo="text",
+                meta={"series": key},
+            )
         )
-    )
-    subtitle = f"{len(chosen)} of {len(layers)} layers sent"
-    if alpha is not None:
-        subtitle += f", alpha = {float(alpha):.2f}"
+    chosen = sum(selected)
+    subtitle = f"{chosen} of {len(layers)} layers sent"
+    if any(forced):
+        subtitle += " (layer 0 by rule)"
     if details.get("strategy"):
         subtitle += f", strategy {details['strategy']}"
+    if alpha is not None:
+        subtitle += f", alpha = {float(alpha):.2f}"
+    spearman_value = details.get("importance_spearman")
+    source = (details.get("calibration") or {}).get("source")
+    if spearman_value is not None and source != "query":
+        subtitle += f"; calibration vs this query: Spearman {float(spearman_value):+.2f}"
     fig.update_xaxes(
         title_text="receiver layer", dtick=1 if len(layers) <= 40 else None, range=[min(layers) - 0.6, max(layers) + 0.6]
     )
     fig.update_yaxes(title_text="normalised value (0 to 1)", range=[0, 1.15])
-    return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT, barmode="group", bargap=0.2)
+    return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT, barmode="group", bargap=0.2,
+                  margin=dict(l=60, r=20, t=70, b=120))
 
 
 def parse_layers(text: str) -> tuple[int, ...] | None:
@@ -343,6 +598,8 @@ def apply_options(request: HandoffRequest, values: dict) -> HandoffRequest:
         sigma=values["sigma"],
         layers=layers,
         seed=request.generation.seed,
+        calibration=values.get("calibration") or "builtin",
+        calibration_sample=None,
     )
     return dataclasses.replace(request, kvcomm=options)
 
@@ -364,11 +621,33 @@ def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffRe
 
 
 def notes(result: dict) -> list[str]:
-    selected = result.get("details", {}).get("selected_layers")
-    return [] if selected is None else ["layers sent: " + ", ".join(str(layer) for layer in selected)]
+    """Under the answer: the layers sent (layer 0 by rule), the calibration sample in full and how
+    well its importance ranks this query's."""
+    details = result.get("details", {}) or {}
+    selected = details.get("selected_layers")
+    if selected is None:
+        return []
+    forced = set(details.get("forced_layers") or [])
+    lines = ["layers sent: " + ", ".join(f"{layer} (always)" if layer in forced else str(layer) for layer in selected)]
+    calibration = details.get("calibration")
+    if calibration is None:
+        if "calibration" in details:  # older records lack the key: say nothing about them
+            lines.append(f"no attention measured to choose the layers (strategy {details.get('strategy')})")
+    elif calibration.get("source") == "query":
+        lines.append("calibrated on this query (its own attention chose the layers)")
+    else:
+        where = CALIBRATION_SOURCES.get(calibration.get("source"), "the calibration sample")
+        lines.append(f"calibrated on {where}: \"{calibration.get('context')}\" / \"{calibration.get('query')}\"")
+        rho = details.get("importance_spearman")
+        if rho is not None:
+            lines.append(f"calibration vs this query's importance: Spearman {float(rho):+.2f}")
+    return lines
 
 
 SELECTABLE_STRATEGIES = tuple(s for s in STRATEGIES if s != "explicit")  # explicit: give layers
+# page and ``run``: the built-in sample or this query; ``bench`` calibrates on the task's first sample
+# unless --calibration is given (kvviz.bench.run)
+CALIBRATION_CHOICES = ("builtin", "query")
 
 HANDOFFS = (
     Handoff(
@@ -376,13 +655,18 @@ HANDOFFS = (
         title="KVComm: selected layers",
         label="KVComm",
         color=COLOR,
-        summary="the receiver attends to the sender's context KV in selected layers",
+        summary="the receiver attends to a same-model sender's context KV in selected layers",
         explanation=(
-            "Only the sharer reads the private context. Instead of writing a message it hands over its KV "
-            "cache of the context, but only for some layers of the receiver. To pick them, KVComm measures once "
-            "how much each layer of the receiver looks at the context (attention importance), mixes that with "
-            "a bell curve that prefers middle layers (the prior), and sends the top-scoring share r of layers. "
-            "It needs two models of the same shape."
+            "KVComm needs a sender with the receiver's architecture, so its sender is not the sharer: it is a "
+            "second copy of the receiver's model (on the default pair, another Gemma-3-270M). The sender reads "
+            "the private context and hands over its KV cache of it, but only in some receiver layers; every "
+            "other layer keeps just the context's first token (an attention sink), and layer 0 is always sent. "
+            "The layers are chosen by score = alpha x attention importance + (1 - alpha) x a bell-curve prior "
+            "over layers (alpha = 1 by default, as in the reference code, so the prior has no weight). The "
+            "attention importance is measured on a calibration sample (the built-in sentence, or this query if "
+            "you choose it in Settings), not on your question unless you choose that; the top share r of layers "
+            "is sent. The transfer here is a splice in memory: the bytes are counted, no network is timed. "
+            f"The built-in calibration sample: *{CALIBRATION_CONTEXT}* / *{CALIBRATION_QUERY}*"
         ),
         run=run,
         needs=("a private context", "a sender with the receiver's architecture, KV shape and tokenizer"),
@@ -395,32 +679,43 @@ HANDOFFS = (
                    flag="--ratio", sweep_flag="--ratios", sweep_default="0.3,0.5,0.7"),
             Option("strategy", "KVComm layer selection", "kvcomm", kind="choice", choices=SELECTABLE_STRATEGIES,
                    flag="--strategy", sweep_flag="--strategies", sweep_default="kvcomm"),
-            Option("alpha", "alpha (weight of attention vs prior)", 0.8, minimum=0.0, maximum=1.0, step=0.05,
-                   flag="--alpha", auto="Paper's alpha for this model family"),
+            Option("alpha", "alpha (weight of attention vs prior)", 1.0, minimum=0.0, maximum=1.0, step=0.05,
+                   flag="--alpha", auto="The reference code's alpha, 1.0"),
             Option("sigma", "sigma (width of the Gaussian prior, layers)", 10.0, minimum=0.5, maximum=30.0, step=0.5,
                    flag="--sigma"),
             Option("layers", "KVComm explicit layers (e.g. 0,3,7; overrides the strategy)", "", kind="text",
                    flag="--layers"),
+            Option("calibration", "KVComm calibration (whose attention chooses the layers: the builtin sample or this query)", "builtin", kind="choice",
+                   choices=CALIBRATION_CHOICES, flag="--calibration"),
         ),
         apply_options=apply_options,
         variant_label=variant_label,
         receiver_prompt=receiver_prompt,
         figure=layers_figure,
         notes=notes,
+        stage_labels={
+            "sharer_prefill": "the sender (a copy of the receiver's model, not the sharer) reads the context",
+            "transfer": "choose layers and splice the KV in memory (no network time)",
+        },
         page=40,
         page_default=True,
         walkthrough=(
-            "Here the sharer sends no words (green). It sends its internal memory of the note (the *KV cache*) "
-            "into some of the receiver's layers. The plot **KVComm: which layers get the context** shows, per "
-            "layer, how much that layer looked at the context, the bell-curve prior, and their mix. Layers with "
-            "a dark outline and a triangle were chosen. Open *Settings* and change the KVComm ratio to send more "
-            "or fewer layers."
+            "KVComm (green) sends no words. Its sender, a second copy of the receiver's model (the sharer cannot "
+            "be used: the shapes must match), reads the note and puts its internal memory of it (the *KV cache*) "
+            "into some of the receiver's layers; the others keep only the note's first token, and layer 0 is "
+            "always sent. The plot **KVComm: which layers get the context** shows, per layer, the attention "
+            "importance measured on the calibration sample (which chose the layers) next to the importance "
+            "measured on *this* question after it was answered, with their rank correlation, so you can see "
+            "whether one calibration sample speaks for your question. Triangles mark the layers sent, a star "
+            "layer 0 (sent by rule), a dash the layers that kept only the sink. In *Settings* change the ratio, "
+            "or calibrate on this query instead of the built-in sample."
         ),
         sweep=Sweep(
             title="Sweep: how many layers does KVComm need?",
             explanation=(
                 "Runs KVComm on the built-in private-context questions at each ratio for each chosen "
-                "layer-selection strategy, plus the receiver alone and Skyline as references."
+                "layer-selection strategy (calibrated on the built-in sample), plus the receiver alone and "
+                "Skyline as references."
             ),
             x_option="ratio",
             x_values=(0.0, 0.25, 0.5, 0.75, 1.0),

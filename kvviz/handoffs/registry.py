@@ -201,6 +201,9 @@ class Handoff:
     walkthrough_preset: str | None = None  # the preset its step loads (None: keep what is on the page)
     sweep: Sweep | None = None
     diagram: Path | None = field(default=None)  # default: assets/diagrams/NAME.svg when present
+    # what a latency stage is for this handoff, where the shared stage name would say more (or less)
+    # than was measured, e.g. {"transfer": "splice in memory (no network)"}
+    stage_labels: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.role not in ROLES:

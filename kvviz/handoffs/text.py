@@ -75,6 +75,7 @@ def run(
         tokens={"message": message_tokens, "receiver_prompt": prompt_length, "generated": len(output.token_ids)},
         # the receiver cannot start before the message is written
         first_token_seconds=timings["sharer_prefill"] + timings["sharer_decode"] + receiver_first_token,
+        receiver_first_token_seconds=receiver_first_token,
         details={"mode": "relay" if request.has_context else "background", "stopped_by": output.stopped_by},
     )
 
