@@ -162,7 +162,7 @@ def write_results_markdown(path: str, runs: list[str], perf_dir: str | None, com
 
 # Sections of docs/RESULTS.md that other scripts write (scripts/load_test.py, scripts/kvcomm_results.py):
 # kept when the rest is regenerated, each between its own start and end marks.
-KEPT = ("kvcomm-table", "load-test")
+KEPT = ("kvcomm-table", "load-test", "speed")
 
 
 def kept_sections(path: Path) -> str:
