@@ -337,8 +337,11 @@ def test_embedded_countries_bench_and_two_process_split(tmp_path, shared_data):
     summary = read_csv(out / "summary.csv")
     assert [(s["variant"], s["samples"]) for s in summary] == [("receiver", "2"), ("kvcomm@0.5", "2")]
     rows = read_csv(out / "rows.part-0-of-2.csv") + read_csv(out / "rows.part-1-of-2.csv")
-    assert sorted(r["sample_index"] for r in rows) == ["0", "0", "1", "1"]
+    # KVComm in the run: the task's first sample (index 0) calibrates it and is left out of the score
+    assert sorted(r["sample_index"] for r in rows) == ["1", "1", "2", "2"]
     assert all(r["applicable"] == "1" and float(r["time_total"]) > 0 for r in rows)
+    config = json.loads((out / "config.json").read_text())
+    assert config["kvcomm_calibration_sample"] and config["kvcomm_calibration_sample"] not in {r["sample_id"] for r in rows}
 
 
 def test_results_markdown_from_runs_and_perf(tmp_path, tiny_engine):
