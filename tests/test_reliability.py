@@ -353,7 +353,7 @@ def test_the_public_page_offers_registered_pairs_only_and_refuses_typed_ones(mon
         # the pair box refuses a typed value itself, listing the registered pairs; kvviz.models.resolve_pair
         # refuses it again behind it (tests/test_limits.py), for the CLI and any other caller
         allowed = r"is not in the list of choices: \['embedded', 'embedded-gemma'"
-        for typed in ("smollm2-135m+gemma3-270m", "/root/models/llama", "Qwen/Qwen3-0.6B+Qwen/Qwen3-0.6B"):
+        for typed in ("smollm2-135m+gemma3-270m", "./models/llama", "Qwen/Qwen3-0.6B+Qwen/Qwen3-0.6B"):
             with pytest.raises(AppError, match=allowed):
                 client.predict(pair=typed, query=QUERY, api_name="/run")
             with pytest.raises(AppError, match=allowed):
