@@ -197,8 +197,6 @@ def _fingerprint_source(folder: Path, sharer: dict, receiver: dict) -> str:
 
 
 def converted_root() -> Path:
-    from kvviz.models import cache_dir
-
     return cache_dir() / "fusers" / "reference"
 
 

@@ -7,13 +7,14 @@ process has used (``synchronize``); on a CPU it is ``time.perf_counter()``.
 
 from __future__ import annotations
 
+import statistics
 import time
 from contextlib import contextmanager
 from typing import Sequence
 
 import torch
 
-from kvviz.models import ModelFacts
+from kvviz.facts import ModelFacts
 from kvviz.results import STAGES
 
 
@@ -92,6 +93,14 @@ class StageTimer:
         else:
             timings["total"] = sum(self.seconds.values())
         return timings
+
+
+def spread(values: list[float | None]) -> dict:
+    """Median, min and max of repeated measurements (None values left out), and how many."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
 def visible_key_pairs(new_tokens: int, past_tokens: int, window: int | None = None) -> float:

@@ -39,11 +39,17 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import threading
 import time
 
+import torch
+
+from kvviz import engine, paths, speed
+from kvviz.flags import option_arguments
+from kvviz.handoffs.kvcomm import layer_budget
+from kvviz.measure import forward_flops, spread, synchronize
+from kvviz.prompts import build_segments, encode
 from kvviz.results import GenerationSettings, HandoffRequest, KVCommOptions
 
 # Written for this project: neutral filler that says nothing about the fact.
@@ -82,8 +88,6 @@ def synthetic_context(tokenizer, length: int, question: str = QUESTION) -> tuple
     context segment measures exactly ``length`` tokens. Returns (text, measured length): the
     measured length differs only when no cut reaches ``length`` exactly (then the closest).
     """
-    from kvviz.prompts import build_segments, encode
-
     filler_text = " ".join(FILLER_SENTENCES * (length // 100 + 2))
     filler_ids = encode(tokenizer, filler_text)
 
@@ -158,10 +162,6 @@ class PeakMemory:
 
     def __enter__(self):
         if self.cuda:
-            import torch
-
-            from kvviz.measure import synchronize
-
             synchronize()
             torch.cuda.reset_peak_memory_stats(self.device)
             self._before = torch.cuda.memory_allocated(self.device)
@@ -182,10 +182,6 @@ class PeakMemory:
 
     def __exit__(self, *exc):
         if self.cuda:
-            import torch
-
-            from kvviz.measure import synchronize
-
             synchronize()
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._before
         else:
@@ -196,16 +192,7 @@ class PeakMemory:
         return False
 
 
-def spread(values: list[float]) -> dict:
-    values = [v for v in values if v is not None]
-    if not values:
-        return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
 def machine_facts(device) -> dict:
-    import torch
-
     facts = {
         "uname": " ".join(platform.uname()),
         "cpu_cores": os.cpu_count(),
@@ -222,20 +209,12 @@ def machine_facts(device) -> dict:
         pass
     if str(device).startswith("cuda"):
         facts["gpu"] = torch.cuda.get_device_name(device)
-    try:
-        facts["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        facts["git_commit"] = "unknown"
+    facts["git_commit"] = (paths.git("rev-parse", "--short", "HEAD") or "unknown").strip()
     return facts
 
 
 def _kvcomm_flops(pair, context_length: int, query_length: int, selected: list[int]) -> tuple[float, float]:
     """(receiver-side, sender prefill) FLOPs to the first token, as kvcomm.run estimates them."""
-    from kvviz.measure import forward_flops
-
     # the receiver's query sees the context in the sent layers and only the sink in the others
     prefix = [context_length if layer in selected else min(1, context_length) for layer in range(pair.receiver.facts.num_layers)]
     receiver = forward_flops(pair.receiver.facts, query_length, prefix, 1)
@@ -248,17 +227,12 @@ def _kvcomm_flops(pair, context_length: int, query_length: int, selected: list[i
 
 def kv_bytes_for(ratio: float, num_layers: int, context_tokens: int, bytes_per_token_layer: float) -> int:
     """KVComm bytes: the context in the M = ceil(r L) sent layers, the 1-token sink in the others."""
-    from kvviz.handoffs.kvcomm import layer_budget
-
     sent = layer_budget(ratio, num_layers)
     return int(round(bytes_per_token_layer * (sent * context_tokens + (num_layers - sent) * min(1, context_tokens))))
 
 
 def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, message_tokens: int = 64,
             fuser: str | None = None, memory_length: int | None = None, progress=None) -> dict:
-    from kvviz.engine import run_handoff
-    from kvviz.prompts import build_segments
-
     progress = progress or (lambda message: None)
     device = pair.receiver.device
     report: dict = {"machine": machine_facts(device), "repeats": repeats, "pair": pair.name}
@@ -271,7 +245,7 @@ def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, messag
                 for q in SHARED_QUESTIONS]
     unavailable = ""
     for name in names:  # warm-up, and find out whether c2c runs on this pair
-        result = run_handoff(name, pair, requests[0])
+        result = engine.run_handoff(name, pair, requests[0])
         if name == "c2c" and not result.applicable:
             unavailable = f"c2c not available: {result.reason}"
     if unavailable and "c2c" in names:
@@ -283,7 +257,7 @@ def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, messag
         totals = {name: 0.0 for name in names}
         for request in requests:
             for name in names[repeat % len(names):] + names[: repeat % len(names)]:  # rotate the order
-                result = run_handoff(name, pair, request)
+                result = engine.run_handoff(name, pair, request)
                 totals[name] += result.total_seconds
                 answer_lengths[name].append(result.tokens.get("generated", 0))
                 if name == "text":
@@ -315,8 +289,8 @@ def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, messag
         contexts[length] = (text, measured)
     # warm-up: kernels, and KVComm's one-off calibration (cached per pair)
     warm = HandoffRequest(query=QUESTION, context=contexts[lengths[0]][0], generation=one_token)
-    run_handoff("skyline", pair, warm)
-    calibration = run_handoff("kvcomm", pair, warm).details.get("calibration", {})
+    engine.run_handoff("skyline", pair, warm)
+    calibration = engine.run_handoff("kvcomm", pair, warm).details.get("calibration", {})
     timing: dict = {length: {"skyline": [], **{f"kvcomm@{r:g}": {"receiver": [], "e2e": []} for r in ratios}} for length in lengths}
     flops: dict = {}
     bytes_table: dict = {}
@@ -330,19 +304,17 @@ def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, messag
             for label in order:
                 if label == "skyline":
                     request = HandoffRequest(query=QUESTION, context=context, generation=one_token)
-                    result = run_handoff("skyline", pair, request)
+                    result = engine.run_handoff("skyline", pair, request)
                     timing[length]["skyline"].append(result.first_token_seconds)
                     if repeat == 0:
                         segments = build_segments(pair.receiver.tokenizer, QUESTION, context)
-                        from kvviz.measure import forward_flops
-
                         flops.setdefault(length, {})["skyline"] = forward_flops(pair.receiver.facts, len(segments.input_ids), 0, 1)
                         flops[length]["query_tokens"] = len(segments.query_ids)
                     continue
                 ratio = float(label.split("@")[1])
                 request = HandoffRequest(query=QUESTION, context=context, generation=one_token,
                                          kvcomm=KVCommOptions(ratio=ratio))
-                result = run_handoff("kvcomm", pair, request)
+                result = engine.run_handoff("kvcomm", pair, request)
                 if not result.applicable:
                     raise RuntimeError(f"KVComm does not run on pair {pair.name}: {result.reason}")
                 timing[length][label]["receiver"].append(result.receiver_first_token_seconds)
@@ -362,7 +334,7 @@ def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, messag
         progress(f"text message for context {length}")
         request = HandoffRequest(query=QUESTION, context=contexts[length][0], generation=one_token,
                                  text_message_tokens=message_tokens)
-        result = run_handoff("text", pair, request)
+        result = engine.run_handoff("text", pair, request)
         bytes_table[length]["text"] = result.bytes_communicated
         bytes_table[length]["text_message_tokens"] = result.tokens.get("message", 0)
 
@@ -409,7 +381,7 @@ def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, messag
                 text_message_tokens=message_tokens, kvcomm=KVCommOptions(ratio=float(ratio) if ratio else 0.5), c2c_fuser=fuser,
             )
             with PeakMemory(device) as meter:
-                result = run_handoff(name, pair, request)
+                result = engine.run_handoff(name, pair, request)
             peaks[label].append(meter.peak_bytes)
             if name == "kvcomm" and repeat == 0:  # the bytes table's formula, checked against a real run
                 measured_bytes[label] = result.bytes_communicated
@@ -420,8 +392,6 @@ def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, messag
                         "peak_bytes": {name: spread(values) for name, values in peaks.items()}}
 
     # ---- 6. speed of each model and the warm full run
-    from kvviz import speed
-
     report["speed"] = speed.measure(pair, repeats, progress)
     report["decode_ms_per_token"] = report["speed"]["decode_ms_per_token"]
     report["warm_full_run_seconds"] = report["speed"]["warm_full_run_seconds"]
@@ -514,8 +484,6 @@ def markdown(report: dict) -> str:
     if report.get("calibration", {}).get("seconds") is not None:
         lines += ["", f"KVComm's one-off calibration took {report['calibration']['seconds']:.3f} s (excluded)."]
     if report.get("speed"):
-        from kvviz import speed
-
         lines += ["", speed.markdown(report["speed"])]
     return "\n".join(lines) + "\n"
 
@@ -523,20 +491,15 @@ def markdown(report: dict) -> str:
 def main(args) -> int:
     from pathlib import Path
 
-    from kvviz.engine import load_pair
-    from kvviz.flags import option_arguments
-
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     if not lengths or min(lengths) < 16:
         raise ValueError("--lengths needs context lengths of at least 16 tokens")
     if args.repeats < 1:
         raise ValueError("--repeats must be at least 1")
-    pair = load_pair(args.pair, args.device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
+    pair = engine.load_pair(args.pair, args.device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
     quiet = getattr(args, "quiet", False)
     progress = None if quiet else (lambda message: print(message, file=sys.stderr))
     if getattr(args, "speed_only", False):
-        from kvviz import speed
-
         report = {"machine": machine_facts(pair.receiver.device), "repeats": args.repeats, "pair": pair.name,
                   "speed": speed.measure(pair, args.repeats, progress)}
         text = speed.markdown(report["speed"]) + "\n"

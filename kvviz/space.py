@@ -31,7 +31,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from kvviz.paths import PROJECT_ROOT
+
+ROOT = PROJECT_ROOT
 # The interpreter the Space runs: the one the project is developed, tested and CI'd on (the
 # export's install is proven on it by tests/test_space.py).
 SPACE_PYTHON = "3.11"

@@ -29,8 +29,7 @@ import statistics
 
 import torch
 
-from kvviz.measure import clock
-from kvviz.perf import spread
+from kvviz.measure import clock, spread
 
 PROMPT_TOKENS = 32
 PREFILL_TOKENS = 128

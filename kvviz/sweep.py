@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from kvviz import engine, zerogpu
 from kvviz.data import contains_answer
 from kvviz.handoffs import registry
 from kvviz.presets import SWEEP_ITEMS, SWEEP_METRIC
@@ -29,14 +30,12 @@ def run_sweep(pair, series=None, max_new_tokens: int = 12, items=None, progress=
     ``pair`` is a pair name or a loaded pair; ``series`` the values of the series option to draw
     (default: the sweep's defaults); ``progress(fraction, desc=...)`` is called after every run.
     """
-    from kvviz.engine import load_pair, run_handoff
-
     swept = registry.get(handoff) if handoff else default_handoff()
     spec = swept.sweep
     items = list(items or SWEEP_ITEMS)
     allowed = list(spec.series_values)
     series = [value for value in (series or spec.series_default) if value in allowed] or [spec.series_default[0]]
-    pair = pair if hasattr(pair, "receiver") else load_pair(pair)
+    pair = pair if hasattr(pair, "receiver") else engine.load_pair(pair)
     generation = GenerationSettings(max_new_tokens=int(max_new_tokens))
     references = [h.name for h in registry.with_role("floor") + registry.with_role("ceiling")]
     shared = [x for x in spec.x_values if x in spec.shared_x]
@@ -58,7 +57,7 @@ def run_sweep(pair, series=None, max_new_tokens: int = 12, items=None, progress=
     for index, item in enumerate(items):
         base = HandoffRequest(query=item["query"], context=item["context"], generation=generation)
         for name in references:
-            result = run_handoff(name, pair, base)
+            result = engine.run_handoff(name, pair, base)
             hit = result.applicable and contains_answer(result.answer, item["answers"])
             reference_correct[name] += int(hit)
             answers.append({"item": index, "handoff": name, "answer": result.answer, "correct": bool(hit)})
@@ -66,7 +65,7 @@ def run_sweep(pair, series=None, max_new_tokens: int = 12, items=None, progress=
         for x in shared + inner:
             for value in series if x in inner else series[:1]:
                 request = swept.with_options(base, {spec.x_option: x, spec.series_option: value})
-                result = run_handoff(swept.name, pair, request)
+                result = engine.run_handoff(swept.name, pair, request)
                 hit = result.applicable and contains_answer(result.answer, item["answers"])
                 for target in series if x in shared else [value]:
                     correct[(target, x)] = correct.get((target, x), 0) + int(hit)
@@ -97,3 +96,22 @@ def run_sweep(pair, series=None, max_new_tokens: int = 12, items=None, progress=
         "seconds": time.perf_counter() - started,
         "precomputed": False,
     }
+
+
+# --- on a ZeroGPU Space: the sweep inside @spaces.GPU, a plain dict out ---------------------------
+
+
+def sweep_seconds(pair_name: str, series: list[str], max_new_tokens: int, handoff: str) -> int:
+    """GPU seconds for the page's sweep: every question at every x value for every series."""
+    spec = registry.get(handoff).sweep
+    runs = len(SWEEP_ITEMS) * len(spec.x_values) * max(1, len(series))
+    return zerogpu.bounded_seconds(zerogpu.BASE_SECONDS + zerogpu.SECONDS_PER_TOKEN * runs * int(max_new_tokens))
+
+
+def _sweep(pair_name: str, series: list[str], max_new_tokens: int, handoff: str) -> dict:
+    """The page's sweep (``run_sweep``) as a plain dict (no progress bar across)."""
+    return run_sweep(pair_name, series, int(max_new_tokens), handoff=handoff)
+
+
+# Decorated once, at import (ZeroGPU registers its functions before the app starts).
+gpu_sweep = zerogpu.on_gpu(_sweep, sweep_seconds)

@@ -41,7 +41,7 @@ from kvviz.handoffs.registry import Handoff, Option
 from kvviz.models import PAIRS, resolve_pair
 from kvviz.presets import DEFAULT_PRESET, PRESETS, SWEEP_ITEMS, load_precomputed, load_precomputed_sweep, preset
 from kvviz.stream import default_workers, stream_handoffs
-from kvviz.sweep import run_sweep
+from kvviz.sweep import gpu_sweep, run_sweep
 
 MODEL_QUEUE = "models"
 MAX_UI_NEW_TOKENS = 256  # the slider's end (the server's cap, kvviz.limits, may be lower)
@@ -545,7 +545,7 @@ def build_demo(
                 progress(0.0, desc="Loading models ...")
                 try:
                     if zerogpu.available():  # on a Space: inside @spaces.GPU, plain data across, no progress bar
-                        data = zerogpu.gpu_sweep(pair, list(series or []), int(max_new_tokens), swept.name)
+                        data = gpu_sweep(pair, list(series or []), int(max_new_tokens), swept.name)
                     else:
                         data = run_sweep(pair, series, int(max_new_tokens), progress=progress, handoff=swept.name)
                 except ValueError as error:

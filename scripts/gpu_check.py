@@ -101,7 +101,8 @@ def build_model(name: str, device: str, dtype, tiny: bool, seed: int = 0):
     from transformers import AutoModelForCausalLM
 
     from kvviz import attention
-    from kvviz.models import LoadedModel, facts_from_config
+    from kvviz.facts import facts_from_config
+    from kvviz.models import LoadedModel
 
     started = time.perf_counter()
     config = config_for(name, tiny)
@@ -145,7 +146,7 @@ def random_fusers(pair) -> Path:
     """An untrained C2C fuser and its control for the pair, under the kvviz cache folder; returns
     the C2C one (its control sits beside it, as ``request.c2c_fuser`` expects)."""
     from kvviz.fuser import new_fuser
-    from kvviz.models import cache_dir
+    from kvviz.paths import cache_dir
 
     folder = cache_dir() / "fusers" / "gpu-check" / pair.name.replace("/", "--")
     for kind in ("c2c", "control"):

@@ -24,7 +24,8 @@ from kvviz import engine, measure
 from kvviz.decode import generate, prefill
 from kvviz.handoffs import registry
 from kvviz.handoffs.common import LoadedPair
-from kvviz.models import LoadedModel, PairSpec, facts_from_config
+from kvviz.facts import facts_from_config
+from kvviz.models import LoadedModel, PairSpec
 from kvviz.results import GenerationSettings, HandoffRequest
 from tests.conftest import tiny_pair
 
@@ -168,7 +169,7 @@ def dispatched(loaded: LoadedModel) -> LoadedModel:
 @pytest.mark.parametrize("kind", ["llama", "gemma"])
 def test_every_handoff_runs_the_same_through_accelerate_hooks(kind, tmp_path, monkeypatch, one_thread):
     from kvviz.fuser import new_fuser
-    from kvviz.models import cache_dir
+    from kvviz.paths import cache_dir
 
     plain = tiny_pair(kind)
     model = dispatched(plain.receiver)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kvviz import models
+from kvviz import models, paths
 from kvviz.models import ModelLoadError, load_model, resolve_pair
 from tests.tiny_models import tiny_gemma, tiny_llama
 
@@ -59,7 +59,7 @@ def test_unknown_model_name():
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("KVVIZ_CACHE_DIR", str(tmp_path / "cache"))
-    assert models.cache_dir() == tmp_path / "cache"
+    assert paths.cache_dir() == tmp_path / "cache"
     assert models.converted_dir("gemma3-270m") == tmp_path / "cache" / "models" / "gemma3-270m"
     assert not models.is_prepared("gemma3-270m")
 

@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from kvviz.data.choices import LETTERS
+from kvviz.paths import SHARED_DATA
 
 #: Environment variable that overrides where the datasets are looked for.
 DATA_DIR_ENV = "KVVIZ_DATA_DIR"
 
-#: <repo>/../shared/data: the shared folder sits next to the repository
-#: checkout, not inside it, so the data is never committed with the code.
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+#: <repo>/../shared/data (``kvviz.paths.SHARED_DATA``).
+DEFAULT_DATA_DIR = SHARED_DATA
 
 
 # ---------------------------------------------------------------------------

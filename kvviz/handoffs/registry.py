@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from kvviz import limits
+from kvviz.paths import DIAGRAMS
 from kvviz.results import HandoffRequest, HandoffResult
 
 if TYPE_CHECKING:  # type names only: the registry imports no model code
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # type names only: the registry imports no model code
     from kvviz.handoffs.common import LoadedPair
     from kvviz.models import LoadedModel
 
-DIAGRAM_DIR = Path(__file__).resolve().parents[2] / "assets" / "diagrams"
+DIAGRAM_DIR = DIAGRAMS
 
 # What a requirement check returns: None when the handoff can run, else the reason it cannot.
 Check = Callable[["LoadedPair", HandoffRequest], "str | None"]
