@@ -17,8 +17,8 @@ SUBCOMMANDS = {
     "prepare": ("kvviz.cli", "convert and cache a pair's models (idempotent) and print where"),
     "run": ("kvviz.cli", "run handoffs on one query and print a table or JSON"),
     "bench": ("kvviz.bench", "benchmark handoffs on a dataset (accuracy, latency, bytes, FLOPs)"),
-    "train-fuser": ("kvviz.train_fuser", "train a C2C fuser for a pair"),
-    "eval-fuser": ("kvviz.eval_fuser", "evaluate a C2C fuser against the receiver and its control"),
+    "train-fuser": ("kvviz.c2c.train", "train a C2C fuser for a pair"),
+    "eval-fuser": ("kvviz.c2c.evaluate", "evaluate a C2C fuser against the receiver and its control"),
     "space": ("kvviz.space", "export the lab as a Hugging Face Space folder (space export DIR [--push REPO_ID])"),
 }
 

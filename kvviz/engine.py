@@ -6,9 +6,9 @@ import traceback
 
 from kvviz import limits
 from kvviz.handoffs import get, parse_handoffs
-from kvviz.handoffs.common import LoadedPair, TokenCallback
+from kvviz.handoffs.common import TokenCallback
 from kvviz.measure import PeakGpuMemory
-from kvviz.models import load_model, resolve_pair
+from kvviz.models import LoadedPair, load_model, resolve_pair
 from kvviz.results import HandoffRequest, HandoffResult
 
 

@@ -303,6 +303,21 @@ class LoadedModel:
         return self._head
 
 
+@dataclass
+class LoadedPair:
+    """A pair's three models, loaded: the sharer, the receiver and the same-shape sender (the pair's
+    ``kvcomm_sender``: the receiver's architecture, for handoffs that need one)."""
+
+    spec: PairSpec
+    sharer: LoadedModel
+    receiver: LoadedModel
+    kvcomm_sender: LoadedModel
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
 def execution_device(module: torch.nn.Module) -> torch.device:
     """Where ``module`` computes: its accelerate hook's execution device, else its weights' device."""
     device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)

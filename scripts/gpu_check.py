@@ -131,8 +131,7 @@ def build_model(name: str, device: str, dtype, tiny: bool, seed: int = 0):
 
 
 def build_pair(pair_name: str, device: str, dtype, tiny: bool):
-    from kvviz.handoffs.common import LoadedPair
-    from kvviz.models import PairSpec
+    from kvviz.models import LoadedPair, PairSpec
 
     sharer_name, receiver_name = PAIRS[pair_name]
     receiver = build_model(receiver_name, device, dtype, tiny, seed=1)
@@ -145,7 +144,7 @@ def build_pair(pair_name: str, device: str, dtype, tiny: bool):
 def random_fusers(pair) -> Path:
     """An untrained C2C fuser and its control for the pair, under the kvviz cache folder; returns
     the C2C one (its control sits beside it, as ``request.c2c_fuser`` expects)."""
-    from kvviz.fuser import new_fuser
+    from kvviz.c2c.fuser import new_fuser
     from kvviz.paths import cache_dir
 
     folder = cache_dir() / "fusers" / "gpu-check" / pair.name.replace("/", "--")

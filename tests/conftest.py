@@ -15,8 +15,7 @@ os.environ.setdefault("KVVIZ_FUSER_DIRS", tempfile.gettempdir())
 
 import pytest
 
-from kvviz.handoffs.common import LoadedPair
-from kvviz.models import PairSpec
+from kvviz.models import LoadedPair, PairSpec
 from tests.tiny_models import tiny_gemma, tiny_llama
 
 IN_CI = os.environ.get("CI", "").lower() == "true"

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from kvviz import cache as kv
-from kvviz.align import align_prompt, map_tokens, message_span
+from kvviz.c2c import locate
+from kvviz.c2c.align import align_prompt, map_tokens, message_span
+from kvviz.c2c.fuser import new_fuser
 from kvviz.decode import prefill
 from kvviz.engine import run_handoff
-from kvviz.fuser import new_fuser
-from kvviz.handoffs import HANDOFFS
-from kvviz.handoffs import c2c
+from kvviz.handoffs import HANDOFFS, c2c
 from kvviz.prompts import build_segments
 from kvviz.results import GenerationSettings, HandoffRequest
 from tests.test_fuser import mixed_pair, trained_like
@@ -62,7 +62,7 @@ def save(pair, folder, gate: float, zero_projection: bool = False, control: bool
 
 def last_logits(pair, result_fuser_folder, query=QUERY):
     """The receiver's first-token logits on the fused cache, through the handoff's own code path."""
-    fuser = c2c.get_fuser(Path(result_fuser_folder), pair)
+    fuser = locate.get_fuser(Path(result_fuser_folder), pair)
     alignment = align_prompt(pair.receiver.tokenizer, pair.sharer.tokenizer, query)
     state, _, _, _ = c2c.fused_state(pair, fuser, alignment, c2c.StageTimer())
     next_token, _ = prefill(pair.receiver, state, alignment.receiver_ids[-1:])
@@ -130,7 +130,7 @@ def test_control_handoff_uses_no_sharer(pair, tmp_path):
 
 
 def test_missing_or_foreign_fuser_is_not_applicable(pair, tmp_path, monkeypatch):
-    monkeypatch.setattr(c2c, "ASSETS_DIR", tmp_path / "no-assets")
+    monkeypatch.setattr(locate, "SHIPPED_FUSERS", tmp_path / "no-assets")
     result = run_handoff("c2c", pair, request(None))
     assert not result.applicable and "No trained" in result.reason and "train-fuser" in result.reason
     other = mixed_pair()
@@ -142,10 +142,10 @@ def test_missing_or_foreign_fuser_is_not_applicable(pair, tmp_path, monkeypatch)
 
 
 def test_shipped_fusers_are_found_by_fingerprint(pair, tmp_path, monkeypatch):
-    monkeypatch.setattr(c2c, "ASSETS_DIR", tmp_path)
+    monkeypatch.setattr(locate, "SHIPPED_FUSERS", tmp_path)
     save(pair, tmp_path / "any-name" / "c2c", gate=-1.0)
-    assert c2c.find_shipped(pair, "c2c") == tmp_path / "any-name" / "c2c"
-    assert c2c.find_shipped(pair, "control") is None
+    assert locate.find_shipped(pair, "c2c") == tmp_path / "any-name" / "c2c"
+    assert locate.find_shipped(pair, "control") is None
     assert run_handoff("c2c", pair, request(None)).applicable
 
 
@@ -279,7 +279,7 @@ def test_train_cli_checkpoints_resumes_and_writes_the_curve(tmp_path):
     """Two steps with a checkpoint every step, then resume to four: the curve continues."""
     import argparse
 
-    from kvviz import train_fuser
+    from kvviz.c2c import train as train_fuser
     from kvviz.models import register_loaded
     from tests.tiny_models import tiny_gemma, tiny_llama
 
@@ -373,7 +373,7 @@ def test_c2c_figure_off_says_why():
 def test_fuser_requirement_is_checked_at_once_and_the_option_sets_the_request(pair, tmp_path, monkeypatch):
     from kvviz.handoffs import registry
 
-    monkeypatch.setattr(c2c, "ASSETS_DIR", tmp_path / "none")
+    monkeypatch.setattr(locate, "SHIPPED_FUSERS", tmp_path / "none")
     for name in ("c2c", "c2c_control"):
         reason = registry.get(name).applicable(pair, HandoffRequest(query="Q?"))
         assert reason and "fuser" in reason
@@ -385,7 +385,7 @@ def test_fuser_requirement_is_checked_at_once_and_the_option_sets_the_request(pa
 def test_the_communication_measure_stored_beside_the_fusers_reaches_both_columns(tmp_path):
     import json
 
-    from kvviz.fuser import checkpoint_label
+    from kvviz.c2c.fuser import checkpoint_label
 
     pair_folder = tmp_path / "sharer__receiver"
     (pair_folder / "c2c").mkdir(parents=True)
@@ -396,21 +396,21 @@ def test_the_communication_measure_stored_beside_the_fusers_reaches_both_columns
         "heldout": {"data": "dolly", "nll": {"receiver": 2.5, "control": 2.41, "c2c": 2.44},
                     "communication": {"c2c": measure, "control": dict(measure, gain=0.0, ci95=[0.0, 0.0])}},
     }
-    (pair_folder / c2c.COMMUNICATION_FILE).write_text(json.dumps(report))
+    (pair_folder / locate.COMMUNICATION_FILE).write_text(json.dumps(report))
     for kind in ("c2c", "control"):
-        stored = c2c.stored_communication(pair_folder / kind)
+        stored = locate.stored_communication(pair_folder / kind)
         assert stored["gain"] == 0.0125 and stored["ci95"] == [-0.004, 0.03]  # C2C's measure in both columns
         assert stored["heldout_nll"] == {"receiver": 2.5, "control": 2.41, "c2c": 2.44}
     # a report about other fusers is not shown
     (tmp_path / "other" / "c2c").mkdir(parents=True)
-    (tmp_path / "other" / c2c.COMMUNICATION_FILE).write_text(json.dumps(report))
-    assert c2c.stored_communication(tmp_path / "other" / "c2c") is None
-    assert c2c.stored_communication(tmp_path / "nowhere" / "c2c") is None
+    (tmp_path / "other" / locate.COMMUNICATION_FILE).write_text(json.dumps(report))
+    assert locate.stored_communication(tmp_path / "other" / "c2c") is None
+    assert locate.stored_communication(tmp_path / "nowhere" / "c2c") is None
 
-    note = c2c.communication_note(c2c.stored_communication(pair_folder / "c2c"), control=False)
+    note = c2c.communication_note(locate.stored_communication(pair_folder / "c2c"), control=False)
     assert len(note) == 1 and "+0.013 nats/token" in note[0] and "[-0.004, +0.030]" in note[0]
     assert "no measured evidence" in note[0]
-    control_note = c2c.communication_note(c2c.stored_communication(pair_folder / "control"), control=True)
+    control_note = c2c.communication_note(locate.stored_communication(pair_folder / "control"), control=True)
     assert "receiver 2.500, control 2.410, c2c 2.440" in control_note[0]
     helps = c2c.communication_note(dict(measure, ci95=[0.01, 0.02]), control=False)
     assert "the sharer's cache helps" in helps[0]

@@ -19,13 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvviz import cache as kv
-from kvviz import engine, measure
+from kvviz import cache as kv, engine, measure
 from kvviz.decode import generate, prefill
-from kvviz.handoffs import registry
-from kvviz.handoffs.common import LoadedPair
 from kvviz.facts import facts_from_config
-from kvviz.models import LoadedModel, PairSpec
+from kvviz.handoffs import registry
+from kvviz.models import LoadedModel, LoadedPair, PairSpec
 from kvviz.results import GenerationSettings, HandoffRequest
 from tests.conftest import tiny_pair
 
@@ -168,7 +166,7 @@ def dispatched(loaded: LoadedModel) -> LoadedModel:
 
 @pytest.mark.parametrize("kind", ["llama", "gemma"])
 def test_every_handoff_runs_the_same_through_accelerate_hooks(kind, tmp_path, monkeypatch, one_thread):
-    from kvviz.fuser import new_fuser
+    from kvviz.c2c.fuser import new_fuser
     from kvviz.paths import cache_dir
 
     plain = tiny_pair(kind)

@@ -15,12 +15,11 @@ import pytest
 import torch
 
 from kvviz import models, policy
+from kvviz.c2c.fuser import new_fuser
 from kvviz.engine import run_handoff
-from kvviz.fuser import new_fuser
 from kvviz.results import GenerationSettings, HandoffRequest
 from tests.tiny_models import tiny_gemma, tiny_llama
-from kvviz.handoffs.common import LoadedPair
-from kvviz.models import PairSpec
+from kvviz.models import LoadedPair, PairSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 QUERY = "What is the secret code word?"

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvviz import cache as kv
-from kvviz.align import align_prompt, map_tokens, terminal_layer_map
+from kvviz.c2c.align import align_prompt, map_tokens, terminal_layer_map
 from kvviz.handoffs.kvcomm import select_layers
 from kvviz.prompts import build_segments, encode, encode_with_offsets, render
 from kvviz.results import KVCommOptions

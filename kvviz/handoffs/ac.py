@@ -32,10 +32,10 @@ from plotly.subplots import make_subplots
 
 from kvviz.cache import KVState
 from kvviz.decode import generate, prefill
-from kvviz.handoffs.common import LoadedPair, TokenCallback
+from kvviz.handoffs.common import TokenCallback
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, all_of, needs_context, option_values
 from kvviz.measure import StageTimer, decode_flops, forward_flops
-from kvviz.models import LoadedModel
+from kvviz.models import LoadedModel, LoadedPair
 from kvviz.plotkit import SELECTED_OUTLINE, layout, not_run_figure
 from kvviz.prompts import build_segments
 from kvviz.results import HandoffRequest, HandoffResult

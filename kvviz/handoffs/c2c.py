@@ -1,8 +1,8 @@
 """C2C handoff: the sharer's KV cache, projected and fused into the receiver's (REFERENCE §1).
 
 Both models read the same user message. The sharer prefills its prompt prefix plus one aligned
-token per receiver message token (``kvviz.align``); the receiver prefills its prompt except the
-last token; a trained fuser (``kvviz.fuser``) rewrites the receiver's KV at the message tokens
+token per receiver message token (``kvviz.c2c.align``); the receiver prefills its prompt except the
+last token; a trained fuser (``kvviz.c2c.fuser``) rewrites the receiver's KV at the message tokens
 in every layer (``K' = K_r + g·w·K_proj``); the receiver then runs its last prompt token on the
 fused cache and decodes with the shared decode loop. Generated tokens are not fused.
 
@@ -16,22 +16,18 @@ fuser trained with a private context (``train-fuser --context private``, the shi
 it to the sharer only, as the text and KVComm handoffs do; the fuser's config says which.
 
 Fusers: ``request.c2c_fuser`` (a checkpoint folder, a folder in the C2C paper's published layout,
-or a hub path to one) overrides the shipped ones. Shipped fusers live in
-``assets/fusers/<sharer>__<receiver>/c2c`` and ``.../control`` and are found by matching the
-pair's architecture fingerprint (models, KV shapes, tokenizer hash), whatever the pair's name.
-A pair with no shipped fuser for which the paper publishes one (``--pair qwen``) uses that one,
-fetched from the hub and converted once (``kvviz.fuser_reference``); without network the result
-says how to fetch it. The paper publishes no control fuser.
+or a hub path to one) overrides the shipped ones (``kvviz.c2c.locate``: the shipped fusers are
+found by the pair's architecture fingerprint; a pair with no shipped fuser for which the paper
+publishes one, ``--pair qwen``, uses that one, fetched from the hub and converted once; without
+network the result says how to fetch it). The paper publishes no control fuser.
 
-The pipeline (sharer prefill, receiver prefill, fusion) is ``kvviz.fusion.fuse_prompt``, the one
-the trainer and the evaluator run too.
+The pipeline (sharer prefill, receiver prefill, fusion) is ``kvviz.c2c.fusion.fuse_prompt``, the
+one the trainer and the evaluator run too.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -39,131 +35,18 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from kvviz import fuser_reference, policy
-from kvviz.align import align_prompt
+from kvviz.c2c.align import align_prompt
+from kvviz.c2c.fuser import C2CFuser, FuserError, checkpoint_label
+from kvviz.c2c.fusion import fuse_prompt
+from kvviz.c2c.locate import communication_details, get_fuser, resolve_fuser
 from kvviz.decode import generate, prefill
-from kvviz.fuser import CONFIG_FILE, WEIGHTS_FILE, C2CFuser, FuserError, checkpoint_label, fingerprints_match, load_fuser, model_fingerprint, read_config
-from kvviz.fusion import fuse_prompt
-from kvviz.handoffs.common import LoadedPair, TokenCallback
+from kvviz.handoffs.common import TokenCallback
 from kvviz.handoffs.registry import Handoff, Option
 from kvviz.measure import StageTimer, decode_flops, forward_flops
+from kvviz.models import LoadedPair
 from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
 from kvviz.presets import DEFAULT_PRESET, preset
 from kvviz.results import HandoffRequest, HandoffResult
-
-ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets" / "fusers"
-KINDS = ("c2c", "control")
-
-
-def shipped_folder(sharer: str, receiver: str) -> Path:
-    """Where the shipped fusers of a (sharer, receiver) pair live."""
-    safe = lambda name: name.replace("/", "--")  # noqa: E731
-    return ASSETS_DIR / f"{safe(sharer)}__{safe(receiver)}"
-
-
-def find_shipped(pair: LoadedPair, kind: str = "c2c", root: Path | None = None) -> Path | None:
-    """The shipped fuser of this kind whose fingerprint matches the pair, or None."""
-    root = ASSETS_DIR if root is None else root
-    if not root.is_dir():
-        return None
-    wanted_s, wanted_r = model_fingerprint(pair.sharer.facts), model_fingerprint(pair.receiver.facts)
-    preferred = shipped_folder(pair.sharer.name, pair.receiver.name) / kind
-    candidates = [preferred] + sorted(p / kind for p in root.iterdir() if p.is_dir())
-    for folder in candidates:
-        if not (folder / "config.json").is_file():
-            continue
-        try:
-            config = read_config(folder)
-        except FuserError:
-            continue
-        if fingerprints_match(config.sharer, wanted_s) and fingerprints_match(config.receiver, wanted_r):
-            return folder
-    return None
-
-
-_fusers: dict[tuple, C2CFuser] = {}
-_fusers_lock = threading.Lock()
-
-
-def get_fuser(folder: Path | str, pair: LoadedPair) -> C2CFuser:
-    """Load once per process (keyed by folder, file time and device).
-
-    ``folder`` may also be a fuser in the C2C paper's layout or a hub path to one: it is
-    converted once (``kvviz.fuser_reference``) and the converted folder is loaded.
-    """
-    folder = fuser_reference.prepare(folder, pair.sharer.facts, pair.receiver.facts, pair.name)
-    weights = folder / "fuser.safetensors"
-    stamp = weights.stat().st_mtime_ns if weights.exists() else 0
-    key = (str(folder.resolve()), stamp, str(pair.receiver.device), pair.sharer.name, pair.receiver.name)
-    # the fuser computes in float32 on a CPU; on an accelerator in the receiver's dtype
-    dtype = torch.float32 if pair.receiver.device.type == "cpu" else pair.receiver.dtype
-    with _fusers_lock:
-        if key not in _fusers:
-            _fusers[key] = load_fuser(
-                folder, pair.sharer.facts, pair.receiver.facts, pair.name, device=pair.receiver.device, dtype=dtype
-            )
-        return _fusers[key]
-
-
-def published_fuser(pair: LoadedPair) -> str | None:
-    """The paper's published fuser for this pair (a hub path), if the authors publish one."""
-    return fuser_reference.PUBLISHED_FUSERS.get((pair.sharer.name, pair.receiver.name))
-
-
-def resolve_fuser(pair: LoadedPair, request: HandoffRequest, control: bool) -> tuple[Path | None, str]:
-    """(folder, "") or (None, reason). A hub path comes back as a Path of the hub path's text (it is
-    fetched into the hub cache). A local folder and its files must lie inside the folders fusers
-    may come from (``kvviz.policy``: a symlink out of them is refused); for a folder in the paper's
-    layout that means every file in it."""
-    folder, reason = locate_fuser(pair, request, control)
-    if folder is not None and not fuser_reference.is_hub_path(str(folder)):
-        files: tuple[str, ...] = (CONFIG_FILE, WEIGHTS_FILE)
-        if folder.is_dir() and fuser_reference.is_reference_layout(folder):
-            files += tuple(sorted(p.name for p in folder.iterdir()))
-        refusal = policy.fuser_folder_refusal(folder, files)
-        if refusal:
-            return None, refusal
-    return folder, reason
-
-
-def locate_fuser(pair: LoadedPair, request: HandoffRequest, control: bool) -> tuple[Path | None, str]:
-    """(folder, "") or (None, reason): the request's fuser folder, the pair's shipped one, or the
-    paper's published one for the pair (a hub path)."""
-    kind = "control" if control else "c2c"
-    if request.c2c_fuser:
-        if fuser_reference.is_hub_path(request.c2c_fuser):
-            if control:
-                return None, f"No control fuser for the published fuser {request.c2c_fuser}: the paper publishes none."
-            return Path(request.c2c_fuser), ""
-        folder = Path(request.c2c_fuser).expanduser()
-        if control:
-            # a user checkpoint's control sits beside it: <dir>/c2c and <dir>/control
-            sibling = folder.parent / "control"
-            if (sibling / "config.json").is_file() and sibling.resolve() != folder.resolve():
-                return sibling, ""
-            if (folder / "control" / "config.json").is_file():
-                return folder / "control", ""
-            return None, f"No control fuser beside {folder} (expected {sibling})."
-        if (folder / "c2c" / "config.json").is_file() and not (folder / "config.json").is_file():
-            folder = folder / "c2c"
-        return folder, ""
-    found = find_shipped(pair, kind)
-    if found is None:
-        published = published_fuser(pair)
-        if published and not control:
-            return Path(published), ""
-        if published:
-            return None, (
-                f"The C2C paper publishes a fuser for pair '{pair.name}' ({published}) but no control fuser. "
-                f"Train a control with: python -m kvviz train-fuser --pair {pair.name} --control"
-            )
-        return None, (
-            f"No trained {'control ' if control else ''}C2C fuser for pair '{pair.name}' "
-            f"(sharer {pair.sharer.name} -> receiver {pair.receiver.name}) in {ASSETS_DIR}. "
-            "Train one with: python -m kvviz train-fuser --pair " + pair.name
-        )
-    return found, ""
-
 
 def receiver_sees_context_for(fuser: C2CFuser) -> bool:
     """The context setting the fuser was trained in (the paper's shared input when unrecorded)."""
@@ -172,46 +55,12 @@ def receiver_sees_context_for(fuser: C2CFuser) -> bool:
 
 @torch.no_grad()
 def fused_state(pair: LoadedPair, fuser: C2CFuser, alignment, timer: StageTimer, sharer="right"):
-    """Sharer prefill, receiver prefill of all but the last prompt token, fusion (``kvviz.fusion``).
+    """Sharer prefill, receiver prefill of all but the last prompt token, fusion (``kvviz.c2c.fusion``).
 
     Returns (receiver state ready for the last prompt token, layer records, bytes read, fusion s).
     """
     fused = fuse_prompt(pair, fuser, alignment, sharer=sharer, hard=True, timer=timer)
     return fused.state, fused.records, fused.bytes_read, fused.fusion_seconds
-
-
-COMMUNICATION_FILE = "communication.json"  # eval-fuser's report, beside a pair's c2c/ and control/
-
-
-def stored_communication(folder: Path) -> dict | None:
-    """The communication measure ``eval-fuser --out <pair folder>/communication.json`` stored
-    beside the fuser pair, when it names this fuser (as C2C or as its control); else None."""
-    path = Path(folder).parent / COMMUNICATION_FILE
-    try:
-        report = json.loads(path.read_text())
-        label = checkpoint_label(folder)
-        if label not in (report.get("fuser"), report.get("control")):
-            return None
-        heldout = report["heldout"]
-        measured = dict(heldout["communication"]["c2c"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    measured["heldout_nll"] = dict(heldout.get("nll", {}))
-    measured["data"] = heldout.get("data")
-    measured["source"] = checkpoint_label(path)
-    if report.get("command"):
-        measured["command"] = report["command"]
-    return measured
-
-
-def communication_details(fuser: C2CFuser, folder: Path | None = None) -> dict | None:
-    """The C2C fuser's measured communication gain (``eval-fuser``): recorded in the fuser's config
-    by the trainer (``--measure``), else stored beside the fuser pair (``COMMUNICATION_FILE``). A
-    control column shows its C2C's measure (its own gain is 0 by construction)."""
-    measured = (fuser.config.training or {}).get("communication")
-    if measured and not fuser.config.control:
-        return dict(measured, source="the fuser's config (train-fuser --measure)")
-    return stored_communication(folder) if folder is not None and not fuser_reference.is_hub_path(str(folder)) else None
 
 
 def communication_note(measured: dict | None, control: bool) -> list[str]:
@@ -239,7 +88,7 @@ def run(
     pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None, control: bool = False
 ) -> HandoffResult:
     name = "c2c_control" if control else "c2c"
-    folder, reason = resolve_fuser(pair, request, control)
+    folder, reason = resolve_fuser(pair, request.c2c_fuser, control)
     if folder is None:
         return HandoffResult.not_applicable(name, pair.name, reason)
     try:
@@ -460,7 +309,7 @@ def fuser_found(control: bool):
     """Applicable when a fuser of this kind is found for the pair (config files only, no weights)."""
 
     def check(pair: LoadedPair, request: HandoffRequest) -> str | None:
-        folder, reason = resolve_fuser(pair, request, control)
+        folder, reason = resolve_fuser(pair, request.c2c_fuser, control)
         return reason if folder is None else None
 
     return check

@@ -30,11 +30,11 @@ from plotly.subplots import make_subplots
 from kvviz.attention import AttentionPlan
 from kvviz.cache import KVState
 from kvviz.decode import NextToken, generate, prefill, prefill_vectors
-from kvviz.handoffs.common import LoadedPair, TokenCallback, read_prompt
+from kvviz.handoffs.common import TokenCallback, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, option_values
 from kvviz.handoffs.text import sharer_message_segments
 from kvviz.measure import StageTimer, decode_flops, forward_flops
-from kvviz.models import LoadedModel
+from kvviz.models import LoadedModel, LoadedPair
 from kvviz.plotkit import as_dict, empty_figure, layout
 from kvviz.prompts import build_segments, encode, has_chat_template, render, stop_token_ids, unmark
 from kvviz.results import HandoffRequest, HandoffResult

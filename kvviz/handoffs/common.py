@@ -1,31 +1,18 @@
-"""Pieces every handoff shares: the loaded pair and "prefill these segments, then decode"."""
+"""Pieces every handoff shares: "prefill these segments, then decode", one model's answer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 from kvviz.cache import KVState
 from kvviz.decode import DecodeOutput, generate, prefill
 from kvviz.handoffs.registry import ReceiverPrompt
 from kvviz.measure import StageTimer, decode_flops, forward_flops
-from kvviz.models import LoadedModel, PairSpec
+from kvviz.models import LoadedModel, LoadedPair
 from kvviz.prompts import PromptSegments
 from kvviz.results import GenerationSettings, HandoffRequest, HandoffResult
 
 TokenCallback = Callable[[str], None]
-
-
-@dataclass
-class LoadedPair:
-    spec: PairSpec
-    sharer: LoadedModel
-    receiver: LoadedModel
-    kvcomm_sender: LoadedModel
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
 
 
 def answer(

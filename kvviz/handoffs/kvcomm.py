@@ -73,9 +73,10 @@ import plotly.graph_objects as go
 
 from kvviz import cache as kv
 from kvviz.decode import generate, prefill
-from kvviz.handoffs.common import LoadedPair, TokenCallback, read_prompt
+from kvviz.handoffs.common import TokenCallback, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, Sweep, all_of, needs_context
 from kvviz.measure import StageTimer, decode_flops, forward_flops
+from kvviz.models import LoadedPair
 from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
 from kvviz.prompts import build_segments
 from kvviz.results import HandoffRequest, HandoffResult, KVCommOptions

@@ -28,8 +28,7 @@ from kvviz.results import HandoffRequest, HandoffResult
 if TYPE_CHECKING:  # type names only: the registry imports no model code
     from kvviz.cache import KVState
     from kvviz.decode import NextToken
-    from kvviz.handoffs.common import LoadedPair
-    from kvviz.models import LoadedModel
+    from kvviz.models import LoadedModel, LoadedPair
 
 DIAGRAM_DIR = DIAGRAMS
 

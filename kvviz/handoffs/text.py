@@ -8,9 +8,10 @@ the receiver-alone prompt.
 
 from __future__ import annotations
 
-from kvviz.handoffs.common import LoadedPair, TokenCallback, answer, read_prompt
+from kvviz.handoffs.common import TokenCallback, answer, read_prompt
 from kvviz.handoffs.registry import Handoff
 from kvviz.measure import StageTimer, decode_flops, forward_flops
+from kvviz.models import LoadedPair
 from kvviz.prompts import build_segments
 from kvviz.results import GenerationSettings, HandoffRequest, HandoffResult
 

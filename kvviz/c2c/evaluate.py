@@ -16,17 +16,24 @@
 from __future__ import annotations
 
 import json
-import random
 import shlex
 import sys
 import time
 from pathlib import Path
 
-import torch
+from kvviz import engine, flags
+from kvviz.c2c.communication import communication_measure
+from kvviz.c2c.examples import heldout_examples
+from kvviz.c2c.fuser import checkpoint_label
+from kvviz.c2c.locate import get_fuser, resolve_fuser
+from kvviz.c2c.scoring import mean_nll
+from kvviz.data import LETTERS, choice_query, contains_answer, extract_choice_letter, f1_match, load_dataset, recall, wilson_interval
+from kvviz.handoffs import parse_handoffs
+from kvviz.results import GenerationSettings, HandoffRequest
 
 
 def configure_parser(parser) -> None:
-    parser.add_argument("--pair", default="embedded")
+    flags.add_model_arguments(parser, threads_help="torch CPU threads (default: leave as is)")
     parser.add_argument("--fuser", default=None, help="C2C fuser folder (default: the pair's shipped one)")
     parser.add_argument("--control", default=None, help="control fuser folder (default: beside --fuser, or shipped)")
     parser.add_argument("--heldout", type=int, default=None, help="held-out examples for NLL (default: the fuser's own split)")
@@ -40,115 +47,11 @@ def configure_parser(parser) -> None:
     parser.add_argument("--countries", type=int, default=0, help="Countries questions, context private to the sharer (0: skip)")
     parser.add_argument("--answer-handoffs", default="receiver,sharer,c2c,c2c_control", help="handoffs for --recall / --countries")
     parser.add_argument("--answer-tokens", type=int, default=12, help="max new tokens for --recall / --countries answers")
-    parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", default=None, help="also write the JSON here")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--dtype", default=None)
-
-
-def derangement(n: int, seed: int = 0, same=None) -> list[int]:
-    """partner[i] != i for every i: a seeded cycle over a shuffled order; ``same(i, j)`` skips
-    partners whose context equals i's."""
-    if n < 2:
-        raise ValueError("the communication measure needs at least two held-out examples")
-    order = list(range(n))
-    random.Random(seed).shuffle(order)
-    partner = [0] * n
-    for k, i in enumerate(order):
-        for step in range(1, n):
-            j = order[(k + step) % n]
-            if same is None or not same(i, j):
-                break
-        partner[i] = j
-    return partner
-
-
-def bootstrap_ratio(diffs: list[float], tokens: list[int], seed: int = 0, resamples: int = 1000) -> list[float]:
-    """95% percentile interval of sum(diffs) / sum(tokens) over examples resampled with replacement."""
-    generator = torch.Generator().manual_seed(seed)
-    d = torch.tensor(diffs, dtype=torch.float64)
-    t = torch.tensor(tokens, dtype=torch.float64)
-    picks = torch.randint(0, len(diffs), (resamples, len(diffs)), generator=generator)
-    stats = d[picks].sum(1) / t[picks].sum(1)
-    return [float(torch.quantile(stats, 0.025)), float(torch.quantile(stats, 0.975))]
-
-
-def other_sharer(pair, examples, private: bool, partner: list[int]):
-    """For example i: the sharer's KV with another example's information (see module doc)."""
-    from kvviz.align import align_prompt
-    from kvviz.fusion import resampled, sharer_kv
-
-    def sharer_for(i):
-        other = examples[partner[i]]
-        if private:  # the same query, another example's context
-            alignment = align_prompt(
-                pair.receiver.tokenizer, pair.sharer.tokenizer, examples[i].question, other.context, receiver_sees_context=False,
-                token_alignment=examples[i].token_alignment, fuse_template=examples[i].fuse_template,
-            )
-            return sharer_kv(pair, alignment)
-        # shared input: the other example's sharer cache, stretched to this example's fused tokens
-        return resampled(sharer_kv(pair, other.alignment), examples[i].alignment.num_fused)
-
-    return sharer_for
-
-
-def communication_measure(pair, fuser, examples, private: bool, seed: int = 0, resamples: int = 1000) -> dict:
-    """Held-out NLL with the right context, another example's context and the sharer's KV zeroed;
-    the communication gain NLL(other) - NLL(right) with a bootstrap 95% interval."""
-    from kvviz.train_fuser import example_nlls
-
-    partner = derangement(len(examples), seed, same=lambda i, j: examples[i].context == examples[j].context)
-    right = example_nlls(pair, fuser, examples)
-    if fuser.config.control:
-        # the control never runs the sharer: every sharer input gives the same cache
-        other = zero = right
-    else:
-        other = example_nlls(pair, fuser, examples, other_sharer(pair, examples, private, partner))
-        zero = example_nlls(pair, fuser, examples, lambda i: "zero")
-    tokens = [n for _, n in right]
-    total = max(sum(tokens), 1)
-
-    def nll(rows):
-        return sum(r[0] for r in rows) / total
-
-    gain_diffs = [o[0] - r[0] for o, r in zip(other, right)]
-    zero_diffs = [z[0] - r[0] for z, r in zip(zero, right)]
-    return {
-        "examples": len(examples),
-        "tokens": total,
-        "nll": {"right": nll(right), "other": nll(other), "zero": nll(zero)},
-        "gain": sum(gain_diffs) / total,
-        "ci95": bootstrap_ratio(gain_diffs, tokens, seed, resamples),
-        "zero_gain": sum(zero_diffs) / total,
-        "zero_ci95": bootstrap_ratio(zero_diffs, tokens, seed, resamples),
-        "other_context": "same query, another example's context" if private else "another example's sharer cache",
-        "seed": seed,
-        "resamples": resamples,
-    }
-
-
-def heldout_examples(pair, fuser, limit: int | None):
-    """The fuser's held-out examples, rebuilt from its checkpoint config."""
-    from kvviz.train_fuser import DEFAULTS, build_examples, split_records
-
-    trained = fuser.config.training or {}
-    data, seed = trained.get("data", DEFAULTS["data"]), trained.get("seed", DEFAULTS["seed"])
-    heldout = trained.get("heldout", DEFAULTS["heldout"])
-    _, records = split_records(data, seed, heldout, trained.get("context_only", False), train_count=1)
-    examples = build_examples(
-        pair, records, trained.get("max_prompt_tokens", DEFAULTS["max_prompt_tokens"]),
-        trained.get("max_response_tokens", DEFAULTS["max_response_tokens"]), None,
-        trained.get("receiver_sees_context", True), trained.get("max_sharer_tokens"), fuser.config.token_alignment,
-        fuser.config.fuse_template,
-    )
-    return (examples[:limit] if limit is not None else examples), trained
 
 
 def heldout_nll(pair, c2c_folder: Path, control_folder: Path | None, limit: int | None, seed: int = 0) -> dict:
-    from kvviz.handoffs.c2c import get_fuser
-    from kvviz.train_fuser import mean_nll
-
     fuser = get_fuser(c2c_folder, pair)
     examples, trained = heldout_examples(pair, fuser, limit)
     private = not trained.get("receiver_sees_context", True)
@@ -169,15 +72,11 @@ def heldout_nll(pair, c2c_folder: Path, control_folder: Path | None, limit: int 
 
 def answer_accuracy(pair, names: list[str], records, request_kwargs: dict, progress, label: str) -> dict:
     """Greedy answers of each handoff, scored by ``contains_answer`` and the KVComm F1 metric."""
-    from kvviz.data import contains_answer, f1_match, wilson_interval
-    from kvviz.engine import run_handoff
-    from kvviz.results import HandoffRequest
-
     table = {name: {"contains": 0, "f1": 0, "n": 0, "skipped": 0, "examples": []} for name in names}
     for index, record in enumerate(records):
         request = HandoffRequest(query=record.question, context=record.context, **request_kwargs)
         for name in names:
-            result = run_handoff(name, pair, request)
+            result = engine.run_handoff(name, pair, request)
             row = table[name]
             if not result.applicable:
                 row["skipped"] += 1
@@ -198,10 +97,6 @@ def answer_accuracy(pair, names: list[str], records, request_kwargs: dict, progr
 
 
 def mc_accuracy(pair, names: list[str], datasets: list[str], limit: int, seed: int, request_kwargs: dict, progress) -> dict:
-    from kvviz.data import LETTERS, choice_query, extract_choice_letter, load_dataset, wilson_interval
-    from kvviz.engine import run_handoff
-    from kvviz.results import HandoffRequest
-
     table = {}
     for dataset in datasets:
         records = load_dataset(dataset, limit=limit, seed=seed)
@@ -209,7 +104,7 @@ def mc_accuracy(pair, names: list[str], datasets: list[str], limit: int, seed: i
         for index, record in enumerate(records):
             request = HandoffRequest(query=choice_query(record), **request_kwargs)
             for name in names:
-                result = run_handoff(name, pair, request)
+                result = engine.run_handoff(name, pair, request)
                 row = counts[name]
                 if not result.applicable:
                     row["skipped"] += 1
@@ -273,25 +168,17 @@ def format_report(report: dict) -> str:
 
 
 def main(args) -> int:
-    from kvviz.engine import load_pair
-    from kvviz.handoffs import parse_handoffs
-    from kvviz.fuser import checkpoint_label
-    from kvviz.handoffs.c2c import resolve_fuser
-    from kvviz.results import GenerationSettings, HandoffRequest
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    flags.apply_threads(args)
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     started = time.perf_counter()
-    pair = load_pair(args.pair, args.device or "cpu", args.dtype, progress=log)
-    probe = HandoffRequest(query="probe", c2c_fuser=args.fuser)
-    c2c_folder, reason = resolve_fuser(pair, probe, control=False)
+    pair = engine.load_pair(args.pair, args.device or "cpu", args.dtype, progress=log)
+    c2c_folder, reason = resolve_fuser(pair, args.fuser, control=False)
     if c2c_folder is None:
         raise ValueError(reason)
     if args.control:
         control_folder = Path(args.control)
     else:
-        control_folder, _ = resolve_fuser(pair, HandoffRequest(query="probe", c2c_fuser=str(c2c_folder)), control=True)
+        control_folder, _ = resolve_fuser(pair, str(c2c_folder), control=True)
     report = {
         "pair": pair.name, "sharer": pair.sharer.name, "receiver": pair.receiver.name,
         "fuser": checkpoint_label(c2c_folder), "control": checkpoint_label(control_folder) if control_folder else None,
@@ -306,15 +193,11 @@ def main(args) -> int:
     answer_names = [n for n in parse_handoffs(args.answer_handoffs) if control_folder or n != "c2c_control"]
     answer_kwargs = {"generation": GenerationSettings(max_new_tokens=args.answer_tokens), "c2c_fuser": str(c2c_folder)}
     if args.recall > 0:
-        from kvviz import recall
-
         records = recall.generate("heldout", args.recall, seed=args.seed + 1)
         report.setdefault("answers", {})["recall (held-out entities)"] = answer_accuracy(
             pair, answer_names, records, answer_kwargs, log, "recall"
         )
     if args.countries > 0:
-        from kvviz.data import load_dataset
-
         records = load_dataset("countries", limit=args.countries, seed=args.seed)
         report.setdefault("answers", {})["countries (context private to the sharer)"] = answer_accuracy(
             pair, answer_names, records, answer_kwargs, log, "countries"

@@ -19,33 +19,30 @@ calls return the cached folder. The reference architecture is kvviz's projector 
 its three linear maps, ``intermediate`` inner width and ``num_layers - 2`` projection blocks.
 
 A hub path (``owner/repo/sub/folder``) is downloaded with ``huggingface_hub.snapshot_download``
-(only that sub-folder). Without network the error says how to fetch it by hand.
+(only that sub-folder; ``huggingface_hub`` is imported only then). Without network the error says
+how to fetch it by hand.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
+import shutil
 from pathlib import Path
 
 import torch
 
-from kvviz.fuser import FuserConfig, FuserError, build_from_tensors, model_fingerprint
+from kvviz.c2c.fuser import (
+    REFERENCE_CONFIG, C2CFuser, FuserConfig, FuserError, build_from_tensors, is_reference_layout, model_fingerprint,
+)
+from kvviz.paths import cache_dir
 
-REFERENCE_CONFIG = "projector_config.json"
-PROJECTOR_WEIGHTS = re.compile(r"^projector_(\d+)\.pt$")
 SUPPORTED_CLASSES = ("C2CProjector",)
 
 # (sharer, receiver) -> the paper's published fuser for that pair, as a hub path
 PUBLISHED_FUSERS = {
     ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen3-0.6B"): "nics-efc/C2C_Fuser/qwen3_0.6b+qwen2.5_0.5b_Fuser/final",
 }
-
-
-def is_reference_layout(folder) -> bool:
-    folder = Path(folder)
-    return (folder / REFERENCE_CONFIG).is_file() and any(PROJECTOR_WEIGHTS.match(p.name) for p in folder.iterdir())
 
 
 def is_hub_path(text: str) -> bool:
@@ -270,8 +267,6 @@ def convert_reference(folder, sharer_facts, receiver_facts, pair_name: str = "",
         gate_logits[layer, 0], gate_logits[layer, 1] = gates["key"], gates["value"]
     # layers without a projector stay unfused (layer_map -1): zero weights keep the file complete
     with torch.device("meta"):
-        from kvviz.fuser import C2CFuser
-
         shapes = {name: tuple(t.shape) for name, t in C2CFuser(config).state_dict().items()}
     for name, shape in shapes.items():
         if name not in tensors and name != "gate_logits":
@@ -284,8 +279,6 @@ def convert_reference(folder, sharer_facts, receiver_facts, pair_name: str = "",
     tmp = target.with_name(target.name + ".tmp")
     fuser.save(tmp, dtype=dtype)
     if target.exists():
-        import shutil
-
         shutil.rmtree(target)
     tmp.rename(target)
     return target
