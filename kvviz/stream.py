@@ -22,6 +22,7 @@ from typing import Iterable, Iterator
 import torch
 
 from kvviz import engine, policy, zerogpu
+from kvviz.handoffs import registry
 from kvviz.results import HandoffRequest
 
 
@@ -142,10 +143,12 @@ def run_events(
 
 
 def run_seconds(pair_name: str, request: dict, names: list[str], workers: int = 1, max_seconds: float | None = None) -> int:
-    """GPU seconds for one page run: every handoff may write a message and an answer (counted one
-    after another whatever ``workers`` is: on a GPU handoffs run one at a time)."""
-    per_handoff = request["generation"]["max_new_tokens"] + request["text_message_tokens"]
-    return zerogpu.bounded_seconds(zerogpu.BASE_SECONDS + zerogpu.SECONDS_PER_TOKEN * per_handoff * len(names))
+    """GPU seconds for one page run: each handoff's answer and the message it may write first
+    (``Handoff.message_tokens``), counted one after another whatever ``workers`` is (on a GPU
+    handoffs run one at a time)."""
+    asked = HandoffRequest.from_dict(request)
+    tokens = sum(asked.generation.max_new_tokens + registry.get(name).tokens_before_answer(asked) for name in names)
+    return zerogpu.bounded_seconds(zerogpu.BASE_SECONDS + zerogpu.SECONDS_PER_TOKEN * tokens)
 
 
 def _run_events(pair_name: str, request: dict, names: list[str], workers: int = 1, max_seconds: float | None = None):

@@ -15,6 +15,7 @@ os.environ.setdefault("KVVIZ_FUSER_DIRS", tempfile.gettempdir())
 
 import pytest
 
+from kvviz.handoffs.kvcomm_layers import options_of
 from kvviz.models import LoadedPair, PairSpec
 from tests.tiny_models import tiny_gemma, tiny_llama
 
@@ -102,7 +103,7 @@ def tiny_engine(monkeypatch):
     real = engine.run_handoff
 
     def counting(name, loaded, request, on_token=None):
-        calls.append((name, request.query, request.kvcomm.ratio, request.kvcomm.strategy))
+        calls.append((name, request.query, options_of(request).ratio, options_of(request).strategy))
         return real(name, loaded, request, on_token)
 
     monkeypatch.setattr(engine, "run_handoff", counting)

@@ -15,8 +15,8 @@ import pytest
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from kvviz import present, ui  # noqa: E402
-from kvviz.handoffs import registry  # noqa: E402
-from kvviz.handoffs import kvcomm as kvcomm_handoff  # noqa: E402
+from kvviz.handoffs import kvcomm as kvcomm_handoff, registry  # noqa: E402
+from kvviz.handoffs.kvcomm_layers import options_of  # noqa: E402
 from kvviz.plotkit import bar_counts  # noqa: E402
 from kvviz.presets import PRESETS, load_precomputed  # noqa: E402
 from tests.conftest import served_on_loopback  # noqa: E402
@@ -135,8 +135,8 @@ def test_the_run_endpoint_names_every_setting_and_option_in_order():
     # the KVComm options keep the positions scripts used before the registry (alpha: auto, then value)
     assert names[8:15] == ["kvcomm_ratio", "kvcomm_strategy", "kvcomm_alpha_auto", "kvcomm_alpha", "kvcomm_sigma", "kvcomm_layers",
                            "kvcomm_calibration"]
-    widgets = sum(spec.inputs for spec in ui.page_options())
-    assert len(names) == 8 + widgets + 1
+    widgets = sum(spec.inputs for spec in ui.page_options())  # the message bound is the text handoff's option
+    assert len(names) == 7 + widgets + 1
 
 
 def test_form_values_become_each_handoffs_options():
@@ -144,12 +144,12 @@ def test_form_values_become_each_handoffs_options():
     values = ui.option_values(specs, [0.25, "prior", True, 0.3, 5.0, "", "query"])
     assert values == {"kvcomm": {"ratio": 0.25, "strategy": "prior", "alpha": None, "sigma": 5.0, "layers": "",
                                  "calibration": "query"}}
-    request = ui.build_request("Q?", "  ", 8, False, 0.7, 3, 16, values)
-    assert request.context is None and request.kvcomm.strategy == "prior" and request.generation.max_new_tokens == 8
-    assert request.kvcomm.calibration == "query" and request.kvcomm.calibration_sample is None
-    assert request.kvcomm.alpha is None and request.kvcomm.seed == 3
+    request = ui.build_request("Q?", "  ", 8, False, 0.7, 3, values)
+    assert request.context is None and options_of(request).strategy == "prior" and request.generation.max_new_tokens == 8
+    assert options_of(request).calibration == "query" and options_of(request).calibration_sample is None
+    assert options_of(request).alpha is None and options_of(request).seed == 3
     explicit = ui.build_request("Q?", "ctx", options={"kvcomm": {"layers": "7, 0,3"}})
-    assert explicit.kvcomm.strategy == "explicit" and explicit.kvcomm.layers == (0, 3, 7)
+    assert options_of(explicit).strategy == "explicit" and options_of(explicit).layers == (0, 3, 7)
 
 
 # --- slow: a live run on the real embedded pair -------------------------------------------------

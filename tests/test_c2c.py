@@ -21,6 +21,7 @@ from kvviz import cache as kv
 from kvviz.c2c import locate
 from kvviz.c2c.align import align_prompt, map_tokens, message_span
 from kvviz.c2c.fuser import new_fuser
+from kvviz.c2c.fusion import fuse_prompt
 from kvviz.decode import prefill
 from kvviz.engine import run_handoff
 from kvviz.handoffs import HANDOFFS, c2c
@@ -46,7 +47,7 @@ def pair():
 
 
 def request(folder, **kwargs) -> HandoffRequest:
-    return HandoffRequest(query=QUERY, context=kwargs.pop("context", None), generation=GenerationSettings(max_new_tokens=6), c2c_fuser=str(folder) if folder else None, **kwargs)
+    return HandoffRequest(query=QUERY, context=kwargs.pop("context", None), generation=GenerationSettings(max_new_tokens=6), options={"c2c": {"fuser": str(folder) if folder else ""}}, **kwargs)
 
 
 def save(pair, folder, gate: float, zero_projection: bool = False, control: bool = False):
@@ -61,10 +62,11 @@ def save(pair, folder, gate: float, zero_projection: bool = False, control: bool
 
 
 def last_logits(pair, result_fuser_folder, query=QUERY):
-    """The receiver's first-token logits on the fused cache, through the handoff's own code path."""
+    """The receiver's first-token logits on the fused cache, through the handoff's own pipeline."""
     fuser = locate.get_fuser(Path(result_fuser_folder), pair)
     alignment = align_prompt(pair.receiver.tokenizer, pair.sharer.tokenizer, query)
-    state, _, _, _ = c2c.fused_state(pair, fuser, alignment, c2c.StageTimer())
+    with torch.no_grad():
+        state = fuse_prompt(pair, fuser, alignment, hard=True).state
     next_token, _ = prefill(pair.receiver, state, alignment.receiver_ids[-1:])
     return next_token.logits
 
@@ -378,8 +380,8 @@ def test_fuser_requirement_is_checked_at_once_and_the_option_sets_the_request(pa
         reason = registry.get(name).applicable(pair, HandoffRequest(query="Q?"))
         assert reason and "fuser" in reason
     request = registry.get("c2c").with_options(HandoffRequest(query="Q?"), {"fuser": str(tmp_path)})
-    assert request.c2c_fuser == str(tmp_path)
-    assert registry.get("c2c").with_options(HandoffRequest(query="Q?"), {}).c2c_fuser is None
+    assert c2c.fuser_option(request) == str(tmp_path)
+    assert c2c.fuser_option(registry.get("c2c").with_options(HandoffRequest(query="Q?"), {})) is None
 
 
 def test_the_communication_measure_stored_beside_the_fusers_reaches_both_columns(tmp_path):

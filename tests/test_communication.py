@@ -71,7 +71,7 @@ def test_c2c_output_changes_with_the_sharers_context_and_the_controls_does_not(p
 
     assert not torch.allclose(first_logits("c2c", CONTEXTS[0]), first_logits("c2c", CONTEXTS[1]), atol=1e-5)
     assert torch.equal(first_logits("c2c_control", CONTEXTS[0]), first_logits("c2c_control", CONTEXTS[1]))
-    request = HandoffRequest(query=QUERY, context=CONTEXTS[0], generation=GenerationSettings(max_new_tokens=4), c2c_fuser=str(tmp_path / "run" / "c2c"))
+    request = HandoffRequest(query=QUERY, context=CONTEXTS[0], generation=GenerationSettings(max_new_tokens=4), options={"c2c": {"fuser": str(tmp_path / "run" / "c2c")}})
     result = run_handoff("c2c", pair, request)
     assert result.applicable, result.reason
     assert result.details["applied_gates"]["k"] == [1] * pair.receiver.facts.num_layers
@@ -417,7 +417,7 @@ def test_reference_fuser_errors_are_clear(pair, tmp_path):
 def test_reference_fuser_runs_through_the_handoff(pair, tmp_path, monkeypatch):
     monkeypatch.setattr(reference, "converted_root", lambda: tmp_path / "cache")
     folder = write_reference(tmp_path / "final", pair)
-    request = HandoffRequest(query=QUERY, generation=GenerationSettings(max_new_tokens=4), c2c_fuser=str(folder))
+    request = HandoffRequest(query=QUERY, generation=GenerationSettings(max_new_tokens=4), options={"c2c": {"fuser": str(folder)}})
     result = run_handoff("c2c", pair, request)
     assert result.applicable, result.reason
     assert result.details["fuser_source"] == "reference" and result.details["receiver_sees_context"] is True

@@ -45,7 +45,7 @@ def fake_cuda(monkeypatch):
 
 def request(max_new_tokens=3) -> HandoffRequest:
     return HandoffRequest(query="What is the secret code word?", context="The secret code word is pineapple.",
-                          generation=GenerationSettings(max_new_tokens=max_new_tokens), text_message_tokens=4)
+                          generation=GenerationSettings(max_new_tokens=max_new_tokens), options={"text": {"message_tokens": 4}})
 
 
 # --- timers wait for the device ---------------------------------------------------------------
@@ -177,7 +177,7 @@ def test_every_handoff_runs_the_same_through_accelerate_hooks(kind, tmp_path, mo
     for control in (False, True):  # an untrained fuser: C2C's path, not its quality
         new_fuser(plain.sharer.facts, plain.receiver.facts, pair=plain.name, control=control).save(
             fusers / ("control" if control else "c2c"))
-    given = dataclasses.replace(request(), c2c_fuser=str(fusers / "c2c"))
+    given = dataclasses.replace(request(), options={**request().options, "c2c": {"fuser": str(fusers / "c2c")}})
     for handoff in registry.all_handoffs():
         a = engine.run_handoff(handoff.name, plain, given)
         b = engine.run_handoff(handoff.name, spread, given)

@@ -50,7 +50,7 @@ def save_fuser(pair, folder):
 
 
 def c2c(pair, folder):
-    request = HandoffRequest(query=QUERY, generation=GenerationSettings(max_new_tokens=3), c2c_fuser=str(folder))
+    request = HandoffRequest(query=QUERY, generation=GenerationSettings(max_new_tokens=3), options={"c2c": {"fuser": str(folder)}})
     return run_handoff("c2c", pair, request)
 
 

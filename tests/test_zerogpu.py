@@ -76,7 +76,7 @@ def with_spaces(monkeypatch):
 
 def request(max_new_tokens=3, message_tokens=4) -> HandoffRequest:
     return HandoffRequest(query="What is the secret code word?", context="The secret code word is pineapple.",
-                          generation=GenerationSettings(max_new_tokens=max_new_tokens), text_message_tokens=message_tokens)
+                          generation=GenerationSettings(max_new_tokens=max_new_tokens), options={"text": {"message_tokens": message_tokens}})
 
 
 NAMES = ["receiver", "text", "kvcomm", "skyline"]
@@ -139,13 +139,14 @@ def test_the_same_answers_with_and_without_the_package(monkeypatch, one_thread):
 
 
 def test_duration_fits_the_request_within_bounds():
-    def seconds(max_new_tokens, message_tokens, handoffs):
-        return stream.run_seconds("p", request(max_new_tokens, message_tokens).to_dict(), ["receiver"] * handoffs)
+    def seconds(max_new_tokens, message_tokens, handoffs, name="text"):
+        return stream.run_seconds("p", request(max_new_tokens, message_tokens).to_dict(), [name] * handoffs)
 
     assert seconds(1, 1, 1) == zerogpu.MIN_SECONDS
     assert seconds(1024, 512, 9) == zerogpu.MAX_SECONDS
-    middle = seconds(100, 64, 5)
+    middle = seconds(100, 64, 5)  # a handoff that writes a message first counts it (Handoff.message_tokens)
     assert middle == round(zerogpu.BASE_SECONDS + zerogpu.SECONDS_PER_TOKEN * (100 + 64) * 5)
+    assert seconds(100, 64, 5, "receiver") == round(zerogpu.BASE_SECONDS + zerogpu.SECONDS_PER_TOKEN * 100 * 5)
     assert zerogpu.MIN_SECONDS < middle < zerogpu.MAX_SECONDS
     assert seconds(100, 64, 5) < seconds(200, 64, 5) and seconds(100, 64, 2) < seconds(100, 64, 5)
     assert zerogpu.MIN_SECONDS <= sweep.sweep_seconds("p", ["kvcomm"], 12, "kvcomm") <= zerogpu.MAX_SECONDS

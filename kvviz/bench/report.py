@@ -104,8 +104,8 @@ def results_markdown(runs: list[tuple[str, Path]], perf_dir: Path | None, machin
             f"{max((entry['samples'] for entry in summary), default=0)} samples run "
             f"(seeded shuffle, seed {config['seed']}), answers up to {config['max_new_tokens']} tokens, messages up to "
             f"{config['message_tokens']} tokens."
-            + (f" KVComm calibrated on the task's first sample, `{config['kvcomm_calibration_sample']}` (not scored)."
-               if config.get("kvcomm_calibration_sample") else "")
+            + (f" {' and '.join(registry.label_of(name) for name in config.get('calibrated_handoffs', []))} calibrated on "
+               f"the task's first sample, `{config['calibration_sample']}` (not scored)." if config.get("calibration_sample") else "")
         )
     reasons: dict[str, set] = {}
     for _, summary, _ in tables:

@@ -28,8 +28,9 @@ from kvviz.c2c.fuser import checkpoint_label
 from kvviz.c2c.locate import get_fuser, resolve_fuser
 from kvviz.c2c.scoring import mean_nll
 from kvviz.data import LETTERS, choice_query, contains_answer, extract_choice_letter, f1_match, load_dataset, recall, wilson_interval
+from kvviz.evaluation import Tally, Variant, evaluate
 from kvviz.handoffs import parse_handoffs
-from kvviz.results import GenerationSettings, HandoffRequest
+from kvviz.handoffs.registry import build_request
 
 
 def configure_parser(parser) -> None:
@@ -70,56 +71,62 @@ def heldout_nll(pair, c2c_folder: Path, control_folder: Path | None, limit: int 
     }
 
 
-def answer_accuracy(pair, names: list[str], records, request_kwargs: dict, progress, label: str) -> dict:
-    """Greedy answers of each handoff, scored by ``contains_answer`` and the KVComm F1 metric."""
-    table = {name: {"contains": 0, "f1": 0, "n": 0, "skipped": 0, "examples": []} for name in names}
-    for index, record in enumerate(records):
-        request = HandoffRequest(query=record.question, context=record.context, **request_kwargs)
-        for name in names:
-            result = engine.run_handoff(name, pair, request)
-            row = table[name]
-            if not result.applicable:
-                row["skipped"] += 1
-                row["reason"] = result.reason
-                continue
-            row["n"] += 1
-            row["contains"] += contains_answer(result.answer, record.answers)
-            row["f1"] += f1_match(result.answer, record.answers)
-            if len(row["examples"]) < 5:
-                row["examples"].append({"question": record.question, "gold": record.answers[0], "answer": result.answer})
-        if (index + 1) % 10 == 0 or index + 1 == len(records):
-            progress(f"{label}: {index + 1}/{len(records)}")
-    for row in table.values():
-        for metric in ("contains", "f1"):
-            row[f"{metric}_accuracy"] = row[metric] / row["n"] if row["n"] else None
-            row[f"{metric}_ci95"] = list(wilson_interval(row[metric], row["n"])) if row["n"] else None
+def answer_accuracy(pair, names: list[str], records, request_for, progress, label: str) -> dict:
+    """Greedy answers of each handoff (the evaluation loop), scored by ``contains_answer`` and the
+    KVComm F1 metric, each tallied with its 95% Wilson interval."""
+    variants = [Variant(name, name) for name in names]
+    contains, f1, examples = {}, {}, {name: [] for name in names}
+    for item in evaluate(pair, enumerate(records), variants, lambda record, _: request_for(record.question, record.context)):
+        name, result, record = item.variant.label, item.result, item.record
+        hit = (lambda metric: metric(result.answer, record.answers)) if result.applicable else (lambda metric: None)
+        contains.setdefault(name, Tally()).add(hit(contains_answer), result.reason)
+        f1.setdefault(name, Tally()).add(hit(f1_match), result.reason)
+        if result.applicable and len(examples[name]) < 5:
+            examples[name].append({"question": record.question, "gold": record.answers[0], "answer": result.answer})
+        if name == names[-1] and ((item.index + 1) % 10 == 0 or item.index + 1 == len(records)):
+            progress(f"{label}: {item.index + 1}/{len(records)}")
+    table = {}
+    for name in names:
+        row = {"contains": contains[name].correct, "f1": f1[name].correct, "n": contains[name].n,
+               "skipped": contains[name].skipped, "examples": examples[name]}
+        if contains[name].skipped:
+            row["reason"] = contains[name].reason
+        for metric, counts in (("contains", contains[name]), ("f1", f1[name])):
+            row[f"{metric}_accuracy"] = counts.accuracy
+            row[f"{metric}_ci95"] = list(counts.ci95) if counts.n else None
+        table[name] = row
     return table
 
 
-def mc_accuracy(pair, names: list[str], datasets: list[str], limit: int, seed: int, request_kwargs: dict, progress) -> dict:
+def mc_accuracy(pair, names: list[str], datasets: list[str], limit: int, seed: int, request_for, progress) -> dict:
+    """Multiple-choice accuracy of each handoff per dataset: the letter it writes (the one
+    multiple-choice prompt, ``choice_query``), no letter counting as wrong."""
     table = {}
+    variants = [Variant(name, name) for name in names]
     for dataset in datasets:
         records = load_dataset(dataset, limit=limit, seed=seed)
-        counts = {name: {"correct": 0, "n": 0, "no_letter": 0, "skipped": 0, "seconds": 0.0} for name in names}
-        for index, record in enumerate(records):
-            request = HandoffRequest(query=choice_query(record), **request_kwargs)
-            for name in names:
-                result = engine.run_handoff(name, pair, request)
-                row = counts[name]
-                if not result.applicable:
-                    row["skipped"] += 1
-                    row["reason"] = result.reason
-                    continue
+        tallies = {name: Tally() for name in names}
+        extra = {name: {"no_letter": 0, "seconds": 0.0} for name in names}
+        for item in evaluate(pair, enumerate(records), variants, lambda record, _: request_for(choice_query(record), None)):
+            name, result, record = item.variant.label, item.result, item.record
+            if not result.applicable:
+                tallies[name].add(None, result.reason)
+            else:
                 letter = extract_choice_letter(result.answer, len(record.choices))
-                row["n"] += 1
-                row["no_letter"] += letter is None
-                row["correct"] += letter == LETTERS[record.answer_index]
-                row["seconds"] += result.total_seconds
-            progress(f"{dataset}: {index + 1}/{len(records)}")
-        for name, row in counts.items():
-            low, high = wilson_interval(row["correct"], row["n"])
-            row["accuracy"] = row["correct"] / row["n"] if row["n"] else None
-            row["ci95"] = [low, high]
+                tallies[name].add(letter == LETTERS[record.answer_index])
+                extra[name]["no_letter"] += letter is None
+                extra[name]["seconds"] += result.total_seconds
+            if name == names[-1]:
+                progress(f"{dataset}: {item.index + 1}/{len(records)}")
+        counts = {}
+        for name, counted in tallies.items():
+            row = {"correct": counted.correct, "n": counted.n, "no_letter": extra[name]["no_letter"],
+                   "skipped": counted.skipped, "seconds": extra[name]["seconds"]}
+            if counted.skipped:
+                row["reason"] = counted.reason
+            row["accuracy"] = counted.accuracy
+            row["ci95"] = list(wilson_interval(counted.correct, counted.n))
+            counts[name] = row
         table[dataset] = counts
     return table
 
@@ -191,25 +198,26 @@ def main(args) -> int:
     if not control_folder:
         names = [n for n in names if n != "c2c_control"]
     answer_names = [n for n in parse_handoffs(args.answer_handoffs) if control_folder or n != "c2c_control"]
-    answer_kwargs = {"generation": GenerationSettings(max_new_tokens=args.answer_tokens), "c2c_fuser": str(c2c_folder)}
+    def answer_request(query, context):
+        return build_request(query, context, args.answer_tokens, options={"c2c": {"fuser": str(c2c_folder)}})
+
     if args.recall > 0:
         records = recall.generate("heldout", args.recall, seed=args.seed + 1)
         report.setdefault("answers", {})["recall (held-out entities)"] = answer_accuracy(
-            pair, answer_names, records, answer_kwargs, log, "recall"
+            pair, answer_names, records, answer_request, log, "recall"
         )
     if args.countries > 0:
         records = load_dataset("countries", limit=args.countries, seed=args.seed)
         report.setdefault("answers", {})["countries (context private to the sharer)"] = answer_accuracy(
-            pair, answer_names, records, answer_kwargs, log, "countries"
+            pair, answer_names, records, answer_request, log, "countries"
         )
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if args.mc_limit > 0 and datasets:
-        request_kwargs = {
-            "generation": GenerationSettings(max_new_tokens=args.max_new_tokens),
-            "text_message_tokens": args.message_tokens,
-            "c2c_fuser": str(c2c_folder),
-        }
-        report["mc"] = mc_accuracy(pair, names, datasets, args.mc_limit, args.seed, request_kwargs, log)
+        def mc_request(query, context):
+            options = {"c2c": {"fuser": str(c2c_folder)}, "text": {"message_tokens": args.message_tokens}}
+            return build_request(query, context, args.max_new_tokens, options=options)
+
+        report["mc"] = mc_accuracy(pair, names, datasets, args.mc_limit, args.seed, mc_request, log)
     report["seconds"] = time.perf_counter() - started
     report["settings"] = {
         "mc_limit": args.mc_limit, "seed": args.seed, "max_new_tokens": args.max_new_tokens, "message_tokens": args.message_tokens,

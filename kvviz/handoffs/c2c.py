@@ -15,7 +15,7 @@ A request's context: a fuser trained with shared input (the paper) gives it to b
 fuser trained with a private context (``train-fuser --context private``, the shipped one) gives
 it to the sharer only, as the text and KVComm handoffs do; the fuser's config says which.
 
-Fusers: ``request.c2c_fuser`` (a checkpoint folder, a folder in the C2C paper's published layout,
+Fusers: the ``fuser`` option (a checkpoint folder, a folder in the C2C paper's published layout,
 or a hub path to one) overrides the shipped ones (``kvviz.c2c.locate``: the shipped fusers are
 found by the pair's architecture fingerprint; a pair with no shipped fuser for which the paper
 publishes one, ``--pair qwen``, uses that one, fetched from the hub and converted once; without
@@ -27,40 +27,31 @@ one the trainer and the evaluator run too.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import asdict
-from pathlib import Path
 
 import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from kvviz import policy
 from kvviz.c2c.align import align_prompt
 from kvviz.c2c.fuser import C2CFuser, FuserError, checkpoint_label
 from kvviz.c2c.fusion import fuse_prompt
 from kvviz.c2c.locate import communication_details, get_fuser, resolve_fuser
 from kvviz.decode import generate, prefill
 from kvviz.handoffs.common import TokenCallback
-from kvviz.handoffs.registry import Handoff, Option
+from kvviz.handoffs.registry import OPENING_PRESET, Handoff, Option, option_values
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.models import LoadedPair
 from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
-from kvviz.presets import DEFAULT_PRESET, preset
 from kvviz.results import HandoffRequest, HandoffResult
+
+NAME = "c2c"
+CONTROL = "c2c_control"
 
 def receiver_sees_context_for(fuser: C2CFuser) -> bool:
     """The context setting the fuser was trained in (the paper's shared input when unrecorded)."""
     return bool((fuser.config.training or {}).get("receiver_sees_context", True))
-
-
-@torch.no_grad()
-def fused_state(pair: LoadedPair, fuser: C2CFuser, alignment, timer: StageTimer, sharer="right"):
-    """Sharer prefill, receiver prefill of all but the last prompt token, fusion (``kvviz.c2c.fusion``).
-
-    Returns (receiver state ready for the last prompt token, layer records, bytes read, fusion s).
-    """
-    fused = fuse_prompt(pair, fuser, alignment, sharer=sharer, hard=True, timer=timer)
-    return fused.state, fused.records, fused.bytes_read, fused.fusion_seconds
 
 
 def communication_note(measured: dict | None, control: bool) -> list[str]:
@@ -87,43 +78,23 @@ def communication_note(measured: dict | None, control: bool) -> list[str]:
 def run(
     pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None, control: bool = False
 ) -> HandoffResult:
-    name = "c2c_control" if control else "c2c"
-    folder, reason = resolve_fuser(pair, request.c2c_fuser, control)
-    if folder is None:
+    name = CONTROL if control else NAME
+    fuser, folder, reason = fuser_for(pair, request, control)
+    if fuser is None:
         return HandoffResult.not_applicable(name, pair.name, reason)
-    try:
-        fuser = get_fuser(folder, pair)
-    except FuserError as error:
-        return HandoffResult.not_applicable(name, pair.name, str(error))
-    if fuser.config.control != control:
-        kind = "a control" if fuser.config.control else "a real (non-control)"
-        return HandoffResult.not_applicable(name, pair.name, f"The fuser at {folder} is {kind} fuser; {name} needs the other kind.")
-
     timer = StageTimer()
     receiver, sharer = pair.receiver, pair.sharer
-    receiver_sees_context = receiver_sees_context_for(fuser)
     alignment = align_prompt(
-        receiver.tokenizer, sharer.tokenizer, request.query, request.context, receiver_sees_context,
+        receiver.tokenizer, sharer.tokenizer, request.query, request.context, receiver_sees_context_for(fuser),
         fuser.config.token_alignment, fuser.config.fuse_template,
     )
-    state, records, sent, fusion_seconds = fused_state(pair, fuser, alignment, timer)
-    last = alignment.receiver_ids[-1:]
+    with torch.no_grad():  # the frozen models and the fuser at inference: no gradients
+        fused = fuse_prompt(pair, fuser, alignment, sharer="right", hard=True, timer=timer)
     with timer.stage("receiver_prefill"):
-        logits, _ = prefill(receiver, state, last)
+        logits, _ = prefill(receiver, fused.state, alignment.receiver_ids[-1:])
     with timer.stage("receiver_decode"):
-        output = generate(receiver, state, logits, request.generation, on_token=on_token)
-    timings = timer.as_dict()
-
-    prompt_length = len(alignment.receiver_ids)
-    receiver_flops = (
-        forward_flops(receiver.facts, prompt_length - 1, 0, 0)
-        + forward_flops(receiver.facts, 1, prompt_length - 1, 1)
-        + decode_flops(receiver.facts, len(output.token_ids), prompt_length)
-    )
-    flops = {"receiver": receiver_flops, "fuser": 2.0 * fuser.num_parameters * alignment.num_fused}
-    if not control:
-        flops["sharer"] = forward_flops(sharer.facts, len(alignment.sharer_ids), 0, 0)
-    segments = alignment.receiver_segments
+        output = generate(receiver, fused.state, logits, request.generation, on_token=on_token, timer=timer)
+    flops, before_answer = c2c_flops(pair, fuser, alignment, len(output.token_ids), control)
     return HandoffResult(
         handoff=name,
         pair=pair.name,
@@ -131,59 +102,95 @@ def run(
         answer_ids=output.token_ids,
         seen={
             "sharer": "" if control else sharer.tokenizer.decode(alignment.sharer_ids),
-            "receiver": segments.text,
+            "receiver": alignment.receiver_segments.text,
         },
-        timings=timings,
-        bytes_communicated=sent,
+        timings=timer.as_dict(),
+        bytes_communicated=fused.bytes_read,
         communication="none" if control else "kv",
         flops=flops,
+        flops_to_first_token=before_answer,
         tokens={
-            "receiver_prompt": prompt_length,
+            "receiver_prompt": len(alignment.receiver_ids),
             "sharer_prompt": 0 if control else len(alignment.sharer_ids),
             "fused": alignment.num_fused,
             "generated": len(output.token_ids),
         },
-        layers=[asdict(record) for record in records],
-        first_token_seconds=timings["sharer_prefill"] + timings["transfer"] + timings["receiver_prefill"] + output.first_token_seconds,
-        receiver_first_token_seconds=timings["transfer"] + timings["receiver_prefill"] + output.first_token_seconds,
-        details={
-            "fuser_path": fuser.config.reference.get("hub") or checkpoint_label(folder),
-            "fuser_source": fuser.config.source,
-            "fusion_seconds": fusion_seconds,
-            "parameters": fuser.num_parameters,
-            "control": fuser.config.control,
-            "trained": dict(fuser.config.training),
-            "width": fuser.config.width,
-            "layer_map": list(fuser.config.layer_map),
-            "identical_tokenizers": alignment.identical_tokenizers,
-            "receiver_sees_context": receiver_sees_context,
-            "open_gates": {
-                "k": sum(r.gate_k_open for r in records),
-                "v": sum(r.gate_v_open for r in records),
-                "layers": len(records),
-            },
-            # the gate each layer applied (0/1) beside the logit it came from, for the gate plot
-            "applied_gates": {
-                "k": [int(r.gate_k_open) for r in records],
-                "v": [int(r.gate_v_open) for r in records],
-                "k_logit": [r.gate_k_logit for r in records],
-                "v_logit": [r.gate_v_logit for r in records],
-            },
-            "architecture": {
-                "rope": fuser.config.rope,
-                "fuse": fuser.config.fuse,
-                "source": fuser.config.source,
-                "bias": fuser.config.bias,
-                "intermediate": fuser.config.inner_width,
-                "token_alignment": fuser.config.token_alignment,
-                "fuse_template": fuser.config.fuse_template,
-            },
-            # held-out communication gain measured by eval-fuser (None when not measured)
-            "communication": communication_details(fuser, folder),
-            "sharer_model": sharer.name,
-            "stopped_by": output.stopped_by,
-        },
+        layers=[asdict(record) for record in fused.records],
+        first_token_seconds=timer.first_token_seconds,
+        receiver_first_token_seconds=timer.receiver_first_token_seconds,
+        details={**run_details(pair, fuser, folder, alignment, fused), "stopped_by": output.stopped_by},
     )
+
+
+def fuser_for(pair: LoadedPair, request: HandoffRequest, control: bool) -> tuple[C2CFuser | None, object, str]:
+    """(the fuser, its folder, "") or (None, None, why not)."""
+    name = CONTROL if control else NAME
+    folder, reason = resolve_fuser(pair, fuser_option(request), control)
+    if folder is None:
+        return None, None, reason
+    try:
+        fuser = get_fuser(folder, pair)
+    except FuserError as error:
+        return None, None, str(error)
+    if fuser.config.control != control:
+        kind = "a control" if fuser.config.control else "a real (non-control)"
+        return None, None, f"The fuser at {folder} is {kind} fuser; {name} needs the other kind."
+    return fuser, folder, ""
+
+
+def c2c_flops(pair, fuser: C2CFuser, alignment, generated: int, control: bool) -> tuple[dict, dict]:
+    """(FLOPs per model, the same before the first answer token)."""
+    receiver = pair.receiver
+    prompt_length = len(alignment.receiver_ids)
+    prompt = forward_flops(receiver.facts, prompt_length - 1, 0, 0) + forward_flops(receiver.facts, 1, prompt_length - 1, 1)
+    before = {"receiver": prompt, "fuser": 2.0 * fuser.num_parameters * alignment.num_fused}
+    if not control:
+        before["sharer"] = forward_flops(pair.sharer.facts, len(alignment.sharer_ids), 0, 0)
+    flops = dict(before, receiver=prompt + decode_flops(receiver.facts, generated, prompt_length))
+    return flops, before
+
+
+def run_details(pair, fuser: C2CFuser, folder, alignment, fused) -> dict:
+    """``HandoffResult.details`` of a run (but ``stopped_by``)."""
+    records, fusion_seconds = fused.records, fused.fusion_seconds
+    receiver_sees_context = receiver_sees_context_for(fuser)
+    sharer = pair.sharer
+    return {
+        "fuser_path": fuser.config.reference.get("hub") or checkpoint_label(folder),
+        "fuser_source": fuser.config.source,
+        "fusion_seconds": fusion_seconds,
+        "parameters": fuser.num_parameters,
+        "control": fuser.config.control,
+        "trained": dict(fuser.config.training),
+        "width": fuser.config.width,
+        "layer_map": list(fuser.config.layer_map),
+        "identical_tokenizers": alignment.identical_tokenizers,
+        "receiver_sees_context": receiver_sees_context,
+        "open_gates": {
+            "k": sum(r.gate_k_open for r in records),
+            "v": sum(r.gate_v_open for r in records),
+            "layers": len(records),
+        },
+        # the gate each layer applied (0/1) beside the logit it came from, for the gate plot
+        "applied_gates": {
+            "k": [int(r.gate_k_open) for r in records],
+            "v": [int(r.gate_v_open) for r in records],
+            "k_logit": [r.gate_k_logit for r in records],
+            "v_logit": [r.gate_v_logit for r in records],
+        },
+        "architecture": {
+            "rope": fuser.config.rope,
+            "fuse": fuser.config.fuse,
+            "source": fuser.config.source,
+            "bias": fuser.config.bias,
+            "intermediate": fuser.config.inner_width,
+            "token_alignment": fuser.config.token_alignment,
+            "fuse_template": fuser.config.fuse_template,
+        },
+        # held-out communication gain measured by eval-fuser (None when not measured)
+        "communication": communication_details(fuser, folder),
+        "sharer_model": sharer.name,
+    }
 
 
 def run_control(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
@@ -309,22 +316,34 @@ def fuser_found(control: bool):
     """Applicable when a fuser of this kind is found for the pair (config files only, no weights)."""
 
     def check(pair: LoadedPair, request: HandoffRequest) -> str | None:
-        folder, reason = resolve_fuser(pair, request.c2c_fuser, control)
+        folder, reason = resolve_fuser(pair, fuser_option(request), control)
         return reason if folder is None else None
 
     return check
 
 
-def apply_options(request: HandoffRequest, values: dict) -> HandoffRequest:
-    """The fuser option is ``request.c2c_fuser``, read by both C2C and its control."""
-    return dataclasses.replace(request, c2c_fuser=values["fuser"].strip() or None)
+def refuse_in_public_mode(folder: str) -> None:
+    """A public server runs the shipped fusers only (``kvviz.policy``)."""
+    if folder.strip() and policy.public_mode():
+        raise ValueError(policy.PUBLIC_FUSER_REFUSAL)
+
+
+OPTIONS = (
+    Option("fuser", "C2C fuser checkpoint folder (default: the pair's shipped one)", "", kind="text",
+           flag="--fuser", on_page=False, check=refuse_in_public_mode),
+)
+
+
+def fuser_option(request: HandoffRequest) -> str | None:
+    """The fuser folder the request names (C2C's option, read by its control too), or None."""
+    return option_values(request, NAME, OPTIONS)["fuser"].strip() or None
 
 
 NO_LIKELIHOOD = "not computed: {name} changes the receiver's cache in a way the bench does not rebuild"
 
 HANDOFFS = (
     Handoff(
-        name="c2c",
+        name=NAME,
         title="C2C: cache fusion",
         label="C2C",
         color="#0072B2",  # blue
@@ -343,12 +362,8 @@ HANDOFFS = (
         run=run,
         needs=("a trained fuser for the pair",),
         applicable=fuser_found(control=False),
-        options=(
-            Option("fuser", "C2C fuser checkpoint folder (default: the pair's shipped one)", "", kind="text",
-                   flag="--fuser", on_page=False),
-        ),
-        apply_options=apply_options,
-        no_receiver_prompt=NO_LIKELIHOOD.format(name="c2c"),
+        options=OPTIONS,
+        no_receiver_prompt=NO_LIKELIHOOD.format(name=NAME),
         figure=gates_figure,
         notes=notes,
         page=20,
@@ -360,7 +375,7 @@ HANDOFFS = (
         ),
     ),
     Handoff(
-        name="c2c_control",
+        name=CONTROL,
         title="C2C control: no sharer",
         label="C2C control",
         color="#56B4E9",  # light blue
@@ -375,7 +390,7 @@ HANDOFFS = (
         run=run_control,
         needs=("a trained control fuser for the pair",),
         applicable=fuser_found(control=True),
-        no_receiver_prompt=NO_LIKELIHOOD.format(name="c2c_control"),
+        no_receiver_prompt=NO_LIKELIHOOD.format(name=CONTROL),
         figure=gates_figure,
         notes=notes,
         page=25,
@@ -383,11 +398,11 @@ HANDOFFS = (
         walkthrough=(
             "**Predict first:** did the sharer's cache add anything? C2C control (light blue) runs a fuser with "
             "C2C's architecture, data, steps and seed, trained with the sharer's cache replaced by zeros: it can "
-            f"only adapt the receiver. On this preset (we loaded **{preset(DEFAULT_PRESET).title}** again), if C2C gives the code "
+            "only adapt the receiver. On this preset (we loaded **{preset}** again), if C2C gives the code "
             "from the note and its control does not, the sharer's cache carried it. If both columns answer "
             "alike, C2C's change is the fuser adapting the receiver, not the sharer's knowledge. The note under "
             "each column gives the held-out numbers measured by eval-fuser (NLL and the communication gain)."
         ),
-        walkthrough_preset=DEFAULT_PRESET,
+        walkthrough_preset=OPENING_PRESET,
     ),
 )
