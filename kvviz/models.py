@@ -35,6 +35,7 @@ import torch
 
 from kvviz import attention, policy, zerogpu
 from kvviz.facts import ModelFacts, facts_from_config
+from kvviz.head import OutputHead
 from kvviz.paths import cache_dir
 
 # Marker written last into a converted folder: a folder without it is an interrupted conversion.
@@ -295,8 +296,6 @@ class LoadedModel:
         Made once, by the first of the concurrent runs that asks (the others wait for it)."""
         with _head_lock:
             if self._head is None:
-                from kvviz.head import OutputHead
-
                 # KVVIZ_FAST_HEAD=0 turns the fast greedy path off (to compare, or to rule it out)
                 fast = os.environ.get("KVVIZ_FAST_HEAD", "1") != "0"
                 self._head = OutputHead(self.model, allow_scan=fast, cache_folder=cache_dir() / "heads")

@@ -54,6 +54,7 @@ def split_run_outputs(outputs) -> dict:
 # --- fast: no models ----------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_every_event_has_an_api_name(client):
     names = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
     for expected in ("/run", "/sweep", "/load_preset", "/export", "/pair_facts", "/walkthrough_next", "/walkthrough_back",
@@ -71,6 +72,7 @@ def test_model_runs_share_one_queue_and_every_public_event_is_named():
     assert functions["load_preset"].concurrency_id != ui.MODEL_QUEUE
 
 
+@pytest.mark.integration
 def test_walkthrough_steps_forward_and_back(client):
     text, preset_key = client.predict(api_name="/walkthrough_next")
     assert "Step 2 of" in text
@@ -78,6 +80,7 @@ def test_walkthrough_steps_forward_and_back(client):
     assert "Step 1 of" in text and preset_key == ui.walkthrough_steps()[0][1]
 
 
+@pytest.mark.integration
 def test_preset_paints_precomputed_results_and_plots(client):
     if not load_precomputed():
         pytest.skip("assets/precomputed/presets.json is missing: run scripts/precompute_presets.py")
@@ -103,6 +106,7 @@ def test_preset_paints_precomputed_results_and_plots(client):
     assert set(view["plots"]) == set(ui.plot_names())
 
 
+@pytest.mark.integration
 def test_export_writes_json_and_csv(client, tmp_path):
     files = client.predict(api_name="/export")
     paths = [f if isinstance(f, str) else f.get("path", f.get("name")) for f in files]
@@ -114,11 +118,13 @@ def test_export_writes_json_and_csv(client, tmp_path):
     assert list(rows[0]) == present.RESULT_COLUMNS
 
 
+@pytest.mark.integration
 def test_pair_facts_lists_the_models(client):
     text = client.predict("embedded", api_name="/pair_facts")
     assert "smollm2-135m" in text and "gemma3-270m" in text
 
 
+@pytest.mark.integration
 def test_bad_input_gets_a_clear_error(client):
     from gradio_client.exceptions import AppError
 
@@ -183,7 +189,8 @@ def test_walkthrough_has_a_step_per_handoff_shown_at_first():
     assert titles[0].startswith(f"Step 1 of {len(titles)}")
 
 
-@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.real_model
 def test_run_a_preset_live_gets_every_column_and_every_plot(client, embedded_pair):
     preset = PRESETS[0]  # private context: every handoff applies (C2C when a fuser ships)
     job = client.submit(
@@ -222,6 +229,7 @@ def test_run_a_preset_live_gets_every_column_and_every_plot(client, embedded_pai
     assert len(job.outputs()) > 2
 
 
+@pytest.mark.integration
 def test_the_page_preloads_the_plot_script_it_will_need(app_url):
     """The head links Gradio's plotly chunk for early fetching; the link must resolve on the server."""
     import re

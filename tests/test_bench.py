@@ -323,7 +323,8 @@ def _cli_env() -> dict:
     return env
 
 
-@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.real_model
 def test_embedded_countries_bench_and_two_process_split(tmp_path, shared_data):
     """Two CPU processes (RANK / WORLD_SIZE as accelerate launch sets them) split a tiny real run."""
     out = tmp_path / "split"
@@ -384,6 +385,7 @@ def test_regenerating_results_keeps_the_kvcomm_table_section(tmp_path):
     assert "<!-- kvcomm-table:start -->\nK\n<!-- kvcomm-table:end -->" in kept and "L" in kept
 
 
+@pytest.mark.integration
 def test_kvcomm_results_section_pairs_samples_and_says_met_or_missed(tmp_path):
     """scripts/kvcomm_results.py on hand-made rows: only samples every variant answered count, the
     verdicts follow the numbers, and the section replaces its old self in the file."""

@@ -27,6 +27,7 @@ from kvviz.engine import run_handoff
 from kvviz.handoffs import HANDOFFS, c2c
 from kvviz.prompts import build_segments
 from kvviz.results import GenerationSettings, HandoffRequest
+from tests.conftest import embedded_models_missing
 from tests.test_fuser import mixed_pair, trained_like
 
 QUERY = "What is the secret code word? Uma is at the Mahaffie House."
@@ -178,12 +179,13 @@ def _real_tokenizers():
     from kvviz.models import converted_dir, is_prepared
 
     if not (is_prepared("smollm2-135m") and is_prepared("gemma3-270m")):
-        pytest.skip("the embedded models are not prepared (python -m kvviz prepare)")
+        embedded_models_missing("the embedded models are not prepared (python -m kvviz prepare)")
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(converted_dir("gemma3-270m")), AutoTokenizer.from_pretrained(converted_dir("smollm2-135m"))
 
 
+@pytest.mark.real_model
 @pytest.mark.parametrize("text", HARD_TEXTS)
 def test_real_tokenizers_map_every_message_token_to_one_sharer_token(text):
     gemma, smollm = real_tokenizers()
@@ -208,6 +210,7 @@ def test_real_tokenizers_map_every_message_token_to_one_sharer_token(text):
         )
 
 
+@pytest.mark.real_model
 def test_real_tokenizers_longest_piece():
     gemma, smollm = real_tokenizers()
     ids = gemma(" déjà", add_special_tokens=False)["input_ids"]
@@ -221,7 +224,7 @@ def test_real_tokenizers_longest_piece():
 # --- slow: the real pair and two training processes -----------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.real_model
 def test_embedded_pair_c2c_and_control_run(embedded_pair):
     result = run_handoff("c2c", embedded_pair, HandoffRequest(query="What is the capital of France?", generation=GenerationSettings(max_new_tokens=8)))
     if not result.applicable:
@@ -243,7 +246,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_two_cpu_processes_train_with_gloo(tmp_path):
     """`accelerate launch` with two CPU processes (gloo): a few steps, one checkpoint.
 

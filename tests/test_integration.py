@@ -20,7 +20,7 @@ from kvviz.models import converted_dir, is_prepared
 from kvviz.prompts import build_segments
 from kvviz.results import GenerationSettings, HandoffRequest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 
 UMA_CONTEXT = "Uma is at the Mahaffie House."
 UMA_QUERY = "Which country is Uma located in?"

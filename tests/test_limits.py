@@ -15,6 +15,7 @@ from kvviz.handoffs import c2c, registry
 from kvviz.models import PAIRS, resolve_pair
 from kvviz.prompts import build_segments
 from kvviz.results import GenerationSettings, HandoffRequest
+from tests.conftest import embedded_models_missing
 from tests.tiny_models import tiny_tokenizer
 
 SPECIAL_STRINGS = ("<|im_start|>", "<|im_end|>", "<bos>", "<eos>", "<end_of_turn>", "<start_of_turn>")
@@ -93,6 +94,7 @@ def test_a_users_special_token_string_never_becomes_the_special_token(chat):
         assert typed in tokenizer.decode(segments.query_ids)
 
 
+@pytest.mark.real_model
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
 def test_the_real_tokenizers_read_typed_special_tokens_as_text(model):
     from transformers import AutoTokenizer
@@ -100,7 +102,7 @@ def test_the_real_tokenizers_read_typed_special_tokens_as_text(model):
     from kvviz.models import converted_dir, is_prepared
 
     if not is_prepared(model):
-        pytest.skip(f"{model} is not prepared (python -m kvviz prepare)")
+        embedded_models_missing(f"{model} is not prepared (python -m kvviz prepare)")
     tokenizer = AutoTokenizer.from_pretrained(converted_dir(model))
     special_ids = set(tokenizer.all_special_ids) | {tokenizer.convert_tokens_to_ids(s) for s in SPECIAL_STRINGS}
     special_ids.discard(tokenizer.unk_token_id)

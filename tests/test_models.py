@@ -94,12 +94,14 @@ def test_dtype_choice():
         models.parse_dtype("int3", "cpu")
 
 
+@pytest.mark.integration
 def test_cli_help_lists_subcommands():
     output = subprocess.run([sys.executable, "-m", "kvviz", "--help"], capture_output=True, text=True, check=True).stdout
     for command in ("models", "prepare", "run", "bench", "train-fuser", "eval-fuser"):
         assert command in output
 
 
+@pytest.mark.integration
 def test_cli_reports_bad_input_in_one_line():
     done = subprocess.run(
         [sys.executable, "-m", "kvviz", "run", "--pair", "nope", "--query", "hi"], capture_output=True, text=True

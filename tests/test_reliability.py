@@ -32,6 +32,9 @@ CONTEXT = "The secret code word is pineapple."
 FAST = ["receiver", "skyline", "kvcomm"]
 
 
+pytestmark = pytest.mark.integration  # every test here serves the page and talks to it
+
+
 def tiny_lab_pair() -> LoadedPair:
     sharer, receiver = tiny_llama(), tiny_gemma()
     spec = PairSpec(name="embedded", sharer=sharer.name, receiver=receiver.name, description="tiny stand-in")
