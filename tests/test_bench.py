@@ -387,7 +387,7 @@ def test_regenerating_results_keeps_the_kvcomm_table_section(tmp_path):
 
 @pytest.mark.integration
 def test_kvcomm_results_section_pairs_samples_and_says_met_or_missed(tmp_path):
-    """scripts/kvcomm_results.py on hand-made rows: only samples every variant answered count, the
+    """research/kvcomm_results.py on hand-made rows: only samples every variant answered count, the
     verdicts follow the numbers, and the section replaces its old self in the file."""
     folder = tmp_path / "table"
     folder.mkdir()
@@ -407,7 +407,7 @@ def test_kvcomm_results_section_pairs_samples_and_says_met_or_missed(tmp_path):
         writer.writerows(rows)
     results = tmp_path / "RESULTS.md"
     results.write_text("# top\n\n<!-- kvcomm-table:start -->\nold\n<!-- kvcomm-table:end -->\n\ntail\n")
-    command = [sys.executable, str(REPO / "scripts" / "kvcomm_results.py"), "--table", f"Countries={folder}",
+    command = [sys.executable, str(REPO / "research" / "kvcomm_results.py"), "--table", f"Countries={folder}",
                "--write", str(results)]
     subprocess.run(command, check=True, capture_output=True, cwd=REPO)
     text = results.read_text()

@@ -14,7 +14,7 @@ Modes (``--modes``): ``receiver`` (question only), ``oracle`` (the sharer's KV c
 Reports, per mode, held-out recall answers containing the gold answer (greedy) and the answer's
 NLL per token (teacher-forced). docs/C2C.md quotes:
 
-    python scripts/c2c_oracle.py --model gemma3-270m --n 40 --out runs/oracle_gemma_all.json
+    python research/c2c_oracle.py --model gemma3-270m --n 40 --out runs/oracle_gemma_all.json
     (options: --values-only, --layers 9-17, --no-template, --modes receiver,oracle)
 """
 
