@@ -74,7 +74,7 @@ def make_example(
 def split_records(data: str, seed: int, heldout: int, context_only: bool = False, train_count: int | None = None, dolly_share: float = 0.25):
     """(train records, held-out records), reproducible from the arguments.
 
-    ``recall``: ``kvviz.recall`` records, split by entity (held-out records use names and values
+    ``recall``: ``kvviz.data.recall`` records, split by entity (held-out records use names and values
     never seen in training); ``train_count`` of them for training. ``recall+dolly``: the same
     held-out recall records; training interleaves recall with Dolly records that have an input
     (``dolly_share`` of them). Other data: a seeded shuffle, the first ``heldout`` held out.

@@ -96,7 +96,7 @@ class FuserConfig:
     proj_blocks: int = 1
     rope: str = "plain"
     fuse: str = "kv"
-    token_alignment: str = "longest"  # kvviz.align: "longest" (the paper) or "natural"
+    token_alignment: str = "longest"  # kvviz.c2c.align: "longest" (the paper) or "natural"
     fuse_template: bool = False  # also fuse the template tokens before the last prompt token (kvviz.c2c.align)
     source: str = "kvviz"  # "kvviz" (trained here) or "reference" (converted from the paper's layout)
     reference: dict = field(default_factory=dict)  # where a converted fuser came from
