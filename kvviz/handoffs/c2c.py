@@ -206,32 +206,8 @@ FIGURE_HEIGHT = 500
 CLOSED_SLIVER = 0.04  # a closed gate (applied 0) is drawn as a thin grey sliver so that its hover can be reached
 
 
-def gates_figure(result) -> go.Figure:
-    """Top: the gate each receiver layer applied, 0 (closed) or 1 (open: the projected sharer KV is
-    added), for K and V; the logit and sigmoid(logit) it came from are in the hover (at inference
-    the gate is hard: open when the logit is above 0). Below, on the same layer axis: head weights
-    as KV head x layer heatmaps for K and V."""
-    title = "C2C: gates and head weights per receiver layer"
-    missing = not_run_figure(title, result, FIGURE_HEIGHT, "C2C did not run.", "C2C")
-    if missing is not None:
-        return missing
-    result = as_dict(result)
-    records = sorted(result["layers"], key=lambda r: r["layer"])
-    layers = [int(r["layer"]) for r in records]
-    heads = max((len(r.get("head_weights_k") or []) for r in records), default=0)
-    heat_share = min(0.25, 0.13 + 0.015 * heads)
-    fig = make_subplots(
-        rows=3,
-        cols=1,
-        shared_xaxes=True,
-        vertical_spacing=0.07,
-        row_heights=[1 - 2 * heat_share, heat_share, heat_share],
-        subplot_titles=(
-            "gate applied per layer: 1 = open (sharer KV added), 0 = closed (grey sliver); K solid, V hatched",
-            "head weights for K (mean over tokens)",
-            "head weights for V",
-        ),
-    )
+def add_gate_bars(fig, records: list[dict], layers: list[int]) -> None:
+    """Row 1: the gate each layer applied, K solid and V hatched (a closed gate a grey sliver)."""
     for kind, label in (("k", "K"), ("v", "V")):
         soft = [float(r.get(f"gate_{kind}", 0.0)) for r in records]
         logits = [float(r.get(f"gate_{kind}_logit", 0.0)) for r in records]
@@ -263,6 +239,10 @@ def gates_figure(result) -> go.Figure:
             row=1,
             col=1,
         )
+
+
+def add_head_weights(fig, records: list[dict], layers: list[int], heads: int) -> None:
+    """Rows 2 and 3: head weights as KV head x layer heatmaps for K and V (mean over tokens)."""
     for row, kind in ((2, "k"), (3, "v")):
         weights = [list(map(float, r.get(f"head_weights_{kind}") or [])) for r in records]
         # z[head][layer]: one strip per KV head, sharing the gates' layer axis
@@ -285,6 +265,36 @@ def gates_figure(result) -> go.Figure:
             col=1,
         )
         fig.update_yaxes(title_text=f"{kind.upper()} head", dtick=1 if heads <= 8 else None, title_standoff=4, row=row, col=1)
+
+
+def gates_figure(result) -> go.Figure:
+    """Top: the gate each receiver layer applied, 0 (closed) or 1 (open: the projected sharer KV is
+    added), for K and V; the logit and sigmoid(logit) it came from are in the hover (at inference
+    the gate is hard: open when the logit is above 0). Below, on the same layer axis: head weights
+    as KV head x layer heatmaps for K and V."""
+    title = "C2C: gates and head weights per receiver layer"
+    missing = not_run_figure(title, result, FIGURE_HEIGHT, "C2C did not run.", "C2C")
+    if missing is not None:
+        return missing
+    result = as_dict(result)
+    records = sorted(result["layers"], key=lambda r: r["layer"])
+    layers = [int(r["layer"]) for r in records]
+    heads = max((len(r.get("head_weights_k") or []) for r in records), default=0)
+    heat_share = min(0.25, 0.13 + 0.015 * heads)
+    fig = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.07,
+        row_heights=[1 - 2 * heat_share, heat_share, heat_share],
+        subplot_titles=(
+            "gate applied per layer: 1 = open (sharer KV added), 0 = closed (grey sliver); K solid, V hatched",
+            "head weights for K (mean over tokens)",
+            "head weights for V",
+        ),
+    )
+    add_gate_bars(fig, records, layers)
+    add_head_weights(fig, records, layers, heads)
     fig.update_xaxes(dtick=1 if len(layers) <= 40 else None)
     fig.update_xaxes(title_text="receiver layer", row=3, col=1)
     fig.update_yaxes(title_text="gate applied", range=[0, 1.05], tickvals=[0, 1], ticktext=["0 closed", "1 open"], row=1, col=1)

@@ -317,6 +317,48 @@ def figure_series(result: dict) -> list[tuple[str, str, str, str]]:
     return series
 
 
+def add_sent_markers(fig, layers: list[int], selected: list[bool], forced: list[bool], details: dict) -> None:
+    """The row of markers above the bars: how each layer got (or did not get) the context."""
+    groups = {
+        "sent": ([layer for layer, sel, frc in zip(layers, selected, forced) if sel and not frc],
+                 f"{_sent_reason(details)} (context KV)"),
+        "forced": ([layer for layer, frc in zip(layers, forced) if frc], "layer 0: always sent (forced)"),
+        "sink": ([layer for layer, sel in zip(layers, selected) if not sel], "sink only (one token)"),
+    }
+    for key, (xs, name) in groups.items():
+        if not xs:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=[1.08] * len(xs),
+                mode="markers",
+                name=name,
+                marker=dict(**SENT_MARKERS[key], line=dict(color=SELECTED_OUTLINE if key != "sink" else "#888888", width=1)),
+                hovertext=[f"layer {layer}: {name}" for layer in xs],
+                hoverinfo="text",
+                meta={"series": key},
+            )
+        )
+
+
+def figure_subtitle(selected: list[bool], forced: list[bool], details: dict) -> str:
+    """How many layers were sent and why, the strategy, alpha, and how the calibration ranks this query."""
+    alpha = details.get("alpha")
+    subtitle = f"{sum(selected)} of {len(selected)} layers sent"
+    if any(forced):
+        subtitle += " (layer 0 by rule)"
+    if details.get("strategy"):
+        subtitle += f", strategy {details['strategy']}"
+    if alpha is not None:
+        subtitle += f", alpha = {float(alpha):.2f}"
+    spearman_value = details.get("importance_spearman")
+    source = (details.get("calibration") or {}).get("source")
+    if spearman_value is not None and source != "query":
+        subtitle += f"; calibration vs this query: Spearman {float(spearman_value):+.2f}"
+    return subtitle
+
+
 def layers_figure(result) -> go.Figure:
     """Grouped bars per receiver layer, only of what this run measured or used (``figure_series``),
     and a row of markers above them: the layers sent by the strategy, layer 0 sent by rule
@@ -335,7 +377,6 @@ def layers_figure(result) -> go.Figure:
     selected = [bool(r.get("selected")) for r in records]
     forced = [bool(r.get("forced")) for r in records]
     details = result.get("details", {}) or {}
-    alpha = details.get("alpha")
 
     def status(layer_selected: bool, layer_forced: bool) -> str:
         if layer_forced:
@@ -369,39 +410,8 @@ def layers_figure(result) -> go.Figure:
                 meta={"series": key},
             )
         )
-    groups = {
-        "sent": ([layer for layer, sel, frc in zip(layers, selected, forced) if sel and not frc],
-                 f"{_sent_reason(details)} (context KV)"),
-        "forced": ([layer for layer, frc in zip(layers, forced) if frc], "layer 0: always sent (forced)"),
-        "sink": ([layer for layer, sel in zip(layers, selected) if not sel], "sink only (one token)"),
-    }
-    for key, (xs, name) in groups.items():
-        if not xs:
-            continue
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=[1.08] * len(xs),
-                mode="markers",
-                name=name,
-                marker=dict(**SENT_MARKERS[key], line=dict(color=SELECTED_OUTLINE if key != "sink" else "#888888", width=1)),
-                hovertext=[f"layer {layer}: {name}" for layer in xs],
-                hoverinfo="text",
-                meta={"series": key},
-            )
-        )
-    chosen = sum(selected)
-    subtitle = f"{chosen} of {len(layers)} layers sent"
-    if any(forced):
-        subtitle += " (layer 0 by rule)"
-    if details.get("strategy"):
-        subtitle += f", strategy {details['strategy']}"
-    if alpha is not None:
-        subtitle += f", alpha = {float(alpha):.2f}"
-    spearman_value = details.get("importance_spearman")
-    source = (details.get("calibration") or {}).get("source")
-    if spearman_value is not None and source != "query":
-        subtitle += f"; calibration vs this query: Spearman {float(spearman_value):+.2f}"
+    add_sent_markers(fig, layers, selected, forced, details)
+    subtitle = figure_subtitle(selected, forced, details)
     fig.update_xaxes(
         title_text="receiver layer", dtick=1 if len(layers) <= 40 else None, range=[min(layers) - 0.6, max(layers) + 0.6]
     )
