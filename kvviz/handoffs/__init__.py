@@ -23,6 +23,7 @@ HANDOFF_MODULES = (
     "kvviz.handoffs.kvcomm",
     "kvviz.handoffs.ac",
     "kvviz.handoffs.cipher",
+    "kvviz.handoffs.latent_relay",
 )
 
 for _module in HANDOFF_MODULES:
