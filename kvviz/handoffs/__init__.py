@@ -24,6 +24,7 @@ HANDOFF_MODULES = (
     "kvviz.handoffs.ac",
     "kvviz.handoffs.cipher",
     "kvviz.handoffs.latent_relay",
+    "kvviz.handoffs.kv_steering",
 )
 
 for _module in HANDOFF_MODULES:
