@@ -153,9 +153,10 @@ def write_results_markdown(path: str, runs: list[str], perf_dir: str | None, com
     Path(path).write_text(text + kept_sections(Path(path)), encoding="utf-8")
 
 
-# Sections of docs/RESULTS.md that other scripts write (scripts/load_test.py, research/kvcomm_results.py):
+# Sections of docs/RESULTS.md that other scripts write (scripts/load_test.py, research/kvcomm_results.py,
+# research/steer_results.py):
 # kept when the rest is regenerated, each between its own start and end marks.
-KEPT = ("kvcomm-table", "load-test", "speed")
+KEPT = ("kvcomm-table", "steer-table", "load-test", "speed")
 
 
 def kept_sections(path: Path) -> str:
