@@ -27,10 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "research"))
 
+from kvviz.bench.report import replace_section, section_marks  # noqa: E402
 from kvviz.data import wilson_interval  # noqa: E402
-from mcnemar import compare  # noqa: E402
+from mcnemar import compare, format_p  # noqa: E402
 
-START, END = "<!-- steer-table:start -->", "<!-- steer-table:end -->"
+START, END = section_marks("steer-table")
 STEPS = (2, 4, 8)
 CONTROLS = ("no_transfer", "identity_map", "random_map")
 STEERING = ("kv_steering-answer_briefly@4", "kv_steering-use_the_context@4", "kv_steering-answer_briefly@8",
@@ -65,10 +66,6 @@ def read_rows(folder: Path) -> dict[str, dict[str, dict]]:
                 if str(row.get("applicable", "1")) in ("1", "True"):
                     table.setdefault(row["variant"], {})[row["sample_id"]] = row
     return table
-
-
-def fmt_p(p: float) -> str:
-    return f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"
 
 
 def same_answers(table: dict, first: str, second: str) -> tuple[int, int]:
@@ -108,7 +105,7 @@ def dataset_section(name: str, folder: Path) -> str:
         if first in correct and second in correct:
             r = compare(correct, first, second)
             lines.append(f"| {first} | {second} | {r['n']} | {r['acc_first']:.2f} | {r['acc_second']:.2f} | "
-                         f"{r['acc_first'] - r['acc_second']:+.2f} | {r['only_first']} | {r['only_second']} | {fmt_p(r['p'])} |")
+                         f"{r['acc_first'] - r['acc_second']:+.2f} | {r['only_first']} | {r['only_second']} | {format_p(r['p'])} |")
 
     facts = []
     for first, second, what in (("latent_relay@0", "skyline", "the latent relay with no latent step"),
@@ -170,7 +167,7 @@ def targets(table: dict, correct: dict, samples: list[str]) -> list[str]:
     compared = [(f"latent_relay@{n}", other) for n in STEPS for other in ("skyline", *(f"latent_relay-{c}@{n}" for c in CONTROLS))]
     done = [pair for pair in compared if pair[0] in correct and pair[1] in correct]
     if done:
-        significant = [f"{a} vs {b} (p = {fmt_p(compare(correct, a, b)['p'])})" for a, b in done
+        significant = [f"{a} vs {b} (p = {format_p(compare(correct, a, b)['p'])})" for a, b in done
                        if compare(correct, a, b)["p"] < 0.05]
         lines.append(f"| N = 2, 4, 8 against Skyline and each of its three controls, McNemar p-values | {len(done)} of "
                      f"{len(compared)} comparisons (table above); significant at 0.05: "
@@ -202,7 +199,7 @@ def reading(table: dict, correct: dict) -> list[str]:
         gain0 = compare(correct, "latent_relay@0", "receiver")
         said.append(f"the relay's whole gain over no transfer (the receiver alone, answer for answer) is there with no "
                     f"latent step (N = 0: {gain0['acc_first']:.2f} against {gain0['acc_second']:.2f}, McNemar p = "
-                    f"{fmt_p(gain0['p'])})")
+                    f"{format_p(gain0['p'])})")
     if not said:
         return []
     sentence = "So on this dataset " + "; ".join(said)
@@ -228,12 +225,6 @@ def section(tables: list[tuple[str, Path]]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def replace_section(text: str, new: str) -> str:
-    if START in text and END in text:
-        return text[: text.index(START)] + new.strip("\n") + text[text.index(END) + len(END):]
-    return text.rstrip("\n") + "\n\n" + new
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table", action="append", required=True, metavar="NAME=FOLDER",
@@ -246,7 +237,7 @@ def main() -> int:
         print(text)
     else:
         old = args.write.read_text(encoding="utf-8") if args.write.exists() else ""
-        args.write.write_text(replace_section(old, text), encoding="utf-8")
+        args.write.write_text(replace_section(old, "steer-table", text), encoding="utf-8")
         print(f"wrote the latent relay and KV steering section of {args.write}")
     return 0
 
