@@ -85,26 +85,36 @@ def dataset_section(name: str, folder: Path) -> str:
     correct = {v: {s: int(float(table[v][s]["correct"] or 0)) for s in samples} for v in present}
     lines = [f"### {name}", "",
              f"n = {n} samples that every variant below answered (greedy, 24 new tokens; correct = token F1 > 0.5 with a "
-             "gold answer; the task's first sample calibrates KVComm and is not scored, as in the KVComm table above).",
+             "gold answer; the task's first sample calibrates KVComm and is not scored, as in the KVComm table above). "
+             "F1 rewards short answers; whether the answer contains a gold answer does not, so the two columns "
+             "together tell a change of format from a change of content.",
              "", f"`{COMMAND}` (folder `{folder}`), then `python research/steer_results.py`", "",
-             "| variant | correct | accuracy | 95% Wilson interval |", "|---|---|---|---|"]
+             "| variant | correct | accuracy | 95% Wilson interval | answer contains a gold answer | median words |",
+             "|---|---|---|---|---|---|"]
     for variant in ORDER:
         if variant not in correct:
-            lines.append(f"| {name_of(variant)} (`{variant}`) | not run | | |")
+            lines.append(f"| {name_of(variant)} (`{variant}`) | not run | | | | |")
             continue
         right = sum(correct[variant].values())
         low, high = wilson_interval(right, n)
-        lines.append(f"| {name_of(variant)} (`{variant}`) | {right}/{n} | {right / n:.2f} | {low:.2f} to {high:.2f} |")
+        contains = sum(int(float(table[variant][s]["correct_contains"] or 0)) for s in samples)
+        words = median([len(table[variant][s]["answer"].split()) for s in samples])
+        lines.append(f"| {name_of(variant)} (`{variant}`) | {right}/{n} | {right / n:.2f} | {low:.2f} to {high:.2f} | "
+                     f"{contains / n:.2f} | {words:g} |")
 
     lines += ["", "| A | B | n | acc A | acc B | A - B | only A right | only B right | McNemar exact p |",
               "|---|---|---|---|---|---|---|---|---|"]
     comparisons = [(f"latent_relay@{steps}", other) for steps in STEPS
                    for other in ("skyline", *(f"latent_relay-{c}@{steps}" for c in CONTROLS))]
     comparisons += [(variant, "receiver") for variant in STEERING]
-    for first, second in comparisons:
-        if first in correct and second in correct:
-            r = compare(correct, first, second)
-            lines.append(f"| {first} | {second} | {r['n']} | {r['acc_first']:.2f} | {r['acc_second']:.2f} | "
+    contains = {v: {s: int(float(table[v][s]["correct_contains"] or 0)) for s in samples} for v in present}
+    # the same comparisons of the latent steps against Skyline when "right" means "contains a gold answer"
+    by_content = [(f"latent_relay@{steps}", "skyline") for steps in STEPS]
+    for first, second, scores, metric in ([(a, b, correct, "") for a, b in comparisons]
+                                          + [(a, b, contains, " (contains)") for a, b in by_content]):
+        if first in scores and second in scores:
+            r = compare(scores, first, second)
+            lines.append(f"| {first}{metric} | {second}{metric} | {r['n']} | {r['acc_first']:.2f} | {r['acc_second']:.2f} | "
                          f"{r['acc_first'] - r['acc_second']:+.2f} | {r['only_first']} | {r['only_second']} | {format_p(r['p'])} |")
 
     facts = []

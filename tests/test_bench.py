@@ -412,7 +412,8 @@ def test_steer_results_section_pairs_samples_and_says_what_was_measured(tmp_path
             if variant == "latent_relay@0":
                 answer = f"{'s' if right['skyline'][i] else 'r'}{i}"  # Skyline's answer, word for word
             rows.append({"sample_id": f"s{i}", "variant": variant, "applicable": "1", "correct": str(correct[i]),
-                         "answer": answer, "ttft": "1.0", "time_sharer_decode": "0.4", "time_receiver_decode": "0.3",
+                         "answer": answer, "correct_contains": str(correct[i]), "ttft": "1.0",
+                         "time_sharer_decode": "0.4", "time_receiver_decode": "0.3",
                          "generated_tokens": "3"})
     rows.append({**rows[0], "sample_id": "s10"})  # answered by the receiver only: not paired, left out
     folder = tmp_path / "steer-countries"
@@ -423,9 +424,10 @@ def test_steer_results_section_pairs_samples_and_says_what_was_measured(tmp_path
         writer.writerows(rows)
     text = steer_results.section([("Countries", folder)])
     assert "n = 10 samples" in text
-    assert "| Skyline (`skyline`) | 4/10 | 0.40 |" in text and "control: no transfer (`latent_relay-no_transfer@2`) | not run" in text
+    assert "| Skyline (`skyline`) | 4/10 | 0.40 | 0.17 to 0.69 | 0.40 | 1 |" in text and "control: no transfer (`latent_relay-no_transfer@2`) | not run" in text
     assert "| the latent relay at N = 0 equals Skyline answer for answer | 10/10 identical answers | met |" in text
     assert "| latent_relay@2 | skyline | 10 | 0.30 | 0.40 | -0.10 | 0 | 1 | 1 |" in text
+    assert "| latent_relay@2 (contains) | skyline (contains) | 10 | 0.30 | 0.40 |" in text
     assert "| 2 | 0.200 | 0.100 | 2.00 | 1.00 |" in text  # 0.4 s for 2 steps; 0.3 s for 3 tokens
     assert "| `kv_steering-answer_briefly@4` | 3/10 | 1/3 | 0/3 | 0.10 (0.00) |" in text
     assert "So on this dataset" not in text  # the controls behind it were not run
