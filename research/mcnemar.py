@@ -34,6 +34,11 @@ def mcnemar_exact(b: int, c: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def format_p(p: float) -> str:
+    """A p-value for a table: two significant digits, or scientific notation below 0.001."""
+    return f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"
+
+
 def read_correct(paths: list[Path]) -> dict[str, dict[str, int]]:
     """variant -> sample_id -> 0/1, from applicable rows."""
     table: dict[str, dict[str, int]] = {}

@@ -385,6 +385,55 @@ def test_regenerating_results_keeps_the_kvcomm_table_section(tmp_path):
     assert "<!-- kvcomm-table:start -->\nK\n<!-- kvcomm-table:end -->" in kept and "L" in kept
 
 
+def test_regenerating_results_keeps_the_latent_relay_and_steering_section(tmp_path):
+    from kvviz.bench.report import kept_sections
+
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# old\n<!-- steer-table:start -->\nS\n<!-- steer-table:end -->\n")
+    assert "<!-- steer-table:start -->\nS\n<!-- steer-table:end -->" in kept_sections(path)
+
+
+def test_steer_results_section_pairs_samples_and_says_what_was_measured(tmp_path, monkeypatch):
+    """research/steer_results.py on hand-made bench rows: only samples every variant answered
+    count; N = 0 against Skyline answer for answer; McNemar per comparison; how often steering
+    changed the receiver's answer and how often the changed answer was right."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(REPO / "research"))
+    spec = importlib.util.spec_from_file_location("steer_results", REPO / "research" / "steer_results.py")
+    steer_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(steer_results)
+    right = {"receiver": [0] * 10, "skyline": [1] * 4 + [0] * 6, "latent_relay@0": [1] * 4 + [0] * 6,
+             "latent_relay@2": [1] * 3 + [0] * 7, "kv_steering-answer_briefly@4": [0] * 9 + [1]}
+    rows = []
+    for variant, correct in right.items():
+        for i in range(10):
+            answer = f"{variant}-{i}" if variant.startswith("kv_steering") and i >= 7 else f"{'s' if correct[i] else 'r'}{i}"
+            if variant == "latent_relay@0":
+                answer = f"{'s' if right['skyline'][i] else 'r'}{i}"  # Skyline's answer, word for word
+            rows.append({"sample_id": f"s{i}", "variant": variant, "applicable": "1", "correct": str(correct[i]),
+                         "answer": answer, "correct_contains": str(correct[i]), "ttft": "1.0",
+                         "time_sharer_decode": "0.4", "time_receiver_decode": "0.3",
+                         "generated_tokens": "3"})
+    rows.append({**rows[0], "sample_id": "s10"})  # answered by the receiver only: not paired, left out
+    folder = tmp_path / "steer-countries"
+    folder.mkdir()
+    with (folder / "rows.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    text = steer_results.section([("Countries", folder)])
+    assert "n = 10 samples" in text
+    assert "| Skyline (`skyline`) | 4/10 | 0.40 | 0.17 to 0.69 | 0.40 | 1 |" in text and "control: no transfer (`latent_relay-no_transfer@2`) | not run" in text
+    assert "| the latent relay at N = 0 equals Skyline answer for answer | 10/10 identical answers | met |" in text
+    assert "| latent_relay@2 | skyline | 10 | 0.30 | 0.40 | -0.10 | 0 | 1 | 1 |" in text
+    assert "| latent_relay@2 (contains) | skyline (contains) | 10 | 0.30 | 0.40 |" in text
+    assert "| 2 | 0.200 | 0.100 | 2.00 | 1.00 |" in text  # 0.4 s for 2 steps; 0.3 s for 3 tokens
+    assert "| `kv_steering-answer_briefly@4` | 3/10 | 1/3 | 0/3 | 0.10 (0.00) |" in text
+    assert "So on this dataset" not in text  # the controls behind it were not run
+    assert text.startswith(steer_results.START) and text.rstrip().endswith(steer_results.END)
+
+
 @pytest.mark.integration
 def test_kvcomm_results_section_pairs_samples_and_says_met_or_missed(tmp_path):
     """research/kvcomm_results.py on hand-made rows: only samples every variant answered count, the

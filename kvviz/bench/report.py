@@ -153,9 +153,15 @@ def write_results_markdown(path: str, runs: list[str], perf_dir: str | None, com
     Path(path).write_text(text + kept_sections(Path(path)), encoding="utf-8")
 
 
-# Sections of docs/RESULTS.md that other scripts write (scripts/load_test.py, research/kvcomm_results.py):
+# Sections of docs/RESULTS.md that other scripts write (scripts/load_test.py, research/kvcomm_results.py,
+# research/steer_results.py):
 # kept when the rest is regenerated, each between its own start and end marks.
-KEPT = ("kvcomm-table", "load-test", "speed")
+KEPT = ("kvcomm-table", "steer-table", "load-test", "speed")
+
+
+def section_marks(name: str) -> tuple[str, str]:
+    """The start and end marks of a kept section."""
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
 
 
 def kept_sections(path: Path) -> str:
@@ -163,7 +169,16 @@ def kept_sections(path: Path) -> str:
     old = path.read_text(encoding="utf-8") if path.exists() else ""
     out = ""
     for name in KEPT:
-        start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+        start, end = section_marks(name)
         if start in old and end in old:
             out += "\n" + old[old.index(start) : old.index(end) + len(end)] + "\n"
     return out
+
+
+def replace_section(text: str, name: str, new: str) -> str:
+    """``text`` with its section ``name`` replaced by ``new`` (which holds its own marks), or with
+    ``new`` appended when ``text`` has no such section."""
+    start, end = section_marks(name)
+    if start in text and end in text:
+        return text[: text.index(start)] + new.strip("\n") + text[text.index(end) + len(end):]
+    return text.rstrip("\n") + "\n\n" + new

@@ -23,6 +23,8 @@ HANDOFF_MODULES = (
     "kvviz.handoffs.kvcomm",
     "kvviz.handoffs.ac",
     "kvviz.handoffs.cipher",
+    "kvviz.handoffs.latent_relay",
+    "kvviz.handoffs.kv_steering",
 )
 
 for _module in HANDOFF_MODULES:
