@@ -14,6 +14,7 @@ Layouts (the base model's context segment | query segment; today's is ``plain``)
   ``Question: Q\\nAnswer:``. The examples (``scripts/skyline_probe.py``, ``WORKED_EXAMPLES``) are
   part of the context segment: KVComm's sender prefills them with the context and sends them in
   the chosen layers, and the receiver alone reads them before its question.
+* ``fewshot3-neutral``: the same with three examples that name no country (``NEUTRAL_EXAMPLES``).
 
 C2C, AC and CIPHER are refused here: their token alignment and shipped fusers were built for
 today's layout, so a number for them under another layout would not say what adopting it does.
@@ -34,9 +35,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from skyline_probe import worked_examples_text  # noqa: E402
+from skyline_probe import NEUTRAL_EXAMPLES, worked_examples_text  # noqa: E402
 
-PREFIXES = {"plain": "", "fewshot3": worked_examples_text()}
+PREFIXES = {"plain": "", "fewshot3": worked_examples_text(), "fewshot3-neutral": worked_examples_text(NEUTRAL_EXAMPLES)}
 REFUSED = {"c2c", "c2c_control", "ac", "cipher"}
 
 

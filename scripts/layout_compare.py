@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mcnemar import mcnemar_exact  # noqa: E402
-from skyline_probe import WORKED_EXAMPLES  # noqa: E402
+from skyline_probe import NEUTRAL_EXAMPLES, WORKED_EXAMPLES  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
 
     first, second = read_rows(args.first), read_rows(args.second)
     merged = first.merge(second, on=["dataset", "sample_id", "variant"], suffixes=("_a", "_b"))
-    examples = {normalize_answer(answer) for _, _, answer in WORKED_EXAMPLES}
+    examples = {normalize_answer(answer) for _, _, answer in WORKED_EXAMPLES + NEUTRAL_EXAMPLES}
     print(f"A = {args.first}, B = {args.second}; {merged['sample_id'].nunique()} samples in both\n")
     print("| variant | n | A F1>0.5 | B F1>0.5 | only A | only B | McNemar p | A contains | B contains | only A | only B | "
           "McNemar p | empty A / B | words A / B | copies an example A / B | prefill B/A |")

@@ -11,6 +11,9 @@ sweep's). It then says which lessons each candidate shows (``LESSONS``).
     nice -n 10 python scripts/preset_candidates.py --threads 1 --out runs/preset-candidates.json
     python scripts/preset_candidates.py --table runs/preset-candidates.json   # the table only
 
+``--layout fewshot3 --out runs/preset-candidates-fewshot3.json`` measures the handoffs that
+``scripts/layout_bench.py`` takes under another base-model prompt layout.
+
 A rerun keeps what --out already holds and measures only what it lacks (a new candidate, a new
 layer count); delete the file to measure everything again.
 """
@@ -69,13 +72,15 @@ def marks(answer: str, applicable: bool, answers: list[str]) -> dict:
     return {"f1": bool(f1_match(answer, answers)), "contains": bool(contains_answer(answer, answers))}
 
 
-def measure(pair, candidate: dict, max_new_tokens: int) -> dict:
+def measure(pair, candidate: dict, max_new_tokens: int, names: list[str] | None = None) -> dict:
     from kvviz.engine import run_handoff
     from kvviz.handoffs.registry import build_request, page_handoffs
 
     request = build_request(candidate["query"], candidate["context"], max_new_tokens=max_new_tokens)
     columns = {}
     for handoff in page_handoffs():
+        if names is not None and handoff.name not in names:
+            continue
         started = time.perf_counter()
         result = run_handoff(handoff.name, pair, request).to_dict()
         columns[handoff.name] = {
@@ -115,15 +120,15 @@ def measure_layers(pair, measured: dict, max_new_tokens: int) -> bool:
 # --- lessons: each a predicate over one measured candidate, on one metric --------------------------
 
 
-def right(cell: dict, metric: str) -> bool:
-    return cell.get(metric) is True
+def right(cell: dict | None, metric: str) -> bool:
+    return bool(cell) and cell.get(metric) is True
 
 
 def lesson_only_text(c: dict, metric: str) -> bool:
     """A private context where only the text message gets the answer across (the reference too)."""
     cols = c["columns"]
-    crossers = [n for n in ("text", "c2c", "kvcomm", "ac") if right(cols[n], metric)]
-    return bool(c["context"]) and crossers == ["text"] and right(cols["skyline"], metric) and not right(cols["receiver"], metric)
+    crossers = [n for n in ("text", "c2c", "kvcomm", "ac") if right(cols.get(n), metric)]
+    return bool(c["context"]) and crossers == ["text"] and right(cols.get("skyline"), metric) and not right(cols.get("receiver"), metric)
 
 
 def kvcomm_threshold(c: dict, metric: str) -> int | None:
@@ -141,26 +146,26 @@ def kvcomm_threshold(c: dict, metric: str) -> int | None:
 def lesson_kvcomm_few_layers(c: dict, metric: str) -> bool:
     """KVComm crosses with few layers (at most half of them) and fails with fewer; the receiver alone fails."""
     threshold = kvcomm_threshold(c, metric) if c["context"] else None
-    return threshold is not None and 1 < threshold <= 9 and right(c["columns"]["skyline"], metric) and not right(
-        c["columns"]["receiver"], metric)
+    return threshold is not None and 1 < threshold <= 9 and right(c["columns"].get("skyline"), metric) and not right(
+        c["columns"].get("receiver"), metric)
 
 
 def lesson_shared_reference(c: dict, metric: str) -> bool:
     """A shared question where the reference (the sharer alone, who holds the knowledge) is right and the
     receiver alone is wrong: there is something to cross."""
     cols = c["columns"]
-    return not c["context"] and right(cols["sharer"], metric) and not right(cols["receiver"], metric)
+    return not c["context"] and right(cols.get("sharer"), metric) and not right(cols.get("receiver"), metric)
 
 
 def lesson_c2c_vs_control(c: dict, metric: str) -> bool:
     """C2C answers right where its control fuser does not (one example, against the held-out gain of 0)."""
     cols = c["columns"]
-    return right(cols["c2c"], metric) and not right(cols["c2c_control"], metric)
+    return right(cols.get("c2c"), metric) and not right(cols.get("c2c_control"), metric)
 
 
 def reference_wrong(c: dict, metric: str) -> bool:
     reference = "skyline" if c["context"] else "sharer"
-    return c["columns"][reference].get(metric) is not True
+    return (c["columns"].get(reference) or {}).get(metric) is not True
 
 
 LESSONS = {
@@ -176,7 +181,9 @@ def short(text: str, width: int = 28) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def cell(col: dict) -> str:
+def cell(col: dict | None) -> str:
+    if col is None:
+        return "not run"
     if not col["applicable"]:
         return "n/a"
     mark = {True: "✓", False: "✗", "none": "∅"}
@@ -197,7 +204,7 @@ def table(measured: list[dict]) -> str:
             lessons.append(f"REFERENCE WRONG (F1 {not reference_wrong(c, 'f1')}, contains {not reference_wrong(c, 'contains')})")
         threshold = "–" if not c["context"] else f"{kvcomm_threshold(c, 'f1')} / {kvcomm_threshold(c, 'contains')}"
         key = c["key"] + (" (today)" if c["today"] else "")
-        lines.append(f"| {key} | {short(c['answers'][0], 14)} | " + " | ".join(cell(c["columns"][n]) for n in names)
+        lines.append(f"| {key} | {short(c['answers'][0], 14)} | " + " | ".join(cell(c["columns"].get(n)) for n in names)
                      + f" | {threshold} | {'; '.join(lessons)} |")
     lines.append("")
     lines.append("Each cell: token F1 > 0.5 mark, then contains-gold mark (✓ right, ✗ wrong, ∅ no answer), then the "
@@ -210,7 +217,7 @@ def table(measured: list[dict]) -> str:
 def layer_table(measured: list[dict]) -> str:
     lines = ["| preset | " + " | ".join(f"{n} layers" for n in LAYER_COUNTS) + " |", "|" + "---|" * (len(LAYER_COUNTS) + 1)]
     for c in measured:
-        if not c["context"]:
+        if not c["context"] or not c["kvcomm_layers"]:
             continue
         row = []
         for n in LAYER_COUNTS:
@@ -229,6 +236,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="comma-separated candidate keys")
     parser.add_argument("--out", default="runs/preset-candidates.json")
     parser.add_argument("--table", default=None, help="print the tables of an earlier --out and stop")
+    parser.add_argument("--layout", default=None,
+                        help="a base-model prompt layout of scripts/layout_bench.py (then only the handoffs it takes run)")
     args = parser.parse_args(argv)
     if args.table:
         measured = json.loads(Path(args.table).read_text())
@@ -240,6 +249,15 @@ def main(argv=None) -> int:
     from kvviz.engine import load_pair
 
     torch.set_num_threads(args.threads)
+    names = None
+    if args.layout:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import kvviz.align  # noqa: F401  (before use_layout: it rebinds every module's render)
+        import kvviz.handoffs  # noqa: F401
+        from layout_bench import use_layout
+
+        use_layout(args.layout)
+        names = ["receiver", "text", "kvcomm", "skyline", "sharer"]
     out = Path(args.out)
     measured = json.loads(out.read_text()) if out.exists() else []
     wanted = set(filter(None, args.only.split(",")))
@@ -252,9 +270,10 @@ def main(argv=None) -> int:
         entry = by_key.get(candidate["key"])
         changed = entry is None
         if entry is None:
-            entry = measure(pair, candidate, args.max_new_tokens)
+            entry = measure(pair, candidate, args.max_new_tokens, names)
             measured.append(entry)
-        changed = measure_layers(pair, entry, args.max_new_tokens) or changed
+        if names is None:  # the layer counts only for the page's own prompt layout
+            changed = measure_layers(pair, entry, args.max_new_tokens) or changed
         if changed:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(measured, indent=1, ensure_ascii=False))

@@ -13,7 +13,8 @@ and, for comparison, alone:
   the answer against the gold answers.
 
 Each ``--layout`` is a prompt layout (see ``LAYOUTS``); ``fewshot3`` puts three worked examples
-(written for kvviz, none from a dataset or preset) in front of the plain one.
+(written for kvviz, none from a dataset or preset) in front of the plain one, ``fewshot3-neutral``
+three with no country in them.
 
     python scripts/skyline_probe.py --context "Kofi is standing under Big Ben." \
         --query "Which country is Kofi in?" --gold "United Kingdom,UK,England,Britain" \
@@ -38,8 +39,16 @@ WORKED_EXAMPLES = (
 )
 
 
-def worked_examples_text() -> str:
-    return "".join(f"Context: {c}\n\nQuestion: {q}\nAnswer: {a}\n\n" for c, q, a in WORKED_EXAMPLES)
+# The same number of examples with no country in them (is a copied "France" the example's fault?).
+NEUTRAL_EXAMPLES = (
+    ("The bus to the airport leaves from stop 7 at 6:40.", "When does the bus to the airport leave?", "6:40"),
+    ("Tomas painted the fence, and his sister Ines fixed the gate.", "Who fixed the gate?", "Ines"),
+    ("Ravi keeps his bike in the shed behind the library.", "Where does Ravi keep his bike?", "In the shed behind the library"),
+)
+
+
+def worked_examples_text(examples=WORKED_EXAMPLES) -> str:
+    return "".join(f"Context: {c}\n\nQuestion: {q}\nAnswer: {a}\n\n" for c, q, a in examples)
 
 
 # (prefix, context part, query part); {C} context, {Q} question. The context part is left out for
@@ -47,6 +56,7 @@ def worked_examples_text() -> str:
 LAYOUTS = {
     "plain": ("", "Context: {C}\n\n", "Question: {Q}\nAnswer:"),  # today's base layout (kvviz.prompts)
     "fewshot3": (worked_examples_text(), "Context: {C}\n\n", "Question: {Q}\nAnswer:"),
+    "fewshot3-neutral": (worked_examples_text(NEUTRAL_EXAMPLES), "Context: {C}\n\n", "Question: {Q}\nAnswer:"),
     "instructed": ("", "Context: {C}\n\n", "Question: {Q}\nAnswer briefly.\nAnswer:"),
     "fact-first": ("", "{C}\n\n", "Question: {Q}\nAnswer:"),
 }
