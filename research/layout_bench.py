@@ -11,7 +11,7 @@ Layouts (the base model's context segment | query segment; today's is ``plain``)
 
 * ``plain``:    ``<bos>Context: C\\n\\n`` | ``Question: Q\\nAnswer:`` (kvviz.prompts, unchanged)
 * ``fewshot3``: ``<bos>`` + three worked examples in the same layout + ``Context: C\\n\\n`` |
-  ``Question: Q\\nAnswer:``. The examples (``scripts/skyline_probe.py``, ``WORKED_EXAMPLES``) are
+  ``Question: Q\\nAnswer:``. The examples (``research/skyline_probe.py``, ``WORKED_EXAMPLES``) are
   part of the context segment: KVComm's sender prefills them with the context and sends them in
   the chosen layers, and the receiver alone reads them before its question.
 * ``fewshot3-neutral``: the same with three examples that name no country (``NEUTRAL_EXAMPLES``).
@@ -19,11 +19,11 @@ Layouts (the base model's context segment | query segment; today's is ``plain``)
 C2C, AC and CIPHER are refused here: their token alignment and shipped fusers were built for
 today's layout, so a number for them under another layout would not say what adopting it does.
 
-    nice -n 10 python scripts/layout_bench.py --layout fewshot3 -- --pair embedded --dataset countries \\
+    nice -n 10 python research/layout_bench.py --layout fewshot3 -- --pair embedded --dataset countries \\
         --handoffs receiver,skyline,kvcomm --ratios 0.3,0.5 --limit 100 --max-new-tokens 24 --threads 1 \\
         --out runs/layout-fewshot3-countries
 
-Pair the rows of two runs with ``scripts/layout_compare.py``.
+Pair the rows of two runs with ``research/layout_compare.py``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def use_layout(name: str) -> None:
             return head, tail
         bos = tokenizer.bos_token or ""
         if not head.startswith(bos):
-            raise RuntimeError("the base prompt no longer starts with <bos>: update scripts/layout_bench.py")
+            raise RuntimeError("the base prompt no longer starts with <bos>: update research/layout_bench.py")
         return bos + prefix + head[len(bos):], tail
 
     # modules that imported ``render`` by name hold the original: give them the new one too
@@ -75,7 +75,7 @@ def main() -> int:
         names = set(bench_args[bench_args.index("--handoffs") + 1].split(","))
         if names & REFUSED or "all" in names:
             parser.error(f"layout runs take receiver, skyline, kvcomm, text, sharer only (not {sorted(names & REFUSED)})")
-    import kvviz.align  # noqa: F401  (imported before use_layout, so that it reaches every module
+    import kvviz.c2c.align  # noqa: F401  (imported before use_layout, so that it reaches every module
     import kvviz.handoffs  # noqa: F401   that imported render by name)
 
     use_layout(args.layout)

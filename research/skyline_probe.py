@@ -16,7 +16,7 @@ Each ``--layout`` is a prompt layout (see ``LAYOUTS``); ``fewshot3`` puts three 
 (written for kvviz, none from a dataset or preset) in front of the plain one, ``fewshot3-neutral``
 three with no country in them.
 
-    python scripts/skyline_probe.py --context "Kofi is standing under Big Ben." \
+    python research/skyline_probe.py --context "Kofi is standing under Big Ben." \
         --query "Which country is Kofi in?" --gold "United Kingdom,UK,England,Britain" \
         --candidates " The United Kingdom., The United States., United Kingdom, England, London"
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # Three worked examples (written for kvviz): a place, a number, a person; none is a preset or a
-# dataset record. Used by the few-shot layout here and in scripts/layout_bench.py.
+# dataset record. Used by the few-shot layout here and in research/layout_bench.py.
 WORKED_EXAMPLES = (
     ("Priya is reading a book in the Louvre.", "Which country is Priya in?", "France"),
     ("The bus to the airport leaves from stop 7 at 6:40.", "When does the bus to the airport leave?", "6:40"),

@@ -1,10 +1,10 @@
-"""Pair two benchmark runs of the same samples under two prompt layouts (``scripts/layout_bench.py``).
+"""Pair two benchmark runs of the same samples under two prompt layouts (``research/layout_bench.py``).
 
-    python scripts/layout_compare.py runs/layout-plain-countries runs/layout-fewshot3-countries
+    python research/layout_compare.py runs/layout-plain-countries runs/layout-fewshot3-countries
 
 Per variant (receiver, skyline, kvcomm@R ...): accuracy of each run by both of the project's
 metrics (token F1 > 0.5, the benchmark's ``correct``; and "contains a gold answer"), the samples
-only one run got right and McNemar's exact p (``scripts/mcnemar.py``), empty answers, the median
+only one run got right and McNemar's exact p (``research/mcnemar.py``), empty answers, the median
 answer length in words, how many answers repeat a worked example's answer where the gold answer is
 something else (the few-shot layout's copying risk), and the median prefill times of the second
 run over the first (receiver prefill; KVComm's sender prefill), measured in the two runs: compare

@@ -8,11 +8,11 @@ ranking), and scores each answer with both of the project's metrics (``kvviz.dat
 token F1 > 0.5 (the benchmark's ``correct``, the KVComm paper's) and "contains a gold answer" (the
 sweep's). It then says which lessons each candidate shows (``LESSONS``).
 
-    nice -n 10 python scripts/preset_candidates.py --threads 1 --out runs/preset-candidates.json
-    python scripts/preset_candidates.py --table runs/preset-candidates.json   # the table only
+    nice -n 10 python research/preset_candidates.py --threads 1 --out runs/preset-candidates.json
+    python research/preset_candidates.py --table runs/preset-candidates.json   # the table only
 
 ``--layout fewshot3 --out runs/preset-candidates-fewshot3.json`` measures the handoffs that
-``scripts/layout_bench.py`` takes under another base-model prompt layout.
+``research/layout_bench.py`` takes under another base-model prompt layout.
 
 A rerun keeps what --out already holds and measures only what it lacks (a new candidate, a new
 layer count); delete the file to measure everything again.
@@ -237,7 +237,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="runs/preset-candidates.json")
     parser.add_argument("--table", default=None, help="print the tables of an earlier --out and stop")
     parser.add_argument("--layout", default=None,
-                        help="a base-model prompt layout of scripts/layout_bench.py (then only the handoffs it takes run)")
+                        help="a base-model prompt layout of research/layout_bench.py (then only the handoffs it takes run)")
     args = parser.parse_args(argv)
     if args.table:
         measured = json.loads(Path(args.table).read_text())
@@ -252,7 +252,7 @@ def main(argv=None) -> int:
     names = None
     if args.layout:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import kvviz.align  # noqa: F401  (before use_layout: it rebinds every module's render)
+        import kvviz.c2c.align  # noqa: F401  (before use_layout: it rebinds every module's render)
         import kvviz.handoffs  # noqa: F401
         from layout_bench import use_layout
 
