@@ -36,7 +36,7 @@ from kvviz.handoffs.text import message_tokens, sharer_message_segments
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.models import LoadedModel, LoadedPair
 from kvviz.plotkit import as_dict, empty_figure, layout
-from kvviz.prompts import build_segments, encode, has_chat_template, render, stop_token_ids, unmark
+from kvviz.prompts import build_segments, encode, has_chat_template, split_at_context, stop_token_ids, unmark
 from kvviz.results import HandoffRequest, HandoffResult
 
 NAME = "cipher"
@@ -46,8 +46,6 @@ OPTIONS = (
            minimum=0.0, maximum=2.0, step=0.05),
 )
 FIGURE_HEIGHT = 480
-# Marks the message slot in the receiver's prompt while it is split around it (never in user text).
-_SLOT = "\u2063kvviz-message\u2063"
 
 
 @dataclass
@@ -146,8 +144,7 @@ def _write(sender, state, next_token, weight, scale, temperature, max_vectors, s
 def receiver_pieces(receiver: LoadedModel, request: HandoffRequest) -> tuple[list[int], list[int], str, str]:
     """The receiver's prompt split around the message slot (where the text handoff puts the
     message): (ids before, ids after, text before, text after)."""
-    head, tail = render(receiver.tokenizer, request.query, context=_SLOT)
-    before, after = (head + tail).split(_SLOT)
+    before, after = split_at_context(receiver.tokenizer, request.query)
     return encode(receiver.tokenizer, before), encode(receiver.tokenizer, after), unmark(before), unmark(after)
 
 
