@@ -83,6 +83,7 @@ SEEN_TITLES = {
     "sender": "What KVComm's sender (a copy of the receiver's model, not the sharer) read",
     "message": "The message it wrote",
     "receiver": "What the receiver read",
+    "alignment": "How the sharer's tokens line up with the receiver's",
 }
 
 
@@ -91,7 +92,7 @@ def seen_text(result: dict | None) -> str:
     if not result or not result.get("seen"):
         return ""
     blocks = []
-    for key in ("sharer", "sender", "message", "receiver"):
+    for key in SEEN_TITLES:
         if key in result["seen"]:
             blocks.append(f"--- {SEEN_TITLES[key]} ---\n{result['seen'][key]}")
     for key, value in result["seen"].items():

@@ -34,7 +34,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from kvviz import policy
-from kvviz.c2c.align import align_prompt
+from kvviz.c2c.align import align_prompt, describe
 from kvviz.c2c.fuser import C2CFuser, FuserError, checkpoint_label
 from kvviz.c2c.fusion import fuse_prompt
 from kvviz.c2c.locate import communication_details, get_fuser, resolve_fuser
@@ -103,6 +103,8 @@ def run(
         seen={
             "sharer": "" if control else sharer.tokenizer.decode(alignment.sharer_ids),
             "receiver": alignment.receiver_segments.text,
+            **({} if control else {"alignment": describe(alignment, receiver.tokenizer, sharer.tokenizer,
+                                                          fuser.config.token_alignment)}),
         },
         timings=timer.as_dict(),
         bytes_communicated=fused.bytes_read,
