@@ -65,7 +65,8 @@ def run_events(
     pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None
 ) -> Iterator[tuple[str, str | None, object]]:
     """Run the handoffs, ``workers`` at a time, in worker threads; yield ``(kind, name, data)``
-    events: ``status`` (a progress line), ``start``, ``token`` (answer so far), ``done`` (result
+    events: ``status`` (a progress line), ``start``, ``message`` (the message so far, from a handoff
+    that writes one before its answer), ``token`` (answer so far), ``done`` (result
     dict), ``stopped`` (the run reached ``max_seconds``: why; the handoffs not done did not run),
     ``error`` (a message: the run could not start).
 
@@ -112,7 +113,11 @@ def run_events(
                     check_stop()
                     events.put(("token", name, text))
 
-                result = engine.run_handoff(name, pair, request, on_token=on_token)
+                def on_message(text):
+                    check_stop()
+                    events.put(("message", name, text))
+
+                result = engine.run_handoff(name, pair, request, on_token=on_token, on_message=on_message)
                 events.put(("done", name, result.to_dict()))
 
             with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kvviz-handoff") as pool:

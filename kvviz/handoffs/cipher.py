@@ -87,9 +87,10 @@ def nearest_token(model: LoadedModel, vector: torch.Tensor) -> tuple[int, float]
 
 @torch.no_grad()
 def write_message(sender: LoadedModel, prompt_ids: list[int], temperature: float, max_vectors: int,
-                  timer: StageTimer | None = None) -> Message:
+                  timer: StageTimer | None = None, on_message: TokenCallback | None = None) -> Message:
     """The sharer's message as expected embeddings, one per step (see the module docstring); its
-    prompt pass is timed as ``sharer_prefill``, the writing as ``sharer_decode``."""
+    prompt pass is timed as ``sharer_prefill``, the writing as ``sharer_decode``. ``on_message``
+    receives the message so far, read as nearest tokens, after every vector."""
     timer = timer or StageTimer()
     weight, scale = _embedding_table(sender)
     tokenizer = sender.tokenizer
@@ -99,10 +100,12 @@ def write_message(sender: LoadedModel, prompt_ids: list[int], temperature: float
     with timer.stage("sharer_prefill"):
         next_token, _ = prefill(sender, state, prompt_ids)
     with timer.stage("sharer_decode"):
-        return _write(sender, state, next_token, weight, scale, temperature, max_vectors, stop_ids, stop_at_newline)
+        return _write(sender, state, next_token, weight, scale, temperature, max_vectors, stop_ids, stop_at_newline,
+                      on_message)
 
 
-def _write(sender, state, next_token, weight, scale, temperature, max_vectors, stop_ids, stop_at_newline) -> Message:
+def _write(sender, state, next_token, weight, scale, temperature, max_vectors, stop_ids, stop_at_newline,
+           on_message=None) -> Message:
     tokenizer = sender.tokenizer
     vectors, steps, likeliest, nearest = [], [], [], []
     for step in range(max_vectors):
@@ -131,6 +134,8 @@ def _write(sender, state, next_token, weight, scale, temperature, max_vectors, s
         vectors.append(vector)
         likeliest.append(top)
         nearest.append(near)
+        if on_message is not None:
+            on_message(tokenizer.decode(nearest, skip_special_tokens=True).strip())
         if step + 1 < max_vectors:
             next_token = prefill_vectors(sender, state, vector[None])
     width = sender.facts.hidden_size
@@ -191,7 +196,8 @@ def shared_embedding_space(pair: LoadedPair, request: HandoffRequest) -> str | N
     return None
 
 
-def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None,
+        on_message: TokenCallback | None = None) -> HandoffResult:
     reason = shared_embedding_space(pair, request)
     if reason:
         return HandoffResult.not_applicable(NAME, pair.name, reason)
@@ -199,7 +205,7 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     sharer, receiver = pair.sharer, pair.receiver
     timer = StageTimer()
     sharer_segments = sharer_message_segments(pair, request)
-    message = write_message(sharer, sharer_segments.input_ids, temperature, message_tokens(request), timer)
+    message = write_message(sharer, sharer_segments.input_ids, temperature, message_tokens(request), timer, on_message)
     with timer.stage("receiver_prefill"):
         prompt, attention = read_message(receiver, request, message.vectors)
     with timer.stage("receiver_decode"):
@@ -320,6 +326,7 @@ HANDOFFS = (
         applicable=shared_embedding_space,
         options=OPTIONS,
         message_tokens=message_tokens,  # the text handoff's message bound
+        streams_message=True,
         receiver_prompt=receiver_prompt,
         figure=figure,
         notes=notes,

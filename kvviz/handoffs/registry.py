@@ -214,7 +214,7 @@ class Handoff:
     color: str  # one colour per handoff, the same everywhere
     summary: str  # one line: CLI help, the column's subtitle
     explanation: str  # "how it works", a short paragraph of markdown
-    run: Callable[..., HandoffResult]  # run(pair, request, on_token=None) -> HandoffResult
+    run: Callable[..., HandoffResult]  # run(pair, request, on_token=None[, on_message=None]) -> HandoffResult
     needs: tuple[str, ...] = ()  # what it needs, in words ("a private context", "a trained fuser")
     applicable: Check = always  # says "not applicable" at once, without running a model
     options: tuple[Option, ...] = ()
@@ -242,6 +242,9 @@ class Handoff:
     # prompt budget (kvviz.limits) and ZeroGPU's duration estimate count them; None: none
     message_tokens: Callable[[HandoffRequest], int] | None = None
     task_calibration: TaskCalibration | None = None  # see TaskCalibration
+    # its run takes ``on_message``: called with the message so far after every token (or vector) the
+    # sharer writes before the answer, so that a page can show the message as it is written
+    streams_message: bool = False
 
     def __post_init__(self):
         if self.role not in ROLES:
