@@ -8,11 +8,15 @@ JSON, which scripts and tests then cannot read.
 
 from __future__ import annotations
 
+import colorsys
+import functools
 from typing import Iterable
 
 import plotly.graph_objects as go
 
 FONT = dict(family="Inter, system-ui, sans-serif", size=12)
+MIN_CONTRAST = 4.5  # WCAG AA for text
+COMPACT_TITLE_CHARACTERS = 36  # a figure title line that fits a 390 px phone at 14 px
 SELECTED_OUTLINE = "#111111"  # outline of a highlighted bar (a selected layer, an open gate)
 MUTED = "#bdbdbd"
 
@@ -101,3 +105,100 @@ def bar_counts(figure: go.Figure | dict) -> dict[str, int]:
             key = (trace.get("meta") or {}).get("series") or trace.get("name")
             counts[key] = len(trace.get("y") or [])
     return counts
+
+
+# --- colours as text: contrast and ink shades -----------------------------------------------------
+
+
+def rgb(color: str) -> tuple[int, int, int]:
+    """"#RRGGBB" as (r, g, b)."""
+    value = color.lstrip("#")
+    return int(value[0:2], 16), int(value[2:4], 16), int(value[4:6], 16)
+
+
+def hex_color(rgb_value: Iterable[float]) -> str:
+    return "#" + "".join(f"{round(v):02X}" for v in rgb_value)
+
+
+def _luminance(rgb_value) -> float:
+    def channel(v):
+        v /= 255
+        return v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (channel(v) for v in rgb_value)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast_ratio(foreground: str, background: str) -> float:
+    """WCAG 2 contrast ratio of two "#RRGGBB" colours (1 to 21)."""
+    a, b = _luminance(rgb(foreground)), _luminance(rgb(background))
+    return (max(a, b) + 0.05) / (min(a, b) + 0.05)
+
+
+def tint(color: str, share: float = 0.08) -> str:
+    """The colour at ``share`` over white: a card's pale background in its handoff's hue."""
+    return hex_color(share * v + (1 - share) * 255 for v in rgb(color))
+
+
+@functools.lru_cache(maxsize=64)
+def ink(color: str, target: float = 4.6) -> str:
+    """A shade of ``color`` for text: the same hue, its lightness lowered until the text is at least
+    ``target``:1 on white and on the colour's tint (WCAG AA asks 4.5). A hue already dark enough
+    is its own ink, so a new handoff's colour needs nothing from the page."""
+    hue, lightness, saturation = colorsys.rgb_to_hls(*(v / 255 for v in rgb(color)))
+    while lightness > 0:
+        shade = hex_color(v * 255 for v in colorsys.hls_to_rgb(hue, lightness, saturation))
+        if min(contrast_ratio(shade, "#FFFFFF"), contrast_ratio(shade, tint(color))) >= target:
+            return shade
+        lightness -= 0.005
+    return "#000000"
+
+
+# --- the phone form of a figure -------------------------------------------------------------------
+
+
+def compact(fig: go.Figure) -> go.Figure:
+    """The figure for a narrow screen (390 px): title, subplot titles and notes wrapped to short
+    lines, the legend below in small type, narrow margins, no colour bars (values stay in the
+    hover), and the height grown by what the wrapped lines and the legend need, so nothing is cut."""
+    head, _, sub = (fig.layout.title.text or "").partition("<br>")
+    title = wrap(_plain(head), COMPACT_TITLE_CHARACTERS)
+    if sub:
+        title += "<br>" + "<br>".join(f"<sup>{line}</sup>" for line in wrap(_plain(sub), COMPACT_TITLE_CHARACTERS + 12).split("<br>"))
+    title_lines = title.count("<br>") + 1
+    for annotation in fig.layout.annotations or ():
+        if annotation.text:
+            annotation.text = wrap(_plain(annotation.text), COMPACT_TITLE_CHARACTERS + 4)
+            annotation.font = dict(size=min(11, (annotation.font.size or 11)), color=annotation.font.color)
+    fig.update_traces(showscale=False, selector=dict(type="heatmap"))
+    rows = _legend_rows(fig)
+    top = 20 + 18 * title_lines
+    bottom = 56 + 18 * rows
+    height = (fig.layout.height or 340) + 18 * (title_lines - 1) + 18 * rows
+    plot_height = max(60, height - top - bottom)
+    fig.update_layout(
+        title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),
+        margin=dict(l=44, r=8, t=top, b=bottom),
+        height=height,
+        legend=dict(orientation="h", yanchor="top", y=-52 / plot_height, x=0.0, xanchor="left", font=dict(size=10)),
+    )
+    return fig
+
+
+def _plain(text: str) -> str:
+    """Plotly title text without its line breaks and <sup> marks (to wrap it again)."""
+    return " ".join(str(text).replace("<br>", " ").replace("<sup>", "").replace("</sup>", "").split())
+
+
+def _legend_rows(fig: go.Figure) -> int:
+    """Rows a small-type legend takes at 390 px (about 40 characters a row)."""
+    names = [trace.name for trace in fig.data if trace.name and trace.showlegend is not False]
+    if not names:
+        return 0
+    rows, width = 1, 0
+    for name in names:
+        size = len(name) + 5
+        if width and width + size > 46:
+            rows, width = rows + 1, 0
+        width += size
+    return rows

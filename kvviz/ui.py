@@ -161,7 +161,7 @@ def walkthrough_steps() -> list[tuple[str, str | None, str]]:
 def walkthrough_preset(handoff: Handoff) -> tuple[str | None, str]:
     """(the preset a handoff's step loads, its text with that preset's title in place of {preset})."""
     key = DEFAULT_PRESET if handoff.walkthrough_preset == registry.OPENING_PRESET else handoff.walkthrough_preset
-    text = handoff.walkthrough.replace("{preset}", preset(key).title) if key else handoff.walkthrough
+    text = handoff.walkthrough.replace("{preset}", preset(key).title).replace("{lesson}", preset(key).lesson) if key else handoff.walkthrough
     return key, text
 
 
@@ -247,7 +247,7 @@ def build_demo(
             f"**{present.md(preset(key).title)}** on the pair *{present.md(pre_pair)}*"
             + (f" ({present.md(when)})" if when else "")
             + ". Press **Run** for a live run on this machine.\n\n"
-            + f"*What to look at:* {present.md(preset(key).note)}"
+            + f"*What to look at:* {present.md(preset(key).lesson)}"
         )
         return present.payload(pre_pair, entry.get("request"), results, True, key), status
 
@@ -355,7 +355,7 @@ def build_demo(
         with gr.Row(equal_height=False):
             for index, name in enumerate(columns):
                 with gr.Column(min_width=180, elem_id=f"kv-col-{name}", visible=name in shown_at_first) as block:
-                    gr.HTML(present.header_html(name))
+                    gr.HTML(present.card_head_html(name, "unmarked"))
                     answer_box = gr.Textbox(value=initial_values[3 * index], label="Answer", lines=3, max_lines=10,
                                             interactive=False, elem_id=f"kv-answer-{name}")
                     stats = gr.Markdown(initial_values[3 * index + 1], elem_id=f"kv-stats-{name}", elem_classes=["kv-stats"])

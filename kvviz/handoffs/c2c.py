@@ -40,7 +40,7 @@ from kvviz.c2c.fusion import fuse_prompt
 from kvviz.c2c.locate import communication_details, get_fuser, resolve_fuser
 from kvviz.decode import generate, prefill
 from kvviz.handoffs.common import TokenCallback
-from kvviz.handoffs.registry import OPENING_PRESET, Handoff, Option, option_values
+from kvviz.handoffs.registry import Handoff, Option, option_values
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.models import LoadedPair
 from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
@@ -410,11 +410,9 @@ HANDOFFS = (
         walkthrough=(
             "**Predict first:** did the sharer's cache add anything? C2C control (light blue) runs a fuser with "
             "C2C's architecture, data, steps and seed, trained with the sharer's cache replaced by zeros: it can "
-            "only adapt the receiver. On this preset (we loaded **{preset}** again), if C2C gives the code "
-            "from the note and its control does not, the sharer's cache carried it. If both columns answer "
-            "alike, C2C's change is the fuser adapting the receiver, not the sharer's knowledge. The note under "
-            "each column gives the held-out numbers measured by eval-fuser (NLL and the communication gain)."
+            "only adapt the receiver. We loaded **{preset}**: {lesson} The held-out numbers measured by "
+            "eval-fuser (NLL and the communication gain) are in *What each model saw*."
         ),
-        walkthrough_preset=OPENING_PRESET,
+        walkthrough_preset="plants",
     ),
 )

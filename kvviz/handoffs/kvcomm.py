@@ -551,9 +551,10 @@ HANDOFFS = (
             "importance measured on the calibration sample (which chose the layers) next to the importance "
             "measured on *this* question after it was answered, with their rank correlation, so you can see "
             "whether one calibration sample speaks for your question. Triangles mark the layers sent, a star "
-            "layer 0 (sent by rule), a dash the layers that kept only the sink. In *Settings* change the ratio, "
-            "or calibrate on this query instead of the built-in sample."
+            "layer 0 (sent by rule), a dash the layers that kept only the sink. We loaded **{preset}**: {lesson} "
+            "In *Settings* change the ratio, or calibrate on this query instead of the built-in sample."
         ),
+        walkthrough_preset="fuji",
         sweep=Sweep(
             title="Sweep: how many layers does KVComm need?",
             explanation=(

@@ -231,8 +231,11 @@ class Handoff:
     page_default: bool = False  # shown when the page opens
     walkthrough: str = ""  # its step of the page's guided walk-through
     # the preset its step loads: a preset key, OPENING_PRESET (the page's opening one, again) or None
-    # (keep what is on the page); the step's text may name the loaded preset's title as {preset}
+    # (keep what is on the page); the step's text may name the loaded preset's title as {preset} and
+    # quote its lesson as {lesson}
     walkthrough_preset: str | None = None
+    # what its step points at: "" its own figure (its column when it has none); "cost": time and bytes
+    walkthrough_shows: str = ""
     sweep: Sweep | None = None
     diagram: Path | None = field(default=None)  # default: assets/diagrams/NAME.svg when present
     # what a latency stage is for this handoff, where the shared stage name would say more (or less)

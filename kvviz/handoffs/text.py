@@ -131,9 +131,11 @@ HANDOFFS = (
         page=10,
         page_default=True,
         walkthrough=(
-            "The sharer writes the facts down in words and the receiver reads them (orange). Open *What each "
-            "model saw* to read the message. Then find the orange bar in **Latency by stage**: most of its time "
-            "is the sharer *writing*, before the receiver can even start."
+            "The sharer writes the facts down in words and the receiver reads them (orange). In a live run its "
+            "column shows the message while the sharer writes it; the receiver starts only when it is done. "
+            "**Latency by stage** shows the stages of its bar: its first answer token always waits for the whole "
+            "message (the *first token* time in its column)."
         ),
+        walkthrough_shows="cost",
     ),
 )
