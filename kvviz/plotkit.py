@@ -166,15 +166,18 @@ def compact(fig: go.Figure) -> go.Figure:
     if sub:
         title += "<br>" + "<br>".join(f"<sup>{line}</sup>" for line in wrap(_plain(sub), COMPACT_TITLE_CHARACTERS + 12).split("<br>"))
     title_lines = title.count("<br>") + 1
+    above = 0  # extra lines of the subplot titles over the top row (they grow upwards, into the margin)
     for annotation in fig.layout.annotations or ():
         if annotation.text:
-            annotation.text = wrap(_plain(annotation.text), COMPACT_TITLE_CHARACTERS + 4)
-            annotation.font = dict(size=min(11, (annotation.font.size or 11)), color=annotation.font.color)
+            annotation.text = wrap(_plain(annotation.text), COMPACT_TITLE_CHARACTERS + 8)
+            annotation.font = dict(size=min(10, (annotation.font.size or 10)), color=annotation.font.color)
+            if annotation.yanchor == "bottom" and (annotation.y or 0) >= 0.9:
+                above = max(above, annotation.text.count("<br>") + 1)
     fig.update_traces(showscale=False, selector=dict(type="heatmap"))
     rows = _legend_rows(fig)
-    top = 20 + 18 * title_lines
+    top = 20 + 18 * title_lines + 13 * above
     bottom = 56 + 18 * rows
-    height = (fig.layout.height or 340) + 18 * (title_lines - 1) + 18 * rows
+    height = (fig.layout.height or 340) + 18 * (title_lines - 1) + 13 * above + 18 * rows
     plot_height = max(60, height - top - bottom)
     fig.update_layout(
         title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),

@@ -256,7 +256,8 @@ def card_head_html(name: str, kind: str) -> str:
     word, hint = MARK_WORDS[kind], MARK_HINTS.get(kind, "")
     return (
         f'<div class="kv-card-head" style="--kv-hue:{handoff.color};--kv-ink:{ink(handoff.color)}">'
-        f'<span class="kv-card-title" title="{html.escape(handoff.summary)}">{html.escape(handoff.title)}</span>'
+        f'<span class="kv-card-title" title="{html.escape(handoff.title)}: {html.escape(handoff.summary)}">'
+        f"{html.escape(handoff.label)}</span>"
         f'<span class="kv-mark kv-mark-{kind}" id="kv-mark-{name}" data-verdict="{kind}" title="{html.escape(hint)}">'
         f"{html.escape(word)}</span></div>"
     )
@@ -288,11 +289,14 @@ def verdict_strip_html(subject: str, marks: dict[str, str], answers) -> str:
         return ('<div class="kv-verdict">No expected answer: type one beside the question to mark the columns '
                 "(alternatives split by ;).</div>")
     label = lambda kinds: ", ".join(registry.label_of(n) for n, k in marks.items() if k in kinds)  # noqa: E731
-    parts = [f"{html.escape(subject)} got through by: <b>{label({'right'}) or 'none'}</b>",
-             f"not by: <b>{label({'wrong', 'none'}) or 'none'}</b>"]
+    finished = [k for k in marks.values() if k in ("right", "wrong", "none")]
+    parts = []
+    if finished:
+        parts = [f"{html.escape(subject)} got through by: <b>{label({'right'}) or 'none'}</b>",
+                 f"not by: <b>{label({'wrong', 'none'}) or 'none'}</b>"]
     pending = label({"waiting", "running"})
     if pending:
-        parts.append(f"still running: {pending}")
+        parts.append(("still running: " if finished else "Running: each card gets its mark when it finishes: ") + pending)
     cut = label({"stopped", "notstarted", "notrun", "failed"})
     if cut:
         parts.append(f"unfinished: {cut}")
@@ -305,13 +309,13 @@ def verdict_strip_html(subject: str, marks: dict[str, str], answers) -> str:
 
 
 def precomputed_status(title: str, pair: str, when: str = "") -> str:
-    stamp = f", computed ahead of time ({md(when)})" if when else ", computed ahead of time"
-    return (f'<span class="kv-badge">precomputed</span> **{md(title)}** on the pair *{md(pair)}*{stamp}. '
-            "Press **Run live** to run it on this machine.")
+    stamp = f" ({md(when)})" if when else ""
+    return (f'<span class="kv-badge">precomputed</span> **{md(title)}** on the pair *{md(pair)}*, computed ahead of '
+            f"time{stamp}. **Run live** runs it on this machine.")
 
 
-def live_status(done: int, total: int, seconds: float, log: str) -> str:
-    return f"**Live run** ({done} of {total} done, {format_seconds(seconds)} so far): {md(log)}"
+def live_status(done: int, total: int, log: str) -> str:
+    return f"**Live run** ({done} of {total} done): {md(log)}"
 
 
 def finished_status(seconds: float, workers: int, stopped: str = "") -> str:

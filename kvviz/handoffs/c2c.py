@@ -40,7 +40,7 @@ from kvviz.c2c.fusion import fuse_prompt
 from kvviz.c2c.locate import communication_details, get_fuser, resolve_fuser
 from kvviz.decode import generate, prefill
 from kvviz.handoffs.common import TokenCallback
-from kvviz.handoffs.registry import Handoff, Option, option_values
+from kvviz.handoffs.registry import Handoff, Option, color_of, option_values
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.models import LoadedPair
 from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
@@ -208,14 +208,15 @@ FIGURE_HEIGHT = 500
 CLOSED_SLIVER = 0.04  # a closed gate (applied 0) is drawn as a thin grey sliver so that its hover can be reached
 
 
-def add_gate_bars(fig, records: list[dict], layers: list[int]) -> None:
-    """Row 1: the gate each layer applied, K solid and V hatched (a closed gate a grey sliver)."""
+def add_gate_bars(fig, records: list[dict], layers: list[int], color: str = GATE_OPEN_COLOR) -> None:
+    """Row 1: the gate each layer applied in the handoff's ``color``, K solid and V hatched (a
+    closed gate a grey sliver)."""
     for kind, label in (("k", "K"), ("v", "V")):
         soft = [float(r.get(f"gate_{kind}", 0.0)) for r in records]
         logits = [float(r.get(f"gate_{kind}_logit", 0.0)) for r in records]
         opened = [bool(r.get(f"gate_{kind}_open", False)) for r in records]
         sharer = [r.get("sharer_layer") for r in records]
-        base = GATE_OPEN_COLOR if kind == "k" else "#56B4E9"
+        base = color
         hover = [
             f"receiver layer {layer} (reads sharer layer {s})<br>{label} gate applied: <b>{int(o)}</b> "
             + ("(open: the projected sharer KV is added)" if o else "(closed: the receiver keeps its own KV)")
@@ -231,7 +232,7 @@ def add_gate_bars(fig, records: list[dict], layers: list[int]) -> None:
                 marker=dict(
                     color=[base if o else GATE_CLOSED_COLOR for o in opened],
                     line=dict(color=[SELECTED_OUTLINE if o else "#999999" for o in opened], width=1),
-                    pattern=dict(shape="" if kind == "k" else "/"),
+                    pattern=dict(shape="" if kind == "k" else "/", fgcolor="#FFFFFF", size=6),
                 ),
                 hovertext=hover,
                 hoverinfo="text",
@@ -274,7 +275,8 @@ def gates_figure(result) -> go.Figure:
     added), for K and V; the logit and sigmoid(logit) it came from are in the hover (at inference
     the gate is hard: open when the logit is above 0). Below, on the same layer axis: head weights
     as KV head x layer heatmaps for K and V."""
-    title = "C2C: gates and head weights per receiver layer"
+    control = as_dict(result).get("handoff") == CONTROL if result is not None else False
+    title = f"{'C2C control' if control else 'C2C'}: gates and head weights per receiver layer"
     missing = not_run_figure(title, result, FIGURE_HEIGHT, "C2C did not run.", "C2C")
     if missing is not None:
         return missing
@@ -295,7 +297,7 @@ def gates_figure(result) -> go.Figure:
             "head weights for V",
         ),
     )
-    add_gate_bars(fig, records, layers)
+    add_gate_bars(fig, records, layers, color_of(result.get("handoff", NAME)))
     add_head_weights(fig, records, layers, heads)
     fig.update_xaxes(dtick=1 if len(layers) <= 40 else None)
     fig.update_xaxes(title_text="receiver layer", row=3, col=1)

@@ -17,7 +17,7 @@ MAX_UI_NEW_TOKENS = 256  # the slider's end (the server's cap, kvviz.limits, may
 STREAM_INTERVAL = 0.12  # seconds between streamed updates of one answer
 FIXED_PLOTS = ("latency", "bytes")
 RUN_LABEL = "Run live"
-BUSY_LABEL = "Running… (Stop ends it)"
+BUSY_LABEL = "Running…"
 EXPECTED_SEPARATOR = ";"
 
 # The tabs below the answers, in order: (id, title). A figure lives in exactly one tab.
