@@ -69,6 +69,7 @@ def build_demo(
     steps = walkthrough_steps()
     with gr.Blocks(title="kvviz: watch two language models talk") as demo:
         page.demo = demo
+        demo.kvviz_page = page  # the components by name, for tests and scripts
         page.add("results", gr.State(payload))
         page.add("view", gr.State({"tab": DEFAULT_TAB, "compact": False, "drawn": {}, "ready": False}))
         page.add("walk_step", gr.State(0))

@@ -435,15 +435,15 @@ def test_the_communication_measure_stored_beside_the_fusers_reaches_both_columns
     assert c2c.communication_note(None, control=False) == []
 
 
-def test_the_walkthrough_step_of_the_control_reloads_the_opening_preset_and_asks_for_a_prediction():
+def test_the_walkthrough_step_of_the_control_loads_the_preset_where_they_differ_and_asks_for_a_prediction():
     from kvviz import ui
     from kvviz.handoffs import registry
-    from kvviz.presets import DEFAULT_PRESET
+    from kvviz.presets import preset
 
-    steps = {title.split(": ", 1)[1]: (key, text) for title, key, text in ui.walkthrough_steps()}
+    steps = {step.title.split(": ", 1)[1]: (step.preset, step.text) for step in ui.walkthrough_steps()}
     key, text = steps[registry.get("c2c_control").title]
-    assert key == DEFAULT_PRESET == ui.walkthrough_steps()[0][1]
-    assert "Predict first" in text and "control" in text
+    assert "c2c-differs-from-control" in preset(key).shows  # its lesson: one example against the held-out gain
+    assert "Predict first" in text and "control" in text and preset(key).lesson in text
     # C2C's own step claims no gain: it names no preset where C2C "shines"
     assert "shines" not in steps[registry.get("c2c").title][1]
     assert {"c2c", "c2c_control"} <= set(registry.default_handoffs())

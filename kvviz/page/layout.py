@@ -80,7 +80,7 @@ class Page:
         out = {}
         for role, value in updates.items():
             if role == "shown":
-                out.update(self._visibility(value))
+                continue  # last: a figure may be drawn and shown in one update
             elif role == "lesson":
                 out[self["lesson"]] = value
                 out[self["lesson_row"]] = gr.update(visible=bool(value))
@@ -96,16 +96,20 @@ class Page:
                 out[getattr(part, kind)] = value
             elif role in self.components:
                 out[self.components[role]] = value
+        if "shown" in updates:
+            for component, visible in self._visibility(updates["shown"]).items():
+                drawn = out.get(component)
+                out[component] = gr.update(visible=visible) if drawn is None else gr.update(value=drawn, visible=visible)
         return out
 
     def _visibility(self, names) -> dict:
+        """Component -> whether it shows, for the ticked columns ``names``."""
         shown = set(names or [])
         out = {}
         for name, card in self.cards.items():
-            out[card.block] = gr.update(visible=name in shown)
-            out[self.details[name].block] = gr.update(visible=name in shown)
+            out[card.block] = out[self.details[name].block] = name in shown
         for name in spec.layer_figure_names():
-            out[self.figures[name]] = gr.update(visible=name in shown)
+            out[self.figures[name]] = name in shown
         return out
 
 

@@ -98,7 +98,7 @@ def stream_run(run: LiveRun, workers: int, stop: threading.Event,
     for name in run.names:
         first.update(views.card(name, None, run.answers, "waiting"))
     yield first
-    last_sent = 0.0
+    last_sent: dict[str, float] = {}  # per column: each streams at most every STREAM_INTERVAL
     stopped_early = failed = ""
     for kind, name, data in events(run.pair, run.request, run.names, workers, stop=stop):
         if stop.is_set():
@@ -114,8 +114,8 @@ def stream_run(run: LiveRun, workers: int, stop: threading.Event,
         elif kind in ("token", "message"):
             if kind == "token":
                 run.partial[name] = data
-            if time.perf_counter() - last_sent >= STREAM_INTERVAL:
-                last_sent = time.perf_counter()
+            if time.perf_counter() - last_sent.get(name, 0.0) >= STREAM_INTERVAL:
+                last_sent[name] = time.perf_counter()
                 update = {**run.status(), f"answer:{name}": run.partial.get(name, "")}
                 if kind == "message":
                     update[f"stats:{name}"] = present.card_stats(None, message=data)
