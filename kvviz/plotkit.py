@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 FONT = dict(family="Inter, system-ui, sans-serif", size=12)
 MIN_CONTRAST = 4.5  # WCAG AA for text
 COMPACT_TITLE_CHARACTERS = 36  # a figure title line that fits a 390 px phone at 14 px
+COMPACT_LEGEND_CHARACTERS = 40  # a legend entry's line at 10 px, beside its swatch
 SELECTED_OUTLINE = "#111111"  # outline of a highlighted bar (a selected layer, an open gate)
 MUTED = "#bdbdbd"
 
@@ -174,16 +175,23 @@ def compact(fig: go.Figure) -> go.Figure:
             if annotation.yanchor == "bottom" and (annotation.y or 0) >= 0.9:
                 above = max(above, annotation.text.count("<br>") + 1)
     fig.update_traces(showscale=False, selector=dict(type="heatmap"))
+    fig.for_each_xaxis(lambda axis: axis.update(title_text=wrap(_plain(axis.title.text), COMPACT_TITLE_CHARACTERS + 8))
+                       if axis.title.text else None)
+    for trace in fig.data:  # a legend entry longer than the screen is wrapped (plotly does not)
+        if trace.name and len(trace.name) > COMPACT_LEGEND_CHARACTERS:
+            trace.name = wrap(_plain(trace.name), COMPACT_LEGEND_CHARACTERS)
     rows = _legend_rows(fig)
+    axis_lines = max([1] + [str(axis.title.text).count("<br>") + 1 for axis in fig.select_xaxes() if axis.title.text])
     top = 20 + 18 * title_lines + 13 * above
-    bottom = 56 + 18 * rows
-    height = (fig.layout.height or 340) + 18 * (title_lines - 1) + 13 * above + 18 * rows
+    under_axis = 52 + 14 * (axis_lines - 1)  # tick labels and the axis title, above the legend
+    bottom = under_axis + 4 + 18 * rows
+    height = (fig.layout.height or 340) + 18 * (title_lines - 1) + 13 * above + 14 * (axis_lines - 1) + 18 * rows
     plot_height = max(60, height - top - bottom)
     fig.update_layout(
         title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),
         margin=dict(l=44, r=8, t=top, b=bottom),
         height=height,
-        legend=dict(orientation="h", yanchor="top", y=-52 / plot_height, x=0.0, xanchor="left", font=dict(size=10)),
+        legend=dict(orientation="h", yanchor="top", y=-under_axis / plot_height, x=0.0, xanchor="left", font=dict(size=10)),
     )
     return fig
 
@@ -194,14 +202,14 @@ def _plain(text: str) -> str:
 
 
 def _legend_rows(fig: go.Figure) -> int:
-    """Rows a small-type legend takes at 390 px (about 40 characters a row)."""
+    """Text lines a small-type legend takes at 390 px: short entries share a row (about 46
+    characters), a wrapped entry takes a row per line."""
     names = [trace.name for trace in fig.data if trace.name and trace.showlegend is not False]
-    if not names:
-        return 0
-    rows, width = 1, 0
+    rows, width = 0, 0
     for name in names:
-        size = len(name) + 5
-        if width and width + size > 46:
-            rows, width = rows + 1, 0
+        lines = name.split("<br>")
+        size = max(len(line) for line in lines) + 5
+        if len(lines) > 1 or not width or width + size > 46:
+            rows, width = rows + len(lines), 0
         width += size
     return rows

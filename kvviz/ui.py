@@ -82,7 +82,7 @@ def build_demo(
         build_cards(page, shown)
         build_tabs(page, shown, sweep)
         wire_all(Lab(page, precomputed, default_pair, default_workers(), policy.model_concurrency(), steps,
-                     views.FigureCache(), StopFlags()))
+                     views.FigureCache(sweep), StopFlags()))
     # light events (presets, tabs, facts, export, walk-through) run side by side; model runs share one queue
     demo.queue(max_size=policy.caps().queue_size, default_concurrency_limit=4)
     return demo

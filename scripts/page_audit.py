@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.page_checks import BOX_JS, CONTRAST_JS  # noqa: E402  (the browser tests measure the same)
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -35,50 +37,6 @@ CHROMIUM_FLAGS = [
 ]
 FIRST_ANSWER = "#kv-answer-receiver textarea, #kv-answer-receiver .kv-card-answer"
 LANDMARKS = ["kv-run", "kv-stop", "kv-status", "kv-query", "kv-context", "kv-handoffs", "kv-settings"]
-
-# WCAG 2 contrast of every visible text against its composited background.
-CONTRAST_JS = r"""
-() => {
-  const parse = c => { const m = (c || '').match(/rgba?\(([^)]+)\)/); if (!m) return null;
-    const p = m[1].split(/[ ,\/]+/).filter(Boolean).map(Number); return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1]; };
-  const over = (top, bottom) => [0, 1, 2].map(i => top[i] * top[3] + bottom[i] * (1 - top[3])).concat([1]);
-  const lum = c => { const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
-    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
-  const ratio = (a, b) => { const x = lum(a), y = lum(b); return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05); };
-  const background = el => { const layers = []; for (let e = el; e && e.nodeType === 1; e = e.parentElement) {
-      const bg = parse(getComputedStyle(e).backgroundColor); if (bg && bg[3] > 0) layers.push(bg); if (bg && bg[3] >= 1) break; }
-    let c = [255, 255, 255, 1]; for (let i = layers.length - 1; i >= 0; i--) c = over(layers[i], c); return c; };
-  const opacity = el => { let o = 1; for (let e = el; e && e.nodeType === 1; e = e.parentElement) o *= parseFloat(getComputedStyle(e).opacity); return o; };
-  const record = (el, text, colour, alpha) => { const bg = background(el); const fg = over([colour[0], colour[1], colour[2], colour[3] * alpha], bg);
-    const r = el.getBoundingClientRect(); const cs = getComputedStyle(el);
-    return {text: text.slice(0, 60), fg: `rgb(${colour.slice(0, 3).join(',')})`, alpha: Math.round(colour[3] * alpha * 100) / 100,
-            bg: `rgb(${bg.slice(0, 3).map(Math.round).join(',')})`, ratio: Math.round(ratio(fg, bg) * 100) / 100,
-            size: cs.fontSize, id: (el.closest('[id]') || {}).id || '', y: Math.round(r.y + window.scrollY)}; };
-  const out = [];
-  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
-  for (let n; (n = walker.nextNode());) {
-    const text = n.textContent.trim(), el = n.parentElement; if (!text || !el || el.closest('svg')) continue;
-    const r = el.getBoundingClientRect(), cs = getComputedStyle(el);
-    if (!r.width || !r.height || cs.visibility === 'hidden') continue;
-    out.push(record(el, text, parse(cs.color), opacity(el)));
-  }
-  for (const el of document.querySelectorAll('textarea, input[type=text], input[type=number]')) {
-    if (!el.getBoundingClientRect().width || !el.value) continue;
-    out.push(record(el, '[value] ' + el.value, parse(getComputedStyle(el).color), opacity(el)));
-  }
-  for (const t of document.querySelectorAll('.js-plotly-plot svg text')) {
-    const s = t.textContent.trim(); if (!s || !t.getBoundingClientRect().width) continue;
-    const cs = getComputedStyle(t), fill = parse(cs.fill); if (!fill) continue;
-    const rec = record(t.closest('.js-plotly-plot'), '[plot] ' + s, fill, parseFloat(cs.fillOpacity || 1) * opacity(t));
-    rec.id = (t.closest('[id]') || {}).id || ''; out.push(rec);
-  }
-  return out;
-}
-"""
-
-BOX_JS = """(id) => { const e = document.getElementById(id); if (!e || !e.offsetParent) return null;
-  const r = e.getBoundingClientRect(); return [r.x, r.y + window.scrollY, r.width, r.height].map(Math.round); }"""
-
 
 def served_page():
     """The page served on a free loopback port, in this process (precomputed results only)."""

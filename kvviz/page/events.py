@@ -69,7 +69,7 @@ def resolved(page: Page, handler):
 
     def run(*args):
         try:
-            return page.resolve(handler(*args))
+            return page.resolve(handler(*args)) or {page["status"]: gr.skip()}  # an empty dict would be read as a value
         except Exception as error:  # noqa: BLE001 (shown to the learner; the page keeps what it showed)
             LOG.exception("page event %s failed", handler.__name__)
             return page.resolve({"status": present.refused_status(f"the page could not do that ({type(error).__name__}: "
@@ -353,7 +353,7 @@ def wire_sweep(lab: Lab):
     if swept is None:
         return None
 
-    def sweep_run(pair, series, max_new_tokens, progress=gr.Progress()):
+    def sweep_run(pair, series, max_new_tokens, view, progress=gr.Progress()):
         """Run the sweep on the built-in set; returns the figure and the data."""
         progress(0.0, desc="Loading models ...")
         try:
@@ -364,10 +364,11 @@ def wire_sweep(lab: Lab):
         except ValueError as error:
             raise gr.Error(str(error)) from error
         text = f"**Live sweep finished** in {data['seconds']:.0f} s ({data['n']} questions, {len(data['answers'])} runs)."
-        return plots.sweep_figure(data), data, text
+        view = {**view, "drawn": {**view.get("drawn", {}), "sweep_plot": "live"}}
+        return views.sweep_figure(data, bool(view.get("compact"))), data, text, view
 
-    return page["sweep_button"].click(sweep_run, inputs=[page["pair"], page["sweep_series"], page["sweep_tokens"]],
-                                      outputs=[page["sweep_plot"], page["sweep_json"], page["sweep_status"]],
+    return page["sweep_button"].click(sweep_run, inputs=[page["pair"], page["sweep_series"], page["sweep_tokens"], page["view"]],
+                                      outputs=[page["sweep_plot"], page["sweep_json"], page["sweep_status"], page["view"]],
                                       api_name="sweep", concurrency_id=spec.MODEL_QUEUE, concurrency_limit=lab.concurrency)
 
 

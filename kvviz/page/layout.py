@@ -15,7 +15,7 @@ from typing import Any
 
 import gradio as gr
 
-from kvviz import limits, plots, policy, present
+from kvviz import limits, policy, present
 from kvviz.handoffs import registry
 from kvviz.models import PAIRS
 from kvviz.page import spec
@@ -214,7 +214,7 @@ def build_cards(page: Page, shown: list[str]) -> None:
 
 def build_tabs(page: Page, shown: list[str], sweep: dict | None) -> None:
     """The tabs below the cards; a tab's children render when it is first opened."""
-    with gr.Tabs(selected=spec.DEFAULT_TAB, elem_id="kv-inside") as tabs:
+    with gr.Tabs(selected=spec.DEFAULT_TAB, overflow_behavior="wrap", elem_id="kv-inside") as tabs:
         page.add("tabs", tabs)
         with tab(page, "layers"), gr.Row(elem_id="kv-layer-plots"):  # two a row on a laptop, one on a phone
             for name in spec.layer_figure_names():
@@ -273,7 +273,7 @@ def build_sweep(page: Page, sweep: dict | None) -> None:
     page.add("sweep_status", gr.Markdown(
         '<span class="kv-badge">precomputed</span> Sweep computed ahead of time; press **Run sweep** to redo it live.'
         if sweep else "No sweep yet.", elem_id="kv-sweep-status"))
-    page.add("sweep_plot", gr.Plot(plots.sweep_figure(sweep), show_label=False, elem_id="kv-plot-sweep"))
+    page.add("sweep_plot", gr.Plot(None, show_label=False, elem_id="kv-plot-sweep"))  # drawn when the tab opens
     page.add("sweep_json", gr.JSON(sweep or {}, label="Sweep data", visible=False))
 
 

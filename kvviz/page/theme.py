@@ -82,6 +82,13 @@ CSS = """
   transition: outline-color 0.3s}
 .kv-details-title {font-weight: 700; color: var(--kv-ink) !important; border-left: 5px solid var(--kv-hue); padding-left: 6px}
 .kv-diagram svg {max-width: 100%; height: auto}
+/* the JSON view's syntax colours, darkened to >= 4.5:1 on white */
+.gradio-container .json-node .punctuation, .gradio-container .punctuation {color: #475569 !important}
+.gradio-container .key {color: #9a3412 !important}
+.gradio-container .value.string {color: #166534 !important}
+.gradio-container .value.number {color: #1e40af !important}
+.gradio-container .value.bool, .gradio-container .value.null {color: #86198f !important}
+.gradio-container .square-bracket {color: #9f1239 !important}
 #kv-columns {align-items: center; gap: 8px}
 #kv-handoffs label {padding: 5px 9px !important}
 @media (max-width: 640px) {

@@ -117,12 +117,20 @@ def precomputed_payload(precomputed: dict, key: str, default_pair: str) -> tuple
 
 
 class FigureCache:
-    """Figures of precomputed presets, built once per process and shared by every session (a live
-    run's figures are built for its session only)."""
+    """Figures of precomputed presets and of the precomputed sweep, built once per process and
+    shared by every session (a live run's figures are built for its session only)."""
 
-    def __init__(self):
+    def __init__(self, sweep: dict | None = None):
         self._figures: dict[tuple, go.Figure] = {}
         self._lock = threading.Lock()
+        self.sweep = sweep
+
+    def sweep_figure(self, compact: bool) -> go.Figure:
+        key = ("sweep", compact)
+        with self._lock:
+            if key not in self._figures:
+                self._figures[key] = sweep_figure(self.sweep, compact)
+            return self._figures[key]
 
     def figure(self, name: str, payload: dict, names: list[str], compact: bool) -> go.Figure:
         key = (payload.get("stamp"), name, tuple(names) if name in FIXED_PLOTS else (), compact)
@@ -150,6 +158,11 @@ def build_figure(name: str, payload: dict, names: list[str], compact: bool) -> g
     return compact_figure(figure) if compact else figure
 
 
+def sweep_figure(data: dict | None, compact: bool) -> go.Figure:
+    figure = plots.sweep_figure(data)
+    return compact_figure(figure) if compact else figure
+
+
 def figure_key(name: str, payload: dict, names: list[str], compact: bool) -> str:
     """What a drawn figure shows: when it is unchanged, the figure is not sent again."""
     ticked = ",".join(names) if name in FIXED_PLOTS else ""
@@ -167,6 +180,10 @@ def tab_updates(tab: str, payload: dict, names: list[str], view: dict, cache: Fi
         if drawn.get(f"figure:{name}") != key:
             updates[f"figure:{name}"] = cache.figure(name, payload, names, compact)
             drawn[f"figure:{name}"] = key
+    if tab == "sweep" and not str(drawn.get("sweep_plot", "")).startswith("live") \
+            and drawn.get("sweep_plot") != f"precomputed|{int(compact)}":
+        updates["sweep_plot"] = cache.sweep_figure(compact)  # a live sweep's figure stays until the next one
+        drawn["sweep_plot"] = f"precomputed|{int(compact)}"
     if tab == "data" and drawn.get("data") != payload.get("stamp"):
         updates["table"] = present.results_frame(payload)
         updates["json"] = payload
