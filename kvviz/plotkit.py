@@ -102,7 +102,7 @@ def bar_counts(figure: go.Figure | dict) -> dict[str, int]:
     data = figure["data"] if isinstance(figure, dict) else figure.to_dict()["data"]
     counts = {}
     for trace in data:
-        if trace.get("type") == "bar":
+        if trace.get("type") == "bar" and not (trace.get("meta") or {}).get("legend_only"):
             key = (trace.get("meta") or {}).get("series") or trace.get("name")
             counts[key] = len(trace.get("y") or [])
     return counts

@@ -301,7 +301,8 @@ def verdict_strip_html(subject: str, marks: dict[str, str], answers) -> str:
     if cut:
         parts.append(f"unfinished: {cut}")
     gold = " or ".join(f"“{html.escape(answer)}”" for answer in answers)
-    return (f'<div class="kv-verdict">{"; ".join(parts)}. <span class="kv-verdict-rule">Right means the answer '
+    sentence = "; ".join(parts)
+    return (f'<div class="kv-verdict">{sentence[:1].upper() + sentence[1:]}. <span class="kv-verdict-rule">Right means the answer '
             f"contains {gold}.</span></div>")
 
 
@@ -347,6 +348,23 @@ def how_it_works_markdown(name: str) -> str:
     if handoff.needs:
         text += "\n\n*Needs:* " + "; ".join(handoff.needs) + "."
     return text
+
+
+HOW_INTRO = (
+    "One question, several ways for a *sharer* model to help a *receiver* model answer it. Text and C2C go from "
+    "the pair's sharer to its receiver; KVComm needs a sender of the receiver's own shape, so its sender is a "
+    "second copy of the receiver's model. Open a handoff to read how it works."
+)
+
+
+def how_it_works_page(names: list[str]) -> str:
+    """The "How it works" tab: an introduction, then one folded section per handoff with its
+    diagram and explanation (project text only: descriptors and assets/diagrams)."""
+    sections = [HOW_INTRO]
+    for name in names:
+        sections.append(f'<details id="kv-how-{name}"><summary><b>{html.escape(registry.get(name).title)}</b></summary>\n\n'
+                        f"{diagram_html(name)}\n\n{how_it_works_markdown(name)}\n\n</details>")
+    return "\n\n".join(sections)
 
 
 def diagram_html(name: str) -> str:

@@ -300,9 +300,9 @@ BAR_COUNTS_JS = """
   if (!gd || !gd.data) return null;
   const out = {};
   gd.data.forEach((trace, i) => {
-    if (trace.type !== 'bar' || trace.showlegend === false && !(trace.y || []).length) return;
+    if (trace.type !== 'bar' || (trace.meta && trace.meta.legend_only)) return;
     const key = (trace.meta && trace.meta.series) || trace.name || String(i);
-    if ((trace.y || []).length) out[key] = (trace.y || []).length;
+    out[key] = (trace.y || []).length;
   });
   out.__rendered = gd.querySelectorAll('g.trace.bars path').length;
   return out;

@@ -270,14 +270,17 @@ def add_head_weights(fig, records: list[dict], layers: list[int], heads: int) ->
         fig.update_yaxes(title_text=f"{kind.upper()} head", dtick=1 if heads <= 8 else None, title_standoff=4, row=row, col=1)
 
 
-def gates_figure(result) -> go.Figure:
+def gates_figure(result, control: bool | None = None) -> go.Figure:
     """Top: the gate each receiver layer applied, 0 (closed) or 1 (open: the projected sharer KV is
     added), for K and V; the logit and sigmoid(logit) it came from are in the hover (at inference
     the gate is hard: open when the logit is above 0). Below, on the same layer axis: head weights
-    as KV head x layer heatmaps for K and V."""
-    control = as_dict(result).get("handoff") == CONTROL if result is not None else False
-    title = f"{'C2C control' if control else 'C2C'}: gates and head weights per receiver layer"
-    missing = not_run_figure(title, result, FIGURE_HEIGHT, "C2C did not run.", "C2C")
+    as KV head x layer heatmaps for K and V. ``control``: the control fuser's figure (default: as
+    the result says)."""
+    if control is None:
+        control = result is not None and as_dict(result).get("handoff") == CONTROL
+    name = "C2C control" if control else "C2C"
+    title = f"{name}: gates and head weights per receiver layer"
+    missing = not_run_figure(title, result, FIGURE_HEIGHT, f"{name} did not run.", name)
     if missing is not None:
         return missing
     result = as_dict(result)
@@ -297,7 +300,7 @@ def gates_figure(result) -> go.Figure:
             "head weights for V",
         ),
     )
-    add_gate_bars(fig, records, layers, color_of(result.get("handoff", NAME)))
+    add_gate_bars(fig, records, layers, color_of(CONTROL if control else NAME))
     add_head_weights(fig, records, layers, heads)
     fig.update_xaxes(dtick=1 if len(layers) <= 40 else None)
     fig.update_xaxes(title_text="receiver layer", row=3, col=1)
@@ -312,6 +315,11 @@ def gates_figure(result) -> go.Figure:
     if details.get("control"):
         subtitle += "; control fuser (no sharer information)"
     return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT, barmode="group", margin=dict(l=60, r=20, t=70, b=50))
+
+
+def control_gates_figure(result) -> go.Figure:
+    """The control fuser's gates figure (named and coloured as the control even with no result)."""
+    return gates_figure(result, control=True)
 
 
 def notes(result: dict) -> list[str]:
@@ -405,7 +413,7 @@ HANDOFFS = (
         needs=("a trained control fuser for the pair",),
         applicable=fuser_found(control=True),
         no_receiver_prompt=NO_LIKELIHOOD.format(name=CONTROL),
-        figure=gates_figure,
+        figure=control_gates_figure,
         notes=notes,
         page=25,
         page_default=True,

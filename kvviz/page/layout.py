@@ -88,14 +88,14 @@ class Page:
                 out[self["run_button"]] = gr.update(value=spec.BUSY_LABEL if value else spec.RUN_LABEL, interactive=not value)
             elif role == "tab":
                 out[self["tabs"]] = gr.Tabs(selected=value)
+            elif role in self.components:
+                out[self.components[role]] = value
             elif role.startswith("figure:"):
                 out[self.figures[role.split(":", 1)[1]]] = value
             elif ":" in role:
                 kind, name = role.split(":", 1)
                 part = self.cards[name] if kind in ("head", "answer", "stats") else self.details[name]
                 out[getattr(part, kind)] = value
-            elif role in self.components:
-                out[self.components[role]] = value
         if "shown" in updates:
             for component, visible in self._visibility(updates["shown"]).items():
                 drawn = out.get(component)
@@ -230,7 +230,7 @@ def build_tabs(page: Page, shown: list[str], sweep: dict | None) -> None:
         with tab(page, "sweep"):
             build_sweep(page, sweep)
         with tab(page, "how"):
-            build_how()
+            build_how(page)
         with tab(page, "data"):
             page.add("export_button", gr.Button("Export JSON and CSV", elem_id="kv-export", size="sm"))
             page.add("export_files", gr.File(label="Downloads", file_count="multiple", interactive=False))
@@ -274,19 +274,14 @@ def build_sweep(page: Page, sweep: dict | None) -> None:
         '<span class="kv-badge">precomputed</span> Sweep computed ahead of time; press **Run sweep** to redo it live.'
         if sweep else "No sweep yet.", elem_id="kv-sweep-status"))
     page.add("sweep_plot", gr.Plot(None, show_label=False, elem_id="kv-plot-sweep"))  # drawn when the tab opens
-    page.add("sweep_json", gr.JSON(sweep or {}, label="Sweep data", visible=False))
+    page.add("sweep_json", gr.JSON(None, label="Sweep data", visible=False))  # a live sweep's data
 
 
-def build_how() -> None:
-    gr.Markdown(
-        "One question, several ways for a *sharer* model to help a *receiver* model answer it. Text and C2C go from "
-        "the pair's sharer to its receiver; KVComm needs a sender of the receiver's own shape, so its sender is a "
-        "second copy of the receiver's model. The plots show what was measured inside.")
-    for name in spec.column_names():
-        with gr.Accordion(registry.get(name).title, open=False, elem_id=f"kv-how-{name}"):
-            with gr.Row():
-                gr.HTML(present.diagram_html(name), js_on_load=None)
-                gr.Markdown(present.how_it_works_markdown(name))
+def build_how(page: Page) -> None:
+    """Every handoff's explanation and diagram in one block, filled when the tab is first opened
+    (``views.tab_updates``): most visits never open it, and it is most of the page's weight.
+    Project text only (the descriptors and assets/diagrams), so its HTML is not sanitised."""
+    page.add("how", gr.Markdown("", sanitize_html=False, elem_id="kv-how"))
 
 
 # --- widgets ------------------------------------------------------------------------------------

@@ -40,6 +40,9 @@ def theme() -> gr.themes.Base:
 
 CSS = """
 .gradio-container {max-width: 1400px !important}
+/* Gradio clips its container with overflow: hidden, which makes it a scroll container and stops the
+   verdict strip from sticking; clip does the same clipping without that */
+.gradio-container {overflow: clip !important}
 .gradio-container footer, .gradio-container footer * {color: #475569 !important}
 #kv-top {align-items: center; gap: 8px; flex-wrap: nowrap}
 #kv-title h1 {font-size: 20px; margin: 0; line-height: 1.2}

@@ -184,6 +184,9 @@ def tab_updates(tab: str, payload: dict, names: list[str], view: dict, cache: Fi
             and drawn.get("sweep_plot") != f"precomputed|{int(compact)}":
         updates["sweep_plot"] = cache.sweep_figure(compact)  # a live sweep's figure stays until the next one
         drawn["sweep_plot"] = f"precomputed|{int(compact)}"
+    if tab == "how" and not drawn.get("how"):
+        updates["how"] = present.how_it_works_page(column_names())
+        drawn["how"] = True
     if tab == "data" and drawn.get("data") != payload.get("stamp"):
         updates["table"] = present.results_frame(payload)
         updates["json"] = payload
