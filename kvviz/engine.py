@@ -33,8 +33,14 @@ def not_applicable(name: str, pair: LoadedPair, request: HandoffRequest) -> Hand
     return handoff.not_applicable(pair.name, reason) if reason else None
 
 
-def run_handoff(name: str, pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+def run_handoff(
+    name: str, pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None,
+    on_message: TokenCallback | None = None,
+) -> HandoffResult:
     """Run one handoff; an unexpected failure becomes a result that says what went wrong.
+
+    ``on_token`` receives the answer so far after every token; ``on_message`` the message so far,
+    for a handoff that writes one before its answer (``Handoff.streams_message``; others ignore it).
 
     A handoff that cannot run says so at once, without running a model (``not_applicable``).
     On CUDA, ``details["peak_gpu_memory_bytes"]`` holds the peak allocated memory per GPU during
@@ -47,7 +53,9 @@ def run_handoff(name: str, pair: LoadedPair, request: HandoffRequest, on_token: 
         if refused is not None:
             return refused
         with PeakGpuMemory(pair_devices(pair)) as memory:
-            result = get(name).run(pair, request, on_token=on_token)
+            handoff = get(name)
+            streams = {"on_message": on_message} if handoff.streams_message and on_message is not None else {}
+            result = handoff.run(pair, request, on_token=on_token, **streams)
         if memory.peak_bytes:
             result.details["peak_gpu_memory_bytes"] = memory.peak_bytes
         return result

@@ -26,6 +26,9 @@ from kvviz.handoffs import registry
 from kvviz.results import HandoffRequest
 
 
+STOP_POLL_SECONDS = 0.1
+
+
 class Cancelled(BaseException):
     """Raised inside a token callback to stop a run the user left or cancelled, or that ran out of
     time. A BaseException, like KeyboardInterrupt: no ``except Exception`` in a handoff swallows it."""
@@ -51,28 +54,34 @@ def use_one_thread_per_handoff() -> None:
 
 
 def stream_handoffs(
-    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None
+    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
+    stop: threading.Event | None = None,
 ) -> Iterator[tuple[str, str | None, object]]:
     """``run_events``; on a Space (the ``spaces`` package installed) inside ``@spaces.GPU``, with
-    only plain data crossing (``gpu_run_events``, ``kvviz.zerogpu``)."""
+    only plain data crossing (``gpu_run_events``, ``kvviz.zerogpu``): there ``stop`` cannot cross,
+    and the caller stops the run by closing the generator at its next event."""
     if zerogpu.available():
         yield from gpu_run_events(pair_name, request.to_dict(), list(names), workers, max_seconds)
     else:
-        yield from run_events(pair_name, request, names, workers, max_seconds)
+        yield from run_events(pair_name, request, names, workers, max_seconds, stop)
 
 
 def run_events(
-    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None
+    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
+    stop: threading.Event | None = None,
 ) -> Iterator[tuple[str, str | None, object]]:
     """Run the handoffs, ``workers`` at a time, in worker threads; yield ``(kind, name, data)``
-    events: ``status`` (a progress line), ``start``, ``token`` (answer so far), ``done`` (result
+    events: ``status`` (a progress line), ``start``, ``message`` (the message so far, from a handoff
+    that writes one before its answer), ``token`` (answer so far), ``done`` (result
     dict), ``stopped`` (the run reached ``max_seconds``: why; the handoffs not done did not run),
     ``error`` (a message: the run could not start).
 
     Handoffs that cannot run on this pair or request are ``done`` at once, before any model runs,
     so that their columns never wait behind the others.
 
-    Closing the generator (the user cancelled or left) stops the worker at its next token.
+    Closing the generator (the user cancelled or left) stops the worker at its next token; so
+    does setting ``stop`` (a page's Stop button), after which the generator ends within
+    ``STOP_POLL_SECONDS`` even while no handoff is producing tokens.
     ``max_seconds`` defaults to the policy's cap (``kvviz.policy``; none locally).
     """
     names = list(names)
@@ -112,7 +121,11 @@ def run_events(
                     check_stop()
                     events.put(("token", name, text))
 
-                result = engine.run_handoff(name, pair, request, on_token=on_token)
+                def on_message(text):
+                    check_stop()
+                    events.put(("message", name, text))
+
+                result = engine.run_handoff(name, pair, request, on_token=on_token, on_message=on_message)
                 events.put(("done", name, result.to_dict()))
 
             with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kvviz-handoff") as pool:
@@ -131,8 +144,13 @@ def run_events(
     thread.start()
     try:
         while True:
-            event = events.get()
-            if event[0] == "end":
+            try:
+                event = events.get(timeout=None if stop is None else STOP_POLL_SECONDS)
+            except queue.Empty:
+                if stop.is_set():
+                    return
+                continue
+            if event[0] == "end" or (stop is not None and stop.is_set()):
                 return
             yield event
     finally:

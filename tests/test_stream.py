@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvviz import engine
+from kvviz.handoffs.registry import request_with_options
 from kvviz.results import GenerationSettings, HandoffRequest
 from kvviz.stream import stream_handoffs
 from tests.conftest import tiny_pair
@@ -58,3 +59,25 @@ def test_the_serving_default_is_one_thread_per_handoff_on_a_cpu(monkeypatch):
         assert stream.default_workers() == 3
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_handoff_that_writes_a_message_streams_it_before_its_answer(monkeypatch):
+    """Text and CIPHER send ``message`` events while the sharer writes: the last one is the message
+    the result holds, and every one comes before the handoff's first answer token."""
+    pair = tiny_pair("gemma")  # sharer and receiver share a tokenizer: CIPHER runs
+    monkeypatch.setattr(engine, "load_pair", lambda name, progress=None: pair)
+    request = request_with_options(HandoffRequest(
+        query="What is the secret code word?", context="The secret code word is pineapple.",
+        generation=GenerationSettings(max_new_tokens=3),
+    ), {"text": {"message_tokens": 5}})  # CIPHER writes under the text handoff's bound
+    events = list(stream_handoffs("tiny", request, ["text", "cipher", "receiver"], workers=1))
+    for name in ("text", "cipher"):
+        kinds = [kind for kind, who, _ in events if who == name]
+        messages = [data for kind, who, data in events if who == name and kind == "message"]
+        done = next(data for kind, who, data in events if who == name and kind == "done")
+        assert done["applicable"], done["reason"]
+        assert len(messages) == done["tokens"]["message"] > 0
+        assert messages[-1].strip() == done["seen"]["message"].strip()
+        if "token" in kinds:
+            assert max(i for i, kind in enumerate(kinds) if kind == "message") < kinds.index("token")
+    assert not [data for kind, who, data in events if who == "receiver" and kind == "message"]

@@ -34,13 +34,13 @@ import torch
 from plotly.subplots import make_subplots
 
 from kvviz import policy
-from kvviz.c2c.align import align_prompt
+from kvviz.c2c.align import align_prompt, describe
 from kvviz.c2c.fuser import C2CFuser, FuserError, checkpoint_label
 from kvviz.c2c.fusion import fuse_prompt
 from kvviz.c2c.locate import communication_details, get_fuser, resolve_fuser
 from kvviz.decode import generate, prefill
 from kvviz.handoffs.common import TokenCallback
-from kvviz.handoffs.registry import OPENING_PRESET, Handoff, Option, option_values
+from kvviz.handoffs.registry import Handoff, Option, color_of, option_values
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.models import LoadedPair
 from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
@@ -103,6 +103,8 @@ def run(
         seen={
             "sharer": "" if control else sharer.tokenizer.decode(alignment.sharer_ids),
             "receiver": alignment.receiver_segments.text,
+            **({} if control else {"alignment": describe(alignment, receiver.tokenizer, sharer.tokenizer,
+                                                          fuser.config.token_alignment)}),
         },
         timings=timer.as_dict(),
         bytes_communicated=fused.bytes_read,
@@ -206,14 +208,15 @@ FIGURE_HEIGHT = 500
 CLOSED_SLIVER = 0.04  # a closed gate (applied 0) is drawn as a thin grey sliver so that its hover can be reached
 
 
-def add_gate_bars(fig, records: list[dict], layers: list[int]) -> None:
-    """Row 1: the gate each layer applied, K solid and V hatched (a closed gate a grey sliver)."""
+def add_gate_bars(fig, records: list[dict], layers: list[int], color: str = GATE_OPEN_COLOR) -> None:
+    """Row 1: the gate each layer applied in the handoff's ``color``, K solid and V hatched (a
+    closed gate a grey sliver)."""
     for kind, label in (("k", "K"), ("v", "V")):
         soft = [float(r.get(f"gate_{kind}", 0.0)) for r in records]
         logits = [float(r.get(f"gate_{kind}_logit", 0.0)) for r in records]
         opened = [bool(r.get(f"gate_{kind}_open", False)) for r in records]
         sharer = [r.get("sharer_layer") for r in records]
-        base = GATE_OPEN_COLOR if kind == "k" else "#56B4E9"
+        base = color
         hover = [
             f"receiver layer {layer} (reads sharer layer {s})<br>{label} gate applied: <b>{int(o)}</b> "
             + ("(open: the projected sharer KV is added)" if o else "(closed: the receiver keeps its own KV)")
@@ -229,7 +232,7 @@ def add_gate_bars(fig, records: list[dict], layers: list[int]) -> None:
                 marker=dict(
                     color=[base if o else GATE_CLOSED_COLOR for o in opened],
                     line=dict(color=[SELECTED_OUTLINE if o else "#999999" for o in opened], width=1),
-                    pattern=dict(shape="" if kind == "k" else "/"),
+                    pattern=dict(shape="" if kind == "k" else "/", fgcolor="#FFFFFF", size=6),
                 ),
                 hovertext=hover,
                 hoverinfo="text",
@@ -267,13 +270,17 @@ def add_head_weights(fig, records: list[dict], layers: list[int], heads: int) ->
         fig.update_yaxes(title_text=f"{kind.upper()} head", dtick=1 if heads <= 8 else None, title_standoff=4, row=row, col=1)
 
 
-def gates_figure(result) -> go.Figure:
+def gates_figure(result, control: bool | None = None) -> go.Figure:
     """Top: the gate each receiver layer applied, 0 (closed) or 1 (open: the projected sharer KV is
     added), for K and V; the logit and sigmoid(logit) it came from are in the hover (at inference
     the gate is hard: open when the logit is above 0). Below, on the same layer axis: head weights
-    as KV head x layer heatmaps for K and V."""
-    title = "C2C: gates and head weights per receiver layer"
-    missing = not_run_figure(title, result, FIGURE_HEIGHT, "C2C did not run.", "C2C")
+    as KV head x layer heatmaps for K and V. ``control``: the control fuser's figure (default: as
+    the result says)."""
+    if control is None:
+        control = result is not None and as_dict(result).get("handoff") == CONTROL
+    name = "C2C control" if control else "C2C"
+    title = f"{name}: gates and head weights per receiver layer"
+    missing = not_run_figure(title, result, FIGURE_HEIGHT, f"{name} did not run.", name)
     if missing is not None:
         return missing
     result = as_dict(result)
@@ -293,7 +300,7 @@ def gates_figure(result) -> go.Figure:
             "head weights for V",
         ),
     )
-    add_gate_bars(fig, records, layers)
+    add_gate_bars(fig, records, layers, color_of(CONTROL if control else NAME))
     add_head_weights(fig, records, layers, heads)
     fig.update_xaxes(dtick=1 if len(layers) <= 40 else None)
     fig.update_xaxes(title_text="receiver layer", row=3, col=1)
@@ -308,6 +315,11 @@ def gates_figure(result) -> go.Figure:
     if details.get("control"):
         subtitle += "; control fuser (no sharer information)"
     return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT, barmode="group", margin=dict(l=60, r=20, t=70, b=50))
+
+
+def control_gates_figure(result) -> go.Figure:
+    """The control fuser's gates figure (named and coloured as the control even with no result)."""
+    return gates_figure(result, control=True)
 
 
 def notes(result: dict) -> list[str]:
@@ -401,18 +413,16 @@ HANDOFFS = (
         needs=("a trained control fuser for the pair",),
         applicable=fuser_found(control=True),
         no_receiver_prompt=NO_LIKELIHOOD.format(name=CONTROL),
-        figure=gates_figure,
+        figure=control_gates_figure,
         notes=notes,
         page=25,
         page_default=True,
         walkthrough=(
             "**Predict first:** did the sharer's cache add anything? C2C control (light blue) runs a fuser with "
             "C2C's architecture, data, steps and seed, trained with the sharer's cache replaced by zeros: it can "
-            "only adapt the receiver. On this preset (we loaded **{preset}** again), if C2C gives the code "
-            "from the note and its control does not, the sharer's cache carried it. If both columns answer "
-            "alike, C2C's change is the fuser adapting the receiver, not the sharer's knowledge. The note under "
-            "each column gives the held-out numbers measured by eval-fuser (NLL and the communication gain)."
+            "only adapt the receiver. We loaded **{preset}**: {lesson} The held-out numbers measured by "
+            "eval-fuser (NLL and the communication gain) are in *What each model saw*."
         ),
-        walkthrough_preset=OPENING_PRESET,
+        walkthrough_preset="plants",
     ),
 )
