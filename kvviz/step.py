@@ -261,8 +261,18 @@ class DecodeStep:
         window = self.windows[layer]
         mask = None
         if window and not plan.sees_every_key(layer, keys.shape[2], position, window):
+            # the oldest keys have left this layer's window: attend to the keys inside it, which
+            # are the last ones when the cache holds its keys in the order of their positions
+            # (always, for kvviz's caches); else mask by positions
             key_positions = plan.key_positions(layer, keys.shape[2], position, keys.device)
-            mask = positional_mask(torch.tensor([position], device=keys.device), key_positions, window)
+            visible = positional_mask(torch.tensor([position], device=keys.device), key_positions, window)[0, 0, 0]
+            if not bool(visible.any()):
+                raise ValueError(f"no key of layer {layer} is inside its sliding window at position {position}")
+            first = int(visible.to(torch.int8).argmax())
+            if bool(visible[first:].all()):
+                keys, values = keys[:, :, first:], values[:, :, first:]
+            else:
+                mask = visible[None, None, None]
         grouped = self.num_heads != self.num_kv_heads
         if grouped and mask is not None:
             groups = self.num_heads // self.num_kv_heads
