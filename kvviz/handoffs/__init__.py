@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import importlib
 
-from kvviz.handoffs.common import LoadedPair
 from kvviz.handoffs.registry import HANDOFFS, Handoff, Option, get, parse_handoffs, register, register_module
+from kvviz.models import LoadedPair
 from kvviz.results import HandoffRequest, HandoffResult
 
 # One line per handoff file, in the order of every table and of the page's settings.

@@ -1,10 +1,10 @@
 """Paired comparison of benchmark variants: accuracy per variant and McNemar's exact test per pair.
 
-    python scripts/mcnemar.py runs/table-countries/rows.csv
-    python scripts/mcnemar.py runs/bench-countries/rows*.csv --pairs kvcomm@0.3:skyline,kvcomm@0.3:kvcomm-random@0.3
+    python research/mcnemar.py runs/table-countries/rows.csv
+    python research/mcnemar.py runs/bench-countries/rows*.csv --pairs kvcomm@0.3:skyline,kvcomm@0.3:kvcomm-random@0.3
 
 Reads rows with ``sample_id``, ``variant`` and ``correct`` (0/1) columns (``python -m kvviz bench``
-rows or ``scripts/kvcomm_table.py`` rows). Two variants are compared on the samples both
+rows or ``research/kvcomm_table.py`` rows). Two variants are compared on the samples both
 answered: b = samples only the first got right, c = samples only the second got right; under the
 null hypothesis that both are equally accurate each discordant sample is a fair coin, so the
 exact two-sided p-value is min(1, 2 * P(Binomial(b + c, 1/2) <= min(b, c))).

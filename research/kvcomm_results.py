@@ -1,7 +1,7 @@
-"""The KVComm comparison section of docs/RESULTS.md, from scripts/kvcomm_table.py runs.
+"""The KVComm comparison section of docs/RESULTS.md, from research/kvcomm_table.py runs.
 
-    python scripts/kvcomm_results.py --table Countries=runs/table-countries --table HotpotQA=runs/table-hotpotqa
-    python scripts/kvcomm_results.py ... --write docs/RESULTS.md   # replace the section in the file
+    python research/kvcomm_results.py --table Countries=runs/table-countries --table HotpotQA=runs/table-hotpotqa
+    python research/kvcomm_results.py ... --write docs/RESULTS.md   # replace the section in the file
 
 A FOLDER may be "A+B": the rows of a run split over two processes (kvcomm_table.py --skip).
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "research"))
 
 from kvviz.data import wilson_interval  # noqa: E402
 from mcnemar import compare  # noqa: E402
@@ -195,9 +195,9 @@ def section(tables: list[tuple[str, Path, str]]) -> str:
              "The embedded pair's KVComm: Gemma-3-270M sends to a second Gemma-3-270M, alpha = 1.0 (the reference "
              "code's default), layer 0 always among the sent layers, every other layer keeping a one-token sink. "
              "Every variant answers the same samples, so they are compared pair by pair (McNemar's exact test), "
-             "not only by their intervals. Rerun with `bash scripts/kvcomm_tables.sh` (it resumes, and it reads a "
+             "not only by their intervals. Rerun with `bash research/kvcomm_tables.sh` (it resumes, and it reads a "
              "run split over processes with `kvcomm_table.py --skip` together); it ends with "
-             "`python scripts/kvcomm_results.py ... --write docs/RESULTS.md`, which wrote this section from the runs "
+             "`python research/kvcomm_results.py ... --write docs/RESULTS.md`, which wrote this section from the runs "
              "named under each table. The section is kept when the rest of this file is regenerated. Where the "
              "tables at the top of this file (from `bash scripts/make_results.sh`) are older than this section, "
              "their KVComm rows were measured with earlier defaults (see the date and commit at the top); "
@@ -223,7 +223,7 @@ def main() -> int:
     tables = []
     for item in args.table:
         name, folder, *command = item.split("=", 2)
-        default = (f"python scripts/kvcomm_table.py --dataset {name.lower()} --limit 100 --threads 1 --only "
+        default = (f"python research/kvcomm_table.py --dataset {name.lower()} --limit 100 --threads 1 --only "
                    f"{','.join(ORDER)} --out {folder}")
         tables.append((name, Path(folder), command[0] if command else default))
     text = section(tables)
