@@ -38,6 +38,7 @@ class Sequence:
     token: int | None = None  # the greedy choice from ``hidden`` (greedy sequences only)
     error: BaseException | None = None
     done: bool = field(default=False, repr=False)
+    sizes: list[int] = field(default_factory=list, repr=False)  # the batch size of each step it took
 
 
 class DecodeBatch:
@@ -45,12 +46,11 @@ class DecodeBatch:
     batched step; ``choose_greedy(hidden [G, H]) -> list[int]`` picks the greedy tokens of G rows."""
 
     def __init__(self, step_function, choose_greedy):
-        self._step_function = step_function
-        self._choose_greedy = choose_greedy
+        self.step_function = step_function
+        self.choose_greedy = choose_greedy
         self._condition = threading.Condition()
         self._members: set[Sequence] = set()
         self._ready: list[Sequence] = []
-        self.sizes: list[int] = []  # the batch size of every step so far (for the speed report)
 
     def join(self, sequence: Sequence) -> None:
         with self._condition:
@@ -89,9 +89,9 @@ class DecodeBatch:
         # with this model until it is done; a sequence that joins now takes the next step).
         batch, self._ready = self._ready, []
         try:
-            hidden = self._step_function([s.state for s in batch], [s.feed for s in batch])
+            hidden = self.step_function([s.state for s in batch], [s.feed for s in batch])
             greedy = [index for index, s in enumerate(batch) if s.greedy]
-            tokens = self._choose_greedy(hidden[greedy]) if greedy else []
+            tokens = self.choose_greedy(hidden[greedy]) if greedy else []
             for index, sequence in enumerate(batch):
                 sequence.hidden = hidden[index : index + 1]
             for index, token in zip(greedy, tokens):
@@ -100,40 +100,7 @@ class DecodeBatch:
             for sequence in batch:
                 sequence.error = error
         finally:
-            self.sizes.append(len(batch))
             for sequence in batch:
+                sequence.sizes.append(len(batch))
                 sequence.done = True
             self._condition.notify_all()
-
-
-class ComputeGate:
-    """At most ``permits`` model forwards at once, prompts first: a decode step waits while a prefill
-    waits, so the prompts of a run are read first (every column's first token as early as the cores
-    allow) and the batch then holds every sequence. Re-entrant per thread."""
-
-    def __init__(self, permits: int):
-        self.permits = max(1, permits)
-        self._condition = threading.Condition()
-        self._free = self.permits
-        self._waiting_prompts = 0
-        self._held = threading.local()
-
-    def run(self, function, prompt: bool):
-        if getattr(self._held, "depth", 0):
-            return function()
-        with self._condition:
-            if prompt:
-                self._waiting_prompts += 1
-            while self._free == 0 or (not prompt and self._waiting_prompts):
-                self._condition.wait()
-            if prompt:
-                self._waiting_prompts -= 1
-            self._free -= 1
-        self._held.depth = 1
-        try:
-            return function()
-        finally:
-            self._held.depth = 0
-            with self._condition:
-                self._free += 1
-                self._condition.notify_all()

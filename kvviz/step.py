@@ -29,8 +29,6 @@ inside a decode step (kvviz arms hooks only around prompt passes).
 
 from __future__ import annotations
 
-import threading
-
 import torch
 import torch.nn.functional as F
 
@@ -155,7 +153,7 @@ def row_floor(classes: list[list[int]], max_rows: int = MAX_ROWS, fast: int = 1)
 
 
 class DecodeStep:
-    """Batched decode steps for one model (build it once: ``for_model``)."""
+    """Batched decode steps for one model (built once per model, by ``kvviz.decode``)."""
 
     def __init__(self, loaded):
         self.loaded = loaded
@@ -176,6 +174,7 @@ class DecodeStep:
         self.activation = decoder.layers[0].mlp.act_fn
         first_weight = decoder.layers[0].mlp.down_proj.weight
         onednn = onednn_available(first_weight)
+        self.products = "oneDNN, packed fp32 weights" if onednn else "F.linear on the model's weights"
         shift = 1.0 if self.gemma else 0.0  # Gemma's norms scale by (1 + weight)
         self.layers = [LayerWeights(layer, onednn, shift) for layer in decoder.layers]
         final = decoder.norm.weight.detach()
@@ -257,7 +256,7 @@ class DecodeStep:
     def _attend(self, layer, q, k, v, state, plan, position):
         """One sequence's attention at ``layer``: append its new key and value, attend to its own keys.
         q [heads, head_dim]; k, v [kv_heads, head_dim]. Returns [1, heads * head_dim]."""
-        keys, values = state.cache.update(k[None, :, None], v[None, :, None], layer)
+        keys, values = kv.append_token(state.cache, layer, k[None, :, None], v[None, :, None])
         window = self.windows[layer]
         mask = None
         if window and not plan.sees_every_key(layer, keys.shape[2], position, window):
@@ -282,14 +281,12 @@ class DecodeStep:
 
     def _check(self) -> str | None:
         """The step against the model's own forward on a short prompt: None when they agree."""
-        from transformers import DynamicCache
-
         model, device = self.loaded.model, self.loaded.device
         vocabulary = model.config.get_text_config().vocab_size
         prompt = torch.arange(3, 3 + 12, device=device)[None] % vocabulary
         follow = int((prompt[0, -1] + 1) % vocabulary)
         with torch.no_grad():
-            cache = DynamicCache()
+            cache = kv.new_cache()
             model.model(input_ids=prompt, cache=cache, use_cache=True)
             state = kv.KVState(cache=kv.copy_cache(cache), next_position=prompt.shape[1])
             ours = self.step([state], [follow])[0].float()
@@ -318,13 +315,3 @@ def unsupported_reason(loaded) -> str | None:
     return None
 
 
-_steps: dict[int, DecodeStep] = {}
-_steps_lock = threading.Lock()
-
-
-def for_model(loaded) -> DecodeStep:
-    """The model's ``DecodeStep``, built (weights packed, rows probed, checked) on first use."""
-    with _steps_lock:  # the step holds the model, so its id is not reused while it is here
-        if id(loaded.model) not in _steps:
-            _steps[id(loaded.model)] = DecodeStep(loaded)
-        return _steps[id(loaded.model)]

@@ -41,7 +41,7 @@ from kvviz.handoffs import registry
 from kvviz.handoffs.registry import Handoff, Option
 from kvviz.models import PAIRS, resolve_pair
 from kvviz.presets import DEFAULT_PRESET, PRESETS, SWEEP_ITEMS, load_precomputed, load_precomputed_sweep, preset
-from kvviz.stream import default_workers, stream_handoffs
+from kvviz.stream import ALL_AT_ONCE, default_workers, stream_handoffs
 from kvviz.sweep import gpu_sweep, run_sweep
 
 MODEL_QUEUE = "models"
@@ -490,6 +490,8 @@ def build_demo(
                     return f"**{present.md(stopped)}** ({wall}) Every number below was measured in this run."
                 if final:
                     side_by_side = (
+                        " The handoffs ran side by side, those of one model sharing its decode steps, so each"
+                        " one's own times include sharing the CPU." if workers == ALL_AT_ONCE else
                         f" The handoffs ran {workers} at a time, so each one's own times include sharing the CPU."
                         if workers > 1 else ""
                     )
