@@ -23,7 +23,8 @@ repeats:
 * the warm run of the page's default handoffs on the locker preset (32 new tokens at most), after
   one warm-up run, wall time per repeat:
   - ``warm_full_run_seconds``: in this process, through the page's engine (``kvviz.stream``: every
-    handoff at once, decode steps shared per model), with each handoff's own total;
+    handoff at once, decode steps shared per model), with each handoff's own total and the wall time
+    from the start to its first streamed answer token (``first_token_wall_seconds``);
   - ``warm_serial_run_seconds``: in this process, one handoff after another (each alone);
   - ``warm_page_run_seconds``: through the page (``python app.py`` served on a free loopback port,
     its ``/run`` endpoint called with ``gradio_client``), when asked for (``bench --perf --speed-only``).
@@ -191,11 +192,19 @@ def full_run(pair, repeats: int, handoffs: list[str] | None = None) -> dict:
     handoffs = list(handoffs or default_handoffs())
     request = full_run_request()
     together, serial, per_handoff, answers, tokens, batches = [], [], {name: [] for name in handoffs}, {}, {}, {}
+    first_seen = {name: [] for name in handoffs}
     for repeat in range(repeats + 1):  # the first run warms up (calibration, fusers, head index)
         started = clock()
-        done = {name: data for kind, name, data in run_events(pair.name, request, handoffs, default_workers(), loaded=pair) if kind == "done"}
+        done, first = {}, {}
+        for kind, name, data in run_events(pair.name, request, handoffs, default_workers(), loaded=pair):
+            if kind in ("token", "done") and name not in first:
+                first[name] = clock() - started  # its first streamed token (or its result, if none)
+            if kind == "done":
+                done[name] = data
         if repeat:
             together.append(clock() - started)
+            for name, seconds in first.items():
+                first_seen[name].append(seconds)
         for name, data in done.items():
             if repeat:
                 per_handoff[name].append(data["timings"].get("total", 0.0) if data["applicable"] else 0.0)
@@ -218,6 +227,8 @@ def full_run(pair, repeats: int, handoffs: list[str] | None = None) -> dict:
         "warm_full_run_seconds": spread(together),
         "warm_serial_run_seconds": spread(serial),
         "handoff_seconds": {name: spread(values) for name, values in per_handoff.items()},
+        # wall seconds from the start of the run to each column's first streamed answer token
+        "first_token_wall_seconds": {name: spread(values) for name, values in first_seen.items()},
         "generated_tokens": tokens,
         "decode_batches": batches,
         "answers": answers,
@@ -354,7 +365,8 @@ def markdown(speed: dict) -> str:
         f"**Warm run** of {', '.join(run['handoffs'])} on the locker preset ({run['max_new_tokens']} new tokens at most), "
         f"in this process: through the page's engine ({side_by_side}, decode steps shared per model) "
         f"**{_fmt(run['warm_full_run_seconds'], 2)} s**; one after another **{_fmt(run['warm_serial_run_seconds'], 2)} s**. "
-        f"Each handoff's own total in the shared run: {per}.",
+        f"Each handoff's own total in the shared run: {per}. Its first answer token streamed after "
+        + ", ".join(f"{name} {_fmt(value, 2)} s" for name, value in run["first_token_wall_seconds"].items()) + " (wall, from the start).",
     ]
     page = speed.get("page_run")
     if page is not None:
