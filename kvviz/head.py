@@ -17,6 +17,11 @@ margin over the 256th token is far larger; as a guard, when the exact winner ran
 quarter of the candidates (a sign that the scan was unusually far off) the full exact head is
 computed instead. ``tests/test_head.py`` checks equality on real decode states.
 
+A batched decode step asks for several rows at once (``greedy_tokens``): one scan serves every row
+(the int4 copy up to ``INT4_ROWS`` rows, a bfloat16 copy through oneDNN above, where the CPU has
+it), then each row's candidates are rescored on their own, so a row's token does not depend on the
+other rows.
+
 Everything that needs the distribution itself (sampling, likelihood scoring, training) uses
 ``logits``: the model's own head, exactly as transformers computes it.
 """

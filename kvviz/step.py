@@ -67,17 +67,17 @@ class Product:
         return F.linear(x, self.weight, self.bias)
 
 
-def _joined(modules, onednn: bool) -> Product:
-    """One product for several linears that read the same input (Q, K and V; gate and up)."""
-    weight = torch.cat([m.weight for m in modules]) if onednn else None
+def _joined(modules, onednn: bool):
+    """One product for several linears that read the same input (Q, K and V; gate and up): their
+    weights packed as one matrix for oneDNN; on the model's own weights (no copy to gain from) the
+    products one after another."""
     if not onednn:
-        # on the model's own weights there is nothing to gain from a copy: keep them separate
         return _Separate([Product(m.weight, m.bias, False) for m in modules])
     biases = [m.bias for m in modules]
     bias = None if all(b is None for b in biases) else torch.cat(
         [b if b is not None else torch.zeros(m.out_features, dtype=m.weight.dtype) for b, m in zip(biases, modules)]
     )
-    return Product(weight, bias, True)
+    return Product(torch.cat([m.weight for m in modules]), bias, True)
 
 
 class _Separate:
