@@ -24,6 +24,7 @@ from kvviz.lessons import mark
 from kvviz.models import EMBEDDED_MODELS, resolve_pair
 from kvviz.plotkit import human_bytes, ink
 from kvviz.results import STAGES
+from kvviz.stream import ALL_AT_ONCE
 
 
 def md(text) -> str:
@@ -323,8 +324,12 @@ def finished_status(seconds: float, workers: int, stopped: str = "") -> str:
     wall = format_seconds(seconds)
     if stopped:
         return f"**{md(stopped)}** ({wall}) Every number below was measured in this run."
-    side_by_side = (f" The handoffs ran {workers} at a time, so each one's own times include sharing the CPU."
-                    if workers > 1 else "")
+    if workers == ALL_AT_ONCE:
+        side_by_side = (" The handoffs ran side by side, those of one model sharing its decode steps, so each one's"
+                        " own times include sharing the CPU.")
+    else:
+        side_by_side = (f" The handoffs ran {workers} at a time, so each one's own times include sharing the CPU."
+                        if workers > 1 else "")
     return f"**Live run finished** in {wall} (wall time). Every number below was measured in this run." + side_by_side
 
 

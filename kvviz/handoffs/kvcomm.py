@@ -70,7 +70,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from kvviz import cache as kv
-from kvviz.decode import generate, prefill
+from kvviz.decode import generate, prefill, read_prompt_once
 from kvviz.handoffs.common import TokenCallback, read_prompt
 from kvviz.handoffs.kvcomm_layers import (
     CALIBRATION_CONTEXT, CALIBRATION_QUERY, NAME, STRATEGIES, attention_importance, calibrate,
@@ -165,9 +165,8 @@ def send_and_answer(pair, request, options, alpha, segments, timer: StageTimer, 
     if uses_attention and options.calibration != "query":
         # one-off per pair and sample (cached), before the question is asked: not timed here
         calibration = {**calibrate(pair, *calibration_texts(options)), "source": options.calibration}
-    sender_state = kv.KVState()
-    with timer.stage("sharer_prefill"):
-        prefill(sender, sender_state, segments.context_ids, need_logits=False)
+    # the sender reads the context (once per run: AC's sender reads the same)
+    sender_state = read_prompt_once(sender, segments.context_ids, timer, "sharer_prefill").state
     query_importance = None
     if uses_attention and options.calibration == "query":
         # The receiver reads this question once with the context in every layer to choose the
