@@ -318,7 +318,7 @@ def wire_run_api(lab: Lab, form: list) -> None:
         structured results (the JSON output: pair, request, one result per handoff)."""
         *settings, ticked = rest
         try:
-            request, names = request_from_form(lab, pair, query, context, settings, ticked or spec.default_columns())
+            request, names = request_from_form(lab, pair, query, context, settings, ticked if ticked is not None else spec.default_columns())
         except ValueError as error:
             raise gr.Error(str(error)) from error
         live = LiveRun(pair, request, names, [], "The answer")
