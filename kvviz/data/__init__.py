@@ -1,7 +1,7 @@
 """Datasets and metrics for kvviz, in three rooms:
 
 * ``kvviz.data.loaders``: every dataset into one record shape (``Record``, ``load_dataset``);
-* ``kvviz.data.metrics``: answer metrics (token F1, containment, Wilson interval);
+* ``kvviz.data.metrics``: answer metrics (token F1, containment, Wilson interval, McNemar's test);
 * ``kvviz.data.choices``: multiple choice asked and read one way for every command.
 
 The names below are the package's public face: ``from kvviz.data import load_dataset`` works.
@@ -19,7 +19,7 @@ from kvviz.data.loaders import (
     load_dataset,
     load_dataset_with_report,
 )
-from kvviz.data.metrics import contains_answer, f1_match, normalize_answer, token_f1, wilson_interval
+from kvviz.data.metrics import contains_answer, f1_match, mcnemar_exact, normalize_answer, token_f1, wilson_interval
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -38,6 +38,7 @@ __all__ = [
     "get_data_dir",
     "load_dataset",
     "load_dataset_with_report",
+    "mcnemar_exact",
     "normalize_answer",
     "token_f1",
     "wilson_interval",
