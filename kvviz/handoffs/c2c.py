@@ -44,8 +44,8 @@ from kvviz.align import align_prompt
 from kvviz.decode import generate, prefill
 from kvviz.fuser import CONFIG_FILE, WEIGHTS_FILE, C2CFuser, FuserError, checkpoint_label, fingerprints_match, load_fuser, model_fingerprint, read_config
 from kvviz.fusion import fuse_prompt
-from kvviz.handoffs.common import LoadedPair, TokenCallback
-from kvviz.handoffs.registry import Handoff, Option
+from kvviz.handoffs.common import LoadedPair, TokenCallback, read_prompt
+from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
 from kvviz.presets import DEFAULT_PRESET, preset
@@ -235,28 +235,62 @@ def communication_note(measured: dict | None, control: bool) -> list[str]:
     return [text]
 
 
+def request_fuser(pair: LoadedPair, request: HandoffRequest, control: bool) -> tuple[C2CFuser | None, Path | None, str]:
+    """(fuser, folder, "") for the request, or (None, folder, reason) when it cannot run."""
+    name = "c2c_control" if control else "c2c"
+    folder, reason = resolve_fuser(pair, request, control)
+    if folder is None:
+        return None, None, reason
+    try:
+        fuser = get_fuser(folder, pair)
+    except FuserError as error:
+        return None, folder, str(error)
+    if fuser.config.control != control:
+        kind = "a control" if fuser.config.control else "a real (non-control)"
+        return None, folder, f"The fuser at {folder} is {kind} fuser; {name} needs the other kind."
+    return fuser, folder, ""
+
+
+def request_alignment(pair: LoadedPair, request: HandoffRequest, fuser: C2CFuser):
+    """The request's prompts aligned the way the fuser was trained (context shared or private)."""
+    return align_prompt(
+        pair.receiver.tokenizer, pair.sharer.tokenizer, request.query, request.context, receiver_sees_context_for(fuser),
+        fuser.config.token_alignment, fuser.config.fuse_template,
+    )
+
+
+def fused_prompt(pair: LoadedPair, fuser: C2CFuser, alignment, sharer="right") -> ReceiverPrompt:
+    """The receiver after its whole prompt on the fused cache (the state C2C decodes from), for
+    likelihood scoring. ``sharer`` as in ``kvviz.fusion.fuse_prompt`` ("right", "zero" or a
+    SharerKV: eval-fuser's other-question control)."""
+    with torch.no_grad():
+        state = fuse_prompt(pair, fuser, alignment, sharer=sharer, hard=True).state
+        return read_prompt(pair.receiver, alignment.receiver_ids[-1:], state)
+
+
+def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult, control: bool = False) -> ReceiverPrompt:
+    fuser, _, reason = request_fuser(pair, request, control)
+    if fuser is None:
+        raise FuserError(reason)
+    return fused_prompt(pair, fuser, request_alignment(pair, request, fuser))
+
+
+def control_receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult) -> ReceiverPrompt:
+    return receiver_prompt(pair, request, result, control=True)
+
+
 def run(
     pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None, control: bool = False
 ) -> HandoffResult:
     name = "c2c_control" if control else "c2c"
-    folder, reason = resolve_fuser(pair, request, control)
-    if folder is None:
+    fuser, folder, reason = request_fuser(pair, request, control)
+    if fuser is None:
         return HandoffResult.not_applicable(name, pair.name, reason)
-    try:
-        fuser = get_fuser(folder, pair)
-    except FuserError as error:
-        return HandoffResult.not_applicable(name, pair.name, str(error))
-    if fuser.config.control != control:
-        kind = "a control" if fuser.config.control else "a real (non-control)"
-        return HandoffResult.not_applicable(name, pair.name, f"The fuser at {folder} is {kind} fuser; {name} needs the other kind.")
 
     timer = StageTimer()
     receiver, sharer = pair.receiver, pair.sharer
     receiver_sees_context = receiver_sees_context_for(fuser)
-    alignment = align_prompt(
-        receiver.tokenizer, sharer.tokenizer, request.query, request.context, receiver_sees_context,
-        fuser.config.token_alignment, fuser.config.fuse_template,
-    )
+    alignment = request_alignment(pair, request, fuser)
     state, records, sent, fusion_seconds = fused_state(pair, fuser, alignment, timer)
     last = alignment.receiver_ids[-1:]
     with timer.stage("receiver_prefill"):
@@ -471,8 +505,6 @@ def apply_options(request: HandoffRequest, values: dict) -> HandoffRequest:
     return dataclasses.replace(request, c2c_fuser=values["fuser"].strip() or None)
 
 
-NO_LIKELIHOOD = "not computed: {name} changes the receiver's cache in a way the bench does not rebuild"
-
 HANDOFFS = (
     Handoff(
         name="c2c",
@@ -499,7 +531,7 @@ HANDOFFS = (
                    flag="--fuser", on_page=False),
         ),
         apply_options=apply_options,
-        no_receiver_prompt=NO_LIKELIHOOD.format(name="c2c"),
+        receiver_prompt=receiver_prompt,
         figure=gates_figure,
         notes=notes,
         page=20,
@@ -526,7 +558,7 @@ HANDOFFS = (
         run=run_control,
         needs=("a trained control fuser for the pair",),
         applicable=fuser_found(control=True),
-        no_receiver_prompt=NO_LIKELIHOOD.format(name="c2c_control"),
+        receiver_prompt=control_receiver_prompt,
         figure=gates_figure,
         notes=notes,
         page=25,
