@@ -11,6 +11,15 @@
    interval. Every answer is produced by the handoff itself (greedy) from the one multiple-choice
    prompt the benchmark uses too (``kvviz.data.choice_query``) and scored with
    ``extract_choice_letter``; no letter counts as wrong.
+3. ``--mc-scoring likelihood``: multiple choice scored as the C2C paper scores it, by the
+   likelihood of each choice's text in the state each handoff left the receiver in (the
+   benchmark's ``kvviz.bench.scoring`` scorer), plus one more row: C2C with **another question
+   in the sharer** (a seeded derangement; the other prompt's sharer cache stretched to this
+   prompt's fused tokens). The communication gain on multiple choice is the accuracy of C2C minus
+   that row, paired per question (bootstrap 95% interval, McNemar's exact test), beside the
+   same for the gold choice's length-normalised log-likelihood. Per-question results are kept,
+   so two reports (e.g. C2C and a self-fusion fuser, ``--pair embedded-gemma``) can be paired
+   (``scripts/c2c_paper_table.py``).
 """
 
 from __future__ import annotations
@@ -29,9 +38,16 @@ def configure_parser(parser) -> None:
     parser.add_argument("--pair", default="embedded")
     parser.add_argument("--fuser", default=None, help="C2C fuser folder (default: the pair's shipped one)")
     parser.add_argument("--control", default=None, help="control fuser folder (default: beside --fuser, or shipped)")
-    parser.add_argument("--heldout", type=int, default=None, help="held-out examples for NLL (default: the fuser's own split)")
+    parser.add_argument(
+        "--heldout", type=int, default=None, help="held-out examples for NLL (default: the fuser's own split; 0: skip)"
+    )
     parser.add_argument("--datasets", default="arc_challenge,openbookqa")
     parser.add_argument("--mc-limit", type=int, default=30, help="questions per multiple-choice dataset")
+    parser.add_argument(
+        "--mc-scoring", choices=("letter", "likelihood"), default="letter",
+        help="letter: the letter each handoff writes; likelihood: each choice's likelihood (the C2C paper), "
+        "with C2C's other-question control and the communication gain",
+    )
     parser.add_argument("--handoffs", default="receiver,sharer,text,c2c,c2c_control")
     parser.add_argument("--max-new-tokens", type=int, default=6)
     parser.add_argument("--message-tokens", type=int, default=32, help="text handoff message bound")
@@ -77,7 +93,7 @@ def bootstrap_ratio(diffs: list[float], tokens: list[int], seed: int = 0, resamp
 def other_sharer(pair, examples, private: bool, partner: list[int]):
     """For example i: the sharer's KV with another example's information (see module doc)."""
     from kvviz.align import align_prompt
-    from kvviz.fusion import resampled, sharer_kv
+    from kvviz.fusion import sharer_kv
 
     def sharer_for(i):
         other = examples[partner[i]]
@@ -87,10 +103,16 @@ def other_sharer(pair, examples, private: bool, partner: list[int]):
                 token_alignment=examples[i].token_alignment, fuse_template=examples[i].fuse_template,
             )
             return sharer_kv(pair, alignment)
-        # shared input: the other example's sharer cache, stretched to this example's fused tokens
-        return resampled(sharer_kv(pair, other.alignment), examples[i].alignment.num_fused)
+        return other_prompt_sharer(pair, examples[i].alignment, other.alignment)
 
     return sharer_for
+
+
+def other_prompt_sharer(pair, alignment, other_alignment):
+    """Shared input: the sharer's cache of another prompt, stretched to this prompt's fused tokens."""
+    from kvviz.fusion import resampled, sharer_kv
+
+    return resampled(sharer_kv(pair, other_alignment), alignment.num_fused)
 
 
 def communication_measure(pair, fuser, examples, private: bool, seed: int = 0, resamples: int = 1000) -> dict:
@@ -229,6 +251,112 @@ def mc_accuracy(pair, names: list[str], datasets: list[str], limit: int, seed: i
     return table
 
 
+OTHER_QUESTION = "c2c_other_question"  # the row of C2C with another question in the sharer
+
+
+def paired_comparison(first: list[float], second: list[float], seed: int = 0, resamples: int = 1000) -> dict:
+    """first - second over the same questions (0/1 correct, or any per-question score): the mean
+    difference with a seeded bootstrap 95% interval over questions, and for 0/1 values the
+    discordant counts and McNemar's exact p."""
+    from kvviz.data import mcnemar_exact
+
+    if len(first) != len(second) or not first:
+        raise ValueError(f"a paired comparison needs two equally long, non-empty lists ({len(first)} and {len(second)})")
+    diffs = [a - b for a, b in zip(first, second)]
+    out = {"n": len(diffs), "difference": sum(diffs) / len(diffs), "ci95": bootstrap_ratio(diffs, [1] * len(diffs), seed, resamples)}
+    if all(value in (0, 1) for value in list(first) + list(second)):
+        only_first = sum(1 for a, b in zip(first, second) if a and not b)
+        only_second = sum(1 for a, b in zip(first, second) if b and not a)
+        out.update(only_first=only_first, only_second=only_second, mcnemar_p=mcnemar_exact(only_first, only_second))
+    return out
+
+
+def likelihood_row(correct: list[int], gold: list[float], letters: list[int] | None = None) -> dict:
+    from kvviz.data import wilson_interval
+
+    n = len(correct)
+    row = {"n": n, "correct": sum(correct), "accuracy": sum(correct) / n if n else None,
+           "ci95": list(wilson_interval(sum(correct), n)), "per_question": correct, "gold_score": gold}
+    if letters is not None:
+        row["letter_accuracy"] = sum(letters) / n if n else None
+    return row
+
+
+# the paired comparisons each dataset reports (those whose rows ran)
+LIKELIHOOD_COMPARISONS = (
+    ("c2c", OTHER_QUESTION, "communication gain: C2C minus C2C with another question in the sharer"),
+    ("c2c", "receiver", "C2C minus the receiver alone"),
+    (OTHER_QUESTION, "receiver", "C2C with another question in the sharer minus the receiver alone"),
+    ("c2c", "c2c_control", "C2C minus its control"),
+    ("c2c", "text", "C2C minus text"),
+    ("text", "receiver", "text minus the receiver alone"),
+)
+
+
+def mc_likelihood(pair, names: list[str], datasets: list[str], limit: int, seed: int, request_kwargs: dict, c2c_folder, progress) -> dict:
+    """Multiple choice by the likelihood of each choice (module doc, 3.), per dataset: each
+    handoff's accuracy (and the letter it wrote), C2C with another question in the sharer, and
+    the paired comparisons of ``LIKELIHOOD_COMPARISONS``."""
+    from kvviz.bench.scoring import best_option, choice_likelihoods, option_scores
+    from kvviz.data import LETTERS, choice_query, extract_choice_letter, load_dataset
+    from kvviz.engine import run_handoff
+    from kvviz.handoffs.c2c import fused_prompt, get_fuser, request_alignment
+    from kvviz.results import HandoffRequest
+
+    fuser = get_fuser(c2c_folder, pair) if "c2c" in names else None
+    table = {}
+    for dataset in datasets:
+        records = load_dataset(dataset, limit=limit, seed=seed)
+        requests = [HandoffRequest(query=choice_query(record), **request_kwargs) for record in records]
+        partner = derangement(len(records), seed)
+        row_names = names + ([OTHER_QUESTION] if fuser is not None else [])
+        rows = {name: {"correct": [], "gold": [], "letters": []} for name in row_names}
+        skipped: dict[str, str] = {}  # a handoff that could not score every question is left out
+
+        def add(name, scores, record, letter_right=None):
+            rows[name]["correct"].append(int(best_option(scores) == record.answer_index))
+            rows[name]["gold"].append(scores[record.answer_index])
+            if letter_right is not None:
+                rows[name]["letters"].append(letter_right)
+
+        for index, (record, request) in enumerate(zip(records, requests)):
+            gold_letter = LETTERS[record.answer_index]
+            for name in names:
+                result = run_handoff(name, pair, request)
+                if not result.applicable:
+                    skipped[name] = result.reason
+                    continue
+                scores = choice_likelihoods(pair, record, name, request, result)
+                if scores is None:
+                    skipped[name] = "its descriptor cannot rebuild the receiver's state"
+                    continue
+                add(name, scores, record, int(extract_choice_letter(result.answer, len(record.choices)) == gold_letter))
+            if fuser is not None:
+                alignment = request_alignment(pair, request, fuser)
+                other = request_alignment(pair, requests[partner[index]], fuser)
+                prompt = fused_prompt(pair, fuser, alignment, other_prompt_sharer(pair, alignment, other))
+                add(OTHER_QUESTION, option_scores(prompt, record.choices), record)
+            if (index + 1) % 10 == 0 or index + 1 == len(records):
+                progress(f"{dataset} (likelihood): {index + 1}/{len(records)}")
+        measured = {
+            name: likelihood_row(row["correct"], row["gold"], row["letters"] if row["letters"] else None)
+            for name, row in rows.items() if name not in skipped
+        }
+        comparisons = []
+        for first, second, label in LIKELIHOOD_COMPARISONS:
+            if first in measured and second in measured:
+                comparisons.append({
+                    "first": first, "second": second, "label": label,
+                    "accuracy": paired_comparison(measured[first]["per_question"], measured[second]["per_question"], seed),
+                    "gold_score": paired_comparison(measured[first]["gold_score"], measured[second]["gold_score"], seed),
+                })
+        table[dataset] = {
+            "ids": [record.id for record in records], "rows": measured, "comparisons": comparisons,
+            "skipped": skipped, "partner": partner,
+        }
+    return table
+
+
 def format_report(report: dict) -> str:
     lines = [f"pair {report['pair']}: sharer {report['sharer']} -> receiver {report['receiver']}"]
     lines.append(f"c2c fuser: {report['fuser']}")
@@ -255,6 +383,21 @@ def format_report(report: dict) -> str:
             low, high = row["contains_ci95"]
             lines.append(
                 f"  {name:<12} contains {row['contains_accuracy']:.3f} [{low:.3f}, {high:.3f}]  f1 {row['f1_accuracy']:.3f}  n={row['n']}"
+            )
+    for dataset, measured in report.get("mc_likelihood", {}).items():
+        lines.append("")
+        lines.append(f"{dataset}: accuracy by choice likelihood, 95% Wilson interval")
+        for name, row in measured["rows"].items():
+            low, high = row["ci95"]
+            lines.append(f"  {name:<20} {row['accuracy']:.3f} [{low:.3f}, {high:.3f}]  n={row['n']}")
+        for name, reason in measured["skipped"].items():
+            lines.append(f"  {name:<20} n/a  {reason[:80]}")
+        for comparison in measured["comparisons"]:
+            acc, gold = comparison["accuracy"], comparison["gold_score"]
+            lines.append(
+                f"  {comparison['label']}: {acc['difference']:+.3f} [{acc['ci95'][0]:+.3f}, {acc['ci95'][1]:+.3f}] "
+                f"(only first right {acc['only_first']}, only second {acc['only_second']}, McNemar p {acc['mcnemar_p']:.3g}); "
+                f"gold choice log-likelihood per byte {gold['difference']:+.4f} [{gold['ci95'][0]:+.4f}, {gold['ci95'][1]:+.4f}]"
             )
     for dataset, counts in report.get("mc", {}).items():
         lines.append("")
@@ -298,8 +441,9 @@ def main(args) -> int:
     }
     if sys.argv[1:2] == ["eval-fuser"]:  # the command line that made the report (not when called from code)
         report["command"] = "python -m kvviz " + shlex.join(sys.argv[1:])
-    log("held-out NLL ...")
-    report["heldout"] = heldout_nll(pair, c2c_folder, control_folder, args.heldout, args.seed)
+    if args.heldout != 0:
+        log("held-out NLL ...")
+        report["heldout"] = heldout_nll(pair, c2c_folder, control_folder, args.heldout, args.seed)
     names = parse_handoffs(args.handoffs)
     if not control_folder:
         names = [n for n in names if n != "c2c_control"]
@@ -326,10 +470,13 @@ def main(args) -> int:
             "text_message_tokens": args.message_tokens,
             "c2c_fuser": str(c2c_folder),
         }
-        report["mc"] = mc_accuracy(pair, names, datasets, args.mc_limit, args.seed, request_kwargs, log)
+        if args.mc_scoring == "likelihood":
+            report["mc_likelihood"] = mc_likelihood(pair, names, datasets, args.mc_limit, args.seed, request_kwargs, c2c_folder, log)
+        else:
+            report["mc"] = mc_accuracy(pair, names, datasets, args.mc_limit, args.seed, request_kwargs, log)
     report["seconds"] = time.perf_counter() - started
     report["settings"] = {
-        "mc_limit": args.mc_limit, "seed": args.seed, "max_new_tokens": args.max_new_tokens, "message_tokens": args.message_tokens,
+        "mc_limit": args.mc_limit, "mc_scoring": args.mc_scoring, "seed": args.seed, "max_new_tokens": args.max_new_tokens, "message_tokens": args.message_tokens,
         "recall": args.recall, "countries": args.countries, "answer_tokens": args.answer_tokens,
     }
     if args.out:
