@@ -537,3 +537,35 @@ def test_published_fuser_for_the_qwen_pair_says_how_to_get_it_offline(tmp_path, 
     assert not control.applicable and "no control" in control.reason
     assert fuser_reference.is_hub_path("nics-efc/C2C_Fuser/qwen3_0.6b+qwen2.5_0.5b_Fuser/final")
     assert not fuser_reference.is_hub_path(str(tmp_path)) and not fuser_reference.is_hub_path("Qwen/Qwen3-0.6B")
+
+
+def test_the_c2c_paper_table_pairs_two_reports_per_question():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "c2c_paper_table.py"
+    spec = importlib.util.spec_from_file_location("c2c_paper_table", path)
+    table_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table_script)
+
+    def row(correct):
+        return {"per_question": correct, "gold_score": [-0.1 * (1 + c) for c in correct]}
+
+    def report(rows):
+        return {"mc_likelihood": {d: {"ids": ["a", "b", "c", "d"], "rows": {k: row(v) for k, v in rows.items()}} for d in ("arc_challenge", "openbookqa")}}
+
+    receiver = [0, 1, 0, 0]
+    c2c = report({"receiver": receiver, "c2c": [1, 1, 1, 0], "c2c_other_question": [1, 1, 0, 0], "c2c_control": [0, 1, 1, 0]})
+    self_fusion = report({"receiver": receiver, "c2c": [1, 1, 0, 1], "c2c_other_question": [1, 0, 0, 1]})
+    merged = table_script.per_question(c2c, self_fusion)
+    assert set(merged) == {"arc_challenge", "openbookqa", "all"}
+    assert merged["arc_challenge"]["self-fusion"]["correct"] == [1, 1, 0, 1]
+    assert len(merged["all"]["c2c"]["correct"]) == 8 and "sharer" not in merged["all"]
+    text = table_script.markdown(merged)
+    assert "| ARC-Challenge | 4 |" in text and "41.0 / 49.5 / 54.5" in text
+    # C2C 3/4 vs C2C with another question 2/4 on each dataset: +25 points, 1 question only C2C got right
+    assert "| communication gain: C2C − C2C with another question | +25.0 [" in text and ", 1/0, p 1 |" in text
+    # a self-fusion report on other questions (its receiver row differs) is refused
+    other = report({"receiver": [1, 1, 1, 1], "c2c": [1, 1, 0, 1]})
+    with pytest.raises(SystemExit, match="receiver rows differ"):
+        table_script.per_question(c2c, other)
