@@ -4,10 +4,11 @@
         --datasets arc_challenge,openbookqa,mmlu_redux --mc-limit 200 --heldout 0 --out RUNS/eval_c2c.json ...
     python -m kvviz eval-fuser --pair embedded-gemma --fuser RUNS/shared_self/c2c --mc-scoring likelihood \\
         --handoffs receiver,c2c --datasets ... --mc-limit 200 --heldout 0 --out RUNS/eval_self.json ...
-    python scripts/c2c_paper_table.py RUNS/eval_c2c.json RUNS/eval_self.json
+    python scripts/c2c_paper_table.py --c2c RUNS/eval_c2c.json --self-fusion RUNS/eval_self.json
 
-The first report gives receiver, sharer, text, C2C, C2C with another question in the sharer and
-the control; the second (a Gemma -> Gemma fuser) gives the self-fusion rows. Both score the same
+Each side may be several reports (e.g. one per dataset, run side by side). The C2C reports give
+receiver, sharer, text, C2C, C2C with another question in the sharer and the control; the
+self-fusion ones (a Gemma -> Gemma fuser) give the self-fusion rows. Both score the same
 seeded questions with the same receiver, so the receiver rows must agree (checked) and every
 comparison is paired per question: the difference of accuracies with a bootstrap 95% interval
 and McNemar's exact p. "all" pools the three datasets' questions.
@@ -127,14 +128,25 @@ def markdown(table: dict, seed: int = 0) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("c2c", type=Path, help="eval-fuser --mc-scoring likelihood report of the C2C fuser")
-    parser.add_argument("self_fusion", type=Path, nargs="?", help="the same report of the self-fusion fuser")
+    parser.add_argument("--c2c", type=Path, nargs="+", required=True,
+                        help="eval-fuser --mc-scoring likelihood report(s) of the C2C fuser (one per dataset or one for all)")
+    parser.add_argument("--self-fusion", type=Path, nargs="*", default=[], help="the same report(s) of the self-fusion fuser")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     args = parser.parse_args(argv)
-    c2c_report = json.loads(args.c2c.read_text())
-    self_report = json.loads(args.self_fusion.read_text()) if args.self_fusion else None
-    print(markdown(per_question(c2c_report, self_report), args.seed))
+    self_report = merged_reports(args.self_fusion) if args.self_fusion else None
+    print(markdown(per_question(merged_reports(args.c2c), self_report), args.seed))
     return 0
+
+
+def merged_reports(paths: list[Path]) -> dict:
+    """The multiple-choice results of several reports of one fuser (each dataset once)."""
+    merged: dict = {"mc_likelihood": {}}
+    for path in paths:
+        for dataset, measured in json.loads(path.read_text()).get("mc_likelihood", {}).items():
+            if dataset in merged["mc_likelihood"]:
+                raise SystemExit(f"{dataset} appears in two reports ({path})")
+            merged["mc_likelihood"][dataset] = measured
+    return merged
 
 
 if __name__ == "__main__":
