@@ -6,7 +6,7 @@
         --handoffs receiver,c2c --datasets ... --mc-limit 200 --heldout 0 --out RUNS/eval_self.json ...
     python scripts/c2c_paper_table.py --c2c RUNS/eval_c2c.json --self-fusion RUNS/eval_self.json
 
-Each side may be several reports (e.g. one per dataset, run side by side). The C2C reports give
+Each side may be several reports (e.g. run side by side, one per dataset or per handoff). The C2C reports give
 receiver, sharer, text, C2C, C2C with another question in the sharer and the control; the
 self-fusion ones (a Gemma -> Gemma fuser) give the self-fusion rows. Both score the same
 seeded questions with the same receiver, so the receiver rows must agree (checked) and every
@@ -139,13 +139,18 @@ def main(argv=None) -> int:
 
 
 def merged_reports(paths: list[Path]) -> dict:
-    """The multiple-choice results of several reports of one fuser (each dataset once)."""
+    """The multiple-choice results of several reports of one fuser pair: a dataset in several
+    reports must hold the same questions, and a row in several (the receiver) the same results."""
     merged: dict = {"mc_likelihood": {}}
     for path in paths:
         for dataset, measured in json.loads(path.read_text()).get("mc_likelihood", {}).items():
-            if dataset in merged["mc_likelihood"]:
-                raise SystemExit(f"{dataset} appears in two reports ({path})")
-            merged["mc_likelihood"][dataset] = measured
+            into = merged["mc_likelihood"].setdefault(dataset, {"ids": measured["ids"], "rows": {}})
+            if into["ids"] != measured["ids"]:
+                raise SystemExit(f"{dataset}: {path} scored other questions than the reports before it")
+            for name, row in measured["rows"].items():
+                if name in into["rows"] and into["rows"][name]["per_question"] != row["per_question"]:
+                    raise SystemExit(f"{dataset}: the row {name} differs between {path} and a report before it")
+                into["rows"][name] = row
     return merged
 
 

@@ -539,7 +539,7 @@ def test_published_fuser_for_the_qwen_pair_says_how_to_get_it_offline(tmp_path, 
     assert not fuser_reference.is_hub_path(str(tmp_path)) and not fuser_reference.is_hub_path("Qwen/Qwen3-0.6B")
 
 
-def test_the_c2c_paper_table_pairs_two_reports_per_question():
+def test_the_c2c_paper_table_pairs_two_reports_per_question(tmp_path):
     import importlib.util
     from pathlib import Path
 
@@ -569,3 +569,11 @@ def test_the_c2c_paper_table_pairs_two_reports_per_question():
     other = report({"receiver": [1, 1, 1, 1], "c2c": [1, 1, 0, 1]})
     with pytest.raises(SystemExit, match="receiver rows differ"):
         table_script.per_question(c2c, other)
+    # one side from two reports (say C2C and its control run apart): rows are joined per dataset
+    (tmp_path / "a.json").write_text(json.dumps(report({"receiver": receiver, "c2c": [1, 1, 1, 0]})))
+    (tmp_path / "b.json").write_text(json.dumps(report({"receiver": receiver, "c2c_control": [0, 1, 1, 0]})))
+    joined = table_script.merged_reports([tmp_path / "a.json", tmp_path / "b.json"])
+    assert set(joined["mc_likelihood"]["openbookqa"]["rows"]) == {"receiver", "c2c", "c2c_control"}
+    (tmp_path / "c.json").write_text(json.dumps(report({"receiver": [1, 1, 1, 1]})))
+    with pytest.raises(SystemExit, match="row receiver differs"):
+        table_script.merged_reports([tmp_path / "a.json", tmp_path / "c.json"])
