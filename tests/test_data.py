@@ -29,6 +29,7 @@ from kvviz.data import (
     mcnemar_exact,
     normalize_answer,
     token_f1,
+    verdict,
     wilson_interval,
 )
 
@@ -475,6 +476,15 @@ def test_contains_answer():
     assert not contains_answer("not sure", ["no"])  # whole tokens only
     assert not contains_answer("Paris", ["France"])
     assert not contains_answer("anything", ["the"])  # empty after normalising
+
+
+def test_verdict_marks_an_answer_right_wrong_or_empty_and_needs_a_gold_answer():
+    assert verdict("The code for locker 12 is 4471.", ["4471"]) == "right"  # F1 0.25, yet it says the code
+    assert not f1_match("The code for locker 12 is 4471.", ["4471"])
+    assert verdict("12", ["4471"]) == "wrong"
+    assert verdict("  ", ["4471"]) == "none" and verdict("...", ["4471"]) == "none"  # nothing after normalising
+    assert verdict("The United Kingdom", "United Kingdom") == "right"  # one gold as a string
+    assert verdict("anything", []) is None and verdict("anything", ["the", " "]) is None  # no gold to judge by
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from kvviz import perf
+from kvviz import engine, perf
 
 
 @pytest.mark.parametrize("length", [80, 121, 200])
@@ -39,10 +39,11 @@ def test_perf_report_on_the_tiny_pair(tiny_engine):
     entry = curve[1]["kvcomm"]["kvcomm@0.3"]
     assert entry["ttft_ratio_receiver"]["n"] == 2 and entry["ttft_ratio_receiver"]["median"] > 0
     assert entry["flops_ratio_receiver"] < entry["flops_ratio_e2e"]
-    table, measured = curve[1]["kvcomm_bytes"], curve[1]["kvcomm_bytes_measured"]
-    assert table["kvcomm@0.3"] < table["kvcomm@0.5"] < table["kvcomm@1"]
-    assert set(measured) == {"kvcomm@0.3", "kvcomm@0.5", "kvcomm@1"}  # real runs at the memory length
-    assert all(measured[label] == table[label] for label in measured)  # the bytes formula is exact
+    sent = curve[1]["kvcomm_bytes"]  # read from a run at each ratio
+    assert set(sent) == {"kvcomm@0.3", "kvcomm@0.5", "kvcomm@1"} and sent["kvcomm@0.3"] < sent["kvcomm@0.5"] < sent["kvcomm@1"]
+    context, _ = perf.synthetic_context(pair.receiver.tokenizer, 120)
+    every_layer = engine.run_handoff("kvcomm", pair, perf.request_for(perf.QUESTION, context, 1, ratio=1.0))
+    assert sent["kvcomm@1"] == every_layer.bytes_communicated  # the same run's result, not a formula
     assert report["shared_question"]["c2c_unavailable"].startswith("c2c not available")
     assert set(report["memory"]["peak_bytes"]) >= {"receiver", "skyline", "text", "kvcomm@0.3"}
     text = perf.markdown(report)
@@ -54,7 +55,11 @@ def test_perf_report_on_the_tiny_pair(tiny_engine):
     model = report["speed"]["models"][0]
     assert model["limits"]["stream_weights_ms"]["median"] > 0 and model["limits"]["head_product_ms"]["median"] > 0
     assert model["ratios"]["decode / stream weights"]["n"] == 2
-    assert "decode ms/token" in text and "Warm full run" in text
+    assert "decode ms/token" in text and "Warm run" in text
+    # decode steps shared by 1, 2, 4 and 6 sequences, the stack against its own weight-stream time
+    assert set(report["speed"]["batched_decode_ms"][pair.receiver.name]) == {"1", "2", "4", "6"}
+    assert model["ratios"]["stack / stack stream"]["median"] > 0 and model["decode_path"]["batched"]
+    assert report["speed"]["warm_serial_run_seconds"] > 0 and report["speed"]["warm_page_run_seconds"] is None
     json.dumps(report)  # plain data
 
 
@@ -68,9 +73,11 @@ def test_targets_give_a_verdict_only_for_what_was_measured():
 def test_speed_only_prints_the_speed_table_and_nothing_else(tiny_engine, capsys, tmp_path):
     from kvviz.cli import main
 
-    assert main(["bench", "--perf", "--speed-only", "--pair", "tiny", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    assert main(["bench", "--perf", "--speed-only", "--no-page", "--pair", "tiny", "--repeats", "1", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    assert "decode ms/token" in printed and "Warm full run" in printed
+    assert "decode ms/token" in printed and "Warm run" in printed and "Decode steps shared" in printed
     assert "KVComm / Skyline" not in printed  # the context curve was not measured
     report = json.loads((tmp_path / "perf.json").read_text())
-    assert set(report) == {"machine", "repeats", "pair", "speed"}
+    assert set(report) == {"machine", "repeats", "pair", "speed", "batched_decode_ms", "stack_stream_ratio",
+                           "warm_full_run_seconds", "warm_serial_run_seconds", "warm_page_run_seconds"}
+    assert report["warm_page_run_seconds"] is None  # --no-page

@@ -1,6 +1,6 @@
 """Answer metrics: SQuAD normalisation, token F1 (the KVComm paper's F1 > 0.5 match),
-containment of a gold answer, the Wilson interval for an accuracy, and McNemar's exact test for
-two accuracies measured on the same samples."""
+containment of a gold answer, the page's verdict on one answer, the Wilson interval for an
+accuracy, and McNemar's exact test for two accuracies measured on the same samples."""
 
 from __future__ import annotations
 
@@ -68,6 +68,27 @@ def contains_answer(prediction: str, answers: str | Sequence[str]) -> bool:
         if g and f" {g} " in pred:
             return True
     return False
+
+
+VERDICTS = ("right", "wrong", "none")
+VERDICT_METRIC = "the answer contains a gold answer"
+
+
+def verdict(prediction: str, answers: str | Sequence[str]) -> str | None:
+    """The page's mark for one answer: "right" when it contains a gold answer (``contains_answer``,
+    the sweep's metric), "wrong" when it does not, "none" when the answer is empty; None when there
+    is no gold answer to judge by.
+
+    Containment, not the benchmark's F1 > 0.5: a sentence that states the gold answer ("The code for
+    locker 12 is 4471.", F1 0.25) is right for a learner. Its known weakness: an answer that lists
+    several candidates ("Carbon dioxide, water, and oxygen") counts as right.
+    """
+    golds = [gold for gold in _as_answer_list(answers) if normalize_answer(gold)]
+    if not golds:
+        return None
+    if not normalize_answer(prediction or ""):
+        return "none"
+    return "right" if contains_answer(prediction, golds) else "wrong"
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
