@@ -26,6 +26,7 @@ from kvviz.data import (
     get_data_dir,
     load_dataset,
     load_dataset_with_report,
+    mcnemar_exact,
     normalize_answer,
     token_f1,
     verdict,
@@ -532,6 +533,19 @@ def test_wilson_interval_known_values(successes, n, low, high):
     assert lo == pytest.approx(low, abs=1e-4)
     assert hi == pytest.approx(high, abs=1e-4)
     assert 0.0 <= lo <= successes / n <= hi <= 1.0
+
+
+@pytest.mark.parametrize(
+    "only_first, only_second, p",
+    [(0, 0, 1.0), (3, 3, 1.0), (0, 5, 2 / 32), (5, 0, 2 / 32), (1, 9, 2 * 11 / 1024), (0, 1, 1.0)],
+)
+def test_mcnemar_exact_known_values(only_first, only_second, p):
+    assert mcnemar_exact(only_first, only_second) == pytest.approx(p)
+
+
+def test_mcnemar_exact_refuses_negative_counts():
+    with pytest.raises(ValueError):
+        mcnemar_exact(-1, 2)
 
 
 def test_wilson_interval_edges():

@@ -1,6 +1,6 @@
 """Answer metrics: SQuAD normalisation, token F1 (the KVComm paper's F1 > 0.5 match),
-containment of a gold answer, the page's verdict on one answer, and the Wilson interval for an
-accuracy."""
+containment of a gold answer, the page's verdict on one answer, the Wilson interval for an
+accuracy, and McNemar's exact test for two accuracies measured on the same samples."""
 
 from __future__ import annotations
 
@@ -110,3 +110,17 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     low = 0.0 if successes == 0 else max(0.0, centre - half)
     high = 1.0 if successes == n else min(1.0, centre + half)
     return low, high
+
+
+def mcnemar_exact(only_first: int, only_second: int) -> float:
+    """Two-sided exact McNemar p-value from the two discordant counts (samples only the first
+    got right, samples only the second got right): under the null hypothesis that both are
+    equally accurate each discordant sample is a fair coin, so
+    p = min(1, 2 * P(Binomial(b + c, 1/2) <= min(b, c)))."""
+    if only_first < 0 or only_second < 0:
+        raise ValueError(f"discordant counts must be >= 0, got {only_first} and {only_second}")
+    n = only_first + only_second
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(only_first, only_second) + 1)) / 2**n
+    return min(1.0, 2 * tail)

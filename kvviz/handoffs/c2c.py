@@ -39,8 +39,8 @@ from kvviz.c2c.fuser import C2CFuser, FuserError, checkpoint_label
 from kvviz.c2c.fusion import fuse_prompt
 from kvviz.c2c.locate import communication_details, get_fuser, resolve_fuser
 from kvviz.decode import generate, prefill
-from kvviz.handoffs.common import TokenCallback
-from kvviz.handoffs.registry import Handoff, Option, color_of, option_values
+from kvviz.handoffs.common import TokenCallback, read_prompt
+from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, color_of, option_values
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.models import LoadedPair
 from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
@@ -84,10 +84,7 @@ def run(
         return HandoffResult.not_applicable(name, pair.name, reason)
     timer = StageTimer()
     receiver, sharer = pair.receiver, pair.sharer
-    alignment = align_prompt(
-        receiver.tokenizer, sharer.tokenizer, request.query, request.context, receiver_sees_context_for(fuser),
-        fuser.config.token_alignment, fuser.config.fuse_template,
-    )
+    alignment = request_alignment(pair, request, fuser)
     with torch.no_grad():  # the frozen models and the fuser at inference: no gradients
         fused = fuse_prompt(pair, fuser, alignment, sharer="right", hard=True, timer=timer)
     with timer.stage("receiver_prefill"):
@@ -138,6 +135,35 @@ def fuser_for(pair: LoadedPair, request: HandoffRequest, control: bool) -> tuple
         kind = "a control" if fuser.config.control else "a real (non-control)"
         return None, None, f"The fuser at {folder} is {kind} fuser; {name} needs the other kind."
     return fuser, folder, ""
+
+
+def request_alignment(pair: LoadedPair, request: HandoffRequest, fuser: C2CFuser):
+    """The request's prompts aligned the way the fuser was trained (context shared or private)."""
+    return align_prompt(
+        pair.receiver.tokenizer, pair.sharer.tokenizer, request.query, request.context, receiver_sees_context_for(fuser),
+        fuser.config.token_alignment, fuser.config.fuse_template,
+    )
+
+
+def fused_prompt(pair: LoadedPair, fuser: C2CFuser, alignment, sharer="right") -> ReceiverPrompt:
+    """The receiver after its whole prompt on the fused cache (the state C2C decodes from), for
+    likelihood scoring. ``sharer`` as in ``kvviz.c2c.fusion.fuse_prompt`` ("right", "zero" or a
+    SharerKV: eval-fuser's other-question control)."""
+    with torch.no_grad():
+        state = fuse_prompt(pair, fuser, alignment, sharer=sharer, hard=True).state
+        return read_prompt(pair.receiver, alignment.receiver_ids[-1:], state)
+
+
+def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult, control: bool = False) -> ReceiverPrompt:
+    """The bench's likelihood column: the receiver's state after the fused prompt."""
+    fuser, _, reason = fuser_for(pair, request, control)
+    if fuser is None:
+        raise FuserError(reason)
+    return fused_prompt(pair, fuser, request_alignment(pair, request, fuser))
+
+
+def control_receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult) -> ReceiverPrompt:
+    return receiver_prompt(pair, request, result, control=True)
 
 
 def c2c_flops(pair, fuser: C2CFuser, alignment, generated: int, control: bool) -> tuple[dict, dict]:
@@ -361,8 +387,6 @@ def fuser_option(request: HandoffRequest) -> str | None:
     return option_values(request, NAME, OPTIONS)["fuser"].strip() or None
 
 
-NO_LIKELIHOOD = "not computed: {name} changes the receiver's cache in a way the bench does not rebuild"
-
 HANDOFFS = (
     Handoff(
         name=NAME,
@@ -385,7 +409,7 @@ HANDOFFS = (
         needs=("a trained fuser for the pair",),
         applicable=fuser_found(control=False),
         options=OPTIONS,
-        no_receiver_prompt=NO_LIKELIHOOD.format(name=NAME),
+        receiver_prompt=receiver_prompt,
         figure=gates_figure,
         notes=notes,
         page=20,
@@ -412,7 +436,7 @@ HANDOFFS = (
         run=run_control,
         needs=("a trained control fuser for the pair",),
         applicable=fuser_found(control=True),
-        no_receiver_prompt=NO_LIKELIHOOD.format(name=CONTROL),
+        receiver_prompt=control_receiver_prompt,
         figure=control_gates_figure,
         notes=notes,
         page=25,
