@@ -25,7 +25,7 @@ import torch
 
 from kvviz import crossed
 from kvviz import step as decode_step
-from kvviz.attention import AttentionRows
+from kvviz.attention import AttentionPlan, AttentionRows
 from kvviz.batching import DecodeBatch, Sequence
 from kvviz.cache import KVState, copy_cache, place
 from kvviz.measure import StageTimer, clock
@@ -76,25 +76,30 @@ class NextToken:
 
 
 @torch.no_grad()
-def prefill(loaded: LoadedModel, state: KVState, token_ids: list[int], need_logits: bool = True, capture: bool = False):
+def prefill(loaded: LoadedModel, state: KVState, token_ids: list[int], need_logits: bool = True, capture: bool = False,
+            plan: AttentionPlan | None = None):
     """Feed tokens into ``state`` (in place). Returns (``NextToken`` or None, attention plan).
 
     Only the decoder stack runs here; the output head runs for the last position only, and only
     when the next token is chosen (``NextToken``). Without ``need_logits`` no ``NextToken`` is
-    made (a prefill that only fills the cache).
+    made (a prefill that only fills the cache). ``plan`` replaces the state's own attention plan
+    (a handoff that measures its own capture window, as CIPHER does).
     """
     if not token_ids:
         raise ValueError("prefill needs at least one token")
     input_ids = torch.tensor([token_ids], device=loaded.device)
-    return _prompt_forward(loaded, state, len(token_ids), need_logits, capture, input_ids=input_ids)
+    return _prompt_forward(loaded, state, len(token_ids), need_logits, capture, plan, input_ids=input_ids)
 
 
-def _prompt_forward(loaded: LoadedModel, state: KVState, count: int, need_logits: bool, capture: bool = False, **inputs):
+def _prompt_forward(loaded: LoadedModel, state: KVState, count: int, need_logits: bool, capture: bool = False,
+                    plan: AttentionPlan | None = None, **inputs):
     """The decoder stack on ``count`` new tokens (ids or vectors). When ``kvviz.crossed`` records
     this handoff's answer, a prefill whose next token is chosen records its last token's attention
     rows and every layer's output there (kept on the ``NextToken``); a state that records its rows
     (``KVState.token_rows``, a decode token) records them there."""
     kwargs = forward_kwargs(loaded, state, count, capture)
+    if plan is not None:
+        kwargs["kvviz_plan"] = plan
     rows, inspected = state.token_rows, False
     if rows is None and need_logits and crossed.active() is not None:
         rows, inspected = AttentionRows(limit=1), True
