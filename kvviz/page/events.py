@@ -232,12 +232,16 @@ def wire_walkthrough(lab: Lab) -> None:
 # --- the run: busy, stop, stream; and the /run API ------------------------------------------------
 
 
-def request_from_form(lab: Lab, pair, query, context, settings: list, ticked):
-    """(request, names) from the form's values, or a ValueError saying what is wrong."""
+def request_from_form(lab: Lab, pair, query, context, settings: list, ticked, expected: str | None = None):
+    """(request, names) from the form's values, or a ValueError saying what is wrong. The run
+    records what crossed (``kvviz.crossed``; the first expected answer is the logit lens's gold)
+    unless ``KVVIZ_RECORD_CROSSED=0``."""
     max_new_tokens, sample, temperature, seed = settings[:4]
     names = [name for name in spec.column_names() if name in (ticked or [])]
     options = spec.option_values(lab.page.specs, list(settings[4:]))
-    request = spec.build_request(query, context, max_new_tokens, sample, temperature, seed, options)
+    golds = spec.expected_answers(expected)
+    inspect = {"gold": golds[0] if golds else None} if spec.record_crossed() else None
+    request = spec.build_request(query, context, max_new_tokens, sample, temperature, seed, options, inspect)
     resolve_pair(pair)
     if not names:
         raise ValueError("Tick at least one handoff to run.")
@@ -263,7 +267,7 @@ def wire_run(lab: Lab) -> None:
     def page_run_updates(pair, query, context, expected, view, ticked, settings, session):
         stop = lab.flags.current(session)
         try:
-            handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked)
+            handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked, expected)
         except ValueError as error:  # one message, in the status line; nothing else changes
             yield page.resolve({"status": present.refused_status(str(error)), "run_button": False})
             return
@@ -390,11 +394,25 @@ def wire_export_and_pair(lab: Lab) -> None:
                         show_progress="hidden")
 
 
+def wire_tokens(lab: Lab) -> None:
+    """The What crossed tab's column picker shows that column's token view."""
+    page = lab.page
+
+    def on_column(column, payload, names, view):
+        updates, view = views.token_view_updates(payload, names or [], view, chosen=column)
+        return {**updates, "view": view}
+
+    page["tokens_column"].input(resolved(page, on_column), inputs=[page["tokens_column"], page["results"], page["chosen"],
+                                                                   page["view"]],
+                                outputs=page.outputs(), api_name="show_tokens", **PRIVATE)
+
+
 def wire_all(lab: Lab) -> None:
     wire_load(lab)
     wire_presets(lab)
     wire_ticks_and_expected(lab)
     wire_tabs(lab)
+    wire_tokens(lab)
     wire_lesson(lab)
     wire_walkthrough(lab)
     wire_run(lab)

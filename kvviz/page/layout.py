@@ -86,6 +86,8 @@ class Page:
                 out[self["lesson_row"]] = gr.update(visible=bool(value))
             elif role == "run_button":
                 out[self["run_button"]] = gr.update(value=spec.BUSY_LABEL if value else spec.RUN_LABEL, interactive=not value)
+            elif role == "tokens_column":
+                out[self["tokens_column"]] = gr.update(choices=value["choices"], value=value["value"])
             elif role == "tab":
                 out[self["tabs"]] = gr.Tabs(selected=value)
             elif role in self.components:
@@ -220,6 +222,13 @@ def build_tabs(page: Page, shown: list[str], sweep: dict | None) -> None:
             for name in spec.layer_figure_names():
                 page.figures[name] = gr.Plot(page.value(f"figure:{name}"), show_label=False, visible=name in shown,
                                              min_width=520, elem_id=f"kv-plot-{name}")
+        with tab(page, "tokens"):
+            page.add("tokens_column", gr.Dropdown(choices=[], value=None, label="Column shown", scale=0, min_width=240,
+                                                  elem_id="kv-tokens-column"))
+            page.add("tokens", gr.HTML("", elem_id="kv-tokens", js_on_load=None))
+        with tab(page, "lens"):
+            page.figures[spec.LENS_PLOT] = gr.Plot(page.value(f"figure:{spec.LENS_PLOT}"), show_label=False,
+                                                   elem_id=f"kv-plot-{spec.LENS_PLOT}")
         with tab(page, "cost"):
             with gr.Row():
                 for name in spec.FIXED_PLOTS:

@@ -5,6 +5,7 @@ the page is built from these (``kvviz.page.layout``) and tests read them directl
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from kvviz.handoffs import registry
@@ -16,6 +17,7 @@ MODEL_QUEUE = "models"
 MAX_UI_NEW_TOKENS = 256  # the slider's end (the server's cap, kvviz.limits, may be lower)
 STREAM_INTERVAL = 0.12  # seconds between streamed updates of one answer
 FIXED_PLOTS = ("latency", "bytes")
+LENS_PLOT = "lens"  # the Depth tab's logit lens, over the ticked columns
 RUN_LABEL = "Run live"
 BUSY_LABEL = "Running…"
 EXPECTED_SEPARATOR = ";"
@@ -23,6 +25,8 @@ EXPECTED_SEPARATOR = ";"
 # The tabs below the answers, in order: (id, title). A figure lives in exactly one tab.
 TABS = (
     ("layers", "Layers"),
+    ("tokens", "What crossed"),
+    ("lens", "Depth"),
     ("cost", "Time and bytes"),
     ("seen", "What each model saw"),
     ("sweep", "Sweep"),
@@ -66,7 +70,21 @@ def tab_figures(tab: str, names: list[str]) -> list[str]:
         return [name for name in layer_figure_names() if name in names]
     if tab == "cost":
         return list(FIXED_PLOTS)
+    if tab == "lens":
+        return [LENS_PLOT]
     return []
+
+
+def token_view_column(names: list[str], with_view: list[str], chosen: str | None) -> str | None:
+    """The column the token view shows: the chosen one when it has a view and is ticked, else the
+    first ticked column with one (KVComm first: its layer choice is what the view explains)."""
+    candidates = [name for name in names if name in with_view]
+    if chosen in candidates:
+        return chosen
+    for name in ["kvcomm", *candidates]:
+        if name in candidates:
+            return name
+    return None
 
 
 # --- the handoffs' options as widgets -----------------------------------------------------------
@@ -120,9 +138,15 @@ def run_parameter_names(specs: list[PageOption]) -> list[str]:
 
 
 def build_request(query, context, max_new_tokens=32, sample=False, temperature=0.7, seed=0,
-                  options: dict[str, dict] | None = None):
+                  options: dict[str, dict] | None = None, inspect: dict | None = None):
     """The form's values as a request (a ValueError says what is wrong in plain words)."""
-    return registry.build_request(query, context, max_new_tokens, sample, temperature, seed, options)
+    return registry.build_request(query, context, max_new_tokens, sample, temperature, seed, options, inspect)
+
+
+def record_crossed() -> bool:
+    """Whether the page's runs record what crossed (``kvviz.crossed``): yes unless
+    ``KVVIZ_RECORD_CROSSED=0`` (``scripts/bench_app.py --crossed both`` times a run each way)."""
+    return os.environ.get("KVVIZ_RECORD_CROSSED", "1") != "0"
 
 
 def expected_answers(text: str | None) -> list[str]:
