@@ -56,16 +56,22 @@ class Inspection:
     lens_hidden: torch.Tensor | None = None  # [layers, hidden], each layer's output after the final norm
     answer_ids: list[int] = field(default_factory=list)
     model: object = None  # the receiver (LoadedModel) that wrote the answer
+    receiver: object = None  # the model whose prompts are recorded (None: every model's)
+
+    def records(self, loaded) -> bool:
+        """Whether a prompt read by ``loaded`` is recorded (the receiver's; a sharer's is not)."""
+        return self.receiver is None or loaded is self.receiver
 
 
 @contextmanager
-def inspecting(request):
-    """Around one handoff's run: record what crossed when the request asks (else nothing)."""
+def inspecting(request, receiver=None):
+    """Around one handoff's run: record what crossed when the request asks (else nothing), in the
+    prompts ``receiver`` reads (every model's when None)."""
     options = getattr(request, "inspect", None)
     if options is None:
         yield None
         return
-    token = _current.set(Inspection(gold=options.get("gold") or None))
+    token = _current.set(Inspection(gold=options.get("gold") or None, receiver=receiver))
     try:
         yield _current.get()
     finally:

@@ -101,7 +101,8 @@ def _prompt_forward(loaded: LoadedModel, state: KVState, count: int, need_logits
     if plan is not None:
         kwargs["kvviz_plan"] = plan
     rows, inspected = state.token_rows, False
-    if rows is None and need_logits and crossed.active() is not None:
+    inspection = crossed.active()
+    if rows is None and need_logits and inspection is not None and inspection.records(loaded):
         rows, inspected = AttentionRows(limit=1), True
         kwargs["output_hidden_states"] = True
     if rows is not None:

@@ -57,7 +57,8 @@ def run_handoff(
         refused = not_applicable(name, pair, request)
         if refused is not None:
             return refused
-        with PeakGpuMemory(pair_devices(pair)) as memory, record_decodes() as decodes, crossed.inspecting(request) as inspection:
+        with (PeakGpuMemory(pair_devices(pair)) as memory, record_decodes() as decodes,
+              crossed.inspecting(request, pair.receiver) as inspection):
             handoff = get(name)
             streams = {"on_message": on_message} if handoff.streams_message and on_message is not None else {}
             result = handoff.run(pair, request, on_token=on_token, **streams)
