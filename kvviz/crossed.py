@@ -205,9 +205,13 @@ def gold_first_token(tokenizer, gold: str, last_layer: torch.Tensor) -> int:
 
 
 def attach(result, inspection: Inspection | None, nothing_sent: str) -> None:
-    """Write ``token_attention`` and ``logit_lens`` on a result (an applicable one, whose answer
-    was recorded); else leave them empty."""
-    if inspection is None or inspection.model is None or not result.applicable:
+    """Write ``token_attention`` and ``logit_lens`` on a result (an applicable one); where no
+    receiver's answer was recorded, only a ``token_attention`` that says nothing was sent."""
+    if inspection is None or not result.applicable:
+        return
+    if inspection.model is None:  # no receiver wrote this answer (the sharer alone)
+        result.token_attention = {"nothing_sent": "nothing was sent: no receiver read anything (the sharer answers "
+                                  "alone; its own prompt is not recorded)", "answer_tokens": [], "attention": []}
         return
     result.token_attention = token_attention(inspection, nothing_sent)
     result.logit_lens = logit_lens(inspection)

@@ -138,3 +138,8 @@ def test_the_models_own_forward_records_the_same_rows_as_the_batched_step(pair, 
     plain = run_handoff("skyline", pair, request({})).token_attention
     assert plain["answer_ids"] == batched["answer_ids"] and plain["captured"] == batched["captured"]
     assert torch.allclose(torch.tensor(plain["attention"]), torch.tensor(batched["attention"]), atol=1e-3)
+
+
+def test_the_sharer_alone_says_nothing_was_sent(pair):
+    result = run_handoff("sharer", pair, request({}))
+    assert result.token_attention["nothing_sent"] and result.token_attention["attention"] == []
