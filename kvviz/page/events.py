@@ -87,13 +87,88 @@ def wire_load(lab: Lab) -> None:
     Until then tab selections draw nothing (the view is not ready)."""
     page = lab.page
 
-    def on_load(width, payload, names, view):
+    def on_load(width, payload, names, view, params):
         view = {**view, "compact": bool(width) and float(width) <= 640, "drawn": {}, "ready": True}
-        return lab.tab_view(view.get("tab", spec.DEFAULT_TAB), payload, names, view)
+        link = spec.permalink_state(page.specs, params or {})
+        updates: dict = {}
+        if link:
+            updates, payload, names, view = restored(lab, link, payload, names, view)
+        tab = link.get("tab") if link.get("tab") in dict(spec.TABS) else view.get("tab", spec.DEFAULT_TAB)
+        return {**updates, **lab.tab_view(tab, payload, names, view)}
 
-    page.demo.load(resolved(page, on_load), inputs=[page["viewport"], page["results"], page["chosen"], page["view"]],
+    def load_with_link(width, payload, names, view, request: gr.Request):
+        params = dict(request.query_params) if request is not None else {}
+        return resolved(page, on_load)(width, payload, names, view, params)
+
+    page.demo.load(load_with_link, inputs=[page["viewport"], page["results"], page["chosen"], page["view"]],
                    outputs=page.outputs(), js="(width, ...rest) => [window.innerWidth, ...rest]", api_name="on_load",
                    **PRIVATE)
+
+
+def restored(lab: Lab, link: dict, payload: dict, names: list[str], view: dict) -> tuple[dict, dict, list[str], dict]:
+    """What a permalink's state (``spec.permalink_state``) changes on the page just loaded: a preset's
+    question and precomputed results (painted without a model), else its question and context for
+    a live run; then the columns, expected answer, pair, settings, options, tab and token column.
+    Returns (updates, payload, names, view)."""
+    page = lab.page
+    updates: dict = {}
+    key = link.get("preset")
+    query, context = link.get("q"), link.get("c")
+    if key and query is None and context is None:
+        query, context = preset(key).query, preset(key).context or ""
+    match = views.preset_matching(query, context) if query is not None else None
+    if match:
+        updates = lab.preset_view(match, view)
+        payload, names, view = updates["results"], updates["chosen"], updates.pop("view")
+    elif query is not None:
+        updates = {"query": query, "context": context or "", "presets": None,
+                   "status": "Opened from a link: press **Run live** to run this question (the answers below are "
+                             "from the opening preset)."}
+    if "h" in link:
+        names = link["h"]
+        answers = spec.expected_answers(link.get("expected", updates.get("expected", page.value("expected"))))
+        updates.update({"chosen": names, "shown": names, **views.verdict(payload, names, answers, views.subject_of(payload))})
+    if "expected" in link:
+        updates["expected"] = link["expected"]
+    if "pair" in link:
+        updates.update({"pair": link["pair"], "facts": present.pair_facts_markdown(link["pair"])})
+    for name in ("max_new_tokens", "sample", "temperature", "seed"):
+        if name in link:
+            updates[name] = link[name]
+    for index, value in (link.get("options") or {}).items():
+        updates[f"option:{index}"] = value
+    if link.get("column"):
+        view = {**view, "tokens_column": link["column"]}
+    return updates, payload, names, view
+
+
+def wire_permalink(lab: Lab) -> None:
+    """"Copy link": the page's state as a URL (pair, preset or question and context, columns,
+    expected answer, settings, options, tab, token column), put in the address bar and copied."""
+    page = lab.page
+    inputs = [page["pair"], page["presets"], page["query"], page["context"], page["chosen"], page["expected"],
+              page["view"], *page.settings_inputs]
+
+    def make_link(pair, key, query, context, chosen, expected, view, *settings):
+        max_new_tokens, sample, temperature, seed = settings[:4]
+        state = {"pair": pair, "preset": key, "q": query, "c": context, "h": chosen or [], "expected": expected,
+                 "max_new_tokens": max_new_tokens, "sample": sample, "temperature": temperature, "seed": seed,
+                 "tab": (view or {}).get("tab"), "column": (view or {}).get("tokens_column"), "options": list(settings[4:])}
+        return {"link": spec.permalink_query(page.specs, state),
+                "status": "Link to this page's state copied (it is in the address bar too)."}
+
+    page["copy_link"].click(resolved(page, make_link), inputs=inputs, outputs=page.outputs(), api_name="copy_link",
+                            **PRIVATE).then(None, inputs=[page["link"]], js=COPY_LINK_JS)
+
+
+COPY_LINK_JS = """
+(link) => {
+  const url = location.origin + location.pathname + '?' + link;
+  history.replaceState(null, '', url);
+  if (navigator.clipboard) navigator.clipboard.writeText(url).catch(() => {});
+  return [];
+}
+"""
 
 
 def wire_presets(lab: Lab) -> None:
@@ -413,6 +488,7 @@ def wire_all(lab: Lab) -> None:
     wire_ticks_and_expected(lab)
     wire_tabs(lab)
     wire_tokens(lab)
+    wire_permalink(lab)
     wire_lesson(lab)
     wire_walkthrough(lab)
     wire_run(lab)

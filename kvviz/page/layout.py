@@ -71,12 +71,13 @@ class Page:
         """Every component an event of the page may update (a handler names the ones it changes)."""
         blocks = [c for card in self.cards.values() for c in (card.block, card.head, card.answer, card.stats)]
         blocks += [c for d in self.details.values() for c in (d.block, d.notes, d.seen)]
-        return list(self.components.values()) + blocks + list(self.figures.values())
+        return list(self.components.values()) + blocks + list(self.figures.values()) + list(self.option_inputs)
 
     def resolve(self, updates: dict) -> dict:
         """``{role: value}`` to ``{component: value}``. Special roles: ``shown`` (the ticked columns:
         their cards, details and figures visible, the others hidden), ``lesson`` (hidden when
-        empty), ``run_button`` (True: busy), ``tab`` (select that tab)."""
+        empty), ``run_button`` (True: busy), ``tab`` (select that tab), ``tokens_column`` (the token
+        view's picker: choices and value), ``option:I`` (the I-th option widget)."""
         out = {}
         for role, value in updates.items():
             if role == "shown":
@@ -86,6 +87,8 @@ class Page:
                 out[self["lesson_row"]] = gr.update(visible=bool(value))
             elif role == "run_button":
                 out[self["run_button"]] = gr.update(value=spec.BUSY_LABEL if value else spec.RUN_LABEL, interactive=not value)
+            elif role.startswith("option:"):
+                out[self.option_inputs[int(role.split(":", 1)[1])]] = value
             elif role == "tokens_column":
                 out[self["tokens_column"]] = gr.update(choices=value["choices"], value=value["value"])
             elif role == "tab":
@@ -151,6 +154,8 @@ def build_top(page: Page) -> None:
             choices=[(p.label, p.key) for p in PRESETS], value=page.value("presets"), label="Preset",
             show_label=False, container=False, scale=0, min_width=280, elem_id="kv-presets"))
         page.add("walk_open", gr.Button("Walk-through", size="sm", scale=0, min_width=120, elem_id="kv-walkthrough"))
+        page.add("copy_link", gr.Button("Copy link", size="sm", scale=0, min_width=100, elem_id="kv-copy-link"))
+        page.add("link", gr.Textbox("", visible=False, elem_id="kv-link"))  # the page's state as a query string
 
 
 def build_walk(page: Page, steps: list[spec.WalkStep]) -> None:
