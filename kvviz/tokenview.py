@@ -19,6 +19,7 @@ from kvviz.plotkit import as_dict, ink, layout
 
 LENS_TITLE = "Logit lens: where in the receiver's depth the first answer token appears"
 LENS_HEIGHT = 420
+SENT_MARK, SINK_MARK = "\u25b2", "\u2013"  # the grid's marks: a layer KVComm sent, one that kept the sink
 
 
 def _chip_text(token: str) -> str:
@@ -43,7 +44,7 @@ def token_view_html(result: dict | None, run_hint: str = "press Run live to reco
     result = as_dict(result)
     data = result.get("token_attention") or {}
     handoff = registry.get(result["handoff"]) if result.get("handoff") in registry.HANDOFFS else None
-    label = handoff.title if handoff else result.get("handoff", "")
+    label = handoff.label if handoff else result.get("handoff", "")
     hue = handoff.color if handoff else "#64748b"
     if not data:
         return (f'<div class="kv-tv-empty"><b>{html.escape(label)}</b>: this result does not hold what crossed '
@@ -68,15 +69,18 @@ def token_view_html(result: dict | None, run_hint: str = "press Run live to reco
         for s, (position, token) in enumerate(zip(data["sent_positions"], data["sent_tokens"]))
     )
     partial = len(sent_layers) < layers
-    rows = []
-    for layer in range(layers):
-        mark = ("\u25b2 sent" if layer in sent_layers else "sink") if partial else ""
-        cells = "".join(
-            f'<td class="kv-tv-cell on" data-l="{layer}" data-h="{h}" title="layer {layer}, head {h}: click to '
-            f'include or leave out"></td>' for h in range(heads))
-        rows.append(f'<tr class="{"kv-tv-sentlayer" if layer in sent_layers else "kv-tv-sinklayer"}">'
-                    f'<th>L{layer} <span class="kv-tv-mark">{mark}</span></th>{cells}</tr>')
-    head_row = "<tr><th></th>" + "".join(f"<th>h{h}</th>" for h in range(heads)) + "</tr>"
+    # the grid: a column per layer (KVComm's sent ones marked), a row per head
+    head_row = "<tr><th>layer</th>" + "".join(
+        f'<th class="{"kv-tv-sentlayer" if layer in sent_layers else "kv-tv-sinklayer"}">{layer}</th>'
+        for layer in range(layers)) + "</tr>"
+    if partial:
+        head_row += '<tr><th>sent?</th>' + "".join(
+            f'<th class="kv-tv-mark" title="layer {layer}: '
+            f'{"the whole context KV was sent" if layer in sent_layers else "only the sink (first token) was sent"}">'
+            f'{SENT_MARK if layer in sent_layers else SINK_MARK}</th>' for layer in range(layers)) + "</tr>"
+    rows = [f"<tr><th>head {h}</th>" + "".join(
+        f'<td class="kv-tv-cell on" data-l="{layer}" data-h="{h}" title="layer {layer}, head {h}: click to include '
+        'or leave out"></td>' for layer in range(layers)) + "</tr>" for h in range(heads)]
     picks = ('<button class="kv-tv-pick" data-pick="all">all layers</button>'
              '<button class="kv-tv-pick" data-pick="none">none</button>'
              + ('<button class="kv-tv-pick" data-pick="sent">sent layers only</button>' if partial else ""))
@@ -222,7 +226,7 @@ TOKEN_VIEW_CSS = """
 .kv-tv-pick {font-size: 12px; padding: 0 6px; border: 1px solid #94a3b8; border-radius: 4px; background: #ffffff}
 .kv-tv-grid {border-collapse: collapse; font-size: 11px}
 .kv-tv-grid th {font-weight: 400; color: #334155; padding: 0 4px; text-align: left; white-space: nowrap}
-.kv-tv-cell {width: 18px; height: 12px; border: 1px solid #cbd5e1; cursor: pointer; background: #ffffff}
+.kv-tv-cell {width: 22px; height: 14px; border: 1px solid #cbd5e1; cursor: pointer; background: #ffffff}
 .kv-tv-cell.on {background: #005ab5}
 .kv-tv-sinklayer th {color: #475569}
 .kv-tv-mark {font-size: 10.5px}
