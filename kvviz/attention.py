@@ -94,13 +94,13 @@ class AttentionRows:
         return len(self.rows) >= self.limit
 
     def record(self, layer: int, probabilities: torch.Tensor, key_positions: torch.Tensor) -> None:
-        if not self.full:
-            self._current[layer] = (probabilities.detach().float().cpu(), key_positions.detach().cpu())
+        if not self.full:  # kept on its device until the token is done (one wait for a GPU per token)
+            self._current[layer] = (probabilities.detach().float(), key_positions.detach())
 
     def commit(self) -> None:
-        """The current token's layers are all recorded: they become one row."""
+        """The current token's layers are all recorded: they become one row (on the CPU)."""
         if self._current and not self.full:
-            self.rows.append(self._current)
+            self.rows.append({layer: (p.cpu(), k.cpu()) for layer, (p, k) in self._current.items()})
         self._current = {}
 
 
