@@ -204,6 +204,16 @@ def walkthrough_steps() -> list[WalkStep]:
         ),
         *[handoff_step(h) for h in registry.page_handoffs() if h.page_default and h.walkthrough],
         WalkStep(
+            "Predict, then reveal: what did the answer read?",
+            "We loaded **Locker code** again, in the **What crossed** tab on KVComm's column. Predict first: when "
+            "the receiver writes the code's first digit, which tokens of the note will it read most? Decide, then "
+            "hover that digit among the answer's tokens: the note's tokens light up by how much that answer token "
+            "attended to them, summed over the layers and heads ticked in the grid (*sent layers only* keeps the "
+            "layers KVComm sent). The first token of the note, the attention sink, is left out unless you tick it "
+            "back. Measured in this preset's run, on this question.",
+            "locker", "tokens", "kv-tokens",
+        ),
+        WalkStep(
             "What it costs",
             "In **Time and bytes**, *What crosses between the models* compares sizes on a log scale: a text "
             "message is a few dozen bytes, a KV cache hundreds of kilobytes. Text is small but slow to write; KV "
