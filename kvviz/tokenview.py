@@ -37,6 +37,17 @@ def columns_with_view(results: list[dict]) -> list[str]:
     return [r["handoff"] for r in results if has_view(as_dict(r))]
 
 
+def without_arrays(result: dict) -> dict:
+    """The result with its token_attention arrays (thousands of numbers) replaced by their shape, for
+    a JSON viewer; the export and the run endpoint keep them whole."""
+    data = result.get("token_attention") or {}
+    if not data.get("attention"):
+        return result
+    shape = (f"[{len(data['attention'])} answer tokens x {data.get('layers')} layers x {data.get('heads')} heads x "
+             f"{len(data.get('sent_tokens') or [])} sent tokens]: in the JSON export")
+    return {**result, "token_attention": {**data, "attention": shape, "other": "in the JSON export"}}
+
+
 def token_view_html(result: dict | None, run_hint: str = "press Run live to record it") -> str:
     """One column's token view (an empty note when the result has none)."""
     if result is None:

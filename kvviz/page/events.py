@@ -100,8 +100,9 @@ def wire_load(lab: Lab) -> None:
         params = dict(request.query_params) if request is not None else {}
         return resolved(page, on_load)(width, payload, names, view, params)
 
+    # a permalink may set the handoffs' options too: only this event writes their widgets
     page.demo.load(load_with_link, inputs=[page["viewport"], page["results"], page["chosen"], page["view"]],
-                   outputs=page.outputs(), js="(width, ...rest) => [window.innerWidth, ...rest]", api_name="on_load",
+                   outputs=page.outputs() + list(page.option_inputs), js="(width, ...rest) => [window.innerWidth, ...rest]", api_name="on_load",
                    **PRIVATE)
 
 

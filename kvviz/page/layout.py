@@ -71,7 +71,7 @@ class Page:
         """Every component an event of the page may update (a handler names the ones it changes)."""
         blocks = [c for card in self.cards.values() for c in (card.block, card.head, card.answer, card.stats)]
         blocks += [c for d in self.details.values() for c in (d.block, d.notes, d.seen)]
-        return list(self.components.values()) + blocks + list(self.figures.values()) + list(self.option_inputs)
+        return list(self.components.values()) + blocks + list(self.figures.values())
 
     def resolve(self, updates: dict) -> dict:
         """``{role: value}`` to ``{component: value}``. Special roles: ``shown`` (the ticked columns:
