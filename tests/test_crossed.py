@@ -113,7 +113,7 @@ def test_logit_lens_at_the_last_layer_is_the_models_own_probability(pair):
         float(own[receiver.tokenizer.convert_tokens_to_ids(receiver.tokenizer.tokenize(lens["gold_token"]))[0]]), abs=1e-5)
 
 
-@pytest.mark.parametrize("name", ["skyline", "kvcomm", "receiver", "text", "cipher"])
+@pytest.mark.parametrize("name", ["skyline", "kvcomm", "receiver", "text", "cipher", "latent_relay"])
 def test_recording_changes_no_answer_and_is_off_unless_asked(pair, name):
     plain = run_handoff(name, pair, request(None))
     recorded = run_handoff(name, pair, request({}))
