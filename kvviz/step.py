@@ -24,7 +24,9 @@ research/kernels_m.py). It covers Gemma 3 and the Llama family (Llama, Mistral, 
 ``DecodeStep.supported`` is False, with a reason, for anything else, for a model spread over
 several devices, or when the first-use check against the model's own forward fails, and the
 decode loop then runs the model's forward for one sequence at a time. Module hooks do not fire
-inside a decode step (kvviz arms hooks only around prompt passes).
+inside a decode step (kvviz arms hooks only around prompt passes). A sequence whose state asks for
+its attention rows (``KVState.token_rows``, ``kvviz.crossed``) gets them recorded here, per
+sequence, beside its attention: no second forward, and no bit of any sequence's output changes.
 """
 
 from __future__ import annotations
