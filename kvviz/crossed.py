@@ -41,6 +41,8 @@ MAX_TOKENS = 16  # answer tokens whose attention rows are kept (the first ones)
 DIGITS = 3  # decimals of the stored attention probabilities (JSON size)
 
 _current: contextvars.ContextVar["Inspection | None"] = contextvars.ContextVar("kvviz_inspection", default=None)
+# Inside ``one_lens_pass`` (one run of several handoffs): the lenses waiting for their head pass.
+_pending: contextvars.ContextVar["list | None"] = contextvars.ContextVar("kvviz_pending_lenses", default=None)
 
 
 @dataclass
@@ -166,9 +168,13 @@ def token_attention(inspection: Inspection, nothing_sent: str) -> dict:
 
 
 def logit_lens(inspection: Inspection) -> dict:
-    loaded = inspection.model
-    tokenizer = loaded.tokenizer
-    probabilities = torch.softmax(loaded.head.logits(inspection.lens_hidden), dim=-1)  # [layers, vocabulary]
+    probabilities = torch.softmax(inspection.model.head.logits(inspection.lens_hidden), dim=-1)  # [layers, vocabulary]
+    return lens_record(inspection, probabilities)
+
+
+def lens_record(inspection: Inspection, probabilities: torch.Tensor) -> dict:
+    """The ``logit_lens`` field from the lens's probabilities [layers, vocabulary]."""
+    tokenizer = inspection.model.tokenizer
     data = {
         "measured_on": (
             "this query, in this run: at the prompt's last position (where the first answer token is chosen), "
@@ -204,9 +210,44 @@ def gold_first_token(tokenizer, gold: str, last_layer: torch.Tensor) -> int:
     return max(candidates, key=lambda token: float(last_layer[token]))
 
 
+@contextmanager
+def one_lens_pass():
+    """One run of several handoffs: inside it, each result's logit lens waits, and ``finish_lenses``
+    computes them all with one pass of each receiver's output head (the lens is one pass of the
+    head per handoff otherwise: most of what recording costs, ``research/crossed_cost.py``)."""
+    token = _pending.set([])
+    try:
+        yield _pending.get()
+    finally:
+        _pending.reset(token)
+
+
+def finish_lenses(pending: list) -> list[tuple[str, dict]]:
+    """Compute the waiting lenses (``one_lens_pass``), writing each on its result; returns
+    (handoff, logit_lens) for each. The rows of all the results that one model wrote go through
+    its head together (the same products as alone, up to float rounding: a kernel's last bits
+    depend on how many rows it is given)."""
+    done = []
+    by_model: dict[int, list] = {}
+    for result, inspection in pending:
+        by_model.setdefault(id(inspection.model), []).append((result, inspection))
+    for group in by_model.values():
+        head = group[0][1].model.head
+        probabilities = torch.softmax(head.logits(torch.cat([inspection.lens_hidden for _, inspection in group])), dim=-1)
+        start = 0
+        for result, inspection in group:
+            rows = inspection.lens_hidden.shape[0]
+            result.logit_lens = lens_record(inspection, probabilities[start : start + rows])
+            start += rows
+            done.append((result.handoff, result.logit_lens))
+    pending.clear()
+    return done
+
+
 def attach(result, inspection: Inspection | None, nothing_sent: str) -> None:
     """Write ``token_attention`` and ``logit_lens`` on a result (an applicable one); where no
-    receiver's answer was recorded, only a ``token_attention`` that says nothing was sent."""
+    receiver's answer was recorded, only a ``token_attention`` that says nothing was sent. Inside
+    ``one_lens_pass`` the lens is left for ``finish_lenses``."""
     if inspection is None or not result.applicable:
         return
     if inspection.model is None:  # no receiver wrote this answer (the sharer alone)
@@ -214,4 +255,8 @@ def attach(result, inspection: Inspection | None, nothing_sent: str) -> None:
                                   "alone; its own prompt is not recorded)", "answer_tokens": [], "attention": []}
         return
     result.token_attention = token_attention(inspection, nothing_sent)
-    result.logit_lens = logit_lens(inspection)
+    pending = _pending.get()
+    if pending is None:
+        result.logit_lens = logit_lens(inspection)
+    else:
+        pending.append((result, inspection))

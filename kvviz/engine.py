@@ -92,8 +92,11 @@ def check_fits(pair: LoadedPair, request: HandoffRequest) -> None:
 
 
 def run_handoffs(names, pair: LoadedPair, request: HandoffRequest) -> list[HandoffResult]:
-    """The handoffs one after another, as one run (a prompt that several read is read once)."""
+    """The handoffs one after another, as one run (a prompt that several read is read once; the
+    logit lenses of what crossed take one pass of the receiver's head, ``kvviz.crossed``)."""
     names = parse_handoffs(names)
     check_fits(pair, request)
-    with shared_prompts():
-        return [run_handoff(name, pair, request) for name in names]
+    with shared_prompts(), crossed.one_lens_pass() as lenses:
+        results = [run_handoff(name, pair, request) for name in names]
+        crossed.finish_lenses(lenses)
+    return results

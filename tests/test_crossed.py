@@ -143,3 +143,25 @@ def test_the_models_own_forward_records_the_same_rows_as_the_batched_step(pair, 
 def test_the_sharer_alone_says_nothing_was_sent(pair):
     result = run_handoff("sharer", pair, request({}))
     assert result.token_attention["nothing_sent"] and result.token_attention["attention"] == []
+
+
+def test_a_runs_lenses_in_one_head_pass_equal_each_handoffs_own(pair):
+    from kvviz.engine import run_handoffs
+
+    together = run_handoffs(["skyline", "kvcomm", "receiver"], pair, request({"gold": "pineapple"}))
+    for result in together:
+        alone = run_handoff(result.handoff, pair, request({"gold": "pineapple"}))
+        assert result.logit_lens["layers"] == alone.logit_lens["layers"]
+        assert result.logit_lens["answer_probability"] == pytest.approx(alone.logit_lens["answer_probability"], abs=1e-5)
+        assert result.logit_lens["gold_probability"] == pytest.approx(alone.logit_lens["gold_probability"], abs=1e-5)
+
+
+def test_a_streamed_run_sends_each_lens_after_the_handoffs(pair, monkeypatch):
+    from kvviz import stream
+
+    events = list(stream.run_events(pair.name, request({}), ["skyline", "receiver"], loaded=pair))
+    kinds = [kind for kind, _, _ in events]
+    assert kinds.count("lens") == 2 and kinds.index("lens") > max(i for i, k in enumerate(kinds) if k == "done")
+    lenses = {name: data for kind, name, data in events if kind == "lens"}
+    assert set(lenses) == {"skyline", "receiver"} and all(len(data["layers"]) == pair.receiver.facts.num_layers
+                                                          for data in lenses.values())

@@ -71,3 +71,19 @@ def test_the_tab_shows_kvcomm_first_then_the_chosen_column(results):
     chosen, view = views.token_view_updates(payload, names, view, chosen="skyline")
     assert 'data-handoff="skyline"' in chosen["tokens"]
     assert spec.tab_figures("lens", names) == [spec.LENS_PLOT]
+
+
+def test_a_live_run_puts_each_lens_that_arrives_after_the_handoffs_on_its_result():
+    import threading
+
+    from kvviz.page.run import LiveRun, stream_run
+
+    lens = {"layers": [0, 1], "answer_probability": [0.1, 0.9]}
+
+    def events(pair, request, names, workers, stop=None):
+        yield ("done", "receiver", {"handoff": "receiver", "applicable": True, "answer": "x", "logit_lens": {}})
+        yield ("lens", "receiver", lens)
+
+    run = LiveRun("embedded", HandoffRequest(query="q"), ["receiver"], [], "The answer")
+    last = list(stream_run(run, 1, threading.Event(), events=events))[-1]
+    assert last["results"]["results"][0]["logit_lens"] == lens
