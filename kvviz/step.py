@@ -290,7 +290,9 @@ class DecodeStep:
         probabilities over every key of the layer, by position, computed beside the attention
         (which stays the fused kernel's, so recording changes no bit of the output)."""
         key_positions = plan.key_positions(layer, keys.shape[2], position, keys.device)
-        visible = positional_mask(torch.tensor([position], device=keys.device), key_positions, window)[0, 0, 0]
+        visible = None  # a decode token sees every key of its cache, but where a window hides the oldest
+        if window and not plan.sees_every_key(layer, keys.shape[2], position, window):
+            visible = positional_mask(torch.tensor([position], device=keys.device), key_positions, window)[0, 0, 0]
         probabilities = query_probabilities(q, keys[0], self.scaling, visible)
         state.token_rows.record(layer, probabilities, key_positions)
 
