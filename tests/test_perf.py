@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+import time
+
 import torch
 
 from kvviz import engine, perf
@@ -27,6 +29,7 @@ def test_peak_memory_sees_a_large_allocation():
     with perf.PeakMemory(torch.device("cpu")) as meter:
         block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
         float(block.sum())
+        time.sleep(0.2)  # held long enough for the 1 ms sampler to run even on a busy machine
         del block
     assert meter.peak_bytes >= 32 * 2**20  # sampled every ms: most of it is seen
 
