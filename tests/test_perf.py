@@ -4,10 +4,9 @@ memory, the report and its markdown, the issue-6 targets."""
 from __future__ import annotations
 
 import json
-
-import pytest
 import time
 
+import pytest
 import torch
 
 from kvviz import engine, perf
