@@ -100,12 +100,16 @@ class KVState:
     next_position: int = 0
     prefix_positions: dict[int, torch.Tensor] = field(default_factory=dict)
     reference_mask: bool = False  # KVComm's reference-code mask quirk (AttentionPlan.reference_mask)
+    prefix_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # AttentionPlan.prefix_bias
 
     def plan(self, capture: bool = False) -> AttentionPlan | None:
         """The attention plan for the next forward; None when layers are plain and contiguous."""
         if not self.prefix_positions and not capture:
             return None
-        return AttentionPlan(prefix_positions=self.prefix_positions, capture=capture, reference_mask=self.reference_mask)
+        return AttentionPlan(
+            prefix_positions=self.prefix_positions, capture=capture, reference_mask=self.reference_mask,
+            prefix_bias=self.prefix_bias,
+        )
 
     def positions(self, count: int, device) -> torch.Tensor:
         return torch.arange(self.next_position, self.next_position + count, device=device)[None]
