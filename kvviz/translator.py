@@ -464,7 +464,7 @@ def build_prefix(receiver, alignment: TranslationAlignment, keys, values, weight
 def translate(pair, translator: KVTranslator, alignment: TranslationAlignment, hard: bool = True, gates=None):
     """The sharer reads the context; the translator maps its KV; the receiver's prefix is built.
 
-    Returns (Prefix, sharer KV bytes of the context, translated KV bytes). Differentiable in the
+    Returns (Prefix, bytes of the sharer's KV read (``read_bytes``), translated KV bytes). Differentiable in the
     translator when called outside ``torch.no_grad`` (training, ``hard=False``: soft gates).
     ``gates``: override the gates (a list of 0/1 per receiver layer; tests and ablations).
     """
@@ -474,9 +474,15 @@ def translate(pair, translator: KVTranslator, alignment: TranslationAlignment, h
     if gates is None:
         gates = translator.open_gates().float().tolist() if hard else torch.sigmoid(translator.gate_logits)
     prefix = build_prefix(pair.receiver, alignment, keys, values, weights, gates)
-    sent = kv_bytes(pair.sharer.facts, len(alignment.sharer_ids), pair.sharer.dtype)
+    sent = read_bytes(translator.config, len(alignment.sharer_ids), pair.sharer.dtype)
     made = sum(len(w) for w in prefix.weights) * 2 * translator.config.kv_width * pair.receiver.model.dtype.itemsize
     return prefix, sent, made
+
+
+def read_bytes(config: "TranslatorConfig", tokens: int, dtype) -> int:
+    """Bytes of the sharer's KV the translator reads (what crosses): its layers, K and V, over the
+    context's ``tokens`` sharer tokens."""
+    return len(config.sharer_layers) * 2 * config.sharer["num_kv_heads"] * config.sharer["head_dim"] * tokens * dtype.itemsize
 
 
 def kv_bytes(facts, tokens: int, dtype) -> int:
@@ -522,13 +528,15 @@ class RidgeStats:
     def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
         if self.shift_x is None:
             self.shift_x, self.shift_y = x.double().mean(0), y.double().mean(0)
-        xs, ys = (x.double() - self.shift_x).float(), (y.double() - self.shift_y).float()
-        self.n += x.shape[0]
-        self.sum_x += xs.sum(0).double()
-        self.sum_y += ys.sum(0).double()
-        self.sum_yy += (ys * ys).sum(0).double()
-        self.xtx += (xs.T @ xs).double()
-        self.xty += (xs.T @ ys).double()
+        shift_x, shift_y = self.shift_x.float(), self.shift_y.float()
+        for start in range(0, x.shape[0], 2048):  # float32 products of at most 2048 rows, summed in float64
+            xs, ys = x[start : start + 2048].float() - shift_x, y[start : start + 2048].float() - shift_y
+            self.n += xs.shape[0]
+            self.sum_x.add_(xs.sum(0))
+            self.sum_y.add_(ys.sum(0))
+            self.sum_yy.add_((ys * ys).sum(0))
+            self.xtx.add_(xs.T @ xs)  # in place: no float64 copy of the product
+            self.xty.add_(xs.T @ ys)
 
     def state(self) -> dict:
         return {"n": torch.tensor([self.n], dtype=torch.float64), "shift_x": self.shift_x, "shift_y": self.shift_y,

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 ROWS = ("receiver", "skyline", "oracle", "translator", "control", "closed")
+CHECKS = {"oracle": "skyline", "closed": "receiver"}  # rows that must equal another: run on the first records only
 
 
 def sign_test(wins: int, losses: int) -> float:
@@ -154,24 +155,37 @@ def summarise(rows: dict, records, seed: int) -> dict:
 
 
 def evaluate(pair, translator, sets: dict, rows=ROWS, seed: int = 0, max_new_tokens: int = 12, progress=print,
-             examples: int = 6) -> dict:
+             examples: int = 6, checks: int = 10) -> dict:
+    """Every row on every record, except the checks (``CHECKS``: oracle = Skyline, closed gates =
+    receiver alone), which run on the first ``checks`` records and are compared with their twin."""
     from kvviz.eval_fuser import derangement
 
     runner = Runner(pair, translator, max_new_tokens)
     report = {}
     for name, records in sets.items():
         partner = derangement(len(records), seed, same=lambda i, j: records[i].context == records[j].context)
-        results = {row: [] for row in rows}
+        measured = [row for row in rows if row not in CHECKS]
+        results = {row: [] for row in measured}
+        checked = {row: [] for row in rows if row in CHECKS}
         started = time.perf_counter()
         for index, record in enumerate(records):
-            for row in rows:
+            for row in measured:
                 results[row].append(runner.answer(row, record, records[partner[index]]))
+            if index < checks:
+                for row in checked:
+                    checked[row].append(runner.answer(row, record))
             if (index + 1) % 10 == 0 or index + 1 == len(records):
                 progress(f"{name}: {index + 1}/{len(records)} ({time.perf_counter() - started:.0f} s)")
         summary = summarise(results, records, seed)
+        summary["checks"] = {
+            row: {"records": len(got), "equals": CHECKS[row],
+                  "same_answers": sum(a[0] == b[0] for a, b in zip(got, results[CHECKS[row]])),
+                  "max_nll_difference": max((abs(a[1] - b[1]) for a, b in zip(got, results[CHECKS[row]])), default=None)}
+            for row, got in checked.items() if CHECKS[row] in results
+        }
         summary["examples"] = [
             {"context": r.context, "question": r.question, "gold": r.answers[0],
-             **{row: results[row][i][0] for row in rows}}
+             **{row: results[row][i][0] for row in measured}}
             for i, r in enumerate(records[:examples])
         ]
         report[name] = summary
@@ -195,6 +209,9 @@ def format_report(report: dict) -> str:
             lines.append(f"  communication gain {c['gain']:+.3f} nats/token, 95% CI [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}]; "
                          f"right context lower on {c['right_context_lower_nll']}/{c['of']} (sign test p = {c['sign_test_p']:.2g})")
             lines.append(f"  control within the receiver's interval: {summary['control_within_receiver_interval']}")
+        for row, check in summary.get("checks", {}).items():
+            lines.append(f"  check {row} = {check['equals']} on {check['records']} records: same answers {check['same_answers']}, "
+                         f"largest NLL difference {check['max_nll_difference']:.2e}")
     return "\n".join(lines)
 
 
@@ -205,6 +222,7 @@ def configure_parser(parser) -> None:
     parser.add_argument("--countries", type=int, default=100, help="Countries records, context private to the sharer (0: skip)")
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checks", type=int, default=10, help="records on which oracle = Skyline and closed = receiver are checked")
     parser.add_argument("--max-new-tokens", type=int, default=12)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", action="store_true")
@@ -225,7 +243,8 @@ def main(args) -> int:
     if unknown:
         raise ValueError(f"unknown rows {sorted(unknown)}; choose from {', '.join(ROWS)}")
     started = time.perf_counter()
-    report = evaluate(pair, translator, heldout_sets(args.recall, args.countries, args.seed), rows, args.seed, args.max_new_tokens, log)
+    report = evaluate(pair, translator, heldout_sets(args.recall, args.countries, args.seed), rows, args.seed, args.max_new_tokens, log,
+                      checks=args.checks)
     report["translator"] = str(args.translator)
     report["training"] = translator.config.training
     report["seconds"] = time.perf_counter() - started

@@ -90,7 +90,7 @@ def run_stats(args, pair) -> None:
     width = tr.feature_width(tr.model_fingerprint(pair.sharer.facts), layers, args.neighbours)
     out_width = pair.receiver.facts.num_layers * 2 * pair.receiver.facts.num_kv_heads * pair.receiver.facts.head_dim
     stats_path, progress_path = out / "stats.safetensors", out / "progress.json"
-    texts = corpus_texts(args.corpus, "fit")
+    texts = corpus_texts(args.corpus, "fit")[args.skip :]  # --skip: texts already in a raw sample
     texts = texts[args.shard :: args.shards]
     done = 0
     stats = tr.RidgeStats(width, out_width)
@@ -98,11 +98,12 @@ def run_stats(args, pair) -> None:
         stats = tr.RidgeStats.load(stats_path)
         done = json.loads(progress_path.read_text())["texts"]
         log(f"resumed: {done} texts, {stats.n} tokens")
-    meta = {"layers": layers, "neighbours": args.neighbours, "corpus": args.corpus, "shard": args.shard, "shards": args.shards}
+    meta = {"layers": layers, "neighbours": args.neighbours, "corpus": args.corpus, "shard": args.shard, "shards": args.shards,
+            "skip": args.skip}
     started, last_save = time.perf_counter(), time.perf_counter()
     start_tokens = stats.n
     position = done
-    chunk = 256
+    chunk = 128
     while position < len(texts) and stats.n < args.tokens:
         group = texts[position : position + chunk]
         xs, ys = [], []
@@ -163,6 +164,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=1_000_000, help="stats: stop after this many aligned tokens")
     parser.add_argument("--shard", type=int, default=0, help="stats: this process takes texts shard, shard + shards, ...")
     parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--skip", type=int, default=0, help="stats: leave out the first N fit texts (e.g. the raw pilot's)")
     parser.add_argument("--save-minutes", type=float, default=10)
     parser.add_argument("--split", default="check", help="raw: corpus split to read")
     parser.add_argument("--heldout-entities", action="store_true", help="raw: recall held-out and Countries held-out contexts")

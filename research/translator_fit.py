@@ -152,6 +152,20 @@ def pilot(args) -> int:
     return 0
 
 
+def stats_command(args) -> int:
+    """Ridge sums of a raw sample in a feature layout, saved like the extraction's (to merge)."""
+    raw = Raw(Path(args.raw) / "pilot.safetensors")
+    layers = [int(x) for x in args.layers.split(",")]
+    stats = stats_from_raw(raw, raw.columns(layers, args.neighbours, True))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"layers": layers, "neighbours": args.neighbours, "source": "raw pilot sample", "texts": int(raw.text.max()) + 1}
+    stats.save(out / "stats.safetensors", meta)
+    (out / "progress.json").write_text(json.dumps({"tokens": stats.n, **meta}, indent=2))
+    log(f"{stats.n} tokens -> {out}")
+    return 0
+
+
 def fit(args) -> int:
     from kvviz.engine import load_pair
     from kvviz.fuser import model_fingerprint
@@ -199,7 +213,9 @@ def fit(args) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("mode", choices=("pilot", "fit"))
+    parser.add_argument("mode", choices=("pilot", "fit", "stats"))
+    parser.add_argument("--layers", default=",".join(map(str, tr.DEFAULT_SHARER_LAYERS)), help="stats: feature layers")
+    parser.add_argument("--neighbours", type=int, default=1, help="stats: feature layout")
     parser.add_argument("--raw", default="/work/translator-runs/raw")
     parser.add_argument("--stats", default=None)
     parser.add_argument("--merge", nargs="*", help="fit: more stats folders (other shards) to add")
@@ -210,7 +226,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    return pilot(args) if args.mode == "pilot" else fit(args)
+    return {"pilot": pilot, "fit": fit, "stats": stats_command}[args.mode](args)
 
 
 if __name__ == "__main__":

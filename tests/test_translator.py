@@ -97,7 +97,7 @@ def test_another_context_changes_the_answer_nll(mixed_tiny_pair, one_thread):
         alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, context)
         with torch.no_grad():
             prefix, sent, made = tr.translate(pair, translator, alignment)
-        assert sent == tr.kv_bytes(pair.sharer.facts, len(alignment.sharer_ids), pair.sharer.dtype)
+        assert sent == 3 * 2 * pair.sharer.facts.num_kv_heads * pair.sharer.facts.head_dim * len(alignment.sharer_ids) * 4
         assert made > 0
         return float(tr.nll_after(pair.receiver, prefix.state, query_ids, answer))
 
@@ -252,3 +252,21 @@ def test_ridge_recovers_a_linear_map_and_sums_merge():
     assert torch.allclose(reduced["down"] @ reduced["up"], full["weight"], atol=1e-3)
     low = tr.fit_ridge(whole, 1e-3, rank=2)
     assert torch.linalg.matrix_rank(low["down"] @ low["up"]) == 2
+
+
+def test_the_evaluator_measures_every_row_and_its_checks_hold(mixed_tiny_pair, one_thread):
+    """Receiver, Skyline, translator and control on held-out records; the oracle equals Skyline
+    and closed gates equal the receiver alone on the checked records."""
+    from kvviz import recall, translator_eval
+
+    pair = mixed_tiny_pair
+    records = recall.generate("heldout", 4, seed=1)
+    report = translator_eval.evaluate(pair, random_translator(pair), {"recall": records}, seed=0, max_new_tokens=3,
+                                      progress=lambda message: None, checks=3)
+    summary = report["recall"]
+    assert set(summary["rows"]) == {"receiver", "skyline", "translator", "control"}
+    assert all(row["n"] == 4 for row in summary["rows"].values())
+    for check in summary["checks"].values():
+        assert check["records"] == 3 and check["same_answers"] == 3 and check["max_nll_difference"] < 1e-3
+    assert summary["communication"]["of"] == 4 and len(summary["communication"]["ci95"]) == 2
+    assert "translator closes" in translator_eval.format_report(report)
