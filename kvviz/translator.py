@@ -577,6 +577,15 @@ class RidgeStats:
         self.sum_y += other.sum_y + n * dy
         self.n += n
 
+    def subset(self, columns: list[int]) -> "RidgeStats":
+        """The sums of a subset of the feature columns (a smaller layout from a superset's sums)."""
+        index = torch.tensor(columns)
+        out = RidgeStats(len(columns), self.xty.shape[1])
+        out.n, out.shift_x, out.shift_y = self.n, self.shift_x[index], self.shift_y
+        out.sum_x, out.sum_y, out.sum_yy = self.sum_x[index], self.sum_y, self.sum_yy
+        out.xtx, out.xty = self.xtx[index][:, index], self.xty[index]
+        return out
+
     def moments(self):
         """(mean x, std x, mean y, std y, correlation of x, cross-correlation x-y), float64."""
         n = self.n
@@ -589,11 +598,12 @@ class RidgeStats:
         return mx + self.shift_x, sx, my + self.shift_y, sy, cov_x / torch.outer(sx, sx), cov_xy / torch.outer(sx, sy)
 
 
-def fit_ridge(stats: RidgeStats, lam: float, rank: int | None = None, columns: list[int] | None = None):
-    """Closed-form ridge on z-scored features and targets: (W or (down, up), x_mean, x_scale,
-    y_mean, y_scale). ``lam`` is relative to the (unit) feature variance. With ``rank``, the
+def fit_ridge(stats: RidgeStats, lam: float, rank: int | None = None, columns: list[int] | None = None, ranks=None):
+    """Closed-form ridge on z-scored features and targets: {weight or (down, up), x_mean, x_scale,
+    y_mean, y_scale}. ``lam`` is relative to the (unit) feature variance. With ``rank``, the
     reduced-rank solution: W projected on the top ``rank`` directions of its fitted values.
-    ``columns``: use only these feature columns (a sharer-layer ablation from the same sums).
+    ``columns``: use only these feature columns (a smaller layout from the same sums).
+    ``ranks``: several ranks at once (a dict rank -> result; the decompositions are shared).
     """
     mx, sx, my, sy, corr_x, corr_xy = stats.moments()
     if columns is not None:
@@ -601,21 +611,20 @@ def fit_ridge(stats: RidgeStats, lam: float, rank: int | None = None, columns: l
         mx, sx, corr_x, corr_xy = mx[index], sx[index], corr_x[index][:, index], corr_xy[index]
     eye = torch.eye(corr_x.shape[0], dtype=torch.float64)
     weight = torch.linalg.solve(corr_x + lam * eye, corr_xy)  # [F, O] standardised
-    result = {"x_mean": mx.float(), "x_scale": sx.float(), "y_mean": my.float(), "y_scale": sy.float()}
-    if rank is None:
-        result["weight"] = weight.float()
-        return result
-    # fitted values' covariance W^T C W = (C^1/2 W)^T (C^1/2 W); its top eigenvectors via the small side
-    evals, evecs = torch.linalg.eigh(corr_x)
-    root = (evecs * evals.clamp_min(0).sqrt()) @ evecs.T
-    fitted = root @ weight  # [F, O]
-    small = fitted @ fitted.T  # [F, F]
-    s_evals, s_evecs = torch.linalg.eigh(small)
-    top = s_evecs[:, -rank:]
-    directions = fitted.T @ top / s_evals[-rank:].clamp_min(1e-12).sqrt()  # [O, r], orthonormal columns
-    result["down"] = (weight @ directions).float()
-    result["up"] = directions.T.float()
-    return result
+    base = {"x_mean": mx.float(), "x_scale": sx.float(), "y_mean": my.float(), "y_scale": sy.float()}
+    wanted = list(ranks) if ranks is not None else ([rank] if rank is not None else [])
+    if not wanted:
+        return {**base, "weight": weight.float()}
+    # fitted values' covariance W^T C W = (C^1/2 W)^T (C^1/2 W); its top eigenvectors via the small
+    # side, in float32 (the directions need no float64; the products are the costly part)
+    evals, evecs = torch.linalg.eigh(corr_x.float())
+    fitted = ((evecs * evals.clamp_min(0).sqrt()) @ evecs.T) @ weight.float()  # C^1/2 W, [F, O]
+    s_evals, s_evecs = torch.linalg.eigh(fitted @ fitted.T)
+    out = {}
+    for r in wanted:
+        directions = fitted.T @ s_evecs[:, -r:] / s_evals[-r:].clamp_min(1e-12).sqrt()  # [O, r], orthonormal columns
+        out[r] = {**base, "down": weight.float() @ directions, "up": directions.T.contiguous()}
+    return out if ranks is not None else out[rank]
 
 
 def install_fit(translator: KVTranslator, fit: dict) -> None:

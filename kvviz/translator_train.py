@@ -40,12 +40,12 @@ class TeacherExample:
     answer_tokens: int  # the last ``answer_tokens`` of the P positions are the answer's
 
     def to_tensors(self, prefix: str) -> dict:
-        out = {f"{prefix}.features": self.features.half(),
+        out = {f"{prefix}.features": self.features.half().contiguous(),
                f"{prefix}.meta": torch.tensor([self.own_count, self.context_length, self.answer_tokens])}
         for layer, (q, k, v) in enumerate(zip(self.queries, self.keys, self.values)):
-            out[f"{prefix}.q{layer}"] = q.half()
-            out[f"{prefix}.k{layer}"] = k.half()
-            out[f"{prefix}.v{layer}"] = v.half()
+            out[f"{prefix}.q{layer}"] = q.half().contiguous()
+            out[f"{prefix}.k{layer}"] = k.half().contiguous()
+            out[f"{prefix}.v{layer}"] = v.half().contiguous()
         return out
 
     @classmethod
@@ -136,7 +136,7 @@ class AttentionLoss:
             err = (((out_s - out_t) ** 2).sum(-1) * position_weight).sum() / position_weight.sum()
             scale = (out_t ** 2).sum(-1).mean().clamp_min(1e-6)
             value = err / scale
-            per_layer.append(float(value))
+            per_layer.append(float(value.detach()))
             total = total + value
         return total, per_layer
 

@@ -35,17 +35,39 @@ def log(message: str) -> None:
 
 
 class Raw:
-    """A raw sample (float16 on disk) and the column layout of its features."""
+    """A raw sample (float16 on disk, read in row slices) and the column layout of its features."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, rows: int | None = None):
         from safetensors import safe_open
 
+        self.path = path
         with safe_open(str(path), "pt") as handle:
             self.layout = json.loads(handle.metadata()["RAW_LAYOUT"])
-            self.x = handle.get_tensor("x")
-            self.y = handle.get_tensor("y")
             self.text = handle.get_tensor("text")
+            self.width = handle.get_slice("x").get_shape()[1]
+        self.rows = self.text.shape[0] if rows is None else min(rows, self.text.shape[0])
         self.per = self.layout["per_layer"]
+        self._x = self._y = None
+
+    def slice(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows [start, end) of (x, y), float16."""
+        from safetensors import safe_open
+
+        end = min(end, self.rows)
+        with safe_open(str(self.path), "pt") as handle:
+            return handle.get_slice("x")[start:end], handle.get_slice("y")[start:end]
+
+    @property
+    def x(self) -> torch.Tensor:
+        if self._x is None:
+            self._x, self._y = self.slice(0, self.rows)
+        return self._x
+
+    @property
+    def y(self) -> torch.Tensor:
+        if self._y is None:
+            self._x, self._y = self.slice(0, self.rows)
+        return self._y
 
     def columns(self, layers, neighbours: int, alignment: bool = True) -> list[int]:
         """Raw columns in ``kvviz.translator.features`` order for this configuration."""
@@ -61,7 +83,7 @@ class Raw:
                 i = before.index(layer)
                 cols += range(base + i * self.per, base + (i + 1) * self.per)
         if alignment:
-            cols += range(self.x.shape[1] - self.layout["alignment"], self.x.shape[1])
+            cols += range(self.width - self.layout["alignment"], self.width)
         return cols
 
     def features(self, cols) -> torch.Tensor:
@@ -69,11 +91,19 @@ class Raw:
 
 
 def stats_from_raw(raw: Raw, cols, chunk: int = 4096) -> tr.RidgeStats:
-    stats = tr.RidgeStats(len(cols), raw.y.shape[1])
+    stats = tr.RidgeStats(len(cols), _target_width(raw))
     index = torch.tensor(cols)
-    for start in range(0, raw.x.shape[0], chunk):
-        stats.add(raw.x[start : start + chunk].index_select(1, index).float(), raw.y[start : start + chunk].float())
+    for start in range(0, raw.rows, chunk):
+        x, y = raw.slice(start, start + chunk)
+        stats.add(x.index_select(1, index).float(), y.float())
     return stats
+
+
+def _target_width(raw: Raw) -> int:
+    from safetensors import safe_open
+
+    with safe_open(str(raw.path), "pt") as handle:
+        return handle.get_slice("y").get_shape()[1]
 
 
 def translator_for(pair_facts, layers, neighbours: int, rank=None, alignment: bool = True) -> tr.KVTranslator:
@@ -112,42 +142,66 @@ def best_lambda(stats, raws, cols, layers_r, lambdas=LAMBDAS, pick="check", rank
     return lam, scores, fit, [(r[0], {n: {"k": s["k"], "v": s["v"]} for n, s in r[1].items()}) for r in rows]
 
 
+PILOT_LAYERS = sorted(set(range(0, 30, 2)) | set(tr.DEFAULT_SHARER_LAYERS))  # 21 sharer layers
+
+
 def pilot(args) -> int:
+    """Feature comparisons on the raw pilot sample, all from one set of sums over a superset of
+    columns (aligned token at 21 sharer layers, the token before at the 11 default ones, the
+    alignment numbers); held-out R^2 on the first ``--heldout-tokens`` of each held-out set."""
     raw_dir = Path(args.raw)
     train = Raw(raw_dir / "pilot.safetensors")
-    held = {"check": Raw(raw_dir / "check.safetensors"), "unseen": Raw(raw_dir / "unseen.safetensors")}
     layers_r = train.y.shape[1] // (2 * 256)
-    default = list(tr.DEFAULT_SHARER_LAYERS)
+    per, default = train.per, list(tr.DEFAULT_SHARER_LAYERS)
+    superset = train.columns(PILOT_LAYERS, 0, False) + train.columns(default, 1, True)[len(default) * per :]
+    position = {c: i for i, c in enumerate(superset)}
+
+    def where(layers, neighbours, alignment=True):
+        return [position[c] for c in train.columns(layers, neighbours, alignment)]
+
+    train.rows = min(args.pilot_tokens or train.rows, train.rows)
+    saved = raw_dir / f"pilot-sums-{train.rows}.safetensors"
+    if saved.is_file():
+        stats = tr.RidgeStats.load(saved)
+    else:
+        log(f"sums over {train.rows} training tokens, {len(superset)} columns")
+        stats = stats_from_raw(train, superset)
+        stats.save(saved, {"columns": "PILOT superset"})
+    held = {name: Raw(raw_dir / f"{name}.safetensors", rows=args.heldout_tokens) for name in ("check", "unseen")}
     configs = {
-        "11 layers": (default, 0, True),
+        "11 layers (0, 3, ..., 27, 29)": (default, 0, True),
         "11 layers, no alignment numbers": (default, 0, False),
-        "11 layers + the token before": (default, 1, True),
-        "16 layers (even + 29)": (list(range(0, 30, 2)) + [29], 0, True),
-        "last 6 layers (24-29)": (list(range(24, 30)), 0, True),
-        "first 6 layers (0-5)": (list(range(0, 6)), 0, True),
-        "4 layers (0, 9, 18, 27)": ([0, 9, 18, 27], 0, True),
+        "11 layers + the sharer token before": (default, 1, True),
+        "21 layers": (PILOT_LAYERS, 0, True),
+        "early 7 (0, 2, 3, 4, 6, 8, 9)": ([0, 2, 3, 4, 6, 8, 9], 0, True),
+        "middle 7 (10, 12, 14, 15, 16, 18, 20)": ([10, 12, 14, 15, 16, 18, 20], 0, True),
+        "late 7 (21, 22, 24, 26, 27, 28, 29)": ([21, 22, 24, 26, 27, 28, 29], 0, True),
     }
-    report = {"train_tokens": train.x.shape[0], "heldout_tokens": {n: r.x.shape[0] for n, r in held.items()}, "configs": {}}
+    report = {"train_tokens": stats.n, "heldout_tokens": {n: h.rows for n, h in held.items()}, "configs": {}}
+
+    def heldout_r2(fit, layers, neighbours, alignment):
+        return evaluate(fit, held, train.columns(layers, neighbours, alignment), layers_r)
+
     for name, (layers, neighbours, alignment) in configs.items():
-        log(f"{name}")
-        cols = train.columns(layers, neighbours, alignment)
-        stats = stats_from_raw(train, cols)
-        lam, scores, _, sweep = best_lambda(stats, held, cols, layers_r)
+        cols = where(layers, neighbours, alignment)
+        rows = []
+        for lam in (0.01, 0.03, 0.1):
+            fit = tr.fit_ridge(stats, lam, columns=cols)
+            rows.append((lam, heldout_r2(fit, layers, neighbours, alignment)))
+            log(f"{name}, lambda {lam}: " + ", ".join(f"{n} K {r['k']:.3f} V {r['v']:.3f}" for n, r in rows[-1][1].items()))
+        lam, scores = max(rows, key=lambda r: r[1]["check"]["k"] + r[1]["check"]["v"])
         report["configs"][name] = {"layers": layers, "neighbours": neighbours, "alignment": alignment, "features": len(cols),
-                                   "lambda": lam, "r2": scores, "sweep": sweep}
+                                   "lambda": lam, "r2": scores, "sweep": [(l, {n: (r["k"], r["v"]) for n, r in s.items()}) for l, s in rows]}
         Path(args.out).write_text(json.dumps(report, indent=2))
-    # which sharer layer feeds each receiver layer: R^2 of a ridge map from that one sharer layer
     log("single sharer layers")
     matrix = {}
-    for layer in range(train.layout["aligned_layers"]):
-        cols = train.columns([layer], 0, True)
-        stats = stats_from_raw(train, cols)
-        fit = tr.fit_ridge(stats, 0.03)
-        scores = evaluate(fit, {"check": held["check"]}, cols, layers_r)["check"]
-        matrix[layer] = {"k_layers": scores["k_layers"], "v_layers": scores["v_layers"]}
-        log(f"  sharer layer {layer}: K {scores['k']:.3f} V {scores['v']:.3f}")
+    for layer in PILOT_LAYERS:
+        cols = where([layer], 0, True)
+        fit = tr.fit_ridge(stats, 0.03, columns=cols)
+        matrix[layer] = heldout_r2(fit, [layer], 0, True)["check"]
+        log(f"  sharer layer {layer}: K {matrix[layer]['k']:.3f} V {matrix[layer]['v']:.3f}")
     report["single_sharer_layer_r2_check"] = matrix
-    report["command"] = "python research/translator_fit.py pilot --raw " + args.raw + " --out " + args.out
+    report["command"] = "python research/translator_fit.py " + " ".join(sys.argv[1:])
     Path(args.out).write_text(json.dumps(report, indent=2))
     return 0
 
@@ -166,34 +220,62 @@ def stats_command(args) -> int:
     return 0
 
 
+def embedded_facts():
+    """(sharer facts, receiver facts, sharer tokenizer) of the embedded pair, without loading weights."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from kvviz.models import converted_dir, facts_from_config
+
+    out = []
+    for key in ("smollm2-135m", "gemma3-270m"):
+        folder = str(converted_dir(key))
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        out.append((facts_from_config(key, AutoConfig.from_pretrained(folder), tokenizer), tokenizer))
+    return out[0][0], out[1][0], out[0][1]
+
+
+def pilot_stats(raw_dir: Path, layers, neighbours: int, tokens: int = 25000) -> tuple[tr.RidgeStats, dict]:
+    """The pilot's sums (``pilot``'s superset) cut to one feature layout."""
+    probe = Raw(raw_dir / "pilot.safetensors")
+    default = list(tr.DEFAULT_SHARER_LAYERS)
+    superset = probe.columns(PILOT_LAYERS, 0, False) + probe.columns(default, 1, True)[len(default) * probe.per :]
+    position = {c: i for i, c in enumerate(superset)}
+    stats = tr.RidgeStats.load(raw_dir / f"pilot-sums-{tokens}.safetensors")
+    return stats.subset([position[c] for c in probe.columns(layers, neighbours, True)]), {"layers": layers, "neighbours": neighbours}
+
+
 def fit(args) -> int:
-    from kvviz.engine import load_pair
     from kvviz.fuser import model_fingerprint
 
-    stats = tr.RidgeStats.load(Path(args.stats) / "stats.safetensors")
-    progress = json.loads((Path(args.stats) / "progress.json").read_text())
+    if args.stats == "pilot":
+        stats, progress = pilot_stats(Path(args.raw), [int(x) for x in args.layers.split(",")], args.neighbours)
+    else:
+        stats = tr.RidgeStats.load(Path(args.stats) / "stats.safetensors")
+        progress = json.loads((Path(args.stats) / "progress.json").read_text())
     for extra in args.merge or []:
         stats.merge(tr.RidgeStats.load(Path(extra) / "stats.safetensors"))
     layers, neighbours = progress["layers"], progress["neighbours"]
     log(f"{stats.n} aligned tokens, layers {layers}, neighbours {neighbours}")
     raw_dir = Path(args.raw)
-    held = {"check": Raw(raw_dir / "check.safetensors"), "unseen": Raw(raw_dir / "unseen.safetensors")}
+    held = {name: Raw(raw_dir / f"{name}.safetensors", rows=args.heldout_tokens) for name in ("check", "unseen")}
     cols = held["check"].columns(layers, neighbours, True)
-    pair = load_pair("embedded", "cpu", None, progress=lambda message: None)
-    facts = (model_fingerprint(pair.sharer.facts), model_fingerprint(pair.receiver.facts))
-    layers_r = pair.receiver.facts.num_layers
+    sharer_facts, receiver_facts, sharer_tokenizer = embedded_facts()
+    facts = (model_fingerprint(sharer_facts), model_fingerprint(receiver_facts))
+    layers_r = receiver_facts.num_layers
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lam, scores, full, sweep = best_lambda(stats, held, cols, layers_r, [float(x) for x in args.lambdas.split(",")])
     report = {"tokens": stats.n, "layers": layers, "neighbours": neighbours, "lambda": lam, "full": scores, "sweep": sweep, "ranks": {}}
     log(f"best lambda {lam}")
-    for rank in [int(r) for r in args.ranks.split(",") if r]:
-        fitted = tr.fit_ridge(stats, lam, rank)
+    ranks = [int(r) for r in args.ranks.split(",") if r]
+    reduced = tr.fit_ridge(stats, lam, ranks=ranks) if ranks else {}
+    for rank in ranks:
+        fitted = reduced[rank]
         report["ranks"][rank] = evaluate(fitted, held, cols, layers_r)
         log(f"rank {rank}: " + ", ".join(f"{n} K {s['k']:.3f} V {s['v']:.3f}" for n, s in report["ranks"][rank].items()))
         translator = translator_for(facts, layers, neighbours, rank)
         tr.install_fit(translator, fitted)
-        translator.config.sharer_start = tr.sharer_start_token(pair.sharer.tokenizer)
+        translator.config.sharer_start = tr.sharer_start_token(sharer_tokenizer)
         translator.config.training = {"stage": "ridge", "tokens": stats.n, "lambda": lam, "rank": rank,
                                       "r2": {n: {"k": s["k"], "v": s["v"]} for n, s in report["ranks"][rank].items()},
                                       "corpus": progress.get("corpus")}
@@ -201,7 +283,7 @@ def fit(args) -> int:
     if args.save_full:
         translator = translator_for(facts, layers, neighbours, None)
         tr.install_fit(translator, full)
-        translator.config.sharer_start = tr.sharer_start_token(pair.sharer.tokenizer)
+        translator.config.sharer_start = tr.sharer_start_token(sharer_tokenizer)
         translator.config.training = {"stage": "ridge", "tokens": stats.n, "lambda": lam, "rank": None,
                                       "r2": {n: {"k": s["k"], "v": s["v"]} for n, s in scores.items()}}
         translator.save(out / "full", dtype=torch.float32)
@@ -222,6 +304,8 @@ def main() -> int:
     parser.add_argument("--lambdas", default=",".join(map(str, LAMBDAS)))
     parser.add_argument("--ranks", default="512")
     parser.add_argument("--save-full", action="store_true")
+    parser.add_argument("--pilot-tokens", type=int, default=25000, help="pilot: training tokens used")
+    parser.add_argument("--heldout-tokens", type=int, default=6000, help="pilot: tokens of each held-out set")
     parser.add_argument("--out", required=True)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()

@@ -146,7 +146,7 @@ class OwnKV(tr.KVTranslator):
         return self.own_keys, self.own_values, torch.ones(self.own_keys.shape[0], self.own_keys.shape[2])
 
 
-def test_attention_loss_is_zero_for_the_receivers_own_kv(mixed_tiny_pair, one_thread):
+def test_attention_loss_is_zero_for_the_receivers_own_kv(mixed_tiny_pair, one_thread, tmp_path):
     """The attention-output loss compares with the receiver's own KV: a map that reproduces it
     scores ~0 (the teacher's queries and keys are the receiver's own forward), a random one does not."""
     from kvviz import translator_train as tt
@@ -162,6 +162,13 @@ def test_attention_loss_is_zero_for_the_receivers_own_kv(mixed_tiny_pair, one_th
     own = tr.read_kv(pair.receiver, [alignment.receiver_ids])
     keys = torch.stack([k[0, :, alignment.own_count :] for k, _ in own])
     values = torch.stack([v[0, :, alignment.own_count :] for _, v in own])
+    # the example survives its file (float16 on disk)
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path / "teacher.safetensors"
+    save_file(example.to_tensors("e0"), str(path))
+    again = tt.TeacherExample.from_tensors(load_file(str(path)), "e0", pair.receiver.facts.num_layers)
+    assert again.context_length == example.context_length and torch.allclose(again.queries[2], example.queries[2], atol=1e-2)
     exact = OwnKV(translator.config, keys, values)
     with torch.no_grad():
         exact.gate_logits.fill_(30.0)
