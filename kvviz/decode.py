@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from kvviz.cache import KVState, place
-from kvviz.measure import clock
+from kvviz.measure import StageTimer, clock
 from kvviz.models import LoadedModel
 from kvviz.prompts import has_chat_template, stop_token_ids
 from kvviz.results import GenerationSettings
@@ -128,9 +128,11 @@ def generate(
     on_token: Callable[[str], None] | None = None,
     max_new_tokens: int | None = None,
     stop_at_newline: bool | None = None,
+    timer: StageTimer | None = None,
 ) -> DecodeOutput:
     """Greedy or seeded sampling from ``first`` (what the prompt's prefill left) onwards, feeding
-    each token into ``state``.
+    each token into ``state``. With ``timer`` (the answer's), the moment the first token is chosen
+    is marked on it (``StageTimer.mark_first_token``: the one time-to-first-token definition).
 
     Stops on EOS / chat end-of-turn tokens, after ``max_new_tokens``, and, for base models without
     a chat template, at the end of the first line (they would go on to invent the next question).
@@ -154,6 +156,8 @@ def generate(
         token = choose_token(next_token, settings, generator)
         if not token_ids:
             first_token_seconds = clock() - started
+            if timer is not None:
+                timer.mark_first_token()
         if token in stop_ids:
             stopped_by = "eos"
             break

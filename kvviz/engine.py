@@ -5,10 +5,10 @@ from __future__ import annotations
 import traceback
 
 from kvviz import limits
-from kvviz.handoffs import get, parse_handoffs
-from kvviz.handoffs.common import LoadedPair, TokenCallback
+from kvviz.handoffs import get, parse_handoffs, registry
+from kvviz.handoffs.common import TokenCallback
 from kvviz.measure import PeakGpuMemory
-from kvviz.models import load_model, resolve_pair
+from kvviz.models import LoadedPair, load_model, resolve_pair
 from kvviz.results import HandoffRequest, HandoffResult
 
 
@@ -58,8 +58,9 @@ def run_handoff(name: str, pair: LoadedPair, request: HandoffRequest, on_token: 
 
 
 def check_fits(pair: LoadedPair, request: HandoffRequest) -> None:
-    """Refuse a request whose prompt is longer than the pair takes (``kvviz.limits``)."""
-    limits.check_prompt_tokens(pair, request)
+    """Refuse a request whose prompt is longer than the pair takes (``kvviz.limits``), counting the
+    answer and the longest message any registered handoff may write before it."""
+    limits.check_prompt_tokens(pair, request, registry.tokens_before_answer(request))
 
 
 def run_handoffs(names, pair: LoadedPair, request: HandoffRequest) -> list[HandoffResult]:

@@ -1,4 +1,9 @@
-"""Handoff options as command-line flags, read from the registry (``run`` and ``bench`` use them).
+"""The command line's shared flags, defined once: the pair and where it runs, and every handoff
+option read from the registry.
+
+``add_model_arguments`` gives every command that loads a pair the same ``--pair``, ``--device``,
+``--dtype`` and ``--threads`` (``run``, ``bench``, ``train-fuser``, ``eval-fuser``);
+``apply_threads`` sets torch's thread count from them.
 
 Each descriptor option is a flag (``Option.cli_flag``: its own ``flag`` or ``--HANDOFF-OPTION``);
 in the benchmark an option with a ``sweep_flag`` takes a comma-separated list there instead, one
@@ -10,7 +15,25 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from kvviz.handoffs import registry
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, pair_help: str = "pair name or SHARER+RECEIVER",
+                        threads_help: str = "CPU threads for torch (default: torch's choice; 1 is much faster on a busy "
+                                            "shared machine)") -> None:
+    """``--pair``, ``--device``, ``--dtype`` and ``--threads``."""
+    parser.add_argument("--pair", default="embedded", help=pair_help)
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N, or auto (accelerate device_map)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU)")
+    parser.add_argument("--threads", type=int, default=None, help=threads_help)
+
+
+def apply_threads(args) -> None:
+    """``torch.set_num_threads(args.threads)`` when ``--threads`` was given."""
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
 
 
 def add_option_arguments(parser: argparse.ArgumentParser, swept: bool = False) -> None:

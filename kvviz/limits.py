@@ -21,7 +21,8 @@ Text (query and context):
 
 Length in tokens: the longest prompt the pair will read (template, context and question) must fit
 the pair's budget: the smaller of the policy cap (``kvviz.policy``) and each model's context
-window less the tokens it will generate. A longer prompt is **refused** with its length and the
+window less the tokens it will generate (the answer, and the longest message a handoff may write
+first: the engine asks the registry, ``kvviz.engine.check_fits``). A longer prompt is **refused** with its length and the
 limit, not truncated: cutting a context silently changes the question.
 
 Settings: the ranges in ``SETTINGS`` (generation) and each handoff option's own bounds.
@@ -34,6 +35,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from kvviz import policy
+from kvviz.prompts import build_segments
 
 MAX_QUERY_CHARS = 4000
 MAX_CONTEXT_CHARS = 16000
@@ -156,12 +158,11 @@ def context_window(model) -> int | None:
     return getattr(config, "max_position_embeddings", None)
 
 
-def check_prompt_tokens(pair, request) -> None:
+def check_prompt_tokens(pair, request, message_tokens: int = 0) -> None:
     """Refuse a request whose longest prompt does not fit the pair's token budget (the message
-    gives the length, the limit and by how much to shorten)."""
-    from kvviz.prompts import build_segments
-
-    generated = request.generation.max_new_tokens + request.text_message_tokens
+    gives the length, the limit and by how much to shorten). ``message_tokens``: the most tokens a
+    handoff may generate before the answer."""
+    generated = request.generation.max_new_tokens + message_tokens
     cap = policy.caps().max_prompt_tokens
     models = {model.name: model for model in (pair.sharer, pair.receiver, pair.kvcomm_sender)}
     for model in models.values():

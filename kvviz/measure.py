@@ -7,13 +7,14 @@ process has used (``synchronize``); on a CPU it is ``time.perf_counter()``.
 
 from __future__ import annotations
 
+import statistics
 import time
 from contextlib import contextmanager
 from typing import Sequence
 
 import torch
 
-from kvviz.models import ModelFacts
+from kvviz.facts import ModelFacts
 from kvviz.results import STAGES
 
 
@@ -61,12 +62,23 @@ class PeakGpuMemory:
 
 class StageTimer:
     """Accumulates wall-clock seconds per stage; ``total`` spans the first start to the last stop.
-    Readings are taken with ``clock()`` (GPU work finished)."""
+    Readings are taken with ``clock()`` (GPU work finished).
+
+    Time to first token, one definition for every handoff: the decode loop calls
+    ``mark_first_token`` when the answer's first token is chosen; ``first_token_seconds`` is then
+    the time spent inside stages up to that mark (every stage a handoff times is on its critical
+    path: the sharer's prefill and message, the transfer or fusion, the receiver's prefill, choosing
+    the first token; work outside stages, such as instrumentation, is not). The receiver's side,
+    ``receiver_first_token_seconds``, leaves out the sharer's stages; None when the answer is the
+    sharer's own (no receiver)."""
 
     def __init__(self):
         self.seconds = {stage: 0.0 for stage in STAGES}
         self._first_start: float | None = None
         self._last_stop: float | None = None
+        self._open: tuple[str, float] | None = None  # the stage running now, and since when
+        self._first_token: dict[str, float] | None = None  # seconds per stage up to the first token
+        self._answer_stage: str | None = None  # the stage the first token was chosen in
 
     @contextmanager
     def stage(self, name: str):
@@ -75,12 +87,37 @@ class StageTimer:
         started = clock()
         if self._first_start is None:
             self._first_start = started
+        self._open = (name, started)
         try:
             yield
         finally:
             stopped = clock()
             self.seconds[name] += stopped - started
             self._last_stop = stopped
+            self._open = None
+
+    def mark_first_token(self) -> None:
+        """The answer's first token is chosen now (called once, by ``kvviz.decode.generate``)."""
+        if self._first_token is not None:
+            return
+        upto = dict(self.seconds)
+        if self._open is not None:
+            name, started = self._open
+            upto[name] += clock() - started
+        self._first_token = upto
+        self._answer_stage = self._open[0] if self._open is not None else None
+
+    @property
+    def first_token_seconds(self) -> float | None:
+        """Seconds inside stages from the question to the answer's first token (None: no mark)."""
+        return None if self._first_token is None else sum(self._first_token.values())
+
+    @property
+    def receiver_first_token_seconds(self) -> float | None:
+        """``first_token_seconds`` without the sharer's stages; None when the sharer answered."""
+        if self._first_token is None or self._answer_stage == "sharer_decode":
+            return None
+        return sum(seconds for stage, seconds in self._first_token.items() if not stage.startswith("sharer_"))
 
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] += seconds
@@ -92,6 +129,14 @@ class StageTimer:
         else:
             timings["total"] = sum(self.seconds.values())
         return timings
+
+
+def spread(values: list[float | None]) -> dict:
+    """Median, min and max of repeated measurements (None values left out), and how many."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
 def visible_key_pairs(new_tokens: int, past_tokens: int, window: int | None = None) -> float:

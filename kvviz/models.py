@@ -21,7 +21,6 @@ benchmark and concurrent users all reuse the same weights.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -29,12 +28,15 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from kvviz import attention, zerogpu
+from kvviz import attention, policy, zerogpu
+from kvviz.facts import ModelFacts, facts_from_config
+from kvviz.head import OutputHead
+from kvviz.paths import cache_dir
 
 # Marker written last into a converted folder: a folder without it is an interrupted conversion.
 CONVERSION_MARKER = "kvviz-converted.json"
@@ -178,8 +180,6 @@ PAIRS: dict[str, PairSpec] = {
 
 def resolve_pair(name_or_spec: str | PairSpec) -> PairSpec:
     """A registered pair name, or 'SHARER+RECEIVER' with any two model names."""
-    from kvviz import policy
-
     if isinstance(name_or_spec, PairSpec):
         return name_or_spec
     name = (name_or_spec or "").strip()
@@ -198,82 +198,7 @@ def resolve_pair(name_or_spec: str | PairSpec) -> PairSpec:
 
 
 # ---------------------------------------------------------------------------------------------
-# Architecture facts
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What a learner (and the handoffs) need to know about a model's shape."""
-
-    name: str
-    architecture: str
-    model_type: str
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    vocab_size: int
-    has_chat_template: bool
-    layer_types: tuple[str, ...]
-    sliding_window: int | None
-    num_parameters: int | None = None
-    tokenizer_hash: str | None = None
-
-    @property
-    def kv_shape_signature(self) -> tuple:
-        """Two models can exchange KV layer by layer only if this matches."""
-        return (self.model_type, self.num_layers, self.num_kv_heads, self.head_dim)
-
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["layer_types"] = list(self.layer_types)
-        return data
-
-
-def facts_from_config(name: str, config, tokenizer=None, num_parameters=None) -> ModelFacts:
-    config = config.get_text_config()
-    num_heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-    layer_types = tuple(getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers)
-    return ModelFacts(
-        name=name,
-        architecture=(config.architectures or [type(config).__name__])[0],
-        model_type=config.model_type,
-        num_layers=config.num_hidden_layers,
-        num_heads=num_heads,
-        num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
-        head_dim=head_dim,
-        hidden_size=config.hidden_size,
-        vocab_size=config.vocab_size,
-        has_chat_template=bool(tokenizer is not None and getattr(tokenizer, "chat_template", None)),
-        layer_types=layer_types,
-        sliding_window=getattr(config, "sliding_window", None) if "sliding_attention" in layer_types else None,
-        num_parameters=num_parameters,
-        tokenizer_hash=tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
-    )
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """A short hash of the vocabulary: equal hashes mean token ids can be shared as they are."""
-    vocab = tokenizer.get_vocab()
-    tokens_by_id = [""] * (max(vocab.values()) + 1)
-    for token, token_id in vocab.items():
-        tokens_by_id[token_id] = token
-    # NUL cannot occur inside a token, so the joined text identifies the id -> token map
-    return hashlib.sha256("\x00".join(tokens_by_id).encode("utf-8")).hexdigest()[:16]
-
-
-# ---------------------------------------------------------------------------------------------
-# Cache directory and GGUF conversion
-
-
-def cache_dir() -> Path:
-    """Where converted models live: $KVVIZ_CACHE_DIR, else $XDG_CACHE_HOME/kvviz, else ~/.cache/kvviz."""
-    if os.environ.get("KVVIZ_CACHE_DIR"):
-        return Path(os.environ["KVVIZ_CACHE_DIR"]).expanduser()
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "kvviz"
+# Conversion cache (kvviz.paths.cache_dir) and GGUF conversion
 
 
 def converted_dir(key: str) -> Path:
@@ -371,12 +296,25 @@ class LoadedModel:
         Made once, by the first of the concurrent runs that asks (the others wait for it)."""
         with _head_lock:
             if self._head is None:
-                from kvviz.head import OutputHead
-
                 # KVVIZ_FAST_HEAD=0 turns the fast greedy path off (to compare, or to rule it out)
                 fast = os.environ.get("KVVIZ_FAST_HEAD", "1") != "0"
                 self._head = OutputHead(self.model, allow_scan=fast, cache_folder=cache_dir() / "heads")
         return self._head
+
+
+@dataclass
+class LoadedPair:
+    """A pair's three models, loaded: the sharer, the receiver and the same-shape sender (the pair's
+    ``kvcomm_sender``: the receiver's architecture, for handoffs that need one)."""
+
+    spec: PairSpec
+    sharer: LoadedModel
+    receiver: LoadedModel
+    kvcomm_sender: LoadedModel
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
 
 def execution_device(module: torch.nn.Module) -> torch.device:
@@ -536,6 +474,15 @@ def _load_uncached(name: str, device: str, dtype: torch.dtype, progress) -> Load
         load_seconds=time.perf_counter() - started,
         device=next(model.parameters()).device,
     )
+
+
+def loaded_facts(name: str) -> ModelFacts | None:
+    """The facts of a model this process has loaded (on any device), or None."""
+    with _load_lock:
+        for (loaded_name, _, _), loaded in _loaded.items():
+            if loaded_name == name:
+                return loaded.facts
+    return None
 
 
 def register_loaded(loaded: LoadedModel, device: str = "cpu", dtype=torch.float32) -> None:

@@ -15,9 +15,9 @@ with the spread (min and max) of the per-repeat values.
    first token (the sender's prefill of the context is its own work, done once and reusable);
    *end to end* = the sender's prefill + receiver side. Skyline's TTFT is its prefill of context +
    question + choosing the first token. KVComm's one-off calibration is done before timing.
-3. **The same for FLOPs** (``kvviz.measure`` estimates, the ones the handoffs report).
-4. **Bytes** KVComm sends at r = 0.3, 0.5, 1.0 against the text handoff's message, per length
-   (KV bytes depend on the dtype: float32 on CPU, bfloat16 on GPU).
+3. **The same for FLOPs** (``kvviz.measure`` estimates: each result's ``flops_to_first_token``).
+4. **Bytes** KVComm sends at r = 0.3, 0.5, 1.0 (a run at each ratio) against the text handoff's
+   message, per length (KV bytes depend on the dtype: float32 on CPU, bfloat16 on GPU).
 6. **Speed** (``kvviz.speed``): ms per decode step and per prefilled token for each model, tokens
    per second, the warm full run of the page's handoffs, and the machine's own limits measured in
    the same run (streaming the weights once, the full output-head product), each as a ratio.
@@ -30,7 +30,8 @@ with the spread (min and max) of the per-repeat values.
 ``targets`` turns the report and the bench summaries into the verdicts on issue 6's goals for
 docs/RESULTS.md. This module is the study of the C2C and KVComm papers' own claims (C2C against
 the text handoff, KVComm against Skyline), so unlike the page, the plots and the benchmark, it
-names the handoffs it measures.
+names the handoffs it measures and sets their options (``request_for``). Every number it reports
+is read from the runs' results (times, FLOPs, bytes); none is derived from a handoff's internals.
 """
 
 from __future__ import annotations
@@ -39,12 +40,20 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
-from kvviz.results import GenerationSettings, HandoffRequest, KVCommOptions
+import torch
+
+from kvviz import engine, paths, speed
+from kvviz.flags import option_arguments
+from kvviz.handoffs import registry
+from kvviz.handoffs.registry import build_request
+from kvviz.measure import spread, synchronize
+from kvviz.prompts import build_segments, encode
+from kvviz.results import HandoffRequest
 
 # Written for this project: neutral filler that says nothing about the fact.
 FILLER_SENTENCES = [
@@ -82,8 +91,6 @@ def synthetic_context(tokenizer, length: int, question: str = QUESTION) -> tuple
     context segment measures exactly ``length`` tokens. Returns (text, measured length): the
     measured length differs only when no cut reaches ``length`` exactly (then the closest).
     """
-    from kvviz.prompts import build_segments, encode
-
     filler_text = " ".join(FILLER_SENTENCES * (length // 100 + 2))
     filler_ids = encode(tokenizer, filler_text)
 
@@ -158,10 +165,6 @@ class PeakMemory:
 
     def __enter__(self):
         if self.cuda:
-            import torch
-
-            from kvviz.measure import synchronize
-
             synchronize()
             torch.cuda.reset_peak_memory_stats(self.device)
             self._before = torch.cuda.memory_allocated(self.device)
@@ -182,10 +185,6 @@ class PeakMemory:
 
     def __exit__(self, *exc):
         if self.cuda:
-            import torch
-
-            from kvviz.measure import synchronize
-
             synchronize()
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._before
         else:
@@ -196,16 +195,7 @@ class PeakMemory:
         return False
 
 
-def spread(values: list[float]) -> dict:
-    values = [v for v in values if v is not None]
-    if not values:
-        return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
 def machine_facts(device) -> dict:
-    import torch
-
     facts = {
         "uname": " ".join(platform.uname()),
         "cpu_cores": os.cpu_count(),
@@ -222,59 +212,32 @@ def machine_facts(device) -> dict:
         pass
     if str(device).startswith("cuda"):
         facts["gpu"] = torch.cuda.get_device_name(device)
-    try:
-        facts["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        facts["git_commit"] = "unknown"
+    facts["git_commit"] = (paths.git("rev-parse", "--short", "HEAD") or "unknown").strip()
     return facts
-
-
-def _kvcomm_flops(pair, context_length: int, query_length: int, selected: list[int]) -> tuple[float, float]:
-    """(receiver-side, sender prefill) FLOPs to the first token, as kvcomm.run estimates them."""
-    from kvviz.measure import forward_flops
-
-    # the receiver's query sees the context in the sent layers and only the sink in the others
-    prefix = [context_length if layer in selected else min(1, context_length) for layer in range(pair.receiver.facts.num_layers)]
-    receiver = forward_flops(pair.receiver.facts, query_length, prefix, 1)
-    sender = forward_flops(pair.kvcomm_sender.facts, context_length, 0, 0)
-    return receiver, sender
 
 
 # --- the measurement --------------------------------------------------------------------------
 
 
-def kv_bytes_for(ratio: float, num_layers: int, context_tokens: int, bytes_per_token_layer: float) -> int:
-    """KVComm bytes: the context in the M = ceil(r L) sent layers, the 1-token sink in the others."""
-    from kvviz.handoffs.kvcomm import layer_budget
+def request_for(query: str, context: str | None, max_new_tokens: int, message_tokens: int = 64,
+                fuser: str | None = None, ratio: float = 0.5) -> HandoffRequest:
+    """A greedy request with the study's handoff options: the text message bound, the C2C fuser
+    (None: the pair's shipped one) and KVComm's ratio."""
+    options = {"text": {"message_tokens": message_tokens}, "c2c": {"fuser": fuser or ""}, "kvcomm": {"ratio": ratio}}
+    return build_request(query, context, max_new_tokens, options=options)
 
-    sent = layer_budget(ratio, num_layers)
-    return int(round(bytes_per_token_layer * (sent * context_tokens + (num_layers - sent) * min(1, context_tokens))))
 
-
-def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, message_tokens: int = 64,
-            fuser: str | None = None, memory_length: int | None = None, progress=None) -> dict:
-    from kvviz.engine import run_handoff
-    from kvviz.prompts import build_segments
-
-    progress = progress or (lambda message: None)
-    device = pair.receiver.device
-    report: dict = {"machine": machine_facts(device), "repeats": repeats, "pair": pair.name}
-    one_token = GenerationSettings(max_new_tokens=1)
-    answer_settings = GenerationSettings(max_new_tokens=ANSWER_TOKENS)
-
-    # ---- 1. C2C vs text vs receiver, shared questions
+def shared_questions(pair, repeats: int, message_tokens: int, fuser: str | None, progress) -> dict:
+    """1. C2C against text and the receiver alone on shared questions: total latency per question,
+    the order of the handoffs rotated per repeat."""
     names = ["receiver", "text", "c2c"]
-    requests = [HandoffRequest(query=q, generation=answer_settings, text_message_tokens=message_tokens, c2c_fuser=fuser)
-                for q in SHARED_QUESTIONS]
+    requests = [request_for(q, None, ANSWER_TOKENS, message_tokens, fuser) for q in SHARED_QUESTIONS]
     unavailable = ""
     for name in names:  # warm-up, and find out whether c2c runs on this pair
-        result = run_handoff(name, pair, requests[0])
+        result = engine.run_handoff(name, pair, requests[0])
         if name == "c2c" and not result.applicable:
             unavailable = f"c2c not available: {result.reason}"
-    if unavailable and "c2c" in names:
+    if unavailable:
         names.remove("c2c")
     per_repeat: dict[str, list[float]] = {name: [] for name in names}
     message_lengths, answer_lengths = [], {name: [] for name in names}
@@ -283,14 +246,18 @@ def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, messag
         totals = {name: 0.0 for name in names}
         for request in requests:
             for name in names[repeat % len(names):] + names[: repeat % len(names)]:  # rotate the order
-                result = run_handoff(name, pair, request)
+                result = engine.run_handoff(name, pair, request)
                 totals[name] += result.total_seconds
                 answer_lengths[name].append(result.tokens.get("generated", 0))
                 if name == "text":
                     message_lengths.append(result.tokens.get("message", 0))
         for name in names:
             per_repeat[name].append(totals[name] / len(requests))
-    shared = {
+    ratios = {"text / receiver": spread([t / r for t, r in zip(per_repeat["text"], per_repeat["receiver"])])}
+    if not unavailable:
+        ratios["c2c / text"] = spread([c / t for c, t in zip(per_repeat["c2c"], per_repeat["text"])])
+        ratios["c2c / receiver"] = spread([c / r for c, r in zip(per_repeat["c2c"], per_repeat["receiver"])])
+    return {
         "questions": SHARED_QUESTIONS,
         "message_tokens_bound": message_tokens,
         "answer_tokens_bound": ANSWER_TOKENS,
@@ -298,130 +265,108 @@ def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, messag
         "answer_tokens_mean": {name: statistics.fmean(v) for name, v in answer_lengths.items() if v},
         "latency_s": {name: spread(values) for name, values in per_repeat.items()},
         "c2c_unavailable": unavailable,
+        "ratios": ratios,
     }
-    ratios_out = {}
-    text_over_receiver = [t / r for t, r in zip(per_repeat["text"], per_repeat["receiver"])]
-    ratios_out["text / receiver"] = spread(text_over_receiver)
-    if not unavailable:
-        ratios_out["c2c / text"] = spread([c / t for c, t in zip(per_repeat["c2c"], per_repeat["text"])])
-        ratios_out["c2c / receiver"] = spread([c / r for c, r in zip(per_repeat["c2c"], per_repeat["receiver"])])
-    shared["ratios"] = ratios_out
-    report["shared_question"] = shared
 
-    # ---- 2-4. KVComm vs Skyline over context lengths
-    contexts = {}
-    for length in lengths:
-        text, measured = synthetic_context(pair.receiver.tokenizer, length)
-        contexts[length] = (text, measured)
-    # warm-up: kernels, and KVComm's one-off calibration (cached per pair)
-    warm = HandoffRequest(query=QUESTION, context=contexts[lengths[0]][0], generation=one_token)
-    run_handoff("skyline", pair, warm)
-    calibration = run_handoff("kvcomm", pair, warm).details.get("calibration", {})
-    timing: dict = {length: {"skyline": [], **{f"kvcomm@{r:g}": {"receiver": [], "e2e": []} for r in ratios}} for length in lengths}
-    flops: dict = {}
-    bytes_table: dict = {}
+
+def first_token_run(pair, name: str, context: str, ratio: float = 0.5):
+    """One greedy one-token run on the synthetic question (KVComm at ``ratio``)."""
+    result = engine.run_handoff(name, pair, request_for(QUESTION, context, 1, ratio=ratio))
+    if not result.applicable:
+        raise RuntimeError(f"{name} does not run on pair {pair.name}: {result.reason}")
+    return result
+
+
+def first_token_times(pair, contexts: dict, repeats: int, ratios, progress) -> tuple[dict, dict]:
+    """2-3. Time to first token of Skyline and of KVComm at each ratio, per context length,
+    interleaved per repeat (the order reversed every other repeat); (times, the first repeat's
+    results, whose FLOPs the curve reads)."""
+    labels = ["skyline"] + [f"kvcomm@{r:g}" for r in ratios]
+    times: dict = {length: {label: {"receiver": [], "e2e": []} for label in labels} for length in contexts}
+    first: dict = {length: {} for length in contexts}
     for repeat in range(repeats):
-        for length in lengths:
+        for length, (context, _) in contexts.items():
             progress(f"context {length} tokens, repeat {repeat + 1}/{repeats}")
-            context, measured = contexts[length]
-            order = ["skyline"] + [f"kvcomm@{r:g}" for r in ratios]
-            if repeat % 2:
-                order.reverse()
-            for label in order:
-                if label == "skyline":
-                    request = HandoffRequest(query=QUESTION, context=context, generation=one_token)
-                    result = run_handoff("skyline", pair, request)
-                    timing[length]["skyline"].append(result.first_token_seconds)
-                    if repeat == 0:
-                        segments = build_segments(pair.receiver.tokenizer, QUESTION, context)
-                        from kvviz.measure import forward_flops
+            for label in (labels[::-1] if repeat % 2 else labels):
+                name, _, ratio = label.partition("@")
+                result = first_token_run(pair, name, context, float(ratio) if ratio else 0.5)
+                times[length][label]["receiver"].append(result.receiver_first_token_seconds)
+                times[length][label]["e2e"].append(result.first_token_seconds)
+                first[length].setdefault(label, result)
+    return times, first
 
-                        flops.setdefault(length, {})["skyline"] = forward_flops(pair.receiver.facts, len(segments.input_ids), 0, 1)
-                        flops[length]["query_tokens"] = len(segments.query_ids)
-                    continue
-                ratio = float(label.split("@")[1])
-                request = HandoffRequest(query=QUESTION, context=context, generation=one_token,
-                                         kvcomm=KVCommOptions(ratio=ratio))
-                result = run_handoff("kvcomm", pair, request)
-                if not result.applicable:
-                    raise RuntimeError(f"KVComm does not run on pair {pair.name}: {result.reason}")
-                timing[length][label]["receiver"].append(result.receiver_first_token_seconds)
-                timing[length][label]["e2e"].append(result.first_token_seconds)
-                if repeat == 0:
-                    receiver_flops, sender_flops = _kvcomm_flops(
-                        pair, result.tokens["context"], result.tokens["receiver_prompt"], result.details["selected_layers"]
-                    )
-                    flops[length][label] = {"receiver": receiver_flops, "e2e": receiver_flops + sender_flops}
-                    selected, context_tokens = result.details["num_selected"], result.tokens["context"]
-                    layers = pair.receiver.facts.num_layers
-                    per_token_layer = result.bytes_communicated / (selected * context_tokens + (layers - selected) * min(1, context_tokens))
-                    bytes_table.setdefault(length, {})["per_token_layer"] = per_token_layer
-                    bytes_table[length]["measured"] = {label: result.bytes_communicated}
-    # the text message for the bytes comparison (deterministic: once per length)
-    for length in lengths:
-        progress(f"text message for context {length}")
-        request = HandoffRequest(query=QUESTION, context=contexts[length][0], generation=one_token,
-                                 text_message_tokens=message_tokens)
-        result = run_handoff("text", pair, request)
-        bytes_table[length]["text"] = result.bytes_communicated
-        bytes_table[length]["text_message_tokens"] = result.tokens.get("message", 0)
 
-    curve = []
-    for length in lengths:
-        sky = timing[length]["skyline"]
-        row = {"context_tokens": contexts[length][1], "target_tokens": length, "skyline_ttft_s": spread(sky),
-               "skyline_flops": flops[length]["skyline"], "query_tokens": flops[length]["query_tokens"], "kvcomm": {}}
-        for r in ratios:
-            label = f"kvcomm@{r:g}"
-            entry = timing[length][label]
-            row["kvcomm"][label] = {
-                "receiver_ttft_s": spread(entry["receiver"]),
-                "e2e_ttft_s": spread(entry["e2e"]),
-                "ttft_ratio_receiver": spread([k / s for k, s in zip(entry["receiver"], sky)]),
-                "ttft_ratio_e2e": spread([k / s for k, s in zip(entry["e2e"], sky)]),
-                "flops_ratio_receiver": flops[length][label]["receiver"] / flops[length]["skyline"],
-                "flops_ratio_e2e": flops[length][label]["e2e"] / flops[length]["skyline"],
-            }
-        layers = pair.receiver.facts.num_layers
-        row["kvcomm_bytes"] = {
-            f"kvcomm@{r:g}": kv_bytes_for(r, layers, contexts[length][1], bytes_table[length]["per_token_layer"]) for r in BYTES_RATIOS
+def curve_row(length: int, measured: int, times: dict, first: dict, ratios, sent: dict, text) -> dict:
+    """One context length's row: TTFT and FLOPs ratios against Skyline, bytes KVComm and text sent
+    (every number read from the runs' results)."""
+    sky, sky_result = times["skyline"]["e2e"], first["skyline"]
+    sky_flops = sum(sky_result.flops_to_first_token.values())
+    row = {"context_tokens": measured, "target_tokens": length, "skyline_ttft_s": spread(sky),
+           "skyline_flops": sky_flops, "query_tokens": sky_result.tokens["receiver_prompt"] - measured, "kvcomm": {}}
+    for r in ratios:
+        label = f"kvcomm@{r:g}"
+        entry, result = times[label], first[label]
+        receiver_flops = result.flops_to_first_token["receiver"]
+        row["kvcomm"][label] = {
+            "receiver_ttft_s": spread(entry["receiver"]),
+            "e2e_ttft_s": spread(entry["e2e"]),
+            "ttft_ratio_receiver": spread([k / s for k, s in zip(entry["receiver"], sky)]),
+            "ttft_ratio_e2e": spread([k / s for k, s in zip(entry["e2e"], sky)]),
+            "flops_ratio_receiver": receiver_flops / sky_flops,
+            "flops_ratio_e2e": sum(result.flops_to_first_token.values()) / sky_flops,
         }
-        row["kvcomm_bytes_measured"] = bytes_table[length]["measured"]
-        row["text_bytes"] = bytes_table[length]["text"]
-        row["text_message_tokens"] = bytes_table[length]["text_message_tokens"]
-        curve.append(row)
-    report["context_curve"] = curve
-    report["calibration"] = {"seconds": calibration.get("seconds"), "note": "one-off per pair, excluded from TTFT"}
+    row["kvcomm_bytes"] = sent
+    row["text_bytes"] = text.bytes_communicated
+    row["text_message_tokens"] = text.tokens.get("message", 0)
+    return row
 
-    # ---- 5. peak memory per handoff at one length
-    memory_length = memory_length or (1024 if 1024 in lengths else lengths[-1])
-    context = contexts[memory_length][0]
-    memory_names = ["receiver", "skyline", "text"] + [f"kvcomm@{r:g}" for r in BYTES_RATIOS] + (["c2c"] if not unavailable else [])
-    peaks: dict[str, list[float]] = {name: [] for name in memory_names}
-    measured_bytes: dict[str, int] = {}
-    method = PeakMemory(device).method
+
+def context_curve(pair, lengths: list[int], repeats: int, ratios, message_tokens: int, progress) -> tuple[list, dict, dict]:
+    """2-4. KVComm against Skyline over context lengths: (rows, the contexts, KVComm's calibration)."""
+    contexts = {length: synthetic_context(pair.receiver.tokenizer, length) for length in lengths}
+    # warm-up: kernels, and KVComm's one-off calibration (cached per pair)
+    first_token_run(pair, "skyline", contexts[lengths[0]][0])
+    calibration = first_token_run(pair, "kvcomm", contexts[lengths[0]][0]).details.get("calibration", {})
+    times, first = first_token_times(pair, contexts, repeats, ratios, progress)
+    rows = []
+    for length, (context, measured) in contexts.items():
+        progress(f"bytes sent at context {length}")
+        # bytes: what each ratio's run sent, and the text message (deterministic: once per length)
+        sent = {f"kvcomm@{r:g}": first_token_run(pair, "kvcomm", context, r).bytes_communicated for r in BYTES_RATIOS}
+        text = engine.run_handoff("text", pair, request_for(QUESTION, context, 1, message_tokens))
+        rows.append(curve_row(length, measured, times[length], first[length], ratios, sent, text))
+    return rows, contexts, calibration
+
+
+def peak_memory(pair, context: str, repeats: int, message_tokens: int, fuser: str | None, with_c2c: bool, progress) -> dict:
+    """5. Peak memory of each handoff at one context length (``PeakMemory``)."""
+    names = ["receiver", "skyline", "text"] + [f"kvcomm@{r:g}" for r in BYTES_RATIOS] + (["c2c"] if with_c2c else [])
+    peaks: dict[str, list[float]] = {name: [] for name in names}
+    device = pair.receiver.device
     for repeat in range(max(1, min(repeats, 2))):
         progress(f"peak memory, repeat {repeat + 1}")
-        for label in memory_names:
+        for label in names:
             name, _, ratio = label.partition("@")
-            request = HandoffRequest(
-                query=QUESTION, context=context, generation=GenerationSettings(max_new_tokens=8),
-                text_message_tokens=message_tokens, kvcomm=KVCommOptions(ratio=float(ratio) if ratio else 0.5), c2c_fuser=fuser,
-            )
+            request = request_for(QUESTION, context, 8, message_tokens, fuser, float(ratio) if ratio else 0.5)
             with PeakMemory(device) as meter:
-                result = run_handoff(name, pair, request)
+                engine.run_handoff(name, pair, request)
             peaks[label].append(meter.peak_bytes)
-            if name == "kvcomm" and repeat == 0:  # the bytes table's formula, checked against a real run
-                measured_bytes[label] = result.bytes_communicated
-    for row in curve:
-        if row["target_tokens"] == memory_length:
-            row["kvcomm_bytes_measured"].update(measured_bytes)
-    report["memory"] = {"context_tokens": contexts[memory_length][1], "method": method,
-                        "peak_bytes": {name: spread(values) for name, values in peaks.items()}}
+    return {"method": PeakMemory(device).method, "peak_bytes": {name: spread(values) for name, values in peaks.items()}}
 
-    # ---- 6. speed of each model and the warm full run
-    from kvviz import speed
 
+def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, message_tokens: int = 64,
+            fuser: str | None = None, memory_length: int | None = None, progress=None) -> dict:
+    """The whole study (the module docstring's six parts), as one report."""
+    progress = progress or (lambda message: None)
+    report: dict = {"machine": machine_facts(pair.receiver.device), "repeats": repeats, "pair": pair.name}
+    report["shared_question"] = shared_questions(pair, repeats, message_tokens, fuser, progress)
+    curve, contexts, calibration = context_curve(pair, lengths, repeats, ratios, message_tokens, progress)
+    report["context_curve"] = curve
+    report["calibration"] = {"seconds": calibration.get("seconds"), "note": "one-off per pair, excluded from TTFT"}
+    memory_length = memory_length or (1024 if 1024 in lengths else lengths[-1])
+    with_c2c = not report["shared_question"]["c2c_unavailable"]
+    memory = peak_memory(pair, contexts[memory_length][0], repeats, message_tokens, fuser, with_c2c, progress)
+    report["memory"] = {"context_tokens": contexts[memory_length][1], **memory}
     report["speed"] = speed.measure(pair, repeats, progress)
     report["decode_ms_per_token"] = report["speed"]["decode_ms_per_token"]
     report["warm_full_run_seconds"] = report["speed"]["warm_full_run_seconds"]
@@ -495,17 +440,14 @@ def markdown(report: dict) -> str:
     byte_labels = list(curve[0]["kvcomm_bytes"])
     header = ["context tokens"] + [f"{label} bytes" for label in byte_labels] + ["text bytes (message tokens)"] + [f"{label} / text" for label in byte_labels]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    checked = []
     for row in curve:
         text_bytes = row["text_bytes"]
         cells = [str(row["context_tokens"])] + [f"{row['kvcomm_bytes'][label]:,}" for label in byte_labels]
         cells.append(f"{text_bytes:,} ({row['text_message_tokens']})")
         cells += [f"{row['kvcomm_bytes'][label] / text_bytes:,.0f}x" if text_bytes else "n/a" for label in byte_labels]
         lines.append("| " + " | ".join(cells) + " |")
-        for label, value in row.get("kvcomm_bytes_measured", {}).items():
-            checked.append(f"{label} at {row['context_tokens']} tokens: measured {value:,}, table {row['kvcomm_bytes'].get(label, 0):,}")
-    lines += ["", "KVComm bytes = (per token and layer KV size measured in the timed r=0.3 run) x (context tokens in the "
-              "M = ceil(r L) sent layers + the 1-token sink in the others); real runs: " + "; ".join(checked) + "."]
+    lines += ["", "KVComm bytes: what a run at each ratio sent (the context's KV in the M = ceil(r L) sent layers, the "
+              "1-token sink in the others)."]
     memory = report["memory"]
     lines += ["", f"**Peak memory per handoff** at {memory['context_tokens']} context tokens, MiB "
               f"({memory['method']})", "", "| handoff | peak MiB |", "|---|---|"]
@@ -514,37 +456,28 @@ def markdown(report: dict) -> str:
     if report.get("calibration", {}).get("seconds") is not None:
         lines += ["", f"KVComm's one-off calibration took {report['calibration']['seconds']:.3f} s (excluded)."]
     if report.get("speed"):
-        from kvviz import speed
-
         lines += ["", speed.markdown(report["speed"])]
     return "\n".join(lines) + "\n"
 
 
 def main(args) -> int:
-    from pathlib import Path
-
-    from kvviz.engine import load_pair
-    from kvviz.flags import option_arguments
-
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     if not lengths or min(lengths) < 16:
         raise ValueError("--lengths needs context lengths of at least 16 tokens")
     if args.repeats < 1:
         raise ValueError("--repeats must be at least 1")
-    pair = load_pair(args.pair, args.device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
+    pair = engine.load_pair(args.pair, args.device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
     quiet = getattr(args, "quiet", False)
     progress = None if quiet else (lambda message: print(message, file=sys.stderr))
     if getattr(args, "speed_only", False):
-        from kvviz import speed
-
         report = {"machine": machine_facts(pair.receiver.device), "repeats": args.repeats, "pair": pair.name,
                   "speed": speed.measure(pair, args.repeats, progress)}
         text = speed.markdown(report["speed"]) + "\n"
     else:
-        report = measure(
-            pair, lengths, args.repeats, message_tokens=args.message_tokens,
-            fuser=option_arguments(args).get("c2c", {}).get("fuser"), progress=progress,
-        )
+        given = option_arguments(args)
+        message_tokens = registry.get("text").option("message_tokens").parse(given.get("text", {}).get("message_tokens"))
+        report = measure(pair, lengths, args.repeats, message_tokens=message_tokens,
+                         fuser=given.get("c2c", {}).get("fuser"), progress=progress)
         text = markdown(report)
     if args.out:
         out = Path(args.out)

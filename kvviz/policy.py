@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-SHIPPED_FUSERS = Path(__file__).resolve().parents[1] / "assets" / "fusers"
+from kvviz.paths import SHIPPED_FUSERS, cache_dir
 
 
 def public_mode() -> bool:
@@ -82,8 +82,6 @@ def fuser_roots() -> list[Path]:
     """Folders a fuser checkpoint may come from (see the module docstring)."""
     if public_mode():
         return [SHIPPED_FUSERS]
-    from kvviz.models import cache_dir
-
     extra = [Path(p).expanduser() for p in os.environ.get("KVVIZ_FUSER_DIRS", "").split(os.pathsep) if p.strip()]
     return [SHIPPED_FUSERS, cache_dir() / "fusers", Path.cwd(), *extra]
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from kvviz.handoffs import registry
+from kvviz import models
+from kvviz.facts import facts_from_config
 from kvviz.models import EMBEDDED_MODELS, resolve_pair
 from kvviz.plotkit import human_bytes
 from kvviz.results import STAGES
@@ -152,11 +154,9 @@ def write_exports(data: dict, folder: str | Path) -> list[str]:
 def model_facts_row(name: str) -> dict:
     """Architecture facts of a model without loading its weights or its (large) tokenizer: the
     loaded model's facts when this process has it, else the converted folder's config.json."""
-    from kvviz import models
-
-    for (loaded_name, _, _), loaded in list(models._loaded.items()):
-        if loaded_name == name:
-            return loaded.facts.to_dict()
+    loaded = models.loaded_facts(name)
+    if loaded is not None:
+        return loaded.to_dict()
     if name not in EMBEDDED_MODELS:
         return {"status": "loads from the Hugging Face hub when run (needs network or a warm hub cache)"}
     if not models.is_prepared(name):
@@ -164,7 +164,7 @@ def model_facts_row(name: str) -> dict:
     from transformers import AutoConfig
 
     folder = models.converted_dir(name)
-    facts = models.facts_from_config(name, AutoConfig.from_pretrained(folder)).to_dict()
+    facts = facts_from_config(name, AutoConfig.from_pretrained(folder)).to_dict()
     template = (folder / "chat_template.jinja").exists()
     try:
         template = template or "chat_template" in json.loads((folder / "tokenizer_config.json").read_text())

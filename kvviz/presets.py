@@ -17,9 +17,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
-PRECOMPUTED_PATH = ASSETS_DIR / "precomputed" / "presets.json"
-PRECOMPUTED_SWEEP_PATH = ASSETS_DIR / "precomputed" / "sweep.json"
+from kvviz.paths import PRECOMPUTED
+
+PRECOMPUTED_PATH = PRECOMPUTED / "presets.json"
+PRECOMPUTED_SWEEP_PATH = PRECOMPUTED / "sweep.json"
 
 
 @dataclass(frozen=True)

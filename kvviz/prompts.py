@@ -10,7 +10,7 @@ Models with a chat template (SmolLM2, Qwen) get it, and the question comes with 
 base models (Gemma-3-270M) get a plain "Context: ...\n\nQuestion: ...\nAnswer:" layout with no
 instruction line: the prompt's "Answer:" already asks for the answer.
 
-The base layout was chosen by measurement (``scripts/prompt_layouts.py`` and a held-out check;
+The base layout was chosen by measurement (``research/prompt_layouts.py`` and a held-out check;
 Gemma-3-270M, greedy, token F1 > 0.5). Skyline / receiver alone on the benchmark's 100 samples:
   Context: C\n\nQuestion: Q\nAnswer briefly.\nAnswer:   Countries 0.29 / 0.06, HotpotQA 0.22 / 0.03
   Context: C\n\nQuestion: Q\nAnswer:                     Countries 0.31 / 0.10  (this layout)

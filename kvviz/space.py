@@ -31,7 +31,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from kvviz.models import EMBEDDED_MODELS, PAIRS
+from kvviz.paths import PROJECT_ROOT
+
+ROOT = PROJECT_ROOT
 # The interpreter the Space runs: the one the project is developed, tested and CI'd on (the
 # export's install is proven on it by tests/test_space.py).
 SPACE_PYTHON = "3.11"
@@ -84,8 +87,6 @@ def pinned_version(requirements: str, package: str) -> str:
 
 def check_requirements(requirements: str) -> None:
     """A Space installs requirements.txt with plain pip: no option lines, nothing that needs --no-deps."""
-    from kvviz.models import EMBEDDED_MODELS
-
     for line in requirements.splitlines():
         entry = line.split("#", 1)[0].strip()
         if entry.startswith("-"):
@@ -104,8 +105,6 @@ def read_from_hub(model) -> bool:
 
 def hub_models(hardware: str) -> list[tuple[str, tuple[str, ...]]]:
     """(hub repository, files or () for all) that the Space reads from the hub, in order."""
-    from kvviz.models import EMBEDDED_MODELS, PAIRS
-
     models = [(m.hub_fallback, m.hub_files) for m in EMBEDDED_MODELS.values() if read_from_hub(m)]
     if not hardware.startswith("cpu"):
         for pair in PAPER_PAIRS:
@@ -147,8 +146,6 @@ def yaml_front_matter(data: dict) -> str:
 
 
 def readme(hardware: str, requirements: str) -> str:
-    from kvviz.models import EMBEDDED_MODELS
-
     meta = front_matter(hardware, requirements)
     weights = []
     for model in EMBEDDED_MODELS.values():

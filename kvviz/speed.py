@@ -29,8 +29,12 @@ import statistics
 
 import torch
 
-from kvviz.measure import clock
-from kvviz.perf import spread
+from kvviz import cache as kv
+from kvviz.decode import prefill
+from kvviz.engine import run_handoff
+from kvviz.handoffs.registry import default_handoffs
+from kvviz.measure import clock, spread
+from kvviz.results import GenerationSettings, HandoffRequest
 
 PROMPT_TOKENS = 32
 PREFILL_TOKENS = 128
@@ -61,9 +65,6 @@ def _prompt_ids(loaded, count: int) -> list[int]:
 @torch.no_grad()
 def model_speed(loaded, repeats: int) -> dict:
     """Decode and prefill speed of one model, with the machine's limits beside them."""
-    from kvviz import cache as kv
-    from kvviz.decode import prefill
-
     device = loaded.device
     parameters = [p for p in loaded.model.parameters()]
     weight_bytes = sum(p.numel() * p.element_size() for p in parameters)
@@ -127,10 +128,6 @@ def model_speed(loaded, repeats: int) -> dict:
 
 def full_run(pair, repeats: int, handoffs: list[str] | None = None) -> dict:
     """The page's default handoffs (or ``handoffs``) one after another on the locker preset, warm."""
-    from kvviz.engine import run_handoff
-    from kvviz.handoffs.registry import default_handoffs
-    from kvviz.results import GenerationSettings, HandoffRequest
-
     handoffs = list(handoffs or default_handoffs())
     request = HandoffRequest(
         query=FULL_RUN_QUERY, context=FULL_RUN_CONTEXT, generation=GenerationSettings(max_new_tokens=FULL_RUN_TOKENS)

@@ -19,7 +19,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator
 
-from kvviz import policy
+import torch
+
+from kvviz import engine, policy, zerogpu
+from kvviz.handoffs import registry
 from kvviz.results import HandoffRequest
 
 
@@ -33,8 +36,6 @@ def default_workers() -> int:
     most 2) when models run on the CPU with one torch thread each, else 1."""
     if os.environ.get("KVVIZ_WORKERS"):
         return max(1, int(os.environ["KVVIZ_WORKERS"]))
-    import torch
-
     if torch.cuda.is_available() or torch.get_num_threads() > 1:
         return 1
     return max(1, min(2, os.cpu_count() or 1))
@@ -43,8 +44,6 @@ def default_workers() -> int:
 def use_one_thread_per_handoff() -> None:
     """The serving default on a CPU: one torch thread per handoff, handoffs side by side
     (``default_workers``). ``KVVIZ_THREADS=N`` keeps N intra-op threads instead."""
-    import torch
-
     if os.environ.get("KVVIZ_THREADS"):
         torch.set_num_threads(max(1, int(os.environ["KVVIZ_THREADS"])))
     elif not torch.cuda.is_available():
@@ -55,11 +54,9 @@ def stream_handoffs(
     pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None
 ) -> Iterator[tuple[str, str | None, object]]:
     """``run_events``; on a Space (the ``spaces`` package installed) inside ``@spaces.GPU``, with
-    only plain data crossing (``kvviz.zerogpu``)."""
-    from kvviz import zerogpu
-
+    only plain data crossing (``gpu_run_events``, ``kvviz.zerogpu``)."""
     if zerogpu.available():
-        yield from zerogpu.gpu_run_events(pair_name, request.to_dict(), list(names), workers, max_seconds)
+        yield from gpu_run_events(pair_name, request.to_dict(), list(names), workers, max_seconds)
     else:
         yield from run_events(pair_name, request, names, workers, max_seconds)
 
@@ -78,8 +75,6 @@ def run_events(
     Closing the generator (the user cancelled or left) stops the worker at its next token.
     ``max_seconds`` defaults to the policy's cap (``kvviz.policy``; none locally).
     """
-    from kvviz.engine import check_fits, load_pair, not_applicable, run_handoff
-
     names = list(names)
     events: queue.Queue = queue.Queue()
     cancel = threading.Event()
@@ -99,11 +94,11 @@ def run_events(
     def worker():
         try:
             events.put(("status", None, f"Loading the pair '{pair_name}' (once per server) ..."))
-            pair = load_pair(pair_name, progress=lambda message: events.put(("status", None, str(message))))
-            check_fits(pair, request)
+            pair = engine.load_pair(pair_name, progress=lambda message: events.put(("status", None, str(message))))
+            engine.check_fits(pair, request)
             runnable = []
             for name in names:
-                refused = not_applicable(name, pair, request)
+                refused = engine.not_applicable(name, pair, request)
                 if refused is None:
                     runnable.append(name)
                 else:
@@ -117,7 +112,7 @@ def run_events(
                     check_stop()
                     events.put(("token", name, text))
 
-                result = run_handoff(name, pair, request, on_token=on_token)
+                result = engine.run_handoff(name, pair, request, on_token=on_token)
                 events.put(("done", name, result.to_dict()))
 
             with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kvviz-handoff") as pool:
@@ -142,3 +137,24 @@ def run_events(
             yield event
     finally:
         cancel.set()
+
+
+# --- on a ZeroGPU Space: the same run inside @spaces.GPU, plain data in and out ------------------
+
+
+def run_seconds(pair_name: str, request: dict, names: list[str], workers: int = 1, max_seconds: float | None = None) -> int:
+    """GPU seconds for one page run: each handoff's answer and the message it may write first
+    (``Handoff.message_tokens``), counted one after another whatever ``workers`` is (on a GPU
+    handoffs run one at a time)."""
+    asked = HandoffRequest.from_dict(request)
+    tokens = sum(asked.generation.max_new_tokens + registry.get(name).tokens_before_answer(asked) for name in names)
+    return zerogpu.bounded_seconds(zerogpu.BASE_SECONDS + zerogpu.SECONDS_PER_TOKEN * tokens)
+
+
+def _run_events(pair_name: str, request: dict, names: list[str], workers: int = 1, max_seconds: float | None = None):
+    """One page run's events (``run_events``), computed where this runs (a ZeroGPU worker)."""
+    yield from run_events(pair_name, HandoffRequest.from_dict(request), names, workers, max_seconds)
+
+
+# Decorated once, at import (ZeroGPU registers its functions before the app starts).
+gpu_run_events = zerogpu.on_gpu(_run_events, run_seconds)

@@ -3,14 +3,17 @@
 A handoff declares the experiment in its descriptor (``Sweep``: which option is the x axis, which
 one draws one line per value, which x values are the same for every line). The receiver-alone
 floor and the Skyline ceiling (the registry's ``floor`` and ``ceiling`` roles) run once per
-question as reference lines. Used by the page and by ``scripts/precompute_presets.py``.
+question as reference lines. Every run goes through the one evaluation loop (``kvviz.evaluation``).
+Used by the page and by ``scripts/precompute_presets.py``.
 """
 
 from __future__ import annotations
 
 import time
 
+from kvviz import engine, zerogpu
 from kvviz.data import contains_answer
+from kvviz.evaluation import Variant, evaluate
 from kvviz.handoffs import registry
 from kvviz.presets import SWEEP_ITEMS, SWEEP_METRIC
 from kvviz.results import GenerationSettings, HandoffRequest
@@ -23,58 +26,61 @@ def default_handoff() -> registry.Handoff:
     return handoffs[0]
 
 
+def sweep_variants(swept: registry.Handoff, series: list, references: list[str]) -> list[Variant]:
+    """The references, then the swept handoff at every x value for every series value (an x value
+    shared by every series runs once, under the first series value)."""
+    spec = swept.sweep
+    variants = [Variant(name, name) for name in references]
+    for x in [x for x in spec.x_values if x in spec.shared_x] + [x for x in spec.x_values if x not in spec.shared_x]:
+        for value in series if x not in spec.shared_x else series[:1]:
+            variants.append(Variant(f"{value}@{x:g}", swept.name, {spec.x_option: x, spec.series_option: value}))
+    return variants
+
+
 def run_sweep(pair, series=None, max_new_tokens: int = 12, items=None, progress=None, handoff: str | None = None) -> dict:
     """Accuracy against the sweep's x values for each chosen series value, with the references.
 
     ``pair`` is a pair name or a loaded pair; ``series`` the values of the series option to draw
     (default: the sweep's defaults); ``progress(fraction, desc=...)`` is called after every run.
     """
-    from kvviz.engine import load_pair, run_handoff
-
     swept = registry.get(handoff) if handoff else default_handoff()
     spec = swept.sweep
     items = list(items or SWEEP_ITEMS)
     allowed = list(spec.series_values)
     series = [value for value in (series or spec.series_default) if value in allowed] or [spec.series_default[0]]
-    pair = pair if hasattr(pair, "receiver") else load_pair(pair)
+    pair = pair if hasattr(pair, "receiver") else engine.load_pair(pair)
     generation = GenerationSettings(max_new_tokens=int(max_new_tokens))
     references = [h.name for h in registry.with_role("floor") + registry.with_role("ceiling")]
-    shared = [x for x in spec.x_values if x in spec.shared_x]
-    inner = [x for x in spec.x_values if x not in spec.shared_x]
-    total = len(items) * (len(references) + len(shared) + len(inner) * len(series))
-    done = 0
+    variants = sweep_variants(swept, series, references)
     started = time.perf_counter()
 
-    def tick(description):
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done / total, desc=description)
+    def request_for(item, variant):
+        base = HandoffRequest(query=item["query"], context=item["context"], generation=generation)
+        return swept.with_options(base, variant.options) if variant.options else base
 
     reference_correct = {name: 0 for name in references}
     correct: dict[tuple, int] = {}
     counts: dict[tuple, int] = {}
     answers = []
-    for index, item in enumerate(items):
-        base = HandoffRequest(query=item["query"], context=item["context"], generation=generation)
-        for name in references:
-            result = run_handoff(name, pair, base)
-            hit = result.applicable and contains_answer(result.answer, item["answers"])
-            reference_correct[name] += int(hit)
-            answers.append({"item": index, "handoff": name, "answer": result.answer, "correct": bool(hit)})
-            tick(f"question {index + 1}/{len(items)}: {registry.label_of(name)}")
-        for x in shared + inner:
-            for value in series if x in inner else series[:1]:
-                request = swept.with_options(base, {spec.x_option: x, spec.series_option: value})
-                result = run_handoff(swept.name, pair, request)
-                hit = result.applicable and contains_answer(result.answer, item["answers"])
-                for target in series if x in shared else [value]:
-                    correct[(target, x)] = correct.get((target, x), 0) + int(hit)
-                    if spec.count_detail:
-                        counts[(target, x)] = int(result.details.get(spec.count_detail, 0))
-                answers.append({"item": index, "handoff": swept.name, spec.series_option: value, spec.x_option: x,
-                                "answer": result.answer, "correct": bool(hit)})
-                tick(f"question {index + 1}/{len(items)}: {swept.label} {value}, {spec.x_option} {x:g}")
+    runs = evaluate(pair, enumerate(items), variants, request_for, record_id=lambda item: item["query"])
+    for done, item in enumerate(runs, start=1):
+        result, variant, index = item.result, item.variant, item.index
+        hit = result.applicable and contains_answer(result.answer, item.record["answers"])
+        if not variant.options:  # a reference line
+            reference_correct[variant.handoff] += int(hit)
+            answers.append({"item": index, "handoff": variant.handoff, "answer": result.answer, "correct": bool(hit)})
+            description = f"question {index + 1}/{len(items)}: {registry.label_of(variant.handoff)}"
+        else:
+            x, value = variant.options[spec.x_option], variant.options[spec.series_option]
+            for target in series if x in spec.shared_x else [value]:
+                correct[(target, x)] = correct.get((target, x), 0) + int(hit)
+                if spec.count_detail:
+                    counts[(target, x)] = int(result.details.get(spec.count_detail, 0))
+            answers.append({"item": index, "handoff": swept.name, spec.series_option: value, spec.x_option: x,
+                            "answer": result.answer, "correct": bool(hit)})
+            description = f"question {index + 1}/{len(items)}: {swept.label} {value}, {spec.x_option} {x:g}"
+        if progress is not None:
+            progress(done / (len(items) * len(variants)), desc=description)
     n = len(items)
     points = []
     for value in series:
@@ -97,3 +103,22 @@ def run_sweep(pair, series=None, max_new_tokens: int = 12, items=None, progress=
         "seconds": time.perf_counter() - started,
         "precomputed": False,
     }
+
+
+# --- on a ZeroGPU Space: the sweep inside @spaces.GPU, a plain dict out ---------------------------
+
+
+def sweep_seconds(pair_name: str, series: list[str], max_new_tokens: int, handoff: str) -> int:
+    """GPU seconds for the page's sweep: every question at every x value for every series."""
+    spec = registry.get(handoff).sweep
+    runs = len(SWEEP_ITEMS) * len(spec.x_values) * max(1, len(series))
+    return zerogpu.bounded_seconds(zerogpu.BASE_SECONDS + zerogpu.SECONDS_PER_TOKEN * runs * int(max_new_tokens))
+
+
+def _sweep(pair_name: str, series: list[str], max_new_tokens: int, handoff: str) -> dict:
+    """The page's sweep (``run_sweep``) as a plain dict (no progress bar across)."""
+    return run_sweep(pair_name, series, int(max_new_tokens), handoff=handoff)
+
+
+# Decorated once, at import (ZeroGPU registers its functions before the app starts).
+gpu_sweep = zerogpu.on_gpu(_sweep, sweep_seconds)

@@ -21,8 +21,9 @@ Serving rules kept here:
   markdown: it is shown as text, never run as HTML.
 
 The ``/run`` endpoint's inputs: pair, query, context, max new tokens, sample, temperature, seed,
-message tokens, then every handoff's page options in registry order (an option with an "auto"
-setting takes two inputs: the auto checkbox, then the value), then the handoffs to run.
+then every handoff's page options in registry order, each named by ``Option.page_name`` (the
+text handoff's message bound comes first, as ``message_tokens``; an option with an "auto" setting
+takes two inputs: the auto checkbox, then the value), then the handoffs to run.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from kvviz.handoffs.registry import Handoff, Option
 from kvviz.models import PAIRS, resolve_pair
 from kvviz.presets import DEFAULT_PRESET, PRESETS, SWEEP_ITEMS, load_precomputed, load_precomputed_sweep, preset
 from kvviz.stream import default_workers, stream_handoffs
-from kvviz.sweep import run_sweep
+from kvviz.sweep import gpu_sweep, run_sweep
 
 MODEL_QUEUE = "models"
 MAX_UI_NEW_TOKENS = 256  # the slider's end (the server's cap, kvviz.limits, may be lower)
@@ -113,9 +114,9 @@ def option_values(specs: list[PageOption], values: list) -> dict[str, dict]:
 
 def run_parameter_names(specs: list[PageOption]) -> list[str]:
     """The ``/run`` endpoint's parameters, in order (see the module docstring)."""
-    names = ["pair", "query", "context", "max_new_tokens", "sample", "temperature", "seed", "message_tokens"]
+    names = ["pair", "query", "context", "max_new_tokens", "sample", "temperature", "seed"]
     for spec in specs:
-        base = f"{spec.handoff.name}_{spec.option.name}"
+        base = spec.option.page_name(spec.handoff.name)
         names += [f"{base}_auto", base] if spec.option.auto else [base]
     return names + ["handoffs"]
 
@@ -125,7 +126,7 @@ def walkthrough_steps() -> list[tuple[str, str | None, str]]:
     first that tells its part, what it costs, and your turn."""
     shown = [h for h in registry.page_handoffs() if h.page_default and h.walkthrough]
     sweeps = registry.with_sweep()
-    middle = [(h.title, h.walkthrough_preset, h.walkthrough) for h in shown]
+    middle = [(h.title, *walkthrough_preset(h)) for h in shown]
     steps = [
         (
             "The puzzle",
@@ -157,15 +158,22 @@ def walkthrough_steps() -> list[tuple[str, str | None, str]]:
     return [(f"Step {i + 1} of {len(steps)}: {title}", key, text) for i, (title, key, text) in enumerate(steps)]
 
 
+def walkthrough_preset(handoff: Handoff) -> tuple[str | None, str]:
+    """(the preset a handoff's step loads, its text with that preset's title in place of {preset})."""
+    key = DEFAULT_PRESET if handoff.walkthrough_preset == registry.OPENING_PRESET else handoff.walkthrough_preset
+    text = handoff.walkthrough.replace("{preset}", preset(key).title) if key else handoff.walkthrough
+    return key, text
+
+
 def walkthrough_markdown(step: int, steps: list[tuple[str, str | None, str]]) -> str:
     title, _, text = steps[step]
     return f"### {title}\n\n{text}"
 
 
-def build_request(query, context, max_new_tokens=32, sample=False, temperature=0.7, seed=0, message_tokens=64,
+def build_request(query, context, max_new_tokens=32, sample=False, temperature=0.7, seed=0,
                   options: dict[str, dict] | None = None):
     """The form's values as a request (a ValueError says what is wrong in plain words)."""
-    return registry.build_request(query, context, max_new_tokens, sample, temperature, seed, message_tokens, options)
+    return registry.build_request(query, context, max_new_tokens, sample, temperature, seed, options)
 
 
 # --- the page -----------------------------------------------------------------------------------
@@ -192,9 +200,12 @@ def _option_widget(spec: PageOption):
         widgets.append(gr.Dropdown(choices=list(option.choices), value=option.default, label=option.label, elem_id=elem))
     elif option.kind == "text":
         widgets.append(gr.Textbox(value=option.default, label=option.label, elem_id=elem))
-    elif option.kind == "float" and option.minimum is not None and option.maximum is not None:
-        widgets.append(server_checked_slider(option.minimum, option.maximum, value=option.default, step=option.step or 0.01,
-                                 label=option.label, elem_id=elem))
+    elif option.kind in ("float", "int") and None not in option.bounds():
+        low, high = option.bounds()
+        if option.kind == "int":  # a count: the slider ends where a page needs it to (the server's cap may be lower)
+            high = min(MAX_UI_NEW_TOKENS, int(high))
+        widgets.append(server_checked_slider(low, high, value=min(option.default, high), step=option.step or (1 if option.kind == "int" else 0.01),
+                                             label=option.label, elem_id=elem))
     else:
         widgets.append(gr.Number(value=option.default, precision=0 if option.kind == "int" else None, label=option.label,
                                  elem_id=elem))
@@ -319,9 +330,6 @@ def build_demo(
                 top = min(MAX_UI_NEW_TOKENS, int(setting["max_new_tokens"].maximum))
                 max_new_tokens = server_checked_slider(1, top, value=min(top, int(default_max_new_tokens)), step=1,
                                            label="Max new tokens (answer length bound)")
-                message_top = min(256, int(setting["message_tokens"].maximum))
-                message_tokens = server_checked_slider(1, message_top, value=min(64, message_top), step=1,
-                                           label="Message length bound (tokens), for handoffs that write a message")
             with gr.Row():
                 sample = gr.Checkbox(value=False, label="Sample instead of greedy decoding")
                 temperature = server_checked_slider(setting["temperature"].minimum, setting["temperature"].maximum, value=0.7, step=0.05,
@@ -408,7 +416,7 @@ def build_demo(
         figure_outputs = [plot_outputs[name] for name in figure_names]
         run_outputs = [status, *column_outputs, *figure_outputs, results_table, results_json, results_state]
         answer_boxes, stats_boxes = column_outputs[0::3], column_outputs[1::3]
-        settings_inputs = [max_new_tokens, sample, temperature, seed, message_tokens, *option_inputs]
+        settings_inputs = [max_new_tokens, sample, temperature, seed, *option_inputs]
 
         # --- events ------------------------------------------------------------------------
 
@@ -450,11 +458,11 @@ def build_demo(
             """Run the ticked handoffs live and stream the answers; the last update holds the
             structured results (the JSON output: pair, request, one result per handoff)."""
             *values, ticked = settings
-            max_new_tokens, sample, temperature, seed, message_tokens = values[:5]
+            max_new_tokens, sample, temperature, seed = values[:4]
             names = [name for name in columns if name in (ticked or [])]
             try:
-                options = option_values(specs, values[5:])
-                request = build_request(query, context, max_new_tokens, sample, temperature, seed, message_tokens, options)
+                options = option_values(specs, values[4:])
+                request = build_request(query, context, max_new_tokens, sample, temperature, seed, options)
                 resolve_pair(pair)
                 if not names:
                     raise ValueError("Tick at least one handoff to run.")
@@ -545,7 +553,7 @@ def build_demo(
                 progress(0.0, desc="Loading models ...")
                 try:
                     if zerogpu.available():  # on a Space: inside @spaces.GPU, plain data across, no progress bar
-                        data = zerogpu.gpu_sweep(pair, list(series or []), int(max_new_tokens), swept.name)
+                        data = gpu_sweep(pair, list(series or []), int(max_new_tokens), swept.name)
                     else:
                         data = run_sweep(pair, series, int(max_new_tokens), progress=progress, handoff=swept.name)
                 except ValueError as error:

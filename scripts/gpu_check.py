@@ -101,7 +101,8 @@ def build_model(name: str, device: str, dtype, tiny: bool, seed: int = 0):
     from transformers import AutoModelForCausalLM
 
     from kvviz import attention
-    from kvviz.models import LoadedModel, facts_from_config
+    from kvviz.facts import facts_from_config
+    from kvviz.models import LoadedModel
 
     started = time.perf_counter()
     config = config_for(name, tiny)
@@ -130,8 +131,7 @@ def build_model(name: str, device: str, dtype, tiny: bool, seed: int = 0):
 
 
 def build_pair(pair_name: str, device: str, dtype, tiny: bool):
-    from kvviz.handoffs.common import LoadedPair
-    from kvviz.models import PairSpec
+    from kvviz.models import LoadedPair, PairSpec
 
     sharer_name, receiver_name = PAIRS[pair_name]
     receiver = build_model(receiver_name, device, dtype, tiny, seed=1)
@@ -143,9 +143,9 @@ def build_pair(pair_name: str, device: str, dtype, tiny: bool):
 
 def random_fusers(pair) -> Path:
     """An untrained C2C fuser and its control for the pair, under the kvviz cache folder; returns
-    the C2C one (its control sits beside it, as ``request.c2c_fuser`` expects)."""
-    from kvviz.fuser import new_fuser
-    from kvviz.models import cache_dir
+    the C2C one (its control sits beside it, as the C2C handoff's ``fuser`` option expects)."""
+    from kvviz.c2c.fuser import new_fuser
+    from kvviz.paths import cache_dir
 
     folder = cache_dir() / "fusers" / "gpu-check" / pair.name.replace("/", "--")
     for kind in ("c2c", "control"):
@@ -157,11 +157,10 @@ def every_handoff(pair, fuser: Path, max_new_tokens: int) -> list[dict]:
     """Each registered handoff once on a context question: what it took and what it held."""
     from kvviz.engine import run_handoff
     from kvviz.handoffs import registry
-    from kvviz.results import GenerationSettings, HandoffRequest
 
-    request = HandoffRequest(query="What is the code for locker 12?", context="The code for locker 12 is 4471.",
-                             generation=GenerationSettings(max_new_tokens=max_new_tokens), text_message_tokens=max_new_tokens,
-                             c2c_fuser=str(fuser))
+    options = {"text": {"message_tokens": max_new_tokens}, "c2c": {"fuser": str(fuser)}}
+    request = registry.build_request("What is the code for locker 12?", "The code for locker 12 is 4471.", max_new_tokens,
+                                     options=options)
     rows = []
     for handoff in registry.all_handoffs():
         run_handoff(handoff.name, pair, request)  # warm-up (kernels, calibration, fuser load)

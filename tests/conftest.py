@@ -1,4 +1,11 @@
-"""Shared fixtures: tiny models (no weights) and the real embedded pair (slow tests)."""
+"""Shared fixtures: tiny models (no weights) and the real embedded pair; the test tiers.
+
+Three tiers (README "Tests"): **unit** (tiny models built from configs, no server, no other
+process: ``python -m pytest -m "not slow"``), **integration** (``@pytest.mark.integration``: a
+Gradio server, a browser, other processes) and **real-model** (``@pytest.mark.real_model``: the
+embedded models, converted in the kvviz cache). Every integration and real-model test is also
+``slow``, so ``-m "not slow"`` is the unit tier; a bare ``python -m pytest`` runs them all.
+"""
 
 from __future__ import annotations
 
@@ -15,11 +22,25 @@ os.environ.setdefault("KVVIZ_FUSER_DIRS", tempfile.gettempdir())
 
 import pytest
 
-from kvviz.handoffs.common import LoadedPair
-from kvviz.models import PairSpec
+from kvviz.handoffs.kvcomm_layers import options_of
+from kvviz.models import LoadedPair, PairSpec
 from tests.tiny_models import tiny_gemma, tiny_llama
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Integration and real-model tests are slow: ``-m "not slow"`` keeps the unit tier."""
+    for item in items:
+        if item.get_closest_marker("integration") or item.get_closest_marker("real_model"):
+            item.add_marker(pytest.mark.slow)
+
+
+def embedded_models_missing(reason: str):
+    """A real-model test without the embedded models: a failure in CI, a skip with the reason elsewhere."""
+    if IN_CI:
+        pytest.fail(f"CI needs the embedded models: {reason}")
+    pytest.skip(reason)
 
 
 def tiny_pair(kind: str) -> LoadedPair:
@@ -103,7 +124,7 @@ def tiny_engine(monkeypatch):
     real = engine.run_handoff
 
     def counting(name, loaded, request, on_token=None):
-        calls.append((name, request.query, request.kvcomm.ratio, request.kvcomm.strategy))
+        calls.append((name, request.query, options_of(request).ratio, options_of(request).strategy))
         return real(name, loaded, request, on_token)
 
     monkeypatch.setattr(engine, "run_handoff", counting)

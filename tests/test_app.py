@@ -15,8 +15,8 @@ import pytest
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from kvviz import present, ui  # noqa: E402
-from kvviz.handoffs import registry  # noqa: E402
-from kvviz.handoffs import kvcomm as kvcomm_handoff  # noqa: E402
+from kvviz.handoffs import kvcomm as kvcomm_handoff, registry  # noqa: E402
+from kvviz.handoffs.kvcomm_layers import options_of  # noqa: E402
 from kvviz.plotkit import bar_counts  # noqa: E402
 from kvviz.presets import PRESETS, load_precomputed  # noqa: E402
 from tests.conftest import served_on_loopback  # noqa: E402
@@ -54,6 +54,7 @@ def split_run_outputs(outputs) -> dict:
 # --- fast: no models ----------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_every_event_has_an_api_name(client):
     names = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
     for expected in ("/run", "/sweep", "/load_preset", "/export", "/pair_facts", "/walkthrough_next", "/walkthrough_back",
@@ -71,6 +72,7 @@ def test_model_runs_share_one_queue_and_every_public_event_is_named():
     assert functions["load_preset"].concurrency_id != ui.MODEL_QUEUE
 
 
+@pytest.mark.integration
 def test_walkthrough_steps_forward_and_back(client):
     text, preset_key = client.predict(api_name="/walkthrough_next")
     assert "Step 2 of" in text
@@ -78,6 +80,7 @@ def test_walkthrough_steps_forward_and_back(client):
     assert "Step 1 of" in text and preset_key == ui.walkthrough_steps()[0][1]
 
 
+@pytest.mark.integration
 def test_preset_paints_precomputed_results_and_plots(client):
     if not load_precomputed():
         pytest.skip("assets/precomputed/presets.json is missing: run scripts/precompute_presets.py")
@@ -103,6 +106,7 @@ def test_preset_paints_precomputed_results_and_plots(client):
     assert set(view["plots"]) == set(ui.plot_names())
 
 
+@pytest.mark.integration
 def test_export_writes_json_and_csv(client, tmp_path):
     files = client.predict(api_name="/export")
     paths = [f if isinstance(f, str) else f.get("path", f.get("name")) for f in files]
@@ -114,11 +118,13 @@ def test_export_writes_json_and_csv(client, tmp_path):
     assert list(rows[0]) == present.RESULT_COLUMNS
 
 
+@pytest.mark.integration
 def test_pair_facts_lists_the_models(client):
     text = client.predict("embedded", api_name="/pair_facts")
     assert "smollm2-135m" in text and "gemma3-270m" in text
 
 
+@pytest.mark.integration
 def test_bad_input_gets_a_clear_error(client):
     from gradio_client.exceptions import AppError
 
@@ -135,8 +141,8 @@ def test_the_run_endpoint_names_every_setting_and_option_in_order():
     # the KVComm options keep the positions scripts used before the registry (alpha: auto, then value)
     assert names[8:15] == ["kvcomm_ratio", "kvcomm_strategy", "kvcomm_alpha_auto", "kvcomm_alpha", "kvcomm_sigma", "kvcomm_layers",
                            "kvcomm_calibration"]
-    widgets = sum(spec.inputs for spec in ui.page_options())
-    assert len(names) == 8 + widgets + 1
+    widgets = sum(spec.inputs for spec in ui.page_options())  # the message bound is the text handoff's option
+    assert len(names) == 7 + widgets + 1
 
 
 def test_form_values_become_each_handoffs_options():
@@ -144,12 +150,12 @@ def test_form_values_become_each_handoffs_options():
     values = ui.option_values(specs, [0.25, "prior", True, 0.3, 5.0, "", "query"])
     assert values == {"kvcomm": {"ratio": 0.25, "strategy": "prior", "alpha": None, "sigma": 5.0, "layers": "",
                                  "calibration": "query"}}
-    request = ui.build_request("Q?", "  ", 8, False, 0.7, 3, 16, values)
-    assert request.context is None and request.kvcomm.strategy == "prior" and request.generation.max_new_tokens == 8
-    assert request.kvcomm.calibration == "query" and request.kvcomm.calibration_sample is None
-    assert request.kvcomm.alpha is None and request.kvcomm.seed == 3
+    request = ui.build_request("Q?", "  ", 8, False, 0.7, 3, values)
+    assert request.context is None and options_of(request).strategy == "prior" and request.generation.max_new_tokens == 8
+    assert options_of(request).calibration == "query" and options_of(request).calibration_sample is None
+    assert options_of(request).alpha is None and options_of(request).seed == 3
     explicit = ui.build_request("Q?", "ctx", options={"kvcomm": {"layers": "7, 0,3"}})
-    assert explicit.kvcomm.strategy == "explicit" and explicit.kvcomm.layers == (0, 3, 7)
+    assert options_of(explicit).strategy == "explicit" and options_of(explicit).layers == (0, 3, 7)
 
 
 # --- slow: a live run on the real embedded pair -------------------------------------------------
@@ -183,7 +189,8 @@ def test_walkthrough_has_a_step_per_handoff_shown_at_first():
     assert titles[0].startswith(f"Step 1 of {len(titles)}")
 
 
-@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.real_model
 def test_run_a_preset_live_gets_every_column_and_every_plot(client, embedded_pair):
     preset = PRESETS[0]  # private context: every handoff applies (C2C when a fuser ships)
     job = client.submit(
@@ -222,6 +229,7 @@ def test_run_a_preset_live_gets_every_column_and_every_plot(client, embedded_pai
     assert len(job.outputs()) > 2
 
 
+@pytest.mark.integration
 def test_the_page_preloads_the_plot_script_it_will_need(app_url):
     """The head links Gradio's plotly chunk for early fetching; the link must resolve on the server."""
     import re

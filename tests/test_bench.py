@@ -24,6 +24,7 @@ from kvviz.bench import report, rows as bench_rows, run, scoring, summary
 from kvviz.cli import build_parser
 from kvviz.data import MC_INSTRUCTION, choice_query, load_dataset, wilson_interval
 from kvviz.handoffs import registry
+from kvviz.handoffs.kvcomm_layers import options_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -158,7 +159,8 @@ def test_kvcomm_calibrates_on_the_tasks_first_sample_which_is_not_scored(tmp_pat
                                  "--no-shuffle")) == 0
     rows = read_csv(out / "rows.csv")
     assert {row["sample_id"] for row in rows} == {"q1", "q2", "q3"}  # q0 calibrates: not scored, 3 scored
-    assert json.loads((out / "config.json").read_text())["kvcomm_calibration_sample"] == "q0"
+    config = json.loads((out / "config.json").read_text())
+    assert config["calibration_sample"] == "q0" and config["calibrated_handoffs"] == ["kvcomm"]
     assert "calibrated on the task's first sample, q0" in (out / "summary.md").read_text()
     # --calibration given: no sample is set aside
     other = tmp_path / "builtin"
@@ -172,9 +174,9 @@ def test_bench_request_carries_the_calibration_sample_to_kvcomm_only():
     records = load_dataset(str(write_jsonl(Path(os.environ.get("TMPDIR", "/tmp")) / "kvviz_cal.jsonl", OPEN_RECORDS)))
     args = bench_args(Path("unused.jsonl"), Path("unused"))
     kv = run.variant_request(records[1], run.Variant("kvcomm@0.5", "kvcomm", {"ratio": 0.5}), args, {}, records[0])
-    assert kv.kvcomm.calibration == "sample" and kv.kvcomm.calibration_sample == (records[0].context, choice_query(records[0]))
+    assert options_of(kv).calibration == "sample" and options_of(kv).calibration_sample == (records[0].context, choice_query(records[0]))
     text = run.variant_request(records[1], run.Variant("text", "text"), args, {}, records[0])
-    assert text.kvcomm.calibration == "builtin"
+    assert options_of(text).calibration == "builtin"
 
 
 def test_interrupted_run_resumes_without_redoing_rows(tmp_path, tiny_engine, monkeypatch):
@@ -321,7 +323,8 @@ def _cli_env() -> dict:
     return env
 
 
-@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.real_model
 def test_embedded_countries_bench_and_two_process_split(tmp_path, shared_data):
     """Two CPU processes (RANK / WORLD_SIZE as accelerate launch sets them) split a tiny real run."""
     out = tmp_path / "split"
@@ -341,7 +344,7 @@ def test_embedded_countries_bench_and_two_process_split(tmp_path, shared_data):
     assert sorted(r["sample_index"] for r in rows) == ["1", "1", "2", "2"]
     assert all(r["applicable"] == "1" and float(r["time_total"]) > 0 for r in rows)
     config = json.loads((out / "config.json").read_text())
-    assert config["kvcomm_calibration_sample"] and config["kvcomm_calibration_sample"] not in {r["sample_id"] for r in rows}
+    assert config["calibration_sample"] and config["calibration_sample"] not in {r["sample_id"] for r in rows}
 
 
 def test_results_markdown_from_runs_and_perf(tmp_path, tiny_engine):
@@ -382,8 +385,58 @@ def test_regenerating_results_keeps_the_kvcomm_table_section(tmp_path):
     assert "<!-- kvcomm-table:start -->\nK\n<!-- kvcomm-table:end -->" in kept and "L" in kept
 
 
+def test_regenerating_results_keeps_the_latent_relay_and_steering_section(tmp_path):
+    from kvviz.bench.report import kept_sections
+
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# old\n<!-- steer-table:start -->\nS\n<!-- steer-table:end -->\n")
+    assert "<!-- steer-table:start -->\nS\n<!-- steer-table:end -->" in kept_sections(path)
+
+
+def test_steer_results_section_pairs_samples_and_says_what_was_measured(tmp_path, monkeypatch):
+    """research/steer_results.py on hand-made bench rows: only samples every variant answered
+    count; N = 0 against Skyline answer for answer; McNemar per comparison; how often steering
+    changed the receiver's answer and how often the changed answer was right."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(REPO / "research"))
+    spec = importlib.util.spec_from_file_location("steer_results", REPO / "research" / "steer_results.py")
+    steer_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(steer_results)
+    right = {"receiver": [0] * 10, "skyline": [1] * 4 + [0] * 6, "latent_relay@0": [1] * 4 + [0] * 6,
+             "latent_relay@2": [1] * 3 + [0] * 7, "kv_steering-answer_briefly@4": [0] * 9 + [1]}
+    rows = []
+    for variant, correct in right.items():
+        for i in range(10):
+            answer = f"{variant}-{i}" if variant.startswith("kv_steering") and i >= 7 else f"{'s' if correct[i] else 'r'}{i}"
+            if variant == "latent_relay@0":
+                answer = f"{'s' if right['skyline'][i] else 'r'}{i}"  # Skyline's answer, word for word
+            rows.append({"sample_id": f"s{i}", "variant": variant, "applicable": "1", "correct": str(correct[i]),
+                         "answer": answer, "correct_contains": str(correct[i]), "ttft": "1.0",
+                         "time_sharer_decode": "0.4", "time_receiver_decode": "0.3",
+                         "generated_tokens": "3"})
+    rows.append({**rows[0], "sample_id": "s10"})  # answered by the receiver only: not paired, left out
+    folder = tmp_path / "steer-countries"
+    folder.mkdir()
+    with (folder / "rows.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    text = steer_results.section([("Countries", folder)])
+    assert "n = 10 samples" in text
+    assert "| Skyline (`skyline`) | 4/10 | 0.40 | 0.17 to 0.69 | 0.40 | 1 |" in text and "control: no transfer (`latent_relay-no_transfer@2`) | not run" in text
+    assert "| the latent relay at N = 0 equals Skyline answer for answer | 10/10 identical answers | met |" in text
+    assert "| latent_relay@2 | skyline | 10 | 0.30 | 0.40 | -0.10 | 0 | 1 | 1 |" in text
+    assert "| latent_relay@2 (contains) | skyline (contains) | 10 | 0.30 | 0.40 |" in text
+    assert "| 2 | 0.200 | 0.100 | 2.00 | 1.00 |" in text  # 0.4 s for 2 steps; 0.3 s for 3 tokens
+    assert "| `kv_steering-answer_briefly@4` | 3/10 | 1/3 | 0/3 | 0.10 (0.00) |" in text
+    assert "So on this dataset" not in text  # the controls behind it were not run
+    assert text.startswith(steer_results.START) and text.rstrip().endswith(steer_results.END)
+
+
+@pytest.mark.integration
 def test_kvcomm_results_section_pairs_samples_and_says_met_or_missed(tmp_path):
-    """scripts/kvcomm_results.py on hand-made rows: only samples every variant answered count, the
+    """research/kvcomm_results.py on hand-made rows: only samples every variant answered count, the
     verdicts follow the numbers, and the section replaces its old self in the file."""
     folder = tmp_path / "table"
     folder.mkdir()
@@ -403,7 +456,7 @@ def test_kvcomm_results_section_pairs_samples_and_says_met_or_missed(tmp_path):
         writer.writerows(rows)
     results = tmp_path / "RESULTS.md"
     results.write_text("# top\n\n<!-- kvcomm-table:start -->\nold\n<!-- kvcomm-table:end -->\n\ntail\n")
-    command = [sys.executable, str(REPO / "scripts" / "kvcomm_results.py"), "--table", f"Countries={folder}",
+    command = [sys.executable, str(REPO / "research" / "kvcomm_results.py"), "--table", f"Countries={folder}",
                "--write", str(results)]
     subprocess.run(command, check=True, capture_output=True, cwd=REPO)
     text = results.read_text()

@@ -32,7 +32,7 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 MAX_NEW_TOKENS = 4
 RUN_TIMEOUT_MS = 300_000
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 
 
 def artifacts_dir() -> Path:

@@ -18,14 +18,16 @@ import pytest
 import torch
 
 from kvviz import cache as kv
-from kvviz.align import align_prompt, map_tokens, message_span
+from kvviz.c2c import locate
+from kvviz.c2c.align import align_prompt, map_tokens, message_span
+from kvviz.c2c.fuser import new_fuser
+from kvviz.c2c.fusion import fuse_prompt
 from kvviz.decode import prefill
 from kvviz.engine import run_handoff
-from kvviz.fuser import new_fuser
-from kvviz.handoffs import HANDOFFS
-from kvviz.handoffs import c2c
+from kvviz.handoffs import HANDOFFS, c2c
 from kvviz.prompts import build_segments
 from kvviz.results import GenerationSettings, HandoffRequest
+from tests.conftest import embedded_models_missing
 from tests.test_fuser import mixed_pair, trained_like
 
 QUERY = "What is the secret code word? Uma is at the Mahaffie House."
@@ -46,7 +48,7 @@ def pair():
 
 
 def request(folder, **kwargs) -> HandoffRequest:
-    return HandoffRequest(query=QUERY, context=kwargs.pop("context", None), generation=GenerationSettings(max_new_tokens=6), c2c_fuser=str(folder) if folder else None, **kwargs)
+    return HandoffRequest(query=QUERY, context=kwargs.pop("context", None), generation=GenerationSettings(max_new_tokens=6), options={"c2c": {"fuser": str(folder) if folder else ""}}, **kwargs)
 
 
 def save(pair, folder, gate: float, zero_projection: bool = False, control: bool = False):
@@ -61,10 +63,11 @@ def save(pair, folder, gate: float, zero_projection: bool = False, control: bool
 
 
 def last_logits(pair, result_fuser_folder, query=QUERY):
-    """The receiver's first-token logits on the fused cache, through the handoff's own code path."""
-    fuser = c2c.get_fuser(Path(result_fuser_folder), pair)
+    """The receiver's first-token logits on the fused cache, through the handoff's own pipeline."""
+    fuser = locate.get_fuser(Path(result_fuser_folder), pair)
     alignment = align_prompt(pair.receiver.tokenizer, pair.sharer.tokenizer, query)
-    state, _, _, _ = c2c.fused_state(pair, fuser, alignment, c2c.StageTimer())
+    with torch.no_grad():
+        state = fuse_prompt(pair, fuser, alignment, hard=True).state
     next_token, _ = prefill(pair.receiver, state, alignment.receiver_ids[-1:])
     return next_token.logits
 
@@ -130,7 +133,7 @@ def test_control_handoff_uses_no_sharer(pair, tmp_path):
 
 
 def test_missing_or_foreign_fuser_is_not_applicable(pair, tmp_path, monkeypatch):
-    monkeypatch.setattr(c2c, "ASSETS_DIR", tmp_path / "no-assets")
+    monkeypatch.setattr(locate, "SHIPPED_FUSERS", tmp_path / "no-assets")
     result = run_handoff("c2c", pair, request(None))
     assert not result.applicable and "No trained" in result.reason and "train-fuser" in result.reason
     other = mixed_pair()
@@ -142,10 +145,10 @@ def test_missing_or_foreign_fuser_is_not_applicable(pair, tmp_path, monkeypatch)
 
 
 def test_shipped_fusers_are_found_by_fingerprint(pair, tmp_path, monkeypatch):
-    monkeypatch.setattr(c2c, "ASSETS_DIR", tmp_path)
+    monkeypatch.setattr(locate, "SHIPPED_FUSERS", tmp_path)
     save(pair, tmp_path / "any-name" / "c2c", gate=-1.0)
-    assert c2c.find_shipped(pair, "c2c") == tmp_path / "any-name" / "c2c"
-    assert c2c.find_shipped(pair, "control") is None
+    assert locate.find_shipped(pair, "c2c") == tmp_path / "any-name" / "c2c"
+    assert locate.find_shipped(pair, "control") is None
     assert run_handoff("c2c", pair, request(None)).applicable
 
 
@@ -176,12 +179,13 @@ def _real_tokenizers():
     from kvviz.models import converted_dir, is_prepared
 
     if not (is_prepared("smollm2-135m") and is_prepared("gemma3-270m")):
-        pytest.skip("the embedded models are not prepared (python -m kvviz prepare)")
+        embedded_models_missing("the embedded models are not prepared (python -m kvviz prepare)")
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(converted_dir("gemma3-270m")), AutoTokenizer.from_pretrained(converted_dir("smollm2-135m"))
 
 
+@pytest.mark.real_model
 @pytest.mark.parametrize("text", HARD_TEXTS)
 def test_real_tokenizers_map_every_message_token_to_one_sharer_token(text):
     gemma, smollm = real_tokenizers()
@@ -206,6 +210,7 @@ def test_real_tokenizers_map_every_message_token_to_one_sharer_token(text):
         )
 
 
+@pytest.mark.real_model
 def test_real_tokenizers_longest_piece():
     gemma, smollm = real_tokenizers()
     ids = gemma(" déjà", add_special_tokens=False)["input_ids"]
@@ -219,7 +224,7 @@ def test_real_tokenizers_longest_piece():
 # --- slow: the real pair and two training processes -----------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.real_model
 def test_embedded_pair_c2c_and_control_run(embedded_pair):
     result = run_handoff("c2c", embedded_pair, HandoffRequest(query="What is the capital of France?", generation=GenerationSettings(max_new_tokens=8)))
     if not result.applicable:
@@ -241,7 +246,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_two_cpu_processes_train_with_gloo(tmp_path):
     """`accelerate launch` with two CPU processes (gloo): a few steps, one checkpoint.
 
@@ -279,7 +284,7 @@ def test_train_cli_checkpoints_resumes_and_writes_the_curve(tmp_path):
     """Two steps with a checkpoint every step, then resume to four: the curve continues."""
     import argparse
 
-    from kvviz import train_fuser
+    from kvviz.c2c import train as train_fuser
     from kvviz.models import register_loaded
     from tests.tiny_models import tiny_gemma, tiny_llama
 
@@ -373,19 +378,19 @@ def test_c2c_figure_off_says_why():
 def test_fuser_requirement_is_checked_at_once_and_the_option_sets_the_request(pair, tmp_path, monkeypatch):
     from kvviz.handoffs import registry
 
-    monkeypatch.setattr(c2c, "ASSETS_DIR", tmp_path / "none")
+    monkeypatch.setattr(locate, "SHIPPED_FUSERS", tmp_path / "none")
     for name in ("c2c", "c2c_control"):
         reason = registry.get(name).applicable(pair, HandoffRequest(query="Q?"))
         assert reason and "fuser" in reason
     request = registry.get("c2c").with_options(HandoffRequest(query="Q?"), {"fuser": str(tmp_path)})
-    assert request.c2c_fuser == str(tmp_path)
-    assert registry.get("c2c").with_options(HandoffRequest(query="Q?"), {}).c2c_fuser is None
+    assert c2c.fuser_option(request) == str(tmp_path)
+    assert c2c.fuser_option(registry.get("c2c").with_options(HandoffRequest(query="Q?"), {})) is None
 
 
 def test_the_communication_measure_stored_beside_the_fusers_reaches_both_columns(tmp_path):
     import json
 
-    from kvviz.fuser import checkpoint_label
+    from kvviz.c2c.fuser import checkpoint_label
 
     pair_folder = tmp_path / "sharer__receiver"
     (pair_folder / "c2c").mkdir(parents=True)
@@ -396,21 +401,21 @@ def test_the_communication_measure_stored_beside_the_fusers_reaches_both_columns
         "heldout": {"data": "dolly", "nll": {"receiver": 2.5, "control": 2.41, "c2c": 2.44},
                     "communication": {"c2c": measure, "control": dict(measure, gain=0.0, ci95=[0.0, 0.0])}},
     }
-    (pair_folder / c2c.COMMUNICATION_FILE).write_text(json.dumps(report))
+    (pair_folder / locate.COMMUNICATION_FILE).write_text(json.dumps(report))
     for kind in ("c2c", "control"):
-        stored = c2c.stored_communication(pair_folder / kind)
+        stored = locate.stored_communication(pair_folder / kind)
         assert stored["gain"] == 0.0125 and stored["ci95"] == [-0.004, 0.03]  # C2C's measure in both columns
         assert stored["heldout_nll"] == {"receiver": 2.5, "control": 2.41, "c2c": 2.44}
     # a report about other fusers is not shown
     (tmp_path / "other" / "c2c").mkdir(parents=True)
-    (tmp_path / "other" / c2c.COMMUNICATION_FILE).write_text(json.dumps(report))
-    assert c2c.stored_communication(tmp_path / "other" / "c2c") is None
-    assert c2c.stored_communication(tmp_path / "nowhere" / "c2c") is None
+    (tmp_path / "other" / locate.COMMUNICATION_FILE).write_text(json.dumps(report))
+    assert locate.stored_communication(tmp_path / "other" / "c2c") is None
+    assert locate.stored_communication(tmp_path / "nowhere" / "c2c") is None
 
-    note = c2c.communication_note(c2c.stored_communication(pair_folder / "c2c"), control=False)
+    note = c2c.communication_note(locate.stored_communication(pair_folder / "c2c"), control=False)
     assert len(note) == 1 and "+0.013 nats/token" in note[0] and "[-0.004, +0.030]" in note[0]
     assert "no measured evidence" in note[0]
-    control_note = c2c.communication_note(c2c.stored_communication(pair_folder / "control"), control=True)
+    control_note = c2c.communication_note(locate.stored_communication(pair_folder / "control"), control=True)
     assert "receiver 2.500, control 2.410, c2c 2.440" in control_note[0]
     helps = c2c.communication_note(dict(measure, ci95=[0.01, 0.02]), control=False)
     assert "the sharer's cache helps" in helps[0]

@@ -27,7 +27,7 @@ CONTEXT, QUERY = "The secret code word is pineapple.", "What is the secret code 
 
 def request(temperature: float = 1.0, message_tokens: int = 6) -> HandoffRequest:
     base = HandoffRequest(query=QUERY, context=CONTEXT, generation=GenerationSettings(max_new_tokens=5),
-                          text_message_tokens=message_tokens)
+                          options={"text": {"message_tokens": message_tokens}})
     return registry.get("cipher").with_options(base, {"temperature": temperature})
 
 

@@ -11,14 +11,15 @@ import json
 import pytest
 import torch
 
-from kvviz import fuser_reference, recall
-from kvviz.align import align_prompt
-from kvviz.data import Record, contains_answer
+from kvviz.c2c import locate, reference
+from kvviz.c2c.align import align_prompt
+from kvviz.c2c.fuser import FuserError, load_fuser, new_fuser
+from kvviz.c2c.fusion import fuse_prompt, sharer_kv
+from kvviz.c2c.rope import RopeTables, apply_rotation, rotary_tables, undo_rotation
+from kvviz.data import Record, contains_answer, recall
+from kvviz.decode import prefill
 from kvviz.engine import run_handoff
-from kvviz.fuser import FuserError, apply_rotation, load_fuser, new_fuser, undo_rotation
-from kvviz.fusion import RopeTables, fuse_prompt, rotary_tables, sharer_kv
-from kvviz.handoffs.common import LoadedPair
-from kvviz.models import PairSpec
+from kvviz.models import LoadedPair, PairSpec
 from kvviz.results import GenerationSettings, HandoffRequest
 from tests.test_fuser import mixed_pair, trained_like
 
@@ -62,19 +63,15 @@ def test_c2c_output_changes_with_the_sharers_context_and_the_controls_does_not(p
     control.save(tmp_path / "run" / "control")
 
     def first_logits(name, context):
-        from kvviz.handoffs import c2c
-
-        fuser = c2c.get_fuser(tmp_path / "run" / ("control" if name == "c2c_control" else "c2c"), pair)
+        fuser = locate.get_fuser(tmp_path / "run" / ("control" if name == "c2c_control" else "c2c"), pair)
         alignment = align_prompt(pair.receiver.tokenizer, pair.sharer.tokenizer, QUERY, context, receiver_sees_context=False)
-        state, _, _, _ = c2c.fused_state(pair, fuser, alignment, c2c.StageTimer())
-        from kvviz.decode import prefill
-
+        state = fuse_prompt(pair, fuser, alignment, hard=True).state
         next_token, _ = prefill(pair.receiver, state, alignment.receiver_ids[-1:])
         return next_token.logits
 
     assert not torch.allclose(first_logits("c2c", CONTEXTS[0]), first_logits("c2c", CONTEXTS[1]), atol=1e-5)
     assert torch.equal(first_logits("c2c_control", CONTEXTS[0]), first_logits("c2c_control", CONTEXTS[1]))
-    request = HandoffRequest(query=QUERY, context=CONTEXTS[0], generation=GenerationSettings(max_new_tokens=4), c2c_fuser=str(tmp_path / "run" / "c2c"))
+    request = HandoffRequest(query=QUERY, context=CONTEXTS[0], generation=GenerationSettings(max_new_tokens=4), options={"c2c": {"fuser": str(tmp_path / "run" / "c2c")}})
     result = run_handoff("c2c", pair, request)
     assert result.applicable, result.reason
     assert result.details["applied_gates"]["k"] == [1] * pair.receiver.facts.num_layers
@@ -82,14 +79,14 @@ def test_c2c_output_changes_with_the_sharers_context_and_the_controls_does_not(p
 
 
 def tiny_examples(pair, n=4):
-    from kvviz.train_fuser import make_example
+    from kvviz.c2c.examples import make_example
 
     records = recall.generate("heldout", n, seed=3, max_distractors=0)
     return [make_example(pair, r, 256, 8, receiver_sees_context=False, max_sharer_tokens=512) for r in records]
 
 
 def test_communication_measure_is_zero_for_the_control_and_not_for_c2c(pair):
-    from kvviz.eval_fuser import bootstrap_ratio, communication_measure, derangement
+    from kvviz.c2c.communication import bootstrap_ratio, communication_measure, derangement
 
     examples = tiny_examples(pair)
     assert all(e is not None for e in examples)
@@ -250,7 +247,7 @@ def test_recall_records_are_seeded_and_split_by_entity():
 def test_recall_and_dolly_mix_and_the_trainer_runs_on_it(tmp_path):
     import argparse
 
-    from kvviz import train_fuser
+    from kvviz.c2c import train as train_fuser
     from kvviz.models import register_loaded
     from tests.tiny_models import tiny_gemma, tiny_llama
 
@@ -350,9 +347,9 @@ def paper_formula(state, source_kv, target_kv, num_layers):
 @pytest.mark.parametrize("num_layers", [3, 4])
 def test_reference_fuser_converts_and_matches_the_papers_formula(pair, tmp_path, num_layers):
     folder = write_reference(tmp_path / "final", pair, num_layers=num_layers, skip_layer=5)
-    assert fuser_reference.is_reference_layout(folder)
-    out = fuser_reference.convert_reference(folder, pair.sharer.facts, pair.receiver.facts, pair.name, out=tmp_path / "converted")
-    again = fuser_reference.convert_reference(folder, pair.sharer.facts, pair.receiver.facts, pair.name, out=tmp_path / "converted")
+    assert reference.is_reference_layout(folder)
+    out = reference.convert_reference(folder, pair.sharer.facts, pair.receiver.facts, pair.name, out=tmp_path / "converted")
+    again = reference.convert_reference(folder, pair.sharer.facts, pair.receiver.facts, pair.name, out=tmp_path / "converted")
     assert again == out
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "fuser.safetensors"]  # no pickle in kvviz's form
     fuser = load_fuser(out, pair.sharer.facts, pair.receiver.facts)
@@ -391,10 +388,10 @@ def test_reference_fuser_errors_are_clear(pair, tmp_path):
     other = mixed_pair()
     # a pair whose KV shapes differ (receiver and sharer swapped)
     with pytest.raises(FuserError, match="does not fit|another pair|outside"):
-        fuser_reference.convert_reference(folder, other.receiver.facts, other.sharer.facts, "swapped", out=tmp_path / "x")
+        reference.convert_reference(folder, other.receiver.facts, other.sharer.facts, "swapped", out=tmp_path / "x")
     (folder / "projector_2.pt").write_bytes(b"not a torch file")
     with pytest.raises(FuserError, match="corrupt"):
-        fuser_reference.convert_reference(folder, pair.sharer.facts, pair.receiver.facts, out=tmp_path / "y")
+        reference.convert_reference(folder, pair.sharer.facts, pair.receiver.facts, out=tmp_path / "y")
 
     class Evil:
         def __reduce__(self):
@@ -402,25 +399,25 @@ def test_reference_fuser_errors_are_clear(pair, tmp_path):
 
     torch.save({"key_in.weight": Evil()}, folder / "projector_2.pt")
     with pytest.raises(FuserError, match="weights_only"):
-        fuser_reference.convert_reference(folder, pair.sharer.facts, pair.receiver.facts, out=tmp_path / "z")
+        reference.convert_reference(folder, pair.sharer.facts, pair.receiver.facts, out=tmp_path / "z")
     write_reference(folder, pair)
     state = torch.load(folder / "projector_1.pt", weights_only=True)
     state["key_in.weight"] = state["key_in.weight"][:, :3]  # weights that do not fit the config
     torch.save(state, folder / "projector_1.pt")
     with pytest.raises(FuserError, match="does not match its weights"):
-        fuser_reference.convert_reference(folder, pair.sharer.facts, pair.receiver.facts, out=tmp_path / "w")
+        reference.convert_reference(folder, pair.sharer.facts, pair.receiver.facts, out=tmp_path / "w")
     write_reference(folder, pair)
     (folder / "projector_0.json").write_text(json.dumps({"class": "AllInOneProjector", "init_args": {}}))
     with pytest.raises(FuserError, match="AllInOneProjector"):
-        fuser_reference.convert_reference(folder, pair.sharer.facts, pair.receiver.facts, out=tmp_path / "v")
+        reference.convert_reference(folder, pair.sharer.facts, pair.receiver.facts, out=tmp_path / "v")
     with pytest.raises(FuserError, match="paper's layout"):
         load_fuser(folder)
 
 
 def test_reference_fuser_runs_through_the_handoff(pair, tmp_path, monkeypatch):
-    monkeypatch.setattr(fuser_reference, "converted_root", lambda: tmp_path / "cache")
+    monkeypatch.setattr(reference, "converted_root", lambda: tmp_path / "cache")
     folder = write_reference(tmp_path / "final", pair)
-    request = HandoffRequest(query=QUERY, generation=GenerationSettings(max_new_tokens=4), c2c_fuser=str(folder))
+    request = HandoffRequest(query=QUERY, generation=GenerationSettings(max_new_tokens=4), options={"c2c": {"fuser": str(folder)}})
     result = run_handoff("c2c", pair, request)
     assert result.applicable, result.reason
     assert result.details["fuser_source"] == "reference" and result.details["receiver_sees_context"] is True
@@ -431,12 +428,10 @@ def test_reference_fuser_runs_through_the_handoff(pair, tmp_path, monkeypatch):
 
 
 def test_published_fuser_for_the_qwen_pair_says_how_to_get_it_offline(tmp_path, monkeypatch):
-    from kvviz.handoffs import c2c
-
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(c2c, "ASSETS_DIR", tmp_path / "no-assets")
+    monkeypatch.setattr(locate, "SHIPPED_FUSERS", tmp_path / "no-assets")
     base = mixed_pair()
-    sharer_name, receiver_name = next(iter(fuser_reference.PUBLISHED_FUSERS))
+    sharer_name, receiver_name = next(iter(reference.PUBLISHED_FUSERS))
     spec = PairSpec(name="qwen", sharer=sharer_name, receiver=receiver_name, description="tiny stand-ins")
     sharer = type(base.sharer)(**{**base.sharer.__dict__, "name": sharer_name})
     receiver = type(base.receiver)(**{**base.receiver.__dict__, "name": receiver_name})
@@ -447,5 +442,5 @@ def test_published_fuser_for_the_qwen_pair_says_how_to_get_it_offline(tmp_path, 
     assert "nics-efc/C2C_Fuser" in result.reason and "huggingface-cli download" in result.reason
     control = run_handoff("c2c_control", pair, request)
     assert not control.applicable and "no control" in control.reason
-    assert fuser_reference.is_hub_path("nics-efc/C2C_Fuser/qwen3_0.6b+qwen2.5_0.5b_Fuser/final")
-    assert not fuser_reference.is_hub_path(str(tmp_path)) and not fuser_reference.is_hub_path("Qwen/Qwen3-0.6B")
+    assert reference.is_hub_path("nics-efc/C2C_Fuser/qwen3_0.6b+qwen2.5_0.5b_Fuser/final")
+    assert not reference.is_hub_path(str(tmp_path)) and not reference.is_hub_path("Qwen/Qwen3-0.6B")

@@ -19,12 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvviz import cache as kv
-from kvviz import engine, measure
+from kvviz import cache as kv, engine, measure
 from kvviz.decode import generate, prefill
+from kvviz.facts import facts_from_config
 from kvviz.handoffs import registry
-from kvviz.handoffs.common import LoadedPair
-from kvviz.models import LoadedModel, PairSpec, facts_from_config
+from kvviz.models import LoadedModel, LoadedPair, PairSpec
 from kvviz.results import GenerationSettings, HandoffRequest
 from tests.conftest import tiny_pair
 
@@ -46,7 +45,7 @@ def fake_cuda(monkeypatch):
 
 def request(max_new_tokens=3) -> HandoffRequest:
     return HandoffRequest(query="What is the secret code word?", context="The secret code word is pineapple.",
-                          generation=GenerationSettings(max_new_tokens=max_new_tokens), text_message_tokens=4)
+                          generation=GenerationSettings(max_new_tokens=max_new_tokens), options={"text": {"message_tokens": 4}})
 
 
 # --- timers wait for the device ---------------------------------------------------------------
@@ -167,8 +166,8 @@ def dispatched(loaded: LoadedModel) -> LoadedModel:
 
 @pytest.mark.parametrize("kind", ["llama", "gemma"])
 def test_every_handoff_runs_the_same_through_accelerate_hooks(kind, tmp_path, monkeypatch, one_thread):
-    from kvviz.fuser import new_fuser
-    from kvviz.models import cache_dir
+    from kvviz.c2c.fuser import new_fuser
+    from kvviz.paths import cache_dir
 
     plain = tiny_pair(kind)
     model = dispatched(plain.receiver)
@@ -178,7 +177,7 @@ def test_every_handoff_runs_the_same_through_accelerate_hooks(kind, tmp_path, mo
     for control in (False, True):  # an untrained fuser: C2C's path, not its quality
         new_fuser(plain.sharer.facts, plain.receiver.facts, pair=plain.name, control=control).save(
             fusers / ("control" if control else "c2c"))
-    given = dataclasses.replace(request(), c2c_fuser=str(fusers / "c2c"))
+    given = dataclasses.replace(request(), options={**request().options, "c2c": {"fuser": str(fusers / "c2c")}})
     for handoff in registry.all_handoffs():
         a = engine.run_handoff(handoff.name, plain, given)
         b = engine.run_handoff(handoff.name, spread, given)

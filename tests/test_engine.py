@@ -16,9 +16,9 @@ from kvviz.attention import AttentionPlan, positional_mask
 from kvviz.decode import full_logits, prefill
 from kvviz.engine import run_handoff
 from kvviz.handoffs import common, kvcomm, text
-from kvviz.handoffs.kvcomm import layer_budget, select_layers
+from kvviz.handoffs.kvcomm_layers import KVCommOptions, layer_budget, select_layers
 from kvviz.prompts import build_segments
-from kvviz.results import GenerationSettings, HandoffRequest, KVCommOptions
+from kvviz.results import GenerationSettings, HandoffRequest
 from tests.conftest import tiny_pair
 from tests.tiny_models import tiny_llama
 
@@ -31,7 +31,7 @@ def request(**kvcomm_options) -> HandoffRequest:
         query=QUERY,
         context=CONTEXT,
         generation=GenerationSettings(max_new_tokens=6),
-        kvcomm=KVCommOptions(**kvcomm_options) if kvcomm_options else KVCommOptions(),
+        options={"kvcomm": KVCommOptions(**kvcomm_options).to_dict()},
     )
 
 

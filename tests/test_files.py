@@ -15,12 +15,11 @@ import pytest
 import torch
 
 from kvviz import models, policy
+from kvviz.c2c.fuser import new_fuser
 from kvviz.engine import run_handoff
-from kvviz.fuser import new_fuser
 from kvviz.results import GenerationSettings, HandoffRequest
 from tests.tiny_models import tiny_gemma, tiny_llama
-from kvviz.handoffs.common import LoadedPair
-from kvviz.models import PairSpec
+from kvviz.models import LoadedPair, PairSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 QUERY = "What is the secret code word?"
@@ -51,7 +50,7 @@ def save_fuser(pair, folder):
 
 
 def c2c(pair, folder):
-    request = HandoffRequest(query=QUERY, generation=GenerationSettings(max_new_tokens=3), c2c_fuser=str(folder))
+    request = HandoffRequest(query=QUERY, generation=GenerationSettings(max_new_tokens=3), options={"c2c": {"fuser": str(folder)}})
     return run_handoff("c2c", pair, request)
 
 

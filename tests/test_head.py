@@ -83,7 +83,7 @@ def test_other_weights_get_their_own_index(tmp_path):
     assert len(list(tmp_path.glob("head-int4-*.safetensors"))) == 2
 
 
-@pytest.mark.slow
+@pytest.mark.real_model
 def test_fast_greedy_decoding_equals_the_full_head_on_the_embedded_models(embedded_pair):
     """Real decode states of both embedded models: every greedy step picks the full head's token."""
     from kvviz import cache as kv

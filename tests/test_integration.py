@@ -15,11 +15,12 @@ import torch
 from kvviz import cache as kv
 from kvviz.decode import full_logits, prefill
 from kvviz.engine import run_handoff
+from kvviz.handoffs.kvcomm_layers import KVCommOptions
 from kvviz.models import converted_dir, is_prepared
 from kvviz.prompts import build_segments
-from kvviz.results import GenerationSettings, HandoffRequest, KVCommOptions
+from kvviz.results import GenerationSettings, HandoffRequest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 
 UMA_CONTEXT = "Uma is at the Mahaffie House."
 UMA_QUERY = "Which country is Uma located in?"
@@ -62,8 +63,8 @@ def test_kvcomm_all_layers_equals_skyline_and_none_differs(embedded_pair):
     base = dict(query=query, context=context, generation=settings)
     all_layers = tuple(range(embedded_pair.receiver.facts.num_layers))
     skyline = run_handoff("skyline", embedded_pair, HandoffRequest(**base))
-    everything = run_handoff("kvcomm", embedded_pair, HandoffRequest(**base, kvcomm=KVCommOptions(strategy="explicit", layers=all_layers)))
-    nothing = run_handoff("kvcomm", embedded_pair, HandoffRequest(**base, kvcomm=KVCommOptions(ratio=0.0)))
+    everything = run_handoff("kvcomm", embedded_pair, HandoffRequest(**base, options={"kvcomm": KVCommOptions(strategy="explicit", layers=all_layers).to_dict()}))
+    nothing = run_handoff("kvcomm", embedded_pair, HandoffRequest(**base, options={"kvcomm": KVCommOptions(ratio=0.0).to_dict()}))
     assert "pineapple" in skyline.answer.lower(), skyline.answer
     assert everything.answer_ids == skyline.answer_ids
     assert nothing.answer_ids != skyline.answer_ids

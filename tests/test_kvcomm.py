@@ -10,8 +10,9 @@ from kvviz.bench.run import expand_variants
 from kvviz.bench.scoring import option_scores
 from kvviz.engine import run_handoff
 from kvviz.handoffs import kvcomm, registry
+from kvviz.handoffs.kvcomm_layers import KVCommOptions, options_of
 from kvviz.plotkit import SELECTED_OUTLINE, bar_counts
-from kvviz.results import HandoffRequest, HandoffResult, KVCommOptions
+from kvviz.results import HandoffRequest, HandoffResult
 from tests.conftest import tiny_pair
 from tests.test_plots import NUM_LAYERS, SELECTED, kvcomm_result
 
@@ -50,7 +51,7 @@ def test_kvcomm_figure_has_one_bar_per_layer_per_series_and_highlights_selected(
 def _tiny_run(**options):
     return run_handoff("kvcomm", tiny_pair("llama"), HandoffRequest(
         query="What is the secret code word?", context="The secret code word is pineapple.",
-        kvcomm=KVCommOptions(**options)))
+        options={"kvcomm": KVCommOptions(**options).to_dict()}))
 
 
 @pytest.mark.parametrize("strategy", ["prior", "random"])
@@ -92,10 +93,10 @@ def test_options_set_the_request_and_explicit_layers_override_the_strategy():
     handoff = registry.get("kvcomm")
     base = HandoffRequest(query="Q?", context="C")
     request = handoff.with_options(base, {"ratio": "0.25", "strategy": "prior", "sigma": 4})
-    assert request.kvcomm.ratio == 0.25 and request.kvcomm.strategy == "prior" and request.kvcomm.sigma == 4.0
-    assert request.kvcomm.alpha is None  # "auto": the reference code's 1.0
+    assert options_of(request).ratio == 0.25 and options_of(request).strategy == "prior" and options_of(request).sigma == 4.0
+    assert options_of(request).alpha is None  # "auto": the reference code's 1.0
     explicit = handoff.with_options(base, {"layers": "7, 0,3"})
-    assert explicit.kvcomm.strategy == "explicit" and explicit.kvcomm.layers == (0, 3, 7)
+    assert options_of(explicit).strategy == "explicit" and options_of(explicit).layers == (0, 3, 7)
     with pytest.raises(ValueError, match="Explicit layers"):
         handoff.with_options(base, {"layers": "a,b"})
     with pytest.raises(ValueError, match="between 0 and 1"):
@@ -117,7 +118,7 @@ def test_one_bench_variant_per_strategy_and_ratio():
 def test_likelihood_state_with_every_layer_equals_skylines():
     pair = tiny_pair("gemma")
     request = HandoffRequest(query="What is the secret code word?", context="The secret code word is pineapple.",
-                             kvcomm=KVCommOptions(ratio=1.0))
+                             options={"kvcomm": KVCommOptions(ratio=1.0).to_dict()})
     result = run_handoff("kvcomm", pair, request)
     options = ["pineapple", "Paris", "the lazy dog"]
     scores = {name: option_scores(registry.get(name).receiver_prompt(pair, request, result), options)

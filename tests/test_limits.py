@@ -10,11 +10,12 @@ import os
 
 import pytest
 
-from kvviz import limits, policy
-from kvviz.handoffs import registry
+from kvviz import engine, limits, policy
+from kvviz.handoffs import c2c, registry
 from kvviz.models import PAIRS, resolve_pair
 from kvviz.prompts import build_segments
 from kvviz.results import GenerationSettings, HandoffRequest
+from tests.conftest import embedded_models_missing
 from tests.tiny_models import tiny_tokenizer
 
 SPECIAL_STRINGS = ("<|im_start|>", "<|im_end|>", "<bos>", "<eos>", "<end_of_turn>", "<start_of_turn>")
@@ -32,7 +33,10 @@ def public(monkeypatch):
 
 
 def build(query="What is the capital of France?", context=None, **settings):
-    options = settings.pop("options", None)
+    """A request from the shared settings; ``message_tokens`` is the text handoff's option."""
+    options = dict(settings.pop("options", None) or {})
+    if "message_tokens" in settings:
+        options["text"] = {"message_tokens": settings.pop("message_tokens")}
     return registry.build_request(query, context, options=options, **settings)
 
 
@@ -90,6 +94,7 @@ def test_a_users_special_token_string_never_becomes_the_special_token(chat):
         assert typed in tokenizer.decode(segments.query_ids)
 
 
+@pytest.mark.real_model
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
 def test_the_real_tokenizers_read_typed_special_tokens_as_text(model):
     from transformers import AutoTokenizer
@@ -97,7 +102,7 @@ def test_the_real_tokenizers_read_typed_special_tokens_as_text(model):
     from kvviz.models import converted_dir, is_prepared
 
     if not is_prepared(model):
-        pytest.skip(f"{model} is not prepared (python -m kvviz prepare)")
+        embedded_models_missing(f"{model} is not prepared (python -m kvviz prepare)")
     tokenizer = AutoTokenizer.from_pretrained(converted_dir(model))
     special_ids = set(tokenizer.all_special_ids) | {tokenizer.convert_tokens_to_ids(s) for s in SPECIAL_STRINGS}
     special_ids.discard(tokenizer.unk_token_id)
@@ -152,12 +157,12 @@ def test_a_context_longer_than_the_pairs_budget_is_refused_with_the_limit(local,
     long_context = "The secret code word is pineapple. " * 60
     request = build("What is the secret code word?", context=long_context, max_new_tokens=8, message_tokens=8)
     with pytest.raises(ValueError, match=r"The prompt \(context and question\) is \d+ tokens for tiny-llama; this pair takes at most 496 \(tiny-llama reads 512 positions, less 16 for the answer and message\)\. Shorten it by about \d+ tokens"):
-        limits.check_prompt_tokens(pair, request)
+        engine.check_fits(pair, request)
     monkeypatch.setattr(policy, "LOCAL", policy.Caps(64, 64, 100, None, 8))
     short = build("What is the secret code word?", context="The secret code word is pineapple. " * 20)
     with pytest.raises(ValueError, match="this pair takes at most 100 .the server's limit is 100 prompt tokens."):
-        limits.check_prompt_tokens(pair, short)
-    limits.check_prompt_tokens(pair, build("What is the secret code word?", context="It is pineapple."))
+        engine.check_fits(pair, short)
+    engine.check_fits(pair, build("What is the secret code word?", context="It is pineapple."))
 
 
 # --- public mode --------------------------------------------------------------------------------
@@ -187,7 +192,7 @@ def test_public_mode_offers_registered_pairs_only(public, typed):
 def test_public_mode_refuses_a_custom_fuser_folder(public):
     with pytest.raises(ValueError, match="custom fuser folders are turned off"):
         build(options={"c2c": {"fuser": "/tmp/my-fuser"}})
-    assert build().c2c_fuser is None
+    assert c2c.fuser_option(build()) is None
 
 
 @pytest.mark.parametrize(
@@ -207,7 +212,7 @@ def test_public_mode_caps_the_prompt_in_tokens(public):
 
     request = build("What is the secret code word?", context="pineapple " * 600, max_new_tokens=8)
     with pytest.raises(ValueError, match=r"for tiny-llama; this pair takes at most 440 .* less 72 for the answer"):
-        limits.check_prompt_tokens(tiny_pair("llama"), request)
+        engine.check_fits(tiny_pair("llama"), request)
     assert policy.PUBLIC.max_prompt_tokens < policy.LOCAL.max_prompt_tokens
 
 

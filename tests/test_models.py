@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kvviz import models
+from kvviz import models, paths
 from kvviz.models import ModelLoadError, load_model, resolve_pair
 from tests.tiny_models import tiny_gemma, tiny_llama
 
@@ -59,7 +59,7 @@ def test_unknown_model_name():
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("KVVIZ_CACHE_DIR", str(tmp_path / "cache"))
-    assert models.cache_dir() == tmp_path / "cache"
+    assert paths.cache_dir() == tmp_path / "cache"
     assert models.converted_dir("gemma3-270m") == tmp_path / "cache" / "models" / "gemma3-270m"
     assert not models.is_prepared("gemma3-270m")
 
@@ -94,12 +94,14 @@ def test_dtype_choice():
         models.parse_dtype("int3", "cpu")
 
 
+@pytest.mark.integration
 def test_cli_help_lists_subcommands():
     output = subprocess.run([sys.executable, "-m", "kvviz", "--help"], capture_output=True, text=True, check=True).stdout
     for command in ("models", "prepare", "run", "bench", "train-fuser", "eval-fuser"):
         assert command in output
 
 
+@pytest.mark.integration
 def test_cli_reports_bad_input_in_one_line():
     done = subprocess.run(
         [sys.executable, "-m", "kvviz", "run", "--pair", "nope", "--query", "hi"], capture_output=True, text=True

@@ -12,10 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvviz import cache as kv
-from kvviz.align import align_prompt, map_tokens, terminal_layer_map
-from kvviz.handoffs.kvcomm import select_layers
+from kvviz.c2c.align import align_prompt, map_tokens, terminal_layer_map
+from kvviz.handoffs.kvcomm_layers import KVCommOptions, select_layers
 from kvviz.prompts import build_segments, encode, encode_with_offsets, render
-from kvviz.results import KVCommOptions
 from tests.tiny_models import tiny_tokenizer
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -67,7 +67,7 @@ def test_a_new_handoff_reaches_the_cli_help(echo):
     bench_help = parser._subparsers._group_actions[0].choices["bench"].format_help()
     assert "--echo-words-list" in bench_help
     args = parser.parse_args(["run", "--query", "Q?", "--echo-words", "4", "--handoffs", "echo"])
-    from kvviz.cli import request_from_args
+    from kvviz.commands import request_from_args
 
     assert request_from_args(args).options["echo"] == {"words": 4}
 

@@ -23,14 +23,16 @@ from gradio_client.exceptions import AppError  # noqa: E402
 
 from kvviz import engine, policy, ui  # noqa: E402
 from kvviz.handoffs import registry  # noqa: E402
-from kvviz.handoffs.common import LoadedPair  # noqa: E402
-from kvviz.models import ModelLoadError, PairSpec  # noqa: E402
+from kvviz.models import LoadedPair, ModelLoadError, PairSpec  # noqa: E402
 from tests.conftest import served_on_loopback  # noqa: E402
 from tests.tiny_models import tiny_gemma, tiny_llama  # noqa: E402
 
 QUERY = "What is the secret code word?"
 CONTEXT = "The secret code word is pineapple."
 FAST = ["receiver", "skyline", "kvcomm"]
+
+
+pytestmark = pytest.mark.integration  # every test here serves the page and talks to it
 
 
 def tiny_lab_pair() -> LoadedPair:

@@ -152,7 +152,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.real_model
 def test_the_exported_space_installs_in_a_fresh_venv_and_serves_the_page(exported, tmp_path):
     from kvviz.models import converted_dir, is_prepared, prepare_embedded
     from tests.test_browser import CHROMIUM, CHROMIUM_FLAGS, IN_CI, artifacts_dir

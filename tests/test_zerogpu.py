@@ -17,7 +17,7 @@ import types
 import pytest
 import torch
 
-from kvviz import engine, zerogpu
+from kvviz import engine, stream, sweep, zerogpu
 from kvviz.results import GenerationSettings, HandoffRequest
 from tests.conftest import tiny_pair
 
@@ -57,39 +57,43 @@ def standin_spaces() -> types.ModuleType:
     return module
 
 
+def reload_gpu_entry_points() -> None:
+    """The modules that decorate their GPU functions at import (kvviz.stream, kvviz.sweep)."""
+    for module in (zerogpu, stream, sweep):
+        importlib.reload(module)
+
+
 @pytest.fixture()
 def with_spaces(monkeypatch):
-    """kvviz.zerogpu re-imported with the stand-in package installed; restored afterwards."""
+    """The GPU entry points re-imported with the stand-in package installed; restored afterwards."""
     standin = standin_spaces()
     monkeypatch.setitem(sys.modules, "spaces", standin)
-    importlib.reload(zerogpu)
+    reload_gpu_entry_points()
     yield standin
     monkeypatch.delitem(sys.modules, "spaces")
-    importlib.reload(zerogpu)
+    reload_gpu_entry_points()
 
 
 def request(max_new_tokens=3, message_tokens=4) -> HandoffRequest:
     return HandoffRequest(query="What is the secret code word?", context="The secret code word is pineapple.",
-                          generation=GenerationSettings(max_new_tokens=max_new_tokens), text_message_tokens=message_tokens)
+                          generation=GenerationSettings(max_new_tokens=max_new_tokens), options={"text": {"message_tokens": message_tokens}})
 
 
 NAMES = ["receiver", "text", "kvcomm", "skyline"]
 
 
 def events(monkeypatch):
-    from kvviz.stream import stream_handoffs
-
     pair = tiny_pair("gemma")
     monkeypatch.setattr(engine, "load_pair", lambda name, progress=None: pair)
-    return list(stream_handoffs("tiny", request(), NAMES))
+    return list(stream.stream_handoffs("tiny", request(), NAMES))
 
 
 def test_without_the_package_nothing_changes(monkeypatch, one_thread):
     assert sys.modules.get("spaces") is None or not hasattr(sys.modules["spaces"], "GPU")
     assert not zerogpu.available() and not zerogpu.on_zerogpu()
     # undecorated, and the page's runner does not go through it
-    assert zerogpu.gpu_run_events is zerogpu._run_events and zerogpu.gpu_sweep is zerogpu._sweep
-    monkeypatch.setattr(zerogpu, "gpu_run_events", lambda *a: pytest.fail("went through the GPU function"))
+    assert stream.gpu_run_events is stream._run_events and sweep.gpu_sweep is sweep._sweep
+    monkeypatch.setattr(stream, "gpu_run_events", lambda *a: pytest.fail("went through the GPU function"))
     done = [name for kind, name, _ in events(monkeypatch) if kind == "done"]
     assert done == NAMES
 
@@ -113,7 +117,7 @@ def test_with_the_package_the_run_crosses_as_plain_data(with_spaces, monkeypatch
     assert pair_name == "tiny" and names == NAMES and workers == 1 and plain(sent) and sent == request().to_dict()
     assert max_seconds is None  # the time cap crosses too (None: the policy's cap, applied inside)
     # the duration was computed from this request: tokens x handoffs
-    assert call["seconds"] == zerogpu.run_seconds("tiny", request().to_dict(), NAMES, 1)
+    assert call["seconds"] == stream.run_seconds("tiny", request().to_dict(), NAMES, 1)
     # every event came back through pickle, as plain data, and the run is complete
     assert all(plain(event) for event in seen), [e for e in seen if not plain(e)][:1]
     assert [name for kind, name, _ in seen if kind == "done"] == NAMES
@@ -125,35 +129,34 @@ def test_the_same_answers_with_and_without_the_package(monkeypatch, one_thread):
     without = {name: data["answer_ids"] for kind, name, data in events(monkeypatch) if kind == "done"}
     standin = standin_spaces()
     monkeypatch.setitem(sys.modules, "spaces", standin)
-    importlib.reload(zerogpu)
+    reload_gpu_entry_points()
     try:
         with_package = {name: data["answer_ids"] for kind, name, data in events(monkeypatch) if kind == "done"}
     finally:
         monkeypatch.delitem(sys.modules, "spaces")
-        importlib.reload(zerogpu)
+        reload_gpu_entry_points()
     assert with_package == without and len(standin.calls) == 1
 
 
 def test_duration_fits_the_request_within_bounds():
-    def seconds(max_new_tokens, message_tokens, handoffs):
-        return zerogpu.run_seconds("p", request(max_new_tokens, message_tokens).to_dict(), ["receiver"] * handoffs)
+    def seconds(max_new_tokens, message_tokens, handoffs, name="text"):
+        return stream.run_seconds("p", request(max_new_tokens, message_tokens).to_dict(), [name] * handoffs)
 
     assert seconds(1, 1, 1) == zerogpu.MIN_SECONDS
     assert seconds(1024, 512, 9) == zerogpu.MAX_SECONDS
-    middle = seconds(100, 64, 5)
+    middle = seconds(100, 64, 5)  # a handoff that writes a message first counts it (Handoff.message_tokens)
     assert middle == round(zerogpu.BASE_SECONDS + zerogpu.SECONDS_PER_TOKEN * (100 + 64) * 5)
+    assert seconds(100, 64, 5, "receiver") == round(zerogpu.BASE_SECONDS + zerogpu.SECONDS_PER_TOKEN * 100 * 5)
     assert zerogpu.MIN_SECONDS < middle < zerogpu.MAX_SECONDS
     assert seconds(100, 64, 5) < seconds(200, 64, 5) and seconds(100, 64, 2) < seconds(100, 64, 5)
-    assert zerogpu.MIN_SECONDS <= zerogpu.sweep_seconds("p", ["kvcomm"], 12, "kvcomm") <= zerogpu.MAX_SECONDS
+    assert zerogpu.MIN_SECONDS <= sweep.sweep_seconds("p", ["kvcomm"], 12, "kvcomm") <= zerogpu.MAX_SECONDS
 
 
 def test_the_sweep_runs_inside_the_gpu_function_and_returns_plain_data(with_spaces, monkeypatch):
-    import kvviz.sweep
-
-    monkeypatch.setattr(kvviz.sweep, "run_sweep", lambda pair, series, tokens, handoff=None: {"pair": pair, "points": [[0.5, 1.0]]})
-    data = zerogpu.gpu_sweep("embedded", ["kvcomm"], 12, "kvcomm")
+    monkeypatch.setattr(sweep, "run_sweep", lambda pair, series, tokens, handoff=None: {"pair": pair, "points": [[0.5, 1.0]]})
+    data = sweep.gpu_sweep("embedded", ["kvcomm"], 12, "kvcomm")
     (call,) = with_spaces.calls
-    assert call["function"] == "_sweep" and call["seconds"] == zerogpu.sweep_seconds("embedded", ["kvcomm"], 12, "kvcomm")
+    assert call["function"] == "_sweep" and call["seconds"] == sweep.sweep_seconds("embedded", ["kvcomm"], 12, "kvcomm")
     assert data == {"pair": "embedded", "points": [[0.5, 1.0]]} and plain(data)
 
 
@@ -171,7 +174,7 @@ def test_on_zerogpu_models_default_to_cuda_bfloat16_without_asking_cuda(with_spa
 def test_app_loads_the_models_on_the_main_thread_on_zerogpu(with_spaces, monkeypatch):
     """ZeroGPU intercepts `.to("cuda")` on the main thread only: the preload must run there, before launch."""
     import app
-    from kvviz import stream, ui
+    from kvviz import ui
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     order = []

@@ -13,7 +13,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, PreTrainedTokenizerFast
 
 from kvviz import attention
-from kvviz.models import LoadedModel, facts_from_config
+from kvviz.facts import facts_from_config
+from kvviz.models import LoadedModel
 
 CORPUS = [
     "Uma is at the Mahaffie House. Which country is Uma located in? United States.",

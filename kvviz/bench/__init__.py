@@ -31,12 +31,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kvviz import flags, perf
+from kvviz.bench.rows import row_files
+from kvviz.bench.run import run_bench
+from kvviz.bench.summary import summary_markdown, write_summary
+from kvviz.handoffs import registry
+
 
 def configure_parser(parser) -> None:
-    from kvviz.flags import add_option_arguments
-    from kvviz.handoffs import registry
-
-    parser.add_argument("--pair", default="embedded")
+    flags.add_model_arguments(parser)
     parser.add_argument("--dataset", default="countries", help="a registered dataset name or a JSONL file")
     parser.add_argument("--dataset-option", action="append", default=None, metavar="KEY=VALUE",
                         help="loader option, e.g. with_fact=true (openbookqa), all_paragraphs=true (hotpotqa)")
@@ -47,7 +50,6 @@ def configure_parser(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="sample order, random choices and sampling")
     parser.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="take the first --limit samples in file order")
     parser.add_argument("--max-new-tokens", type=int, default=24)
-    parser.add_argument("--message-tokens", type=int, default=64, help="message length bound for handoffs that write one")
     parser.add_argument("--no-likelihood", action="store_true", help="skip the multiple-choice likelihood column")
     parser.add_argument("--out", default=None, help="output folder (default runs/bench-DATASET)")
     parser.add_argument("--fresh", action="store_true", help="delete earlier rows in --out instead of resuming")
@@ -63,25 +65,12 @@ def configure_parser(parser) -> None:
         "--speed-only", action="store_true",
         help="--perf: only the speed table (each model's decode and prefill beside the machine's limits, the warm full run)",
     )
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads for torch (default: torch's choice; 1 is much faster on a busy shared machine)")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--dtype", default=None)
-    add_option_arguments(parser, swept=True)
+    flags.add_option_arguments(parser, swept=True)
 
 
 def main(args) -> int:
-    from kvviz.bench.rows import row_files
-    from kvviz.bench.run import run_bench
-    from kvviz.bench.summary import summary_markdown, write_summary
-
-    if getattr(args, "threads", None):
-        import torch
-
-        torch.set_num_threads(args.threads)
+    flags.apply_threads(args)
     if args.perf:
-        from kvviz import perf
-
         return perf.main(args)
     if args.out is None:
         args.out = str(Path("runs") / f"bench-{Path(args.dataset).stem}")

@@ -5,12 +5,12 @@ each dataset's details. Rows come in registry order; every handoff a run holds i
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 
 import pandas as pd
 
+from kvviz import paths, perf
 from kvviz.bench.rows import read_rows
 from kvviz.bench.summary import format_accuracy, markdown_table, records, summarize, summary_markdown
 from kvviz.handoffs import registry
@@ -71,8 +71,6 @@ GPU_SECTION = (
 
 def results_markdown(runs: list[tuple[str, Path]], perf_dir: Path | None, machine: dict, command: str) -> str:
     """docs/RESULTS.md: the accuracy table over datasets, the targets, the perf table, details."""
-    from kvviz import perf as perf_module
-
     tables = [(title, *_summary_of(folder)) for title, folder in runs]
     lines = [
         "# kvviz results",
@@ -106,8 +104,8 @@ def results_markdown(runs: list[tuple[str, Path]], perf_dir: Path | None, machin
             f"{max((entry['samples'] for entry in summary), default=0)} samples run "
             f"(seeded shuffle, seed {config['seed']}), answers up to {config['max_new_tokens']} tokens, messages up to "
             f"{config['message_tokens']} tokens."
-            + (f" KVComm calibrated on the task's first sample, `{config['kvcomm_calibration_sample']}` (not scored)."
-               if config.get("kvcomm_calibration_sample") else "")
+            + (f" {' and '.join(registry.label_of(name) for name in config.get('calibrated_handoffs', []))} calibrated on "
+               f"the task's first sample, `{config['calibration_sample']}` (not scored)." if config.get("calibration_sample") else "")
         )
     reasons: dict[str, set] = {}
     for _, summary, _ in tables:
@@ -120,15 +118,15 @@ def results_markdown(runs: list[tuple[str, Path]], perf_dir: Path | None, machin
     for note in sorted(notes):
         lines.append(f"- likelihood column {note}")
 
-    perf = None
+    report = None
     if perf_dir and (perf_dir / "perf.json").exists():
-        perf = json.loads((perf_dir / "perf.json").read_text(encoding="utf-8"))
+        report = json.loads((perf_dir / "perf.json").read_text(encoding="utf-8"))
     summaries = {config["dataset"]: summary for _, summary, config in tables}
-    targets = perf_module.targets(perf, summaries)
+    targets = perf.targets(report, summaries)
     lines += ["", "## Targets (benchmark goals of issue 6)", "",
               markdown_table(pd.DataFrame(targets, columns=["target", "measured", "verdict"]))]
-    if perf:
-        lines += ["", "## Performance (`python -m kvviz bench --perf`)", "", perf_module.markdown(perf)]
+    if report:
+        lines += ["", "## Performance (`python -m kvviz bench --perf`)", "", perf.markdown(report)]
     lines += ["", GPU_SECTION]
     lines += ["", "## Per-dataset details (latency per stage, bytes, FLOPs)", ""]
     for title, summary, _ in tables:
@@ -138,31 +136,32 @@ def results_markdown(runs: list[tuple[str, Path]], perf_dir: Path | None, machin
 
 def write_results_markdown(path: str, runs: list[str], perf_dir: str | None, command: str) -> None:
     """``runs``: "Title=FOLDER" items. Called by scripts/make_results.sh."""
-    from kvviz.perf import machine_facts
-
     pairs = []
     for item in runs:
         title, _, folder = item.partition("=")
         pairs.append((title, Path(folder)))
-    machine = machine_facts("cpu")
+    machine = perf.machine_facts("cpu")
     if perf_dir and (Path(perf_dir) / "perf.json").exists():
         machine = json.loads((Path(perf_dir) / "perf.json").read_text(encoding="utf-8"))["machine"]
         machine["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")  # this page; the perf section has its own date
-        machine["git_commit"] = machine_facts("cpu")["git_commit"]
-    try:
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parents[2]).stdout
+        machine["git_commit"] = perf.machine_facts("cpu")["git_commit"]
+    status = paths.git("status", "--porcelain", "--untracked-files=no")
+    if status is not None:
         machine["dirty"] = bool(status.strip())
-    except OSError:
-        pass
     text = results_markdown(pairs, Path(perf_dir) if perf_dir else None, machine, command)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(text + kept_sections(Path(path)), encoding="utf-8")
 
 
-# Sections of docs/RESULTS.md that other scripts write (scripts/load_test.py, scripts/kvcomm_results.py):
+# Sections of docs/RESULTS.md that other scripts write (scripts/load_test.py, research/kvcomm_results.py,
+# research/steer_results.py):
 # kept when the rest is regenerated, each between its own start and end marks.
-KEPT = ("kvcomm-table", "load-test", "speed")
+KEPT = ("kvcomm-table", "steer-table", "load-test", "speed")
+
+
+def section_marks(name: str) -> tuple[str, str]:
+    """The start and end marks of a kept section."""
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
 
 
 def kept_sections(path: Path) -> str:
@@ -170,7 +169,16 @@ def kept_sections(path: Path) -> str:
     old = path.read_text(encoding="utf-8") if path.exists() else ""
     out = ""
     for name in KEPT:
-        start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+        start, end = section_marks(name)
         if start in old and end in old:
             out += "\n" + old[old.index(start) : old.index(end) + len(end)] + "\n"
     return out
+
+
+def replace_section(text: str, name: str, new: str) -> str:
+    """``text`` with its section ``name`` replaced by ``new`` (which holds its own marks), or with
+    ``new`` appended when ``text`` has no such section."""
+    start, end = section_marks(name)
+    if start in text and end in text:
+        return text[: text.index(start)] + new.strip("\n") + text[text.index(end) + len(end):]
+    return text.rstrip("\n") + "\n\n" + new

@@ -6,6 +6,10 @@ listed values: KVComm's ``--ratios 0.3,0.5 --strategies kvcomm,random`` gives ``
 ``kvcomm@0.5``, ``kvcomm-random@0.3`` ... Other option flags (``--fuser``, ``--alpha`` ...) apply
 to every row of their handoff.
 
+Every (sample, variant) pair goes through the one evaluation loop (``kvviz.evaluation``); a
+handoff that calibrates on the task (its descriptor's ``task_calibration``: KVComm) gets the task's
+first sample, which is then left out of the score.
+
 Several processes each take samples ``rank::world`` (RANK / WORLD_SIZE / LOCAL_RANK from the
 environment) and write their own part file; the process that finishes last (all ``.done`` markers
 present) writes the merged summary.
@@ -13,19 +17,24 @@ present) writes the merged summary.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from tqdm.auto import tqdm
+
+from kvviz import engine
 from kvviz.bench.rows import RowWriter, done_pairs, drop_variants, part_path, row_files
 from kvviz.bench.scoring import likelihood_columns, result_row
 from kvviz.bench.summary import summary_markdown, write_summary
-from kvviz.data import choice_query
+from kvviz.data import choice_query, load_dataset_with_report
+from kvviz.evaluation import Variant, evaluate, pending
+from kvviz.flags import option_arguments
 from kvviz.handoffs import registry
 from kvviz.handoffs.registry import build_request
 from kvviz.results import HandoffRequest
@@ -33,15 +42,8 @@ from kvviz.results import HandoffRequest
 # The settings a resumed run must share with the run it continues.
 RESUME_KEYS = (
     "pair", "dataset", "dataset_options", "seed", "max_new_tokens", "message_tokens", "shuffle", "options",
-    "kvcomm_calibration_sample",
+    "calibration_sample",
 )
-
-
-@dataclass(frozen=True)
-class Variant:
-    label: str  # the row name: "text", "kvcomm@0.3", "kvcomm-random@0.5"
-    handoff: str  # the registry name
-    options: dict = field(default_factory=dict)  # the swept option values of this variant
 
 
 def expand_variants(handoffs: list[str], sweeps: dict[str, dict] | None = None) -> list[Variant]:
@@ -77,26 +79,29 @@ def expand_variants(handoffs: list[str], sweeps: dict[str, dict] | None = None) 
 
 def variant_request(record, variant: Variant, args, options: dict[str, dict],
                     calibration_record=None) -> HandoffRequest:
-    """The request of one sample and variant: greedy, the run's settings, the variant's values;
-    KVComm calibrated on ``calibration_record`` when one is given (the task's first sample)."""
+    """The request of one sample and variant: greedy, the run's settings, the variant's values; a
+    handoff that calibrates on the task (``Handoff.task_calibration``) calibrated on
+    ``calibration_record`` when one is given (the task's first sample)."""
     given = {name: dict(values) for name, values in options.items()}
     given.setdefault(variant.handoff, {}).update(variant.options)
-    request = build_request(choice_query(record), record.context, args.max_new_tokens, False, 0.7, args.seed,
-                            args.message_tokens, given)
-    if variant.handoff == "kvcomm" and calibration_record is not None:
-        sample = (calibration_record.context, choice_query(calibration_record))
-        request = replace(request, kvcomm=replace(request.kvcomm, calibration="sample", calibration_sample=sample))
+    request = build_request(choice_query(record), record.context, args.max_new_tokens, False, 0.7, args.seed, given)
+    calibration = registry.get(variant.handoff).task_calibration
+    if calibration is not None and calibration_record is not None:
+        request = calibration.apply(request, calibration_record.context, choice_query(calibration_record))
     return request
 
 
-def calibrates_on_task(handoffs: list[str], options: dict[str, dict]) -> bool:
-    """KVComm in the run and no --calibration given: calibrate on the task's first sample, as the
-    reference code does, and leave that sample out of the score."""
-    return "kvcomm" in handoffs and "calibration" not in options.get("kvcomm", {})
+def calibrating_on_task(handoffs: list[str], options: dict[str, dict]) -> list[str]:
+    """The handoffs of the run that calibrate on the task's first sample (as KVComm's reference
+    code does): those with a ``task_calibration`` whose ``unless_option`` was not given. That sample
+    is then left out of the score."""
+    return [name for name in handoffs if (calibration := registry.get(name).task_calibration) is not None
+            and calibration.unless_option not in options.get(name, {})]
 
 
-def calibration_note(record) -> str:
-    return (f"KVComm calibrated on the task's first sample, {record.id} (left out of the score): "
+def calibration_note(record, handoffs: list[str]) -> str:
+    labels = " and ".join(registry.label_of(name) for name in handoffs)
+    return (f"{labels} calibrated on the task's first sample, {record.id} (left out of the score): "
             f"{choice_query(record).strip()!r}")
 
 
@@ -143,11 +148,11 @@ def parse_dataset_options(items: list[str] | None) -> dict:
     return options
 
 
-def load_records(args):
-    from kvviz.data import load_dataset_with_report
-
+def load_records(args, extra: int = 0):
+    """The run's records (``extra`` more than ``--limit``: the task's calibration sample)."""
     options = parse_dataset_options(args.dataset_option)
-    records, report = load_dataset_with_report(args.dataset, limit=args.limit, seed=args.seed if args.shuffle else None, **options)
+    limit = None if args.limit is None else args.limit + extra
+    records, report = load_dataset_with_report(args.dataset, limit=limit, seed=args.seed if args.shuffle else None, **options)
     if report.problems:
         print(report.summary(), file=sys.stderr)
     return records
@@ -155,8 +160,6 @@ def load_records(args):
 
 def split_option_arguments(args, handoffs: list[str]) -> tuple[dict, dict]:
     """(swept lists, single values) from the option flags, for the chosen handoffs."""
-    from kvviz.flags import option_arguments
-
     given = option_arguments(args)
     sweeps, single = {}, {}
     for name in handoffs:
@@ -166,9 +169,23 @@ def split_option_arguments(args, handoffs: list[str]) -> tuple[dict, dict]:
     return sweeps, single
 
 
-def run_bench(args) -> int:
-    from kvviz import engine
+@dataclass
+class Plan:
+    """What one benchmark process runs: its records, the variants, the options, and where."""
 
+    out: Path
+    rank: int
+    world: int
+    local: int
+    variants: list[Variant]
+    options: dict[str, dict]
+    records: list[tuple[int, object]]  # (index in the task, record), this process's share
+    calibration_record: object | None
+    calibrated: list[str]  # the handoffs calibrated on it
+
+
+def plan(args) -> Plan:
+    """Variants, records (the task's calibration sample set apart), the config check, --fresh and --redo."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rank, world, local = distributed_rank()
@@ -178,6 +195,7 @@ def run_bench(args) -> int:
     handoffs = registry.parse_handoffs(args.handoffs)
     sweeps, options = split_option_arguments(args, handoffs)
     variants = expand_variants(handoffs, sweeps)
+    probe = build_request("probe", None, args.max_new_tokens, options=options)
     config = {
         "pair": args.pair,
         "dataset": args.dataset,
@@ -185,75 +203,79 @@ def run_bench(args) -> int:
         "seed": args.seed,
         "shuffle": args.shuffle,
         "max_new_tokens": args.max_new_tokens,
-        "message_tokens": args.message_tokens,
+        "message_tokens": registry.tokens_before_answer(probe),
         "limit": args.limit,
         "variants": [v.label for v in variants],
     }
     if options:
         config["options"] = options
+    calibrated = calibrating_on_task(handoffs, options)
+    records = list(enumerate(load_records(args, extra=1 if calibrated else 0)))
     calibration_record = None
-    if calibrates_on_task(handoffs, options):
-        # the first sample calibrates KVComm and is not scored: one more is loaded so that --limit are scored
-        more = None if args.limit is None else args.limit + 1
-        records = list(enumerate(load_records(argparse.Namespace(**{**vars(args), "limit": more}))))
+    if calibrated:
+        # the first sample calibrates and is not scored: one more was loaded so that --limit are scored
         calibration_record = records.pop(0)[1] if records else None
-        config["kvcomm_calibration_sample"] = calibration_record.id if calibration_record else None
-    else:
-        records = list(enumerate(load_records(args)))
+        config["calibration_sample"] = calibration_record.id if calibration_record else None
+        config["calibrated_handoffs"] = calibrated
     if rank == 0 or world == 1 or (out / "config.json").exists():
         # the other ranks check against what rank 0 wrote (or will write: same command line)
         check_config(out, config)
-    marker = out / f".done-{rank}-of-{world}"
-    marker.unlink(missing_ok=True)
     if args.redo and rank == 0:
         dropped = drop_variants(out, set(parse_names(args.redo)))
         print(f"--redo: removed {dropped} row(s) of {args.redo} to run them again", file=sys.stderr)
-
     mine = [(index, record) for index, record in records if index % world == rank]
-    done = done_pairs(out)
-    todo = [(index, record, variant) for index, record in mine for variant in variants if (record.id, variant.label) not in done]
-    skipped = len(mine) * len(variants) - len(todo)
+    return Plan(out, rank, world, local, variants, options, mine, calibration_record, calibrated)
+
+
+def write_rows(args, run: Plan) -> None:
+    """The evaluation loop over this process's share, one row written per answer (resumable)."""
+    done = done_pairs(run.out)
+    todo = pending(run.records, run.variants, done)
+    skipped = len(run.records) * len(run.variants) - todo
     if skipped:
-        print(f"resuming: {skipped} sample/handoff pair(s) already in {out}", file=sys.stderr)
-
-    pair = None
-    if todo:
-        device = args.device
-        if device is None and world > 1:
-            import torch
-
-            device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
-        pair = engine.load_pair(args.pair, device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
-
-    from tqdm.auto import tqdm
-
-    writer = RowWriter(part_path(out, rank, world))
+        print(f"resuming: {skipped} sample/handoff pair(s) already in {run.out}", file=sys.stderr)
+    if not todo:
+        return
+    device = args.device
+    if device is None and run.world > 1:
+        device = f"cuda:{run.local}" if torch.cuda.is_available() else "cpu"
+    pair = engine.load_pair(args.pair, device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
+    writer = RowWriter(part_path(run.out, run.rank, run.world))
+    bar = tqdm(total=todo, desc=f"bench {args.dataset}" + (f" [{run.rank}/{run.world}]" if run.world > 1 else ""),
+               position=run.rank if run.world > 1 else 0, disable=args.quiet)
+    request_for = lambda record, variant: variant_request(record, variant, args, run.options, run.calibration_record)  # noqa: E731
     try:
-        bar = tqdm(todo, desc=f"bench {args.dataset}" + (f" [{rank}/{world}]" if world > 1 else ""),
-                   position=rank if world > 1 else 0, disable=args.quiet)
-        for index, record, variant in bar:
-            bar.set_postfix_str(variant.label, refresh=False)
-            request = variant_request(record, variant, args, options, calibration_record)
-            result = engine.run_handoff(variant.handoff, pair, request)
-            row = result_row(record, index, variant, result, args, rank, world)
-            if result.applicable and record.choices is not None and not args.no_likelihood:
-                row.update(likelihood_columns(pair, record, variant.handoff, request, result))
+        for item in evaluate(pair, run.records, run.variants, request_for, done):
+            bar.set_postfix_str(item.variant.label, refresh=False)
+            row = result_row(item.record, item.index, item.variant, item.result, args, run.rank, run.world)
+            record = item.record
+            if item.result.applicable and record.choices is not None and not args.no_likelihood:
+                row.update(likelihood_columns(pair, record, item.variant.handoff, item.request, item.result))
             elif record.choices is not None and args.no_likelihood:
                 row["likelihood_note"] = "not computed: --no-likelihood"
             writer.write(row)
+            bar.update(1)
     finally:
+        bar.close()
         writer.close()
+
+
+def run_bench(args) -> int:
+    run = plan(args)
+    marker = run.out / f".done-{run.rank}-of-{run.world}"
+    marker.unlink(missing_ok=True)
+    write_rows(args, run)
     marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%S"), encoding="utf-8")
-    finished = all((out / f".done-{r}-of-{world}").exists() for r in range(world))
-    if finished:
+    out, world = run.out, run.world
+    if all((out / f".done-{r}-of-{world}").exists() for r in range(world)):
         title = f"{args.dataset} on pair {args.pair}"
-        if calibration_record is not None:
-            title += f"\n\n{calibration_note(calibration_record)}"
-        summary = write_summary(out, [v.label for v in variants], title=title)
+        if run.calibration_record is not None:
+            title += f"\n\n{calibration_note(run.calibration_record, run.calibrated)}"
+        summary = write_summary(out, [v.label for v in run.variants], title=title)
         if not args.quiet:
             print(summary_markdown(summary, title))
-        print(f"wrote {out}/summary.csv, summary.md, figures.html and {part_path(out, rank, world).name}", file=sys.stderr)
+        print(f"wrote {out}/summary.csv, summary.md, figures.html and {part_path(out, run.rank, world).name}", file=sys.stderr)
     else:
-        print(f"rank {rank}: rows written to {part_path(out, rank, world)}; the last process to finish writes the summary",
+        print(f"rank {run.rank}: rows written to {part_path(out, run.rank, world)}; the last process to finish writes the summary",
               file=sys.stderr)
     return 0

@@ -1,6 +1,10 @@
-"""Datasets and metrics for kvviz, in three rooms:
+"""Datasets and metrics for kvviz, one room each:
 
-* ``kvviz.data.loaders``: every dataset into one record shape (``Record``, ``load_dataset``);
+* ``kvviz.data.loaders``: every dataset into one record shape (``load_dataset``, ``DATASETS``),
+  one file per dataset (``countries``, ``tipsheets``, ``hotpotqa``, ``arc``, ``openbookqa``,
+  ``mmlu_redux``, ``instructions``: Dolly and the small instruction set, ``user_files``: your own
+  JSONL), on ``record`` (``Record``, ``LoadReport``) and ``files`` (where the data is, how it is read);
+* ``kvviz.data.recall``: private-context recall records made here (C2C's training data);
 * ``kvviz.data.metrics``: answer metrics (token F1, containment, Wilson interval);
 * ``kvviz.data.choices``: multiple choice asked and read one way for every command.
 
@@ -8,17 +12,9 @@ The names below are the package's public face: ``from kvviz.data import load_dat
 """
 
 from kvviz.data.choices import LETTERS, MC_INSTRUCTION, choice_query, extract_choice_letter, format_choices
-from kvviz.data.loaders import (
-    DATA_DIR_ENV,
-    DATASETS,
-    DEFAULT_DATA_DIR,
-    LoadReport,
-    Problem,
-    Record,
-    get_data_dir,
-    load_dataset,
-    load_dataset_with_report,
-)
+from kvviz.data.files import DATA_DIR_ENV, DEFAULT_DATA_DIR, get_data_dir
+from kvviz.data.loaders import DATASETS, load_dataset, load_dataset_with_report
+from kvviz.data.record import LoadReport, Problem, Record
 from kvviz.data.metrics import contains_answer, f1_match, normalize_answer, token_f1, wilson_interval
 
 __all__ = [

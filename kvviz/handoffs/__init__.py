@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import importlib
 
-from kvviz.handoffs.common import LoadedPair
 from kvviz.handoffs.registry import HANDOFFS, Handoff, Option, get, parse_handoffs, register, register_module
+from kvviz.models import LoadedPair
 from kvviz.results import HandoffRequest, HandoffResult
 
 # One line per handoff file, in the order of every table and of the page's settings.
@@ -23,6 +23,8 @@ HANDOFF_MODULES = (
     "kvviz.handoffs.kvcomm",
     "kvviz.handoffs.ac",
     "kvviz.handoffs.cipher",
+    "kvviz.handoffs.latent_relay",
+    "kvviz.handoffs.kv_steering",
 )
 
 for _module in HANDOFF_MODULES:

@@ -32,10 +32,10 @@ from plotly.subplots import make_subplots
 
 from kvviz.cache import KVState
 from kvviz.decode import generate, prefill
-from kvviz.handoffs.common import LoadedPair, TokenCallback
+from kvviz.handoffs.common import TokenCallback
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, all_of, needs_context, option_values
 from kvviz.measure import StageTimer, decode_flops, forward_flops
-from kvviz.models import LoadedModel
+from kvviz.models import LoadedModel, LoadedPair
 from kvviz.plotkit import SELECTED_OUTLINE, layout, not_run_figure
 from kvviz.prompts import build_segments
 from kvviz.results import HandoffRequest, HandoffResult
@@ -214,13 +214,13 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     with timer.stage("receiver_prefill"):
         prompt, receiver_states = receive(receiver, segments.input_ids, activation, j, values["f"])
     with timer.stage("receiver_decode"):
-        output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=on_token)
+        output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=on_token, timer=timer)
     timings = timer.as_dict()
 
     context_length, prompt_length = len(sender_segments.context_ids), len(segments.input_ids)
-    receiver_flops = forward_flops(receiver.facts, prompt_length, 0, 1) + decode_flops(
-        receiver.facts, len(output.token_ids), prompt_length
-    )
+    prompt_flops = forward_flops(receiver.facts, prompt_length, 0, 1)
+    receiver_flops = prompt_flops + decode_flops(receiver.facts, len(output.token_ids), prompt_length)
+    sender_flops = forward_flops(sender.facts, context_length, 0, 0)
     merged = merge(receiver_states[j].unsqueeze(0), activation.to(receiver_states[j].dtype).unsqueeze(0), values["f"])[0]
     return HandoffResult(
         handoff=NAME,
@@ -239,14 +239,14 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
         timings=timings,
         bytes_communicated=activation.numel() * activation.element_size(),
         communication="activation",
-        flops={"sharer": forward_flops(sender.facts, context_length, 0, 0), "receiver": receiver_flops},
+        flops={"sharer": sender_flops, "receiver": receiver_flops},
+        flops_to_first_token={"sharer": sender_flops, "receiver": prompt_flops},
         tokens={"sender_prompt": context_length, "receiver_prompt": prompt_length, "vectors": 1,
                 "generated": len(output.token_ids)},
         layers=layer_records(sender_states, receiver_states, k, j),
         # the receiver waits for the sender's prefill, then for one vector
-        first_token_seconds=timings["sharer_prefill"] + timings["transfer"] + timings["receiver_prefill"]
-        + output.first_token_seconds,
-        receiver_first_token_seconds=timings["transfer"] + timings["receiver_prefill"] + output.first_token_seconds,
+        first_token_seconds=timer.first_token_seconds,
+        receiver_first_token_seconds=timer.receiver_first_token_seconds,
         details={
             "k": k,
             "j": j,

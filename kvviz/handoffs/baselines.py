@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from kvviz.handoffs.common import LoadedPair, TokenCallback, read_prompt, single_model_result
+from kvviz.handoffs.common import TokenCallback, read_prompt, single_model_result
 from kvviz.handoffs.registry import Handoff, needs_context
+from kvviz.models import LoadedPair
 from kvviz.prompts import build_segments
 from kvviz.results import HandoffRequest, HandoffResult
 

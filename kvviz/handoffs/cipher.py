@@ -30,11 +30,11 @@ from plotly.subplots import make_subplots
 from kvviz.attention import AttentionPlan
 from kvviz.cache import KVState
 from kvviz.decode import NextToken, generate, prefill, prefill_vectors
-from kvviz.handoffs.common import LoadedPair, TokenCallback, read_prompt
+from kvviz.handoffs.common import TokenCallback, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, option_values
-from kvviz.handoffs.text import sharer_message_segments
+from kvviz.handoffs.text import message_tokens, sharer_message_segments
 from kvviz.measure import StageTimer, decode_flops, forward_flops
-from kvviz.models import LoadedModel
+from kvviz.models import LoadedModel, LoadedPair
 from kvviz.plotkit import as_dict, empty_figure, layout
 from kvviz.prompts import build_segments, encode, has_chat_template, render, stop_token_ids, unmark
 from kvviz.results import HandoffRequest, HandoffResult
@@ -202,11 +202,11 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     sharer, receiver = pair.sharer, pair.receiver
     timer = StageTimer()
     sharer_segments = sharer_message_segments(pair, request)
-    message = write_message(sharer, sharer_segments.input_ids, temperature, request.text_message_tokens, timer)
+    message = write_message(sharer, sharer_segments.input_ids, temperature, message_tokens(request), timer)
     with timer.stage("receiver_prefill"):
         prompt, attention = read_message(receiver, request, message.vectors)
     with timer.stage("receiver_decode"):
-        output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=on_token)
+        output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=on_token, timer=timer)
     timings = timer.as_dict()
 
     count = len(message.steps)
@@ -218,8 +218,8 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     vocab, width = sharer.facts.vocab_size, sharer.facts.hidden_size
     sharer_flops = (forward_flops(sharer.facts, sharer_length, 0, 1) + decode_flops(sharer.facts, count, sharer_length)
                     + 2.0 * vocab * width * count)  # the expected embeddings
-    receiver_flops = forward_flops(receiver.facts, prompt_length, 0, 1) + decode_flops(
-        receiver.facts, len(output.token_ids), prompt_length)
+    prompt_flops = forward_flops(receiver.facts, prompt_length, 0, 1)
+    receiver_flops = prompt_flops + decode_flops(receiver.facts, len(output.token_ids), prompt_length)
     return HandoffResult(
         handoff=NAME,
         pair=pair.name,
@@ -230,12 +230,12 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
         bytes_communicated=message.vectors.numel() * message.vectors.element_size(),
         communication="embeddings",
         flops={"sharer": sharer_flops, "receiver": receiver_flops},
+        flops_to_first_token={"sharer": sharer_flops, "receiver": prompt_flops},  # the message is written first
         tokens={"message": count, "receiver_prompt": prompt_length, "generated": len(output.token_ids)},
         layers=[{"layer": layer, "attention_on_message": mass} for layer, mass in enumerate(attention)],
         # the receiver cannot start before the whole message is written
-        first_token_seconds=timings["sharer_prefill"] + timings["sharer_decode"] + timings["receiver_prefill"]
-        + output.first_token_seconds,
-        receiver_first_token_seconds=timings["receiver_prefill"] + output.first_token_seconds,
+        first_token_seconds=timer.first_token_seconds,
+        receiver_first_token_seconds=timer.receiver_first_token_seconds,
         details={
             "temperature": temperature,
             "likeliest_message": sharer.tokenizer.decode(message.likeliest_ids, skip_special_tokens=True).strip(),
@@ -255,7 +255,7 @@ def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffRe
     """The receiver after reading the message (the sharer writes it again: it is deterministic)."""
     temperature = option_values(request, NAME, OPTIONS)["temperature"]
     message = write_message(pair.sharer, sharer_message_segments(pair, request).input_ids, temperature,
-                            request.text_message_tokens)
+                            message_tokens(request))
     return read_message(pair.receiver, request, message.vectors)[0]
 
 
@@ -322,6 +322,7 @@ HANDOFFS = (
         needs=("a sharer with the receiver's tokenizer and embedding width",),
         applicable=shared_embedding_space,
         options=OPTIONS,
+        message_tokens=message_tokens,  # the text handoff's message bound
         receiver_prompt=receiver_prompt,
         figure=figure,
         notes=notes,

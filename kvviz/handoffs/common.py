@@ -1,31 +1,18 @@
-"""Pieces every handoff shares: the loaded pair and "prefill these segments, then decode"."""
+"""Pieces every handoff shares: "prefill these segments, then decode", one model's answer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 from kvviz.cache import KVState
 from kvviz.decode import DecodeOutput, generate, prefill
 from kvviz.handoffs.registry import ReceiverPrompt
 from kvviz.measure import StageTimer, decode_flops, forward_flops
-from kvviz.models import LoadedModel, PairSpec
+from kvviz.models import LoadedModel, LoadedPair
 from kvviz.prompts import PromptSegments
 from kvviz.results import GenerationSettings, HandoffRequest, HandoffResult
 
 TokenCallback = Callable[[str], None]
-
-
-@dataclass
-class LoadedPair:
-    spec: PairSpec
-    sharer: LoadedModel
-    receiver: LoadedModel
-    kvcomm_sender: LoadedModel
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
 
 
 def answer(
@@ -37,18 +24,17 @@ def answer(
     on_token: TokenCallback | None = None,
     state: KVState | None = None,
     max_new_tokens: int | None = None,
-) -> tuple[DecodeOutput, float]:
+    is_answer: bool = True,
+) -> DecodeOutput:
     """Prefill ``segments`` (on top of ``state`` if given), decode; time both under ``role``.
-
-    Returns the decode output and the time to first token measured from the start of the prefill.
-    """
+    ``is_answer``: this decode is the handoff's answer (its first token is marked on the timer);
+    False for a message written before it."""
     state = state or KVState()
     with timer.stage(f"{role}_prefill"):
         first, _ = prefill(model, state, segments.input_ids)
-    prefill_seconds = timer.seconds[f"{role}_prefill"]
     with timer.stage(f"{role}_decode"):
-        output = generate(model, state, first, settings, on_token=on_token, max_new_tokens=max_new_tokens)
-    return output, prefill_seconds + output.first_token_seconds
+        return generate(model, state, first, settings, on_token=on_token, max_new_tokens=max_new_tokens,
+                        timer=timer if is_answer else None)
 
 
 def single_model_result(
@@ -62,11 +48,10 @@ def single_model_result(
 ) -> HandoffResult:
     """One model answers from one prompt: the receiver-alone, sharer-alone and Skyline cases."""
     timer = StageTimer()
-    output, first_token = answer(model, segments, request.generation, timer, role, on_token)
+    output = answer(model, segments, request.generation, timer, role, on_token)
     prompt_length = len(segments.input_ids)
-    flops = forward_flops(model.facts, prompt_length, 0, logits_tokens=1) + decode_flops(
-        model.facts, len(output.token_ids), prompt_length
-    )
+    prompt_flops = forward_flops(model.facts, prompt_length, 0, logits_tokens=1)
+    flops = prompt_flops + decode_flops(model.facts, len(output.token_ids), prompt_length)
     return HandoffResult(
         handoff=handoff,
         pair=pair.name,
@@ -77,11 +62,12 @@ def single_model_result(
         bytes_communicated=0,
         communication="none",
         flops={role: flops},
+        flops_to_first_token={role: prompt_flops},
         tokens={f"{role}_prompt": prompt_length, "generated": len(output.token_ids)},
-        first_token_seconds=first_token,
         # one model, nothing to wait for: the receiver's side is the whole path (no receiver when
         # the sharer answers alone)
-        receiver_first_token_seconds=first_token if role == "receiver" else None,
+        first_token_seconds=timer.first_token_seconds,
+        receiver_first_token_seconds=timer.receiver_first_token_seconds,
         details={"stopped_by": output.stopped_by, f"{role}_model": model.name},
     )
 

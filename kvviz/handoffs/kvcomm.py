@@ -32,9 +32,10 @@ Layer 0: with ``always_send_layer0`` (the default, as the reference code does) l
 the M sent layers whenever M >= 1, and the other M - 1 are the best-scoring of layers 1..L-1.
 So "exactly M layers" holds in every strategy, and r = 0 sends nothing but the sink.
 
-Strategies: "kvcomm" (the score above), "attention" (alpha = 1), "prior" (alpha = 0), "contiguous"
-(the best-scoring block of consecutive layers), "random" (seeded; no score), "explicit" (the
-layers given; no score).
+Strategies (``kvviz.handoffs.kvcomm_layers``, one small pick each over one shared step): "kvcomm"
+(the score above), "attention" (alpha = 1), "prior" (alpha = 0), "contiguous" (the best-scoring
+block of consecutive layers), "random" (seeded; no score), "explicit" (the layers given; no score).
+The options (``KVCommOptions``) live in ``request.options["kvcomm"]``.
 
 Per-layer records (``HandoffResult.layers``, one per receiver layer; plots read these):
   layer                      receiver layer index
@@ -63,33 +64,25 @@ query_attention over layers; None without calibration), stopped_by.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import random
-import threading
 import time
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
 from kvviz import cache as kv
 from kvviz.decode import generate, prefill
-from kvviz.handoffs.common import LoadedPair, TokenCallback, read_prompt
-from kvviz.handoffs.registry import Handoff, Option, Sweep, all_of, needs_context
+from kvviz.handoffs.common import TokenCallback, read_prompt
+from kvviz.handoffs.kvcomm_layers import (
+    CALIBRATION_CONTEXT, CALIBRATION_QUERY, NAME, STRATEGIES, attention_importance, calibrate,
+    calibrate_on_sample, calibration_texts, configure, forced_layers, layer_records, layer_scores, options_of,
+    resolve_alpha, select_layers, spearman,
+)
+from kvviz.handoffs.registry import Handoff, Option, Sweep, TaskCalibration, all_of, needs_context
 from kvviz.measure import StageTimer, decode_flops, forward_flops
+from kvviz.models import LoadedPair
 from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
 from kvviz.prompts import build_segments
-from kvviz.results import HandoffRequest, HandoffResult, KVCommOptions
-
-STRATEGIES = ("kvcomm", "attention", "prior", "contiguous", "random", "explicit")
-
-# The built-in calibration sample, written for this project (one sample is enough: paper §5).
-CALIBRATION_CONTEXT = "Mira keeps her red bicycle in the garden shed behind the old library in Lisbon."
-CALIBRATION_QUERY = "Where does Mira keep her bicycle?"
-
-# alpha as the paper gives it per model family (§4); the reference code defaults to 1.0.
-PAPER_ALPHAS = {"llama": 1.0, "qwen2": 0.8, "qwen3": 0.8, "falcon": 0.8}
-DEFAULT_ALPHA = 1.0
-
+from kvviz.results import HandoffRequest, HandoffResult
 
 def applicability(pair: LoadedPair) -> str | None:
     """None when KVComm can run on this pair, else the reason it cannot."""
@@ -106,225 +99,77 @@ def applicability(pair: LoadedPair) -> str | None:
     return None
 
 
-def resolve_alpha(options: KVCommOptions, model_type: str) -> tuple[float | None, str]:
-    """(alpha, where it came from). None: the strategy ranks no scores (random, explicit)."""
-    if options.strategy in ("random", "explicit"):
-        return None, f"strategy {options.strategy}: no score"
-    if options.strategy == "attention":
-        return 1.0, "strategy attention"
-    if options.strategy == "prior":
-        return 0.0, "strategy prior"
-    if options.alpha is None:
-        return DEFAULT_ALPHA, "reference default"
-    if options.alpha == "paper":
-        if model_type in PAPER_ALPHAS:
-            return PAPER_ALPHAS[model_type], f"paper ({model_type})"
-        return DEFAULT_ALPHA, f"the paper gives no alpha for {model_type}: reference default"
-    return float(options.alpha), "set"
-
-
-def minmax(values: list[float]) -> list[float]:
-    """Scale to 0..1 over layers; all zeros when every value is equal (as the reference code)."""
-    low, high = min(values), max(values)
-    if high - low < 1e-12:
-        return [0.0 for _ in values]
-    return [(value - low) / (high - low) for value in values]
-
-
-def gaussian_prior(num_layers: int, mu: float | None, sigma: float) -> list[float]:
-    mu = (num_layers - 1) / 2 if mu is None else mu
-    return [math.exp(-((layer - mu) ** 2) / (2 * sigma**2)) for layer in range(num_layers)]
-
-
-def spearman(first: list[float], second: list[float]) -> float | None:
-    """Spearman rank correlation (ties get their average rank); None when either is constant."""
-
-    def ranks(values: list[float]) -> list[float]:
-        order = sorted(range(len(values)), key=lambda index: values[index])
-        result = [0.0] * len(values)
-        start = 0
-        while start < len(order):
-            end = start
-            while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-                end += 1
-            for position in range(start, end + 1):
-                result[order[position]] = (start + end) / 2
-            start = end + 1
-        return result
-
-    a, b = ranks(first), ranks(second)
-    mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
-    covariance = sum((x - mean_a) * (y - mean_b) for x, y in zip(a, b))
-    spread = math.sqrt(sum((x - mean_a) ** 2 for x in a) * sum((y - mean_b) ** 2 for y in b))
-    return None if spread == 0 else covariance / spread
-
-
-def layer_budget(ratio: float, num_layers: int) -> int:
-    if not 0.0 <= ratio <= 1.0:
-        raise ValueError(f"KVComm ratio must be between 0 and 1, got {ratio}")
-    return min(num_layers, math.ceil(ratio * num_layers - 1e-9))
-
-
-def select_layers(scores: list[float] | None, options: KVCommOptions, num_layers: int) -> list[int]:
-    """The layers to send, sorted. ``scores``: the combined score per layer (None for random and
-    explicit, which rank nothing)."""
-    strategy = options.strategy
-    if strategy not in STRATEGIES:
-        raise ValueError(f"Unknown KVComm strategy '{strategy}'; choose one of {', '.join(STRATEGIES)}.")
-    if strategy == "explicit":
-        layers = sorted(set(options.layers or ()))
-        bad = [layer for layer in layers if not 0 <= layer < num_layers]
-        if bad:
-            raise ValueError(f"Layers {bad} do not exist: the receiver has layers 0..{num_layers - 1}.")
-        return layers
-    budget = layer_budget(options.ratio, num_layers)
-    if budget == 0:
-        return []
-    forced = [0] if options.always_send_layer0 else []
-    candidates = [layer for layer in range(num_layers) if layer not in forced]
-    remaining = budget - len(forced)
-    if strategy == "random":
-        return sorted(forced + random.Random(options.seed).sample(candidates, remaining))
-    if scores is None:
-        raise ValueError(f"KVComm strategy '{strategy}' ranks layers by score; no scores were given.")
-    if strategy == "contiguous":
-        # the best block of `remaining` consecutive candidate layers by total score
-        best_start = max(
-            range(len(candidates) - remaining + 1),
-            key=lambda start: sum(scores[layer] for layer in candidates[start : start + remaining]),
-        )
-        chosen = candidates[best_start : best_start + remaining]
-    else:  # kvcomm / attention / prior: top scores (alpha already applied)
-        chosen = sorted(candidates, key=lambda layer: (-scores[layer], layer))[:remaining]
-    return sorted(forced + chosen)
-
-
-def forced_layers(options: KVCommOptions, selected: list[int]) -> list[int]:
-    """Layers sent by rule rather than by score: layer 0 under ``always_send_layer0``."""
-    if options.strategy == "explicit" or not options.always_send_layer0 or 0 not in selected:
-        return []
-    return [0]
-
-
-# --- attention importance and calibration ----------------------------------------------------
-
-
-def attention_importance(pair: LoadedPair, context_cache, query_ids: list[int]) -> list[float]:
-    """S_a(l) per receiver layer: the receiver reads ``query_ids`` with the sender's context KV in
-    every layer; mean over heads and query tokens of the attention mass on the context keys, the
-    sink excluded (kvviz.attention's capture)."""
-    num_layers = pair.receiver.facts.num_layers
-    state = kv.splice_prefix(context_cache, num_layers, selected=set(range(num_layers)))
-    _, plan = prefill(pair.receiver, state, query_ids, need_logits=False, capture=True)
-    return [plan.captured_mass.get(layer, 0.0) for layer in range(num_layers)]
-
-
-_calibration_cache: dict[tuple, dict] = {}
-_calibration_lock = threading.Lock()
-
-
-def calibrate(pair: LoadedPair, context: str, query: str) -> dict:
-    """Attention importance per receiver layer on one sample; cached per pair and sample."""
-    key = (pair.kvcomm_sender.name, pair.receiver.name, context, query)
-    with _calibration_lock:
-        if key in _calibration_cache:
-            return {**_calibration_cache[key], "cached": True}
-    started = time.perf_counter()
-    segments = build_segments(pair.receiver.tokenizer, query, context)
-    sender_state = kv.KVState()
-    prefill(pair.kvcomm_sender, sender_state, segments.context_ids, need_logits=False)
-    calibration = {
-        "attention": attention_importance(pair, sender_state.cache, segments.query_ids),
-        "context": context,
-        "query": query,
-        "seconds": time.perf_counter() - started,
-    }
-    with _calibration_lock:
-        _calibration_cache[key] = calibration
-    return {**calibration, "cached": False}
-
-
-def calibration_texts(options: KVCommOptions) -> tuple[str, str]:
-    """(context, question) of a built-in or given calibration sample."""
-    if options.calibration == "sample":
-        return options.calibration_sample
-    return CALIBRATION_CONTEXT, CALIBRATION_QUERY
-
-
-def layer_scores(calibration_attention: list[float] | None, alpha: float | None, options: KVCommOptions, num_layers: int) -> dict:
-    """Normalised attention, prior and combined score per layer; None where the strategy used none."""
-    if alpha is None:
-        return {"attention_norm": None, "prior": None, "score": None}
-    attention_norm = minmax(calibration_attention) if alpha > 0 else None
-    prior = minmax(gaussian_prior(num_layers, options.mu, options.sigma))
-    score = [
-        (alpha * attention_norm[layer] if attention_norm is not None else 0.0) + (1 - alpha) * prior[layer]
-        for layer in range(num_layers)
-    ]
-    return {"attention_norm": attention_norm, "prior": prior, "score": score}
-
-
-def layer_records(
-    num_layers: int,
-    selected: list[int],
-    forced: list[int],
-    calibration_attention: list[float] | None,
-    scores: dict,
-    query_attention: list[float],
-) -> list[dict]:
-    """One record per receiver layer (fields in the module docstring); None where nothing was used."""
-
-    def at(values: list[float] | None, layer: int) -> float | None:
-        return None if values is None else values[layer]
-
-    query_norm = minmax(query_attention)
-    return [
-        {
-            "layer": layer,
-            "sent": "context" if layer in selected else "sink",
-            "selected": layer in selected,
-            "forced": layer in forced,
-            "calibration_attention": at(calibration_attention, layer),
-            "calibration_attention_norm": at(scores["attention_norm"], layer),
-            "query_attention": query_attention[layer],
-            "query_attention_norm": query_norm[layer],
-            "prior": at(scores["prior"], layer),
-            "score": at(scores["score"], layer),
-        }
-        for layer in range(num_layers)
-    ]
-
-
 # --- the handoff ------------------------------------------------------------------------------
+
+
+@dataclass
+class Sent:
+    """What one KVComm run chose and sent, for its result."""
+
+    selected: list[int]
+    scores: dict
+    calibration: dict | None  # the importance that chose the layers, with where it was measured
+    query_importance: dict  # this query's own importance (instrumentation, or the calibration)
+    bytes: int
 
 
 def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
     reason = applicability(pair)
     if reason:
-        return HandoffResult.not_applicable("kvcomm", pair.name, reason)
+        return HandoffResult.not_applicable(NAME, pair.name, reason)
     if not request.has_context:
         return HandoffResult.not_applicable(
-            "kvcomm", pair.name, "KVComm shares the KV of a private context; this request has none."
+            NAME, pair.name, "KVComm shares the KV of a private context; this request has none."
         )
-    options = request.kvcomm
+    options = options_of(request)
+    receiver = pair.receiver
+    alpha, alpha_source = resolve_alpha(options, receiver.facts.model_type)
+    segments = build_segments(receiver.tokenizer, request.query, request.context)
+    timer = StageTimer()
+    output, sent = send_and_answer(pair, request, options, alpha, segments, timer, on_token)
+    timings = timer.as_dict()
+    on_this_query = sent.calibration is not None and sent.calibration["source"] == "query"
+    prompt_flops, receiver_flops, sender_flops = kvcomm_flops(pair, segments, sent.selected, len(output.token_ids), on_this_query)
+    return HandoffResult(
+        handoff=NAME,
+        pair=pair.name,
+        answer=output.text,
+        answer_ids=output.token_ids,
+        seen={"sender": segments.context_text, "receiver": segments.query_text},
+        timings=timings,
+        bytes_communicated=sent.bytes,
+        communication="kv",
+        flops={"sharer": sender_flops, "receiver": receiver_flops},
+        flops_to_first_token={"sharer": sender_flops, "receiver": prompt_flops},
+        tokens={"context": len(segments.context_ids), "receiver_prompt": len(segments.query_ids),
+                "generated": len(output.token_ids)},
+        layers=layer_records(
+            receiver.facts.num_layers, sent.selected, forced_layers(options, sent.selected),
+            sent.calibration["attention"] if sent.calibration else None, sent.scores, sent.query_importance["attention"],
+        ),
+        first_token_seconds=timer.first_token_seconds,
+        receiver_first_token_seconds=timer.receiver_first_token_seconds,
+        details={**run_details(pair, options, alpha, alpha_source, sent), "stopped_by": output.stopped_by},
+    )
+
+
+def send_and_answer(pair, request, options, alpha, segments, timer: StageTimer, on_token):
+    """The timed handoff: the sender reads the context, the layers are chosen (on this query's own
+    attention with calibration "query"), the KV is spliced in, the receiver answers. Then, outside
+    every stage, this query's importance is measured (instrumentation). Returns (decode output,
+    what was sent)."""
     sender, receiver = pair.kvcomm_sender, pair.receiver
     num_layers = receiver.facts.num_layers
-    alpha, alpha_source = resolve_alpha(options, receiver.facts.model_type)
     uses_attention = alpha is not None and alpha > 0
-    on_this_query = uses_attention and options.calibration == "query"
-    segments = build_segments(receiver.tokenizer, request.query, request.context)
-
     calibration = None
-    if uses_attention and not on_this_query:
+    if uses_attention and options.calibration != "query":
         # one-off per pair and sample (cached), before the question is asked: not timed here
         calibration = {**calibrate(pair, *calibration_texts(options)), "source": options.calibration}
-
-    timer = StageTimer()
     sender_state = kv.KVState()
     with timer.stage("sharer_prefill"):
         prefill(sender, sender_state, segments.context_ids, need_logits=False)
     query_importance = None
-    if on_this_query:
+    if uses_attention and options.calibration == "query":
         # The receiver reads this question once with the context in every layer to choose the
         # layers: part of its prefill, on the critical path, and every layer's KV is sent.
         started = time.perf_counter()
@@ -341,77 +186,65 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
         selected = select_layers(scores["score"], options, num_layers)
         state = kv.splice_prefix(sender_state.cache, num_layers, set(selected))
         state.reference_mask = options.reference_mask
-        sent_bytes = kv.kv_bytes(sender_state.cache if on_this_query else state.cache)
+        sent_bytes = kv.kv_bytes(sender_state.cache if query_importance is not None else state.cache)
     with timer.stage("receiver_prefill"):
         first, _ = prefill(receiver, state, segments.query_ids)
     with timer.stage("receiver_decode"):
-        output = generate(receiver, state, first, request.generation, on_token=on_token)
-    timings = timer.as_dict()
+        output = generate(receiver, state, first, request.generation, on_token=on_token, timer=timer)
     if query_importance is None:
         # instrumentation: after the answer, outside every stage and the total
         started = time.perf_counter()
         measured = attention_importance(pair, sender_state.cache, segments.query_ids)
         query_importance = {"attention": measured, "seconds": time.perf_counter() - started, "instrumentation": True}
+    return output, Sent(selected, scores, calibration, query_importance, sent_bytes)
 
+
+def kvcomm_flops(pair, segments, selected: list[int], generated: int, on_this_query: bool) -> tuple[float, float, float]:
+    """(the receiver's FLOPs to its first token, the receiver's in all, the sender's)."""
+    receiver = pair.receiver
+    num_layers = receiver.facts.num_layers
     context_length, query_length = len(segments.context_ids), len(segments.query_ids)
     # receiver attention sees |C| prefix keys in sent layers and 1 (the sink) in the others
     prefix = [context_length if layer in selected else min(1, context_length) for layer in range(num_layers)]
-    receiver_flops = forward_flops(receiver.facts, query_length, prefix, 1) + decode_flops(
-        receiver.facts, len(output.token_ids), [count + query_length for count in prefix]
-    )
+    prompt = forward_flops(receiver.facts, query_length, prefix, 1)
     if on_this_query:  # the extra pass that chose the layers
-        receiver_flops += forward_flops(receiver.facts, query_length, context_length, 0)
-    forced = forced_layers(options, selected)
-    calibration_attention = calibration["attention"] if calibration else None
-    layers = layer_records(num_layers, selected, forced, calibration_attention, scores, query_importance["attention"])
-    receiver_first_token = timings["transfer"] + timings["receiver_prefill"] + output.first_token_seconds
-    return HandoffResult(
-        handoff="kvcomm",
-        pair=pair.name,
-        answer=output.text,
-        answer_ids=output.token_ids,
-        seen={"sender": segments.context_text, "receiver": segments.query_text},
-        timings=timings,
-        bytes_communicated=sent_bytes,
-        communication="kv",
-        flops={"sharer": forward_flops(sender.facts, context_length, 0, 0), "receiver": receiver_flops},
-        tokens={"context": context_length, "receiver_prompt": query_length, "generated": len(output.token_ids)},
-        layers=layers,
-        first_token_seconds=timings["sharer_prefill"] + receiver_first_token,
-        receiver_first_token_seconds=receiver_first_token,
-        details={
-            "strategy": options.strategy,
-            "ratio": options.ratio,
+        prompt += forward_flops(receiver.facts, query_length, context_length, 0)
+    answer = decode_flops(receiver.facts, generated, [count + query_length for count in prefix])
+    return prompt, prompt + answer, forward_flops(pair.kvcomm_sender.facts, context_length, 0, 0)
+
+
+def run_details(pair, options, alpha, alpha_source: str, sent: Sent) -> dict:
+    """``HandoffResult.details`` (the keys in the module docstring, but ``stopped_by``)."""
+    num_layers = pair.receiver.facts.num_layers
+    calibration = sent.calibration
+    return {
+        "strategy": options.strategy,
+        "ratio": options.ratio,
+        "alpha": alpha,
+        "alpha_source": alpha_source,
+        "mu": options.mu if options.mu is not None else (num_layers - 1) / 2,
+        "sigma": options.sigma,
+        "selected_layers": sent.selected,
+        "num_selected": len(sent.selected),
+        "forced_layers": forced_layers(options, sent.selected),
+        "sink_layers": [layer for layer in range(num_layers) if layer not in sent.selected],
+        "reference_mask": options.reference_mask,
+        "sender_model": pair.kvcomm_sender.name,
+        "calibration": None if calibration is None else {
+            "source": calibration["source"],
+            "context": calibration["context"],
+            "query": calibration["query"],
             "alpha": alpha,
-            "alpha_source": alpha_source,
-            "mu": options.mu if options.mu is not None else (num_layers - 1) / 2,
-            "sigma": options.sigma,
-            "selected_layers": selected,
-            "num_selected": len(selected),
-            "forced_layers": forced,
-            "sink_layers": [layer for layer in range(num_layers) if layer not in selected],
-            "reference_mask": options.reference_mask,
-            "sender_model": sender.name,
-            "calibration": None
-            if calibration is None
-            else {
-                "source": calibration["source"],
-                "context": calibration["context"],
-                "query": calibration["query"],
-                "alpha": alpha,
-                "seconds": calibration["seconds"],
-                "cached": calibration["cached"],
-            },
-            "query_importance": {
-                "seconds": query_importance["seconds"],
-                "instrumentation": query_importance["instrumentation"],
-            },
-            "importance_spearman": None
-            if calibration_attention is None
-            else spearman(calibration_attention, query_importance["attention"]),
-            "stopped_by": output.stopped_by,
+            "seconds": calibration["seconds"],
+            "cached": calibration["cached"],
         },
-    )
+        "query_importance": {
+            "seconds": sent.query_importance["seconds"],
+            "instrumentation": sent.query_importance["instrumentation"],
+        },
+        "importance_spearman": None if calibration is None
+        else spearman(calibration["attention"], sent.query_importance["attention"]),
+    }
 
 
 # --- descriptor -------------------------------------------------------------------------------
@@ -484,6 +317,48 @@ def figure_series(result: dict) -> list[tuple[str, str, str, str]]:
     return series
 
 
+def add_sent_markers(fig, layers: list[int], selected: list[bool], forced: list[bool], details: dict) -> None:
+    """The row of markers above the bars: how each layer got (or did not get) the context."""
+    groups = {
+        "sent": ([layer for layer, sel, frc in zip(layers, selected, forced) if sel and not frc],
+                 f"{_sent_reason(details)} (context KV)"),
+        "forced": ([layer for layer, frc in zip(layers, forced) if frc], "layer 0: always sent (forced)"),
+        "sink": ([layer for layer, sel in zip(layers, selected) if not sel], "sink only (one token)"),
+    }
+    for key, (xs, name) in groups.items():
+        if not xs:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=[1.08] * len(xs),
+                mode="markers",
+                name=name,
+                marker=dict(**SENT_MARKERS[key], line=dict(color=SELECTED_OUTLINE if key != "sink" else "#888888", width=1)),
+                hovertext=[f"layer {layer}: {name}" for layer in xs],
+                hoverinfo="text",
+                meta={"series": key},
+            )
+        )
+
+
+def figure_subtitle(selected: list[bool], forced: list[bool], details: dict) -> str:
+    """How many layers were sent and why, the strategy, alpha, and how the calibration ranks this query."""
+    alpha = details.get("alpha")
+    subtitle = f"{sum(selected)} of {len(selected)} layers sent"
+    if any(forced):
+        subtitle += " (layer 0 by rule)"
+    if details.get("strategy"):
+        subtitle += f", strategy {details['strategy']}"
+    if alpha is not None:
+        subtitle += f", alpha = {float(alpha):.2f}"
+    spearman_value = details.get("importance_spearman")
+    source = (details.get("calibration") or {}).get("source")
+    if spearman_value is not None and source != "query":
+        subtitle += f"; calibration vs this query: Spearman {float(spearman_value):+.2f}"
+    return subtitle
+
+
 def layers_figure(result) -> go.Figure:
     """Grouped bars per receiver layer, only of what this run measured or used (``figure_series``),
     and a row of markers above them: the layers sent by the strategy, layer 0 sent by rule
@@ -502,7 +377,6 @@ def layers_figure(result) -> go.Figure:
     selected = [bool(r.get("selected")) for r in records]
     forced = [bool(r.get("forced")) for r in records]
     details = result.get("details", {}) or {}
-    alpha = details.get("alpha")
 
     def status(layer_selected: bool, layer_forced: bool) -> str:
         if layer_forced:
@@ -536,39 +410,8 @@ def layers_figure(result) -> go.Figure:
                 meta={"series": key},
             )
         )
-    groups = {
-        "sent": ([layer for layer, sel, frc in zip(layers, selected, forced) if sel and not frc],
-                 f"{_sent_reason(details)} (context KV)"),
-        "forced": ([layer for layer, frc in zip(layers, forced) if frc], "layer 0: always sent (forced)"),
-        "sink": ([layer for layer, sel in zip(layers, selected) if not sel], "sink only (one token)"),
-    }
-    for key, (xs, name) in groups.items():
-        if not xs:
-            continue
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=[1.08] * len(xs),
-                mode="markers",
-                name=name,
-                marker=dict(**SENT_MARKERS[key], line=dict(color=SELECTED_OUTLINE if key != "sink" else "#888888", width=1)),
-                hovertext=[f"layer {layer}: {name}" for layer in xs],
-                hoverinfo="text",
-                meta={"series": key},
-            )
-        )
-    chosen = sum(selected)
-    subtitle = f"{chosen} of {len(layers)} layers sent"
-    if any(forced):
-        subtitle += " (layer 0 by rule)"
-    if details.get("strategy"):
-        subtitle += f", strategy {details['strategy']}"
-    if alpha is not None:
-        subtitle += f", alpha = {float(alpha):.2f}"
-    spearman_value = details.get("importance_spearman")
-    source = (details.get("calibration") or {}).get("source")
-    if spearman_value is not None and source != "query":
-        subtitle += f"; calibration vs this query: Spearman {float(spearman_value):+.2f}"
+    add_sent_markers(fig, layers, selected, forced, details)
+    subtitle = figure_subtitle(selected, forced, details)
     fig.update_xaxes(
         title_text="receiver layer", dtick=1 if len(layers) <= 40 else None, range=[min(layers) - 0.6, max(layers) + 0.6]
     )
@@ -588,10 +431,11 @@ def parse_layers(text: str) -> tuple[int, ...] | None:
 
 
 def apply_options(request: HandoffRequest, values: dict) -> HandoffRequest:
-    """KVComm keeps its options in ``request.kvcomm``; explicit layers override the strategy."""
+    """The page's and the CLI's options into the request's ``KVCommOptions`` (the others kept);
+    explicit layers override the strategy."""
     layers = parse_layers(values["layers"])
-    options = dataclasses.replace(
-        request.kvcomm,
+    return configure(
+        request,
         ratio=values["ratio"],
         strategy="explicit" if layers else values["strategy"],
         alpha=values["alpha"],
@@ -601,7 +445,6 @@ def apply_options(request: HandoffRequest, values: dict) -> HandoffRequest:
         calibration=values.get("calibration") or "builtin",
         calibration_sample=None,
     )
-    return dataclasses.replace(request, kvcomm=options)
 
 
 def variant_label(values: dict) -> str:
@@ -651,7 +494,7 @@ CALIBRATION_CHOICES = ("builtin", "query")
 
 HANDOFFS = (
     Handoff(
-        name="kvcomm",
+        name=NAME,
         title="KVComm: selected layers",
         label="KVComm",
         color=COLOR,
@@ -689,6 +532,7 @@ HANDOFFS = (
                    choices=CALIBRATION_CHOICES, flag="--calibration"),
         ),
         apply_options=apply_options,
+        task_calibration=TaskCalibration(calibrate_on_sample, unless_option="calibration"),
         variant_label=variant_label,
         receiver_prompt=receiver_prompt,
         figure=layers_figure,

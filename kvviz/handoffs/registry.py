@@ -22,19 +22,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from kvviz import limits
-from kvviz.results import HandoffRequest, HandoffResult
+from kvviz.paths import DIAGRAMS
+from kvviz.results import GenerationSettings, HandoffRequest, HandoffResult
 
 if TYPE_CHECKING:  # type names only: the registry imports no model code
     from kvviz.cache import KVState
     from kvviz.decode import NextToken
-    from kvviz.handoffs.common import LoadedPair
-    from kvviz.models import LoadedModel
+    from kvviz.models import LoadedModel, LoadedPair
 
-DIAGRAM_DIR = Path(__file__).resolve().parents[2] / "assets" / "diagrams"
+DIAGRAM_DIR = DIAGRAMS
 
 # What a requirement check returns: None when the handoff can run, else the reason it cannot.
 Check = Callable[["LoadedPair", HandoffRequest], "str | None"]
 ROLES = ("floor", "ceiling", "handoff")
+OPENING_PRESET = "opening"  # a walk-through step that reloads the page's opening preset
 OPTION_KINDS = ("float", "int", "choice", "text")
 
 
@@ -48,6 +49,10 @@ class Option:
 
     ``auto``: when not empty, the value may be None, meaning what ``auto`` says ("the paper's alpha
     for the model family"); the page shows a checkbox for it and the CLI leaves the flag out.
+    ``limit``: a setting of ``kvviz.limits`` whose range bounds the value (it follows the policy's
+    caps, so public mode narrows it). ``check``: raises a ValueError for a value refused here (a
+    custom fuser folder on a public server). ``api_name``: the page's and the ``/run`` API's name
+    for it (default ``HANDOFF_OPTION``).
     """
 
     name: str
@@ -63,6 +68,9 @@ class Option:
     sweep_default: str = ""
     on_page: bool = True
     auto: str = ""
+    limit: str = ""
+    check: Callable[[Any], None] | None = None
+    api_name: str = ""
 
     def __post_init__(self):
         if self.kind not in OPTION_KINDS:
@@ -73,20 +81,34 @@ class Option:
     def cli_flag(self, handoff: str) -> str:
         return self.flag or f"--{handoff}-{self.name}".replace("_", "-")
 
+    def page_name(self, handoff: str) -> str:
+        """The page's and the ``/run`` API's parameter name."""
+        return self.api_name or f"{handoff}_{self.name}"
+
+    def bounds(self) -> tuple[float | None, float | None]:
+        """(minimum, maximum): the ``limit`` setting's range now, else the option's own."""
+        if self.limit:
+            setting = limits.settings()[self.limit]
+            return setting.minimum, setting.maximum
+        return self.minimum, self.maximum
+
     def parse(self, value: Any) -> Any:
         """The value in its kind, checked; None or "" give the default (None when ``auto``)."""
         if value is None or (isinstance(value, str) and not value.strip() and self.kind != "text"):
             return None if self.auto else self.default
         if self.kind in ("float", "int"):
             parsed: Any = limits.parse_number(self.label, value, integer=self.kind == "int")
-            if self.minimum is not None or self.maximum is not None:
-                low = float("-inf") if self.minimum is None else self.minimum
-                high = float("inf") if self.maximum is None else self.maximum
+            minimum, maximum = self.bounds()
+            if minimum is not None or maximum is not None:
+                low = float("-inf") if minimum is None else minimum
+                high = float("inf") if maximum is None else maximum
                 limits.check_range(self.label, parsed, low, high)
-            return parsed
-        parsed = str(value).strip() if self.kind == "choice" else str(value)
-        if self.kind == "choice" and parsed not in self.choices:
-            raise ValueError(f"{self.label}: {parsed!r} is not one of {', '.join(map(str, self.choices))}.")
+        else:
+            parsed = str(value).strip() if self.kind == "choice" else str(value)
+            if self.kind == "choice" and parsed not in self.choices:
+                raise ValueError(f"{self.label}: {parsed!r} is not one of {', '.join(map(str, self.choices))}.")
+        if self.check is not None:
+            self.check(parsed)
         return parsed
 
     def parse_list(self, text: str) -> list:
@@ -173,6 +195,16 @@ class Sweep:
 
 
 @dataclass(frozen=True)
+class TaskCalibration:
+    """A handoff that calibrates on one sample of a task (KVComm chooses its layers on a task's first
+    item, as its reference code does). The benchmark gives it the task's first sample, which is then
+    not scored, unless the option ``unless_option`` was given (it says how to calibrate instead)."""
+
+    apply: Callable[[HandoffRequest, str, str], HandoffRequest]  # (request, context, question) -> calibrated request
+    unless_option: str = ""
+
+
+@dataclass(frozen=True)
 class Handoff:
     """Everything the lab needs to know about one way for two models to talk."""
 
@@ -198,12 +230,18 @@ class Handoff:
     page: int | None = None  # position among the page's columns; None: not a page column
     page_default: bool = False  # shown when the page opens
     walkthrough: str = ""  # its step of the page's guided walk-through
-    walkthrough_preset: str | None = None  # the preset its step loads (None: keep what is on the page)
+    # the preset its step loads: a preset key, OPENING_PRESET (the page's opening one, again) or None
+    # (keep what is on the page); the step's text may name the loaded preset's title as {preset}
+    walkthrough_preset: str | None = None
     sweep: Sweep | None = None
     diagram: Path | None = field(default=None)  # default: assets/diagrams/NAME.svg when present
     # what a latency stage is for this handoff, where the shared stage name would say more (or less)
     # than was measured, e.g. {"transfer": "splice in memory (no network)"}
     stage_labels: dict = field(default_factory=dict)
+    # how many tokens it may generate before the answer (a message the receiver waits for): the
+    # prompt budget (kvviz.limits) and ZeroGPU's duration estimate count them; None: none
+    message_tokens: Callable[[HandoffRequest], int] | None = None
+    task_calibration: TaskCalibration | None = None  # see TaskCalibration
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -231,6 +269,10 @@ class Handoff:
 
     def label_variant(self, values: dict) -> str:
         return self.variant_label(values) if self.variant_label and values else self.name
+
+    def tokens_before_answer(self, request: HandoffRequest) -> int:
+        """The ``message_tokens`` hook's count for this request (0 without the hook)."""
+        return int(self.message_tokens(request)) if self.message_tokens is not None else 0
 
     def not_applicable(self, pair_name: str, reason: str) -> HandoffResult:
         return HandoffResult.not_applicable(self.name, pair_name, reason)
@@ -330,15 +372,11 @@ def build_request(
     sample: bool = False,
     temperature: float = 0.7,
     seed: int = 0,
-    message_tokens: int = 64,
     options: dict[str, dict] | None = None,
-    **fields,
 ) -> HandoffRequest:
     """A request from the settings every surface shares (page form, CLI flags, bench) plus each
     handoff's options (handoff name -> {option: value}; the others at their defaults).
     A ValueError says what is wrong in plain words."""
-    from kvviz.results import GenerationSettings
-
     setting = limits.settings()
     number = lambda name, value: limits.parse_number(setting[name].label, value, setting[name].integer)  # noqa: E731
     request = HandoffRequest(
@@ -348,7 +386,12 @@ def build_request(
             max_new_tokens=number("max_new_tokens", max_new_tokens), greedy=not sample,
             temperature=number("temperature", temperature), seed=number("seed", seed or 0),
         ),
-        text_message_tokens=number("message_tokens", message_tokens),
-        **fields,
     )
     return request_with_options(request, options)
+
+
+def tokens_before_answer(request: HandoffRequest, names: list[str] | None = None) -> int:
+    """The most tokens any of these handoffs (default: every registered one) generates before its
+    answer (``Handoff.message_tokens``)."""
+    chosen = [HANDOFFS[name] for name in names] if names is not None else list(HANDOFFS.values())
+    return max((handoff.tokens_before_answer(request) for handoff in chosen), default=0)

@@ -3,22 +3,36 @@
 With a private context the sharer relays what matters in it (KVComm's setting); with a shared
 question it writes the background that helps (the C2C paper's text-to-text protocol). The
 receiver reads the message in the context slot of its prompt, so an empty message gives exactly
-the receiver-alone prompt.
+the receiver-alone prompt. The message's length bound is this handoff's option
+(``message_tokens``, ``--message-tokens``); CIPHER writes its message of vectors under the same bound.
 """
 
 from __future__ import annotations
 
-from kvviz.handoffs.common import LoadedPair, TokenCallback, answer, read_prompt
-from kvviz.handoffs.registry import Handoff
+from kvviz.handoffs.common import TokenCallback, answer, read_prompt
+from kvviz.handoffs.registry import Handoff, Option, option_values
 from kvviz.measure import StageTimer, decode_flops, forward_flops
+from kvviz.models import LoadedPair
 from kvviz.prompts import build_segments
 from kvviz.results import GenerationSettings, HandoffRequest, HandoffResult
+
+NAME = "text"
+OPTIONS = (
+    # the bound follows the policy's caps (kvviz.limits); the page and the /run API call it message_tokens
+    Option("message_tokens", "Message length bound (tokens)", 64, kind="int", limit="message_tokens",
+           flag="--message-tokens", api_name="message_tokens"),
+)
 
 RELAY_INSTRUCTION = (
     "Another assistant must answer this question but cannot see the context. "
     "Write the facts from the context that it needs, in one or two short sentences."
 )
 BACKGROUND_INSTRUCTION = "Briefly describe the most useful background to solve the problem."
+
+
+def message_tokens(request: HandoffRequest) -> int:
+    """How long the sharer's message may be, in tokens."""
+    return option_values(request, NAME, OPTIONS)["message_tokens"]
 
 
 def sharer_message_segments(pair: LoadedPair, request: HandoffRequest):
@@ -42,28 +56,26 @@ def run(
     sharer_flops = 0.0
     if message_override is None:
         # The message is always greedy: sampling settings apply to the final answer only.
-        settings = GenerationSettings(max_new_tokens=request.text_message_tokens, greedy=True)
-        output, _ = answer(
-            pair.sharer, sharer_segments, settings, timer, "sharer", max_new_tokens=request.text_message_tokens
-        )
-        message, message_tokens = output.text, len(output.token_ids)
+        bound = message_tokens(request)
+        settings = GenerationSettings(max_new_tokens=bound, greedy=True)
+        output = answer(pair.sharer, sharer_segments, settings, timer, "sharer", max_new_tokens=bound, is_answer=False)
+        message, written = output.text, len(output.token_ids)
         prompt_length = len(sharer_segments.input_ids)
         sharer_flops = forward_flops(pair.sharer.facts, prompt_length, 0, 1) + decode_flops(
-            pair.sharer.facts, message_tokens, prompt_length
+            pair.sharer.facts, written, prompt_length
         )
     else:
         message = message_override
-        message_tokens = len(pair.sharer.tokenizer(message, add_special_tokens=False)["input_ids"]) if message else 0
+        written = len(pair.sharer.tokenizer(message, add_special_tokens=False)["input_ids"]) if message else 0
 
     segments = receiver_segments(pair, request, message)
-    output, receiver_first_token = answer(pair.receiver, segments, request.generation, timer, "receiver", on_token)
+    output = answer(pair.receiver, segments, request.generation, timer, "receiver", on_token)
     prompt_length = len(segments.input_ids)
-    receiver_flops = forward_flops(pair.receiver.facts, prompt_length, 0, 1) + decode_flops(
-        pair.receiver.facts, len(output.token_ids), prompt_length
-    )
+    prompt_flops = forward_flops(pair.receiver.facts, prompt_length, 0, 1)
+    receiver_flops = prompt_flops + decode_flops(pair.receiver.facts, len(output.token_ids), prompt_length)
     timings = timer.as_dict()
     return HandoffResult(
-        handoff="text",
+        handoff=NAME,
         pair=pair.name,
         answer=output.text,
         answer_ids=output.token_ids,
@@ -72,10 +84,11 @@ def run(
         bytes_communicated=len(message.encode("utf-8")),
         communication="text",
         flops={"sharer": sharer_flops, "receiver": receiver_flops},
-        tokens={"message": message_tokens, "receiver_prompt": prompt_length, "generated": len(output.token_ids)},
-        # the receiver cannot start before the message is written
-        first_token_seconds=timings["sharer_prefill"] + timings["sharer_decode"] + receiver_first_token,
-        receiver_first_token_seconds=receiver_first_token,
+        flops_to_first_token={"sharer": sharer_flops, "receiver": prompt_flops},  # the message is written first
+        tokens={"message": written, "receiver_prompt": prompt_length, "generated": len(output.token_ids)},
+        # the receiver cannot start before the message is written: its stages are on the critical path
+        first_token_seconds=timer.first_token_seconds,
+        receiver_first_token_seconds=timer.receiver_first_token_seconds,
         details={"mode": "relay" if request.has_context else "background", "stopped_by": output.stopped_by},
     )
 
@@ -95,7 +108,7 @@ def _notes(result: dict) -> list[str]:
 
 HANDOFFS = (
     Handoff(
-        name="text",
+        name=NAME,
         title="Text message",
         label="Text",
         color="#E69F00",  # orange
@@ -107,6 +120,8 @@ HANDOFFS = (
             "leaves out is lost."
         ),
         run=run,
+        options=OPTIONS,
+        message_tokens=message_tokens,
         receiver_prompt=_receiver_prompt,
         notes=_notes,
         page=10,

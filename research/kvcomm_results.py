@@ -1,7 +1,7 @@
-"""The KVComm comparison section of docs/RESULTS.md, from scripts/kvcomm_table.py runs.
+"""The KVComm comparison section of docs/RESULTS.md, from research/kvcomm_table.py runs.
 
-    python scripts/kvcomm_results.py --table Countries=runs/table-countries --table HotpotQA=runs/table-hotpotqa
-    python scripts/kvcomm_results.py ... --write docs/RESULTS.md   # replace the section in the file
+    python research/kvcomm_results.py --table Countries=runs/table-countries --table HotpotQA=runs/table-hotpotqa
+    python research/kvcomm_results.py ... --write docs/RESULTS.md   # replace the section in the file
 
 A FOLDER may be "A+B": the rows of a run split over two processes (kvcomm_table.py --skip).
 
@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "research"))
 
+from kvviz.bench.report import replace_section, section_marks  # noqa: E402
 from kvviz.data import wilson_interval  # noqa: E402
-from mcnemar import compare  # noqa: E402
+from mcnemar import compare, format_p  # noqa: E402
 
-START, END = "<!-- kvcomm-table:start -->", "<!-- kvcomm-table:end -->"
+START, END = section_marks("kvcomm-table")
 ORDER = ("receiver", "skyline", "text", "kvcomm@0.3", "kvcomm@0.5", "kvcomm@0.7", "kvcomm-random@0.3",
          "kvcomm-contiguous@0.3")
 CONTROLS = ("kvcomm-all", "kvcomm-query@0.3", "kvcomm-builtin@0.3")
@@ -74,10 +74,6 @@ def accuracy(correct: dict[str, int]) -> tuple[int, int]:
     return sum(correct.values()), len(correct)
 
 
-def fmt_p(p: float) -> str:
-    return f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"
-
-
 def dataset_section(name: str, folder: Path, command: str) -> str:
     rows = read_rows(folder)
     calibration = (Path(str(folder).split("+")[0]) / "calibration.txt").read_text(encoding="utf-8").splitlines()
@@ -112,7 +108,7 @@ def dataset_section(name: str, folder: Path, command: str) -> str:
             r = compare(correct, first, second)
             results[(first, second)] = r
             lines.append(f"| {first} | {second} | {r['n']} | {r['acc_first']:.2f} | {r['acc_second']:.2f} | "
-                         f"{r['acc_first'] - r['acc_second']:+.2f} | {r['only_first']} | {r['only_second']} | {fmt_p(r['p'])} |")
+                         f"{r['acc_first'] - r['acc_second']:+.2f} | {r['only_first']} | {r['only_second']} | {format_p(r['p'])} |")
 
     # controls, on the samples they ran (a subset may have run)
     facts = []
@@ -133,7 +129,7 @@ def dataset_section(name: str, folder: Path, command: str) -> str:
             c = {v: {s: int(float(table[v][s]["correct"] or 0)) for s in both} for v in (control, "kvcomm@0.3")}
             r = compare(c, control, "kvcomm@0.3")
             facts.append(f"`{control}` scored {r['acc_first']:.2f} against `kvcomm@0.3`'s {r['acc_second']:.2f} on the "
-                         f"same {r['n']} samples (McNemar p = {fmt_p(r['p'])})")
+                         f"same {r['n']} samples (McNemar p = {format_p(r['p'])})")
 
     lines += ["", "Targets (issue 12):", "", "| target | measured | verdict | why |", "|---|---|---|---|"]
 
@@ -146,7 +142,7 @@ def dataset_section(name: str, folder: Path, command: str) -> str:
         r = results[(variant, "skyline")]
         verdict = "met" if share >= goal else "missed"
         why = (f"{r['only_second']} samples only Skyline got right, {r['only_first']} only KVComm "
-               f"(McNemar p = {fmt_p(r['p'])}{'' if r['p'] < 0.05 else ': the gap is not significant at 0.05'})")
+               f"(McNemar p = {format_p(r['p'])}{'' if r['p'] < 0.05 else ': the gap is not significant at 0.05'})")
         lines.append(f"| {NAMES[variant]} >= {goal:.0%} of Skyline | {right}/{sky_right} = {share:.0%} | {verdict} | {why} |")
 
     def beats_target(control: str) -> None:
@@ -158,7 +154,7 @@ def dataset_section(name: str, folder: Path, command: str) -> str:
         gap = 100 * (r["acc_first"] - r["acc_second"])
         verdict = "met" if gap >= 10 else "missed"
         lines.append(f"| KVComm r = 0.3 beats {NAMES[control]} by >= 10 points | {gap:+.0f} points | {verdict} | "
-                     f"McNemar p = {fmt_p(r['p'])} ({r['only_first']} vs {r['only_second']} discordant samples"
+                     f"McNemar p = {format_p(r['p'])} ({r['only_first']} vs {r['only_second']} discordant samples"
                      f"{'' if r['p'] < 0.05 else '; not significant at 0.05'}) |")
 
     share_target("kvcomm@0.3", 0.8)
@@ -195,9 +191,9 @@ def section(tables: list[tuple[str, Path, str]]) -> str:
              "The embedded pair's KVComm: Gemma-3-270M sends to a second Gemma-3-270M, alpha = 1.0 (the reference "
              "code's default), layer 0 always among the sent layers, every other layer keeping a one-token sink. "
              "Every variant answers the same samples, so they are compared pair by pair (McNemar's exact test), "
-             "not only by their intervals. Rerun with `bash scripts/kvcomm_tables.sh` (it resumes, and it reads a "
+             "not only by their intervals. Rerun with `bash research/kvcomm_tables.sh` (it resumes, and it reads a "
              "run split over processes with `kvcomm_table.py --skip` together); it ends with "
-             "`python scripts/kvcomm_results.py ... --write docs/RESULTS.md`, which wrote this section from the runs "
+             "`python research/kvcomm_results.py ... --write docs/RESULTS.md`, which wrote this section from the runs "
              "named under each table. The section is kept when the rest of this file is regenerated. Where the "
              "tables at the top of this file (from `bash scripts/make_results.sh`) are older than this section, "
              "their KVComm rows were measured with earlier defaults (see the date and commit at the top); "
@@ -206,12 +202,6 @@ def section(tables: list[tuple[str, Path, str]]) -> str:
         parts.append(dataset_section(name, folder, command))
     parts.append(END)
     return "\n".join(parts) + "\n"
-
-
-def replace_section(text: str, new: str) -> str:
-    if START in text and END in text:
-        return text[: text.index(START)] + new.strip("\n") + text[text.index(END) + len(END):]
-    return text.rstrip("\n") + "\n\n" + new
 
 
 def main() -> int:
@@ -223,7 +213,7 @@ def main() -> int:
     tables = []
     for item in args.table:
         name, folder, *command = item.split("=", 2)
-        default = (f"python scripts/kvcomm_table.py --dataset {name.lower()} --limit 100 --threads 1 --only "
+        default = (f"python research/kvcomm_table.py --dataset {name.lower()} --limit 100 --threads 1 --only "
                    f"{','.join(ORDER)} --out {folder}")
         tables.append((name, Path(folder), command[0] if command else default))
     text = section(tables)
@@ -231,7 +221,7 @@ def main() -> int:
         print(text)
     else:
         old = args.write.read_text(encoding="utf-8") if args.write.exists() else ""
-        args.write.write_text(replace_section(old, text), encoding="utf-8")
+        args.write.write_text(replace_section(old, "kvcomm-table", text), encoding="utf-8")
         print(f"wrote the KVComm section of {args.write}")
     return 0
 

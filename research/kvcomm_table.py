@@ -1,11 +1,12 @@
 """The KVComm paper's comparison table on one pair and dataset, paired per sample.
 
-    python scripts/kvcomm_table.py --dataset countries --limit 100 --threads 1 --out runs/table-countries
+    python research/kvcomm_table.py --dataset countries --limit 100 --threads 1 --out runs/table-countries
 
 Samples: the benchmark's (``python -m kvviz bench --seed S``: a seeded shuffle). The first one is
 the *calibration sample*, as in the reference code, which calibrates on the task's first item; it
 is left out of the score, and the next ``--limit`` samples are scored. Every variant answers every
-scored sample (greedy), so the variants can be compared pair by pair (``scripts/mcnemar.py``).
+scored sample (greedy), so the variants can be compared pair by pair (``research/mcnemar.py``).
+Every (sample, variant) pair goes through kvviz's one evaluation loop (``kvviz.evaluation``).
 
 Variants: receiver alone, Skyline, text, KVComm at each ratio calibrated on the task's first
 sample (``kvcomm@R``) and on kvviz's built-in sentence (``kvcomm-builtin@R``), and at the control
@@ -58,8 +59,8 @@ def variants(ratios: list[float], control_ratio: float) -> dict[str, dict | None
 
 def reference_count_layers(pair, options: dict, calibration_sample: tuple[str, str]) -> tuple[int, ...]:
     """The reference code's selection: the top ceil(r * L) layers by score, plus layer 0."""
-    from kvviz.handoffs import kvcomm
-    from kvviz.results import KVCommOptions
+    from kvviz.handoffs import kvcomm_layers as kvcomm
+    from kvviz.handoffs.kvcomm_layers import KVCommOptions
 
     num_layers = pair.receiver.facts.num_layers
     attention = kvcomm.calibrate(pair, *calibration_sample)["attention"]
@@ -90,8 +91,10 @@ def main() -> int:
 
     from kvviz.bench.scoring import score_answer
     from kvviz.data import choice_query, load_dataset
-    from kvviz.engine import load_pair, run_handoff
-    from kvviz.results import GenerationSettings, HandoffRequest, KVCommOptions
+    from kvviz.engine import load_pair
+    from kvviz.evaluation import Variant, evaluate
+    from kvviz.handoffs import kvcomm_layers
+    from kvviz.handoffs.registry import build_request
 
     torch.set_num_threads(args.threads)
     records = load_dataset(args.dataset, limit=args.limit + 1, seed=args.seed)
@@ -116,60 +119,58 @@ def main() -> int:
         encoding="utf-8",
     )
     pair = load_pair(args.pair, device="cpu", progress=lambda message: print(message, file=sys.stderr))
-    generation = GenerationSettings(max_new_tokens=args.max_new_tokens, greedy=True, seed=args.seed)
+
+    def request_for(record, variant):
+        """The variant's request: greedy, the text message bound, KVComm's options as the table says."""
+        request = build_request(choice_query(record), record.context, args.max_new_tokens, seed=args.seed,
+                                options={"text": {"message_tokens": args.message_tokens}})
+        kvcomm = dict(table[variant.label] or {})
+        if kvcomm.pop("top0", False):
+            kvcomm = {"strategy": "explicit", "layers": reference_count_layers(pair, kvcomm, calibration_sample)}
+        elif kvcomm.get("calibration") == "sample":
+            kvcomm["calibration_sample"] = calibration_sample
+        return kvcomm_layers.configure(request, **kvcomm) if table[variant.label] is not None else request
+
+    variants = [Variant(label, "kvcomm" if options is not None else label) for label, options in table.items()]
     new_file = not rows_path.exists()
     started = time.perf_counter()
     with rows_path.open("a", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         if new_file:
             writer.writeheader()
-        for index, record in enumerate(scored, start=1 + args.skip):
-            for label, options in table.items():
-                if (record.id, label) in done:
-                    continue
-                kvcomm = dict(options or {})
-                if kvcomm.pop("top0", False):
-                    kvcomm = {"strategy": "explicit", "layers": reference_count_layers(pair, kvcomm, calibration_sample)}
-                elif kvcomm.get("calibration") == "sample":
-                    kvcomm["calibration_sample"] = calibration_sample
-                request = HandoffRequest(
-                    query=choice_query(record),
-                    context=record.context,
-                    generation=generation,
-                    text_message_tokens=args.message_tokens,
-                    kvcomm=KVCommOptions(seed=args.seed, **kvcomm),
-                )
-                handoff = "kvcomm" if options is not None else label
-                result = run_handoff(handoff, pair, request)
-                score = score_answer(record, result.answer) if result.applicable else {"gold": " | ".join(record.answers)}
-                details = result.details
-                calibration = details.get("calibration") or {}
-                writer.writerow({
-                    "dataset": args.dataset,
-                    "sample_index": index,
-                    "sample_id": record.id,
-                    "variant": label,
-                    "handoff": handoff,
-                    "applicable": int(result.applicable),
-                    "reason": result.reason,
-                    "question": record.question,
-                    "gold": score.get("gold", ""),
-                    "answer": result.answer,
-                    "f1": score.get("f1", ""),
-                    "correct": score.get("correct", 0),
-                    "ttft": result.first_token_seconds,
-                    "receiver_ttft": result.receiver_first_token_seconds,
-                    "time_total": result.timings.get("total"),
-                    "bytes": result.bytes_communicated,
-                    "flops_total": sum(result.flops.values()),
-                    "selected_layers": " ".join(map(str, details.get("selected_layers", []))),
-                    "calibration": calibration.get("source", ""),
-                    "importance_spearman": details.get("importance_spearman"),
-                    "query_attention": " ".join(f"{r['query_attention']:.4f}" for r in result.layers) if options else "",
-                })
-                handle.flush()
-            elapsed = time.perf_counter() - started
-            print(f"{index}/{args.limit} samples, {elapsed:.0f} s", file=sys.stderr, flush=True)
+        items = list(enumerate(scored, start=1 + args.skip))
+        for item in evaluate(pair, items, variants, request_for, done):
+            record, result, label, handoff = item.record, item.result, item.variant.label, item.variant.handoff
+            score = score_answer(record, result.answer) if result.applicable else {"gold": " | ".join(record.answers)}
+            details = result.details
+            calibration = details.get("calibration") or {}
+            writer.writerow({
+                "dataset": args.dataset,
+                "sample_index": item.index,
+                "sample_id": record.id,
+                "variant": label,
+                "handoff": handoff,
+                "applicable": int(result.applicable),
+                "reason": result.reason,
+                "question": record.question,
+                "gold": score.get("gold", ""),
+                "answer": result.answer,
+                "f1": score.get("f1", ""),
+                "correct": score.get("correct", 0),
+                "ttft": result.first_token_seconds,
+                "receiver_ttft": result.receiver_first_token_seconds,
+                "time_total": result.timings.get("total"),
+                "bytes": result.bytes_communicated,
+                "flops_total": sum(result.flops.values()),
+                "selected_layers": " ".join(map(str, details.get("selected_layers", []))),
+                "calibration": calibration.get("source", ""),
+                "importance_spearman": details.get("importance_spearman"),
+                "query_attention": " ".join(f"{r['query_attention']:.4f}" for r in result.layers) if table[label] else "",
+            })
+            handle.flush()
+            if label == variants[-1].label:
+                elapsed = time.perf_counter() - started
+                print(f"{item.index}/{args.limit} samples, {elapsed:.0f} s", file=sys.stderr, flush=True)
     return 0
 
 

@@ -14,7 +14,7 @@ Modes (``--modes``): ``receiver`` (question only), ``oracle`` (the sharer's KV c
 Reports, per mode, held-out recall answers containing the gold answer (greedy) and the answer's
 NLL per token (teacher-forced). docs/C2C.md quotes:
 
-    python scripts/c2c_oracle.py --model gemma3-270m --n 40 --out runs/oracle_gemma_all.json
+    python research/c2c_oracle.py --model gemma3-270m --n 40 --out runs/oracle_gemma_all.json
     (options: --values-only, --layers 9-17, --no-template, --modes receiver,oracle)
 """
 
@@ -30,12 +30,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvviz import cache as kv  # noqa: E402
-from kvviz import recall  # noqa: E402
-from kvviz.align import align_prompt  # noqa: E402
-from kvviz.data import contains_answer  # noqa: E402
+from kvviz.c2c.align import align_prompt  # noqa: E402
+from kvviz.c2c.fusion import receiver_prefix, sharer_kv  # noqa: E402
+from kvviz.c2c.rope import RopeTables, apply_rotation, undo_rotation  # noqa: E402
+from kvviz.data import contains_answer, recall  # noqa: E402
 from kvviz.decode import generate, prefill  # noqa: E402
-from kvviz.fuser import apply_rotation, undo_rotation  # noqa: E402
-from kvviz.fusion import RopeTables, receiver_prefix, sharer_kv  # noqa: E402
 from kvviz.results import GenerationSettings  # noqa: E402
 
 
@@ -53,7 +52,8 @@ def parse_layers(text: str, count: int) -> list[int]:
 
 def answer_nll(pair, state, last_ids, answer: str) -> tuple[float, int]:
     """Summed NLL of the bare answer (" shed") after the prompt, teacher-forced."""
-    from kvviz.train_fuser import output_logits, response_ids
+    from kvviz.c2c.examples import response_ids
+    from kvviz.c2c.scoring import output_logits
 
     targets = response_ids(pair.receiver.tokenizer, answer, 16)
     tokens = last_ids + targets[:-1]

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from kvviz.facts import tokenizer_fingerprint
 from kvviz.prompts import PromptSegments, answer_instruction, build_segments, encode_with_offsets, render, user_message
 
 
@@ -132,8 +133,6 @@ def same_tokenizer(a, b) -> bool:
         return True
     if len(a) != len(b):
         return False
-    from kvviz.models import tokenizer_fingerprint
-
     return _fingerprint(a, tokenizer_fingerprint) == _fingerprint(b, tokenizer_fingerprint)
 
 

@@ -4,7 +4,7 @@ For each layout, the receiver answers every sample twice, alone (question only) 
 (context and question in one prompt), greedy, with the decode loop every handoff uses; scored by
 the KVComm paper's metric (token F1 > 0.5). Used to choose ``kvviz/prompts.py``'s base layout.
 
-    python scripts/prompt_layouts.py --dataset countries --limit 100 --threads 1
+    python research/prompt_layouts.py --dataset countries --limit 100 --threads 1
 
 Samples: the ones ``python -m kvviz bench --limit N --seed S`` runs (seeded shuffle), or with
 ``--held-out`` the dataset's other samples (to choose a layout away from the benchmark's items).

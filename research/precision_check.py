@@ -1,6 +1,6 @@
 """Which precision should kvviz use on this machine? Answers and speed per precision, side by side.
 
-    python scripts/precision_check.py [--pair embedded] [--dtypes float32,bfloat16] [--threads 1]
+    python research/precision_check.py [--pair embedded] [--dtypes float32,bfloat16] [--threads 1]
 
 For each precision (``--dtypes``) and each output-head path (the fast greedy head and the full
 head, ``KVVIZ_FAST_HEAD``), in one process: every preset through every handoff of the page,
@@ -48,17 +48,17 @@ def decode_and_prefill_ms(loaded, steps: int = 12) -> tuple[float, float]:
 
 
 def run_presets(pair, names):
-    from kvviz.engine import run_handoff
+    """Every preset through every handoff (kvviz's one evaluation loop), greedy: the answers."""
+    from kvviz.evaluation import Variant, evaluate
     from kvviz.presets import PRESETS
     from kvviz.results import GenerationSettings, HandoffRequest
 
-    answers = {}
-    for preset in PRESETS:
-        request = HandoffRequest(query=preset.query, context=preset.context, generation=GenerationSettings(max_new_tokens=32))
-        for name in names:
-            result = run_handoff(name, pair, request)
-            answers[f"{preset.key}/{name}"] = result.answer if result.applicable else None
-    return answers
+    def request_for(preset, variant):
+        return HandoffRequest(query=preset.query, context=preset.context, generation=GenerationSettings(max_new_tokens=32))
+
+    variants = [Variant(name, name) for name in names]
+    runs = evaluate(pair, enumerate(PRESETS), variants, request_for, record_id=lambda preset: preset.key)
+    return {f"{item.record.key}/{item.variant.label}": item.result.answer if item.result.applicable else None for item in runs}
 
 
 def main(argv=None) -> int:

@@ -1,10 +1,10 @@
 """Paired comparison of benchmark variants: accuracy per variant and McNemar's exact test per pair.
 
-    python scripts/mcnemar.py runs/table-countries/rows.csv
-    python scripts/mcnemar.py runs/bench-countries/rows*.csv --pairs kvcomm@0.3:skyline,kvcomm@0.3:kvcomm-random@0.3
+    python research/mcnemar.py runs/table-countries/rows.csv
+    python research/mcnemar.py runs/bench-countries/rows*.csv --pairs kvcomm@0.3:skyline,kvcomm@0.3:kvcomm-random@0.3
 
 Reads rows with ``sample_id``, ``variant`` and ``correct`` (0/1) columns (``python -m kvviz bench``
-rows or ``scripts/kvcomm_table.py`` rows). Two variants are compared on the samples both
+rows or ``research/kvcomm_table.py`` rows). Two variants are compared on the samples both
 answered: b = samples only the first got right, c = samples only the second got right; under the
 null hypothesis that both are equally accurate each discordant sample is a fair coin, so the
 exact two-sided p-value is min(1, 2 * P(Binomial(b + c, 1/2) <= min(b, c))).
@@ -32,6 +32,11 @@ def mcnemar_exact(b: int, c: int) -> float:
         return 1.0
     tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2**n
     return min(1.0, 2 * tail)
+
+
+def format_p(p: float) -> str:
+    """A p-value for a table: two significant digits, or scientific notation below 0.001."""
+    return f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"
 
 
 def read_correct(paths: list[Path]) -> dict[str, dict[str, int]]:

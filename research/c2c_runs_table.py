@@ -4,7 +4,7 @@ Reads what ``python -m kvviz train-fuser ... --measure N --out DIR`` leaves in e
 (``summary_<kind>.json``, ``<kind>/config.json``, and ``command.txt`` when the run was started with
 one written beside it) and prints one row per fuser. docs/C2C.md quotes:
 
-    python scripts/c2c_runs_table.py runs/A_aware runs/B_plain runs/C_nat_tmpl_aware runs/D_nat_tmpl_plain runs/E_gemma_self
+    python research/c2c_runs_table.py runs/A_aware runs/B_plain runs/C_nat_tmpl_aware runs/D_nat_tmpl_plain runs/E_gemma_self
 """
 
 from __future__ import annotations

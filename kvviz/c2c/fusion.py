@@ -1,6 +1,6 @@
 """The one C2C fusion pipeline: what the handoff, the trainer and the evaluator all run.
 
-For one aligned prompt (``kvviz.align.TokenAlignment``):
+For one aligned prompt (``kvviz.c2c.align.TokenAlignment``):
 
 1. the sharer prefills its prompt (template prefix, any private context, one token per receiver
    message token) - skipped for a control fuser, whose sharer input is zeros;
@@ -19,7 +19,6 @@ elsewhere (another example's context: the communication measure's control).
 
 from __future__ import annotations
 
-import inspect
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from kvviz import cache as kv
+from kvviz.c2c.rope import RopeTables
 from kvviz.decode import prefill
 
 
@@ -46,52 +46,6 @@ class FusedState:
     records: list  # LayerRecord per receiver layer
     bytes_read: int  # bytes of sharer KV the fuser read
     fusion_seconds: float
-
-
-def _layer_types(loaded) -> list[str]:
-    return list(loaded.facts.layer_types)
-
-
-class RopeTables:
-    """cos / sin of each model's own rotary module at the fused tokens' positions, per layer type.
-
-    Shaped [1, 1, T, D] (broadcast over batch and heads), float32. Taken from the model's rotary
-    module rather than recomputed, so rope scaling and Gemma 3's per-layer-type theta hold.
-    """
-
-    def __init__(self, receiver, sharer, receiver_positions: list[int], sharer_positions: list[int]):
-        self._models = {"receiver": receiver, "sharer": sharer}
-        self._positions = {"receiver": receiver_positions, "sharer": sharer_positions}
-        self._tables: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def _get(self, role: str, layer: int):
-        loaded = self._models[role]
-        layer_type = _layer_types(loaded)[layer] if loaded is not None else "full_attention"
-        key = (role, layer_type)
-        if key not in self._tables:
-            self._tables[key] = rotary_tables(loaded, self._positions[role], layer_type)
-        return self._tables[key]
-
-    def receiver(self, layer: int):
-        return self._get("receiver", layer)
-
-    def sharer(self, layer: int):
-        return self._get("sharer", layer)
-
-
-def rotary_tables(loaded, positions: list[int], layer_type: str = "full_attention"):
-    """(cos, sin) [1, 1, T, D] from the model's rotary module at ``positions``."""
-    decoder = loaded.model.model
-    rotary = decoder.rotary_emb
-    device = loaded.device
-    ids = torch.as_tensor(positions, dtype=torch.long, device=device)[None]
-    probe = torch.zeros(1, dtype=torch.float32, device=device)
-    with torch.no_grad():
-        if "layer_type" in inspect.signature(rotary.forward).parameters:
-            cos, sin = rotary(probe, ids, layer_type=layer_type)
-        else:
-            cos, sin = rotary(probe, ids)
-    return cos.float()[:, None], sin.float()[:, None]
 
 
 def sharer_kv(pair, alignment, grad: bool = False) -> SharerKV:

@@ -23,10 +23,10 @@ Architecture variants (all in the config, so a checkpoint says what it is):
   paper) first undoes each model's rotation at the token's own position, projects position-free
   keys, and rotates the projected keys at the receiver's positions, so that a sharer whose tokens
   sit at other positions (a private context shifts them) gives the projector the same input.
-  The rotary tables come from each model's own rotary module (``kvviz.fusion.RopeTables``).
+  The rotary tables come from each model's own rotary module (``kvviz.c2c.rope.RopeTables``).
 * ``fuse``: ``"kv"`` (the paper), ``"k"`` or ``"v"`` (ablations: the other gate is held closed).
 * ``layer_map``: receiver layer -> sharer layer; ``-1`` leaves a receiver layer unfused.
-* ``token_alignment``: how the sharer reads the message (``kvviz.align``): ``"longest"`` (the
+* ``token_alignment``: how the sharer reads the message (``kvviz.c2c.align``): ``"longest"`` (the
   paper: one re-encoded sharer token per receiver token) or ``"natural"`` (the sharer's own
   tokenization; each receiver token reads the sharer token holding its last character).
 * ``fuse_template``: also fuse the receiver's template tokens before its last prompt token, paired
@@ -41,13 +41,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from kvviz.align import terminal_layer_map
+from kvviz.c2c.align import TOKEN_ALIGNMENTS, terminal_layer_map
+from kvviz.c2c.rope import apply_rotation, undo_rotation
+from kvviz.paths import project_label
 
 WEIGHTS_FILE = "fuser.safetensors"
 CONFIG_FILE = "config.json"
@@ -93,8 +96,8 @@ class FuserConfig:
     proj_blocks: int = 1
     rope: str = "plain"
     fuse: str = "kv"
-    token_alignment: str = "longest"  # kvviz.align: "longest" (the paper) or "natural"
-    fuse_template: bool = False  # also fuse the template tokens before the last prompt token (kvviz.align)
+    token_alignment: str = "longest"  # kvviz.c2c.align: "longest" (the paper) or "natural"
+    fuse_template: bool = False  # also fuse the template tokens before the last prompt token (kvviz.c2c.align)
     source: str = "kvviz"  # "kvviz" (trained here) or "reference" (converted from the paper's layout)
     reference: dict = field(default_factory=dict)  # where a converted fuser came from
 
@@ -105,8 +108,6 @@ class FuserConfig:
             raise FuserError(f"Unknown rope mode {self.rope!r}; choose from {', '.join(ROPE_MODES)}.")
         if self.fuse not in FUSE_MODES:
             raise FuserError(f"Unknown fuse mode {self.fuse!r}; choose from {', '.join(FUSE_MODES)}.")
-        from kvviz.align import TOKEN_ALIGNMENTS
-
         if self.token_alignment not in TOKEN_ALIGNMENTS:
             raise FuserError(f"Unknown token alignment {self.token_alignment!r}; choose from {', '.join(TOKEN_ALIGNMENTS)}.")
         if self.proj_blocks < 1:
@@ -201,21 +202,6 @@ def unflatten_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     """[B, T, H*D] -> [B, H, T, D]."""
     b, t, hd = x.shape
     return x.reshape(b, t, heads, hd // heads).transpose(1, 2)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE in the rotate_half convention: x·cos + rotate_half(x)·sin (cos, sin broadcast)."""
-    return x * cos + rotate_half(x) * sin
-
-
-def undo_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The inverse of ``apply_rotation`` (also when the tables carry an attention scaling)."""
-    return (x * cos - rotate_half(x) * sin) / (cos * cos + sin * sin)
 
 
 def gumbel_noise(shape, device, dtype) -> torch.Tensor:
@@ -352,7 +338,7 @@ class C2CFuser(nn.Module):
 
         ``receiver_positions[i]`` of the receiver is fused with ``sharer_positions[i]`` of the
         sharer (indices into the caches). With ``self.config.control`` (or ``sharer_layers=None``)
-        the sharer's KV is replaced by zeros. ``rope`` (a ``kvviz.fusion.RopeTables``) gives the
+        the sharer's KV is replaced by zeros. ``rope`` (a ``kvviz.c2c.rope.RopeTables``) gives the
         rotary tables a ``rope="aware"`` fuser needs.
         """
         if len(receiver_layers) != len(self.key_projectors):
@@ -432,29 +418,30 @@ class C2CFuser(nn.Module):
         return folder
 
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# The paper's published layout (kvviz.c2c.reference converts it): a projector config and weights.
+REFERENCE_CONFIG = "projector_config.json"
+PROJECTOR_WEIGHTS = re.compile(r"^projector_(\d+)\.pt$")
+
+
+def is_reference_layout(folder) -> bool:
+    """Whether ``folder`` holds a fuser in the C2C paper's layout (``kvviz.c2c.reference``)."""
+    folder = Path(folder)
+    return (folder / REFERENCE_CONFIG).is_file() and any(PROJECTOR_WEIGHTS.match(p.name) for p in folder.iterdir())
 
 
 def checkpoint_label(folder: str | Path) -> str:
-    """A checkpoint's path for results and reports: relative to the project when inside it, so
-    that shipped results name no machine-specific folder."""
-    path = Path(folder).resolve()
-    try:
-        return str(path.relative_to(PROJECT_ROOT))
-    except ValueError:
-        return str(path)
+    """A checkpoint's path for results and reports (``kvviz.paths.project_label``)."""
+    return project_label(folder)
 
 
 def read_config(folder: str | Path) -> FuserConfig:
     folder = Path(folder)
     path = folder / CONFIG_FILE
     if not path.is_file():
-        from kvviz.fuser_reference import is_reference_layout
-
         if is_reference_layout(folder):
             raise FuserError(
                 f"{folder} holds a fuser in the C2C paper's layout (projector_*.pt); convert it with "
-                "kvviz.fuser_reference.convert_reference (the handoff and --fuser do this by themselves)."
+                "kvviz.c2c.reference.convert_reference (the handoff and --fuser do this by themselves)."
             )
         raise FuserError(f"No fuser at {folder}: {CONFIG_FILE} is missing (a fuser folder holds {CONFIG_FILE} and {WEIGHTS_FILE}).")
     try:

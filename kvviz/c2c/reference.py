@@ -19,33 +19,30 @@ calls return the cached folder. The reference architecture is kvviz's projector 
 its three linear maps, ``intermediate`` inner width and ``num_layers - 2`` projection blocks.
 
 A hub path (``owner/repo/sub/folder``) is downloaded with ``huggingface_hub.snapshot_download``
-(only that sub-folder). Without network the error says how to fetch it by hand.
+(only that sub-folder; ``huggingface_hub`` is imported only then). Without network the error says
+how to fetch it by hand.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
+import shutil
 from pathlib import Path
 
 import torch
 
-from kvviz.fuser import FuserConfig, FuserError, build_from_tensors, model_fingerprint
+from kvviz.c2c.fuser import (
+    REFERENCE_CONFIG, C2CFuser, FuserConfig, FuserError, build_from_tensors, is_reference_layout, model_fingerprint,
+)
+from kvviz.paths import cache_dir
 
-REFERENCE_CONFIG = "projector_config.json"
-PROJECTOR_WEIGHTS = re.compile(r"^projector_(\d+)\.pt$")
 SUPPORTED_CLASSES = ("C2CProjector",)
 
 # (sharer, receiver) -> the paper's published fuser for that pair, as a hub path
 PUBLISHED_FUSERS = {
     ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen3-0.6B"): "nics-efc/C2C_Fuser/qwen3_0.6b+qwen2.5_0.5b_Fuser/final",
 }
-
-
-def is_reference_layout(folder) -> bool:
-    folder = Path(folder)
-    return (folder / REFERENCE_CONFIG).is_file() and any(PROJECTOR_WEIGHTS.match(p.name) for p in folder.iterdir())
 
 
 def is_hub_path(text: str) -> bool:
@@ -197,22 +194,11 @@ def _fingerprint_source(folder: Path, sharer: dict, receiver: dict) -> str:
 
 
 def converted_root() -> Path:
-    from kvviz.models import cache_dir
-
     return cache_dir() / "fusers" / "reference"
 
 
-def convert_reference(folder, sharer_facts, receiver_facts, pair_name: str = "", out: Path | None = None, hub_path: str = "") -> Path:
-    """Convert a reference-layout folder for this pair (once; cached). Returns the kvviz folder."""
-    folder = Path(folder)
-    if not is_reference_layout(folder):
-        raise FuserError(f"{folder} is not a fuser in the C2C paper's layout ({REFERENCE_CONFIG} + projector_*.pt).")
-    sharer, receiver = model_fingerprint(sharer_facts), model_fingerprint(receiver_facts)
-    target = Path(out) if out is not None else converted_root() / _fingerprint_source(folder, sharer, receiver)
-    if (target / "config.json").is_file() and (target / "fuser.safetensors").is_file():
-        return target
-    layer_map, projector = layer_assignments(folder, receiver["num_layers"], sharer["num_layers"])
-    used = sorted({p for p in projector if p >= 0})
+def shared_projector_args(folder: Path, used: list[int], sharer: dict, receiver: dict, pair_name: str) -> dict:
+    """The projectors' init_args, checked: one shape for every layer, and this pair's KV shapes."""
     args = {index: projector_args(folder, index) for index in used}
     first = args[used[0]]
     for index, a in args.items():
@@ -228,8 +214,13 @@ def convert_reference(folder, sharer_facts, receiver_facts, pair_name: str = "",
             f"The reference fuser at {folder} does not fit pair '{pair_name or '?'}' (sharer {sharer['name']} -> receiver "
             f"{receiver['name']}): {'; '.join(differ)}. It was trained for another pair."
         )
-    proj_blocks = int(first["num_layers"]) - 2
-    config = FuserConfig(
+    return first
+
+
+def reference_config(folder: Path, sharer: dict, receiver: dict, pair_name: str, layer_map: list[int], projector: list[int],
+                     first: dict, hub_path: str) -> FuserConfig:
+    """kvviz's config for the paper's architecture: biases, its inner width, num_layers - 2 projection blocks."""
+    return FuserConfig(
         sharer=sharer,
         receiver=receiver,
         width=int(first["hidden_dim"]),
@@ -239,7 +230,7 @@ def convert_reference(folder, sharer_facts, receiver_facts, pair_name: str = "",
         layer_map=layer_map,
         bias=True,
         intermediate=int(first["intermediate_dim"]),
-        proj_blocks=proj_blocks,
+        proj_blocks=int(first["num_layers"]) - 2,
         rope="plain",
         fuse="kv",
         source="reference",
@@ -256,24 +247,27 @@ def convert_reference(folder, sharer_facts, receiver_facts, pair_name: str = "",
             "context": "shared",
         },
     )
+
+
+def reference_tensors(folder: Path, config: FuserConfig, projector: list[int], used: list[int]) -> tuple[dict, torch.dtype]:
+    """Every projector's weights under kvviz's names (zeros for layers without one) and the gate
+    logits; (tensors, the stored dtype)."""
     tensors: dict[str, torch.Tensor] = {}
-    gate_logits = torch.zeros(receiver["num_layers"], 2)
+    gate_logits = torch.zeros(config.receiver["num_layers"], 2)
     states = {index: read_state_dict(folder / f"projector_{index}.pt") for index in used}
     dtype = next(iter(states[used[0]].values())).dtype
-    for layer in range(receiver["num_layers"]):
+    for layer in range(config.receiver["num_layers"]):
         index = projector[layer]
         if index < 0:
             continue
         try:
-            renamed, gates = rename(states[index], layer, proj_blocks)
+            renamed, gates = rename(states[index], layer, config.proj_blocks)
         except FuserError as error:
             raise FuserError(f"projector_{index}.pt: {error}") from error
         tensors.update(renamed)
         gate_logits[layer, 0], gate_logits[layer, 1] = gates["key"], gates["value"]
     # layers without a projector stay unfused (layer_map -1): zero weights keep the file complete
     with torch.device("meta"):
-        from kvviz.fuser import C2CFuser
-
         shapes = {name: tuple(t.shape) for name, t in C2CFuser(config).state_dict().items()}
     for name, shape in shapes.items():
         if name not in tensors and name != "gate_logits":
@@ -282,12 +276,27 @@ def convert_reference(folder, sharer_facts, receiver_facts, pair_name: str = "",
                 tensors[name] = torch.zeros(shape, dtype=dtype)
     tensors = {name: t.to(dtype) for name, t in tensors.items()}
     tensors["gate_logits"] = gate_logits
+    return tensors, dtype
+
+
+def convert_reference(folder, sharer_facts, receiver_facts, pair_name: str = "", out: Path | None = None, hub_path: str = "") -> Path:
+    """Convert a reference-layout folder for this pair (once; cached). Returns the kvviz folder."""
+    folder = Path(folder)
+    if not is_reference_layout(folder):
+        raise FuserError(f"{folder} is not a fuser in the C2C paper's layout ({REFERENCE_CONFIG} + projector_*.pt).")
+    sharer, receiver = model_fingerprint(sharer_facts), model_fingerprint(receiver_facts)
+    target = Path(out) if out is not None else converted_root() / _fingerprint_source(folder, sharer, receiver)
+    if (target / "config.json").is_file() and (target / "fuser.safetensors").is_file():
+        return target
+    layer_map, projector = layer_assignments(folder, receiver["num_layers"], sharer["num_layers"])
+    used = sorted({p for p in projector if p >= 0})
+    first = shared_projector_args(folder, used, sharer, receiver, pair_name)
+    config = reference_config(folder, sharer, receiver, pair_name, layer_map, projector, first, hub_path)
+    tensors, dtype = reference_tensors(folder, config, projector, used)
     fuser = build_from_tensors(config, tensors, folder, dtype=None)  # raises when the weights do not fit the shapes
     tmp = target.with_name(target.name + ".tmp")
     fuser.save(tmp, dtype=dtype)
     if target.exists():
-        import shutil
-
         shutil.rmtree(target)
     tmp.rename(target)
     return target

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from kvviz.data import Record
+from kvviz.data.record import Record
 
 SPLITS = ("train", "heldout")
 POOL_SEED = 20251  # fixed: the train / held-out cut never moves

@@ -1,6 +1,6 @@
 """The levers for CPU decoding speed, measured side by side (a benchmark, not a test).
 
-    python scripts/speed_levers.py [--pair embedded] [--repeats 3] [--skip-runs]
+    python research/speed_levers.py [--pair embedded] [--repeats 3] [--skip-runs]
 
 1. **The output head** of each model: the product hidden x vocabulary at each precision the CPU
    offers (float32, bfloat16, float16, int8 and int4 weight-only), and kvviz's greedy head (a

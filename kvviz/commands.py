@@ -1,0 +1,123 @@
+"""The command line's own subcommands: ``models``, ``prepare`` and ``run`` (``kvviz.cli`` dispatches)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from kvviz import engine, flags
+from kvviz.handoffs import registry
+from kvviz.models import EMBEDDED_MODELS, PAIRS, converted_dir, describe_model, is_prepared, prepare_embedded, resolve_pair
+from kvviz.present import notes_of
+
+
+# --- models -----------------------------------------------------------------------------------
+
+
+def configure_models(parser):
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def main_models(args) -> int:
+    names = list(dict.fromkeys(list(EMBEDDED_MODELS) + [n for p in PAIRS.values() for n in p.model_names()]))
+    rows = [describe_model(name) for name in names]
+    pairs = [
+        {"pair": p.name, "sharer": p.sharer, "receiver": p.receiver, "kvcomm_sender": p.kvcomm_sender_name,
+         "needs_network": p.needs_network, "description": p.description}
+        for p in PAIRS.values()
+    ]
+    if args.json:
+        print(json.dumps({"pairs": pairs, "models": rows}, indent=2))
+        return 0
+    print("Pairs (sharer -> receiver):")
+    for p in pairs:
+        net = "  [needs network]" if p["needs_network"] else ""
+        print(f"  {p['pair']:<17} {p['sharer']} -> {p['receiver']}  (KVComm sender: {p['kvcomm_sender']}){net}")
+        print(f"  {'':<17} {p['description']}")
+    print("\nModels:")
+    header = f"  {'model':<34} {'arch':<18} {'layers':>6} {'heads':>5} {'kv':>3} {'hdim':>4} {'vocab':>7} {'chat':>4}  status"
+    print(header)
+    for row in rows:
+        if "num_layers" in row:
+            print(
+                f"  {row['model']:<34} {row['architecture']:<18} {row['num_layers']:>6} {row['num_heads']:>5} "
+                f"{row['num_kv_heads']:>3} {row['head_dim']:>4} {row['vocab_size']:>7} "
+                f"{'yes' if row['has_chat_template'] else 'no':>4}  {row['status']}"
+            )
+        else:
+            print(f"  {row['model']:<34} {'?':<18} {'':>6} {'':>5} {'':>3} {'':>4} {'':>7} {'':>4}  {row['status']}")
+    return 0
+
+
+# --- prepare ----------------------------------------------------------------------------------
+
+
+def configure_prepare(parser):
+    parser.add_argument("--pair", default="embedded", help="pair name (default: embedded)")
+
+
+def main_prepare(args) -> int:
+    pair = resolve_pair(args.pair)
+    for name in pair.model_names():
+        if name in EMBEDDED_MODELS:
+            was_ready = is_prepared(name)
+            folder = prepare_embedded(name, progress=lambda message: print(message, file=sys.stderr))
+            print(f"{name}: {'already prepared' if was_ready else 'prepared'} in {folder}")
+        else:
+            print(f"{name}: not embedded; it loads from the hub or its folder when used ({converted_dir(name).parent} is not used)")
+    return 0
+
+
+# --- run --------------------------------------------------------------------------------------
+
+
+def configure_run(parser):
+    flags.add_model_arguments(parser)
+    parser.add_argument("--query", required=True, help="the question the receiver answers")
+    parser.add_argument("--context", default=None, help="private context only the sharer sees")
+    parser.add_argument(
+        "--handoffs",
+        default=",".join(registry.default_handoffs()),
+        help="comma-separated, or all (default: the page's columns shown at first): "
+        + "; ".join(f"{h.name} = {h.summary}" for h in registry.all_handoffs()),
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--seed", type=int, default=0)
+    flags.add_option_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def request_from_args(args):
+    return registry.build_request(
+        args.query, args.context, args.max_new_tokens, args.sample, args.temperature, args.seed, flags.option_arguments(args)
+    )
+
+
+def format_table(results) -> str:
+    lines = [f"{'handoff':<12} {'answer':<40} {'total s':>8} {'TTFT s':>7} {'bytes':>10}  notes"]
+    for r in results:
+        if not r.applicable:
+            lines.append(f"{r.handoff:<12} {'(not applicable)':<40} {'':>8} {'':>7} {'':>10}  {r.reason}")
+            continue
+        answer = r.answer.replace("\n", " ")
+        answer = answer if len(answer) <= 40 else answer[:37] + "..."
+        ttft = f"{r.first_token_seconds:.3f}" if r.first_token_seconds is not None else ""
+        notes = "; ".join(notes_of(r.to_dict()))
+        lines.append(f"{r.handoff:<12} {answer:<40} {r.total_seconds:>8.3f} {ttft:>7} {r.bytes_communicated:>10}  {notes}")
+    return "\n".join(lines)
+
+
+def main_run(args) -> int:
+    flags.apply_threads(args)
+    names = registry.parse_handoffs(args.handoffs)
+    request = request_from_args(args)
+    pair = engine.load_pair(args.pair, args.device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
+    results = engine.run_handoffs(names, pair, request)
+    if args.json:
+        print(json.dumps({"pair": pair.name, "request": request.to_dict(), "results": [r.to_dict() for r in results]}, indent=2))
+    else:
+        print(f"pair {pair.name}: sharer {pair.sharer.name} -> receiver {pair.receiver.name}")
+        print(format_table(results))
+    return 0

@@ -1,0 +1,502 @@
+"""Latent relay: a same-shape sender reads the context, "thinks" N latent steps, and its whole KV
+cache (context + latent steps) becomes the receiver's prefix.
+
+LatentMAS (Gen-Verse/LatentMAS; REFERENCE §7), reduced to one sender and one receiver:
+1. The sender (the pair's ``kvcomm_sender``: the receiver's architecture, KV shape and tokenizer)
+   prefills the receiver's context segment, exactly as KVComm's sender does.
+2. Latent steps: the final hidden state at the last position (after the final norm, what
+   ``hidden_states[-1]`` is in transformers) goes through the *alignment map* and is fed back to
+   the sender as its next input embedding; N steps add N positions to its cache and write no token.
+3. The receiver reads its question on top of the sender's cache of context + latent steps in every
+   layer (KVComm's splice with every layer sent); its positions continue after |C| + N.
+   With N = 0 this is KVComm with every layer, which is Skyline (a test). The reference code's last
+   agent drops the shared cache when ``latent_steps=0`` (its issues #13, #37); here it never does.
+
+The alignment map (LatentMAS's ``_build_latent_realign_matrix``): the matrix M that maps an output
+state to the input-embedding space, least squares over the vocabulary,
+``M = (W_out^T W_out + 1e-5 I)^-1 W_out^T W_in`` (W_out: the output head [vocab, d], W_in: the
+input embeddings); a latent vector is ``h M`` rescaled to the mean norm of the input embeddings.
+Computed once per model and cached. One departure, for models that scale their embeddings (Gemma
+multiplies them by sqrt(d) inside the embedding layer, and ``inputs_embeds`` skip that layer):
+W_in is taken at the scale the embedding layer outputs, as CIPHER does, so a latent vector has the
+size of a real input. For Qwen and Llama the scale is 1 and nothing changes.
+
+On a model with tied embeddings (W_out = W_in: Gemma 3, SmolLM2, Qwen3-0.6B) M is the identity up
+to the 1e-5 ridge (times the embedding scale), so the identity control is the method itself there;
+``details["alignment"]["distance_from_identity"]`` says how far M is from a scaled identity.
+
+Controls (option ``control``; the ones its users asked for, after spraldev/LatentMAS-interp):
+  off           the method
+  no_transfer   the sender reads and thinks as usual, nothing reaches the receiver: the receiver
+                alone, answer for answer (a test), at the sender's cost
+  identity_map  M = I (still rescaled to the embedding norm: the reference code's path when
+                ``latent_space_realign`` is off)
+  random_map    a random map with the computed map's singular values: Q1 diag(s) Q2^T with Haar
+                random orthogonal Q1, Q2 (seeded by the generation seed), rescaled likewise
+
+Per-step records (``details["steps"]``): the latent vector's nearest tokens by cosine over the input
+embeddings (what the sender "thought" read as the tokens it lies nearest to, not words it wrote),
+the norm of ``h M`` before rescaling, and the cosine with the previous latent vector.
+
+Per-layer records (``HandoffResult.layers``, one per receiver layer), measured after the answer in
+an instrumentation pass (kvviz.attention's capture; never timed in the stages):
+  layer                 receiver layer index
+  attention_on_latent   mean over heads and question tokens of the attention mass on the N latent
+                        positions
+  attention_on_context  the same on the context keys (the first one, the attention sink, excluded)
+Both are None under ``no_transfer`` (the receiver saw nothing).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from kvviz import cache as kv
+from kvviz.decode import forward_kwargs, generate, prefill, prefill_vectors
+from kvviz.handoffs.common import TokenCallback, read_prompt
+from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, all_of, needs_context, option_values
+from kvviz.measure import StageTimer, decode_flops, forward_flops
+from kvviz.models import LoadedModel, LoadedPair
+from kvviz.plotkit import as_dict, layout, not_run_figure
+from kvviz.prompts import build_segments
+from kvviz.results import HandoffRequest, HandoffResult
+
+NAME = "latent_relay"
+COLOR = "#882255"  # wine
+CONTROLS = ("off", "no_transfer", "identity_map", "random_map")
+MAX_STEPS = 16
+RIDGE = 1e-5  # the reference code's regulariser of W_out^T W_out
+NEAREST = 3  # nearest tokens reported per latent step
+OPTIONS = (
+    Option("steps", "Latent relay: latent steps N (vectors the sender thinks after the context)", 4, kind="int",
+           minimum=0, maximum=MAX_STEPS, sweep_flag="--latent-steps", sweep_default="2,4,8"),
+    Option("control", "Latent relay control (off: the method; no_transfer: the receiver gets nothing; identity_map "
+           "or random_map: another alignment map)", "off", kind="choice", choices=CONTROLS,
+           sweep_flag="--latent-controls", sweep_default="off"),
+)
+FIGURE_HEIGHT = 500
+CONTEXT_REASON = "The latent relay hands over the sender's KV of a private context; this request has none."
+
+
+# --- the alignment map ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AlignmentMap:
+    kind: str  # "computed", "identity" or "random"
+    matrix: torch.Tensor  # [d, d] float32: a latent vector is (h @ matrix) rescaled to target_norm
+    target_norm: float  # mean norm of the input embeddings, at the embedding layer's scale
+    seconds: float  # to compute it (once per model; the random map adds its own SVD)
+    distance_from_identity: float  # || M - c I ||_F / || M ||_F with c = trace(M) / d
+
+    def apply(self, hidden: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The latent vector for a final hidden state ``[d]``, and the norm of ``h M`` before rescaling."""
+        aligned = hidden.float() @ self.matrix.to(hidden.device)
+        norm = float(aligned.norm())
+        return aligned * (self.target_norm / max(norm, 1e-6)), norm
+
+
+_maps: dict[tuple, AlignmentMap] = {}
+_maps_lock = threading.Lock()
+
+
+def _input_embeddings(model: LoadedModel) -> tuple[torch.Tensor, float]:
+    embedding = model.model.get_input_embeddings()
+    return embedding.weight, float(getattr(embedding, "embed_scale", 1.0))
+
+
+def _distance_from_identity(matrix: torch.Tensor) -> float:
+    """How far ``matrix`` is from the nearest multiple of the identity, c I (c = trace / d, the
+    least-squares best), relative to its own size: 0 for a scaled identity, about 1 for a random map."""
+    scale = float(torch.diagonal(matrix).mean())
+    eye = torch.eye(matrix.shape[0], dtype=matrix.dtype, device=matrix.device)
+    return float((matrix - scale * eye).norm() / matrix.norm().clamp_min(1e-12))
+
+
+def _haar_orthogonal(size: int, generator: torch.Generator) -> torch.Tensor:
+    """A random orthogonal matrix, uniform over the group (QR of a Gaussian, signs fixed)."""
+    q, r = torch.linalg.qr(torch.randn(size, size, generator=generator, dtype=torch.float64))
+    return (q * torch.sign(torch.diagonal(r))).float()
+
+
+@torch.no_grad()
+def computed_map(model: LoadedModel) -> AlignmentMap:
+    """LatentMAS's alignment map of ``model`` (module docstring), cached per model."""
+    key = (model.name, "computed")
+    with _maps_lock:
+        if key in _maps:
+            return _maps[key]
+    started = time.perf_counter()
+    w_in, scale = _input_embeddings(model)
+    w_out = model.model.get_output_embeddings().weight
+    w_in, w_out = w_in.detach().float(), w_out.detach().float()
+    gram = w_out.T @ w_out
+    rhs = gram if w_out.data_ptr() == w_in.data_ptr() else w_out.T @ w_in
+    gram = gram + RIDGE * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+    matrix = torch.linalg.solve(gram, rhs) * scale  # W_in at the embedding layer's scale
+    target_norm = float(w_in.norm(dim=1).mean()) * scale
+    alignment = AlignmentMap("computed", matrix.cpu(), target_norm, time.perf_counter() - started,
+                             _distance_from_identity(matrix))
+    with _maps_lock:
+        _maps[key] = alignment
+    return alignment
+
+
+def alignment_map(model: LoadedModel, control: str, seed: int) -> AlignmentMap:
+    """The map a control uses: the computed one, the identity, or a random one with its spectrum."""
+    computed = computed_map(model)
+    if control == "identity_map":
+        eye = torch.eye(computed.matrix.shape[0])
+        return AlignmentMap("identity", eye, computed.target_norm, 0.0, 0.0)
+    if control != "random_map":
+        return computed
+    key = (model.name, "random", seed)
+    with _maps_lock:
+        if key in _maps:
+            return _maps[key]
+    started = time.perf_counter()
+    singular = torch.linalg.svdvals(computed.matrix.double()).float()
+    generator = torch.Generator().manual_seed(seed)
+    left, right = _haar_orthogonal(len(singular), generator), _haar_orthogonal(len(singular), generator)
+    matrix = left @ torch.diag(singular) @ right.T
+    alignment = AlignmentMap("random", matrix, computed.target_norm, time.perf_counter() - started,
+                             _distance_from_identity(matrix))
+    with _maps_lock:
+        _maps[key] = alignment
+    return alignment
+
+
+# --- thinking ---------------------------------------------------------------------------------
+
+_row_norms: dict[str, torch.Tensor] = {}
+
+
+def nearest_tokens(model: LoadedModel, vectors: torch.Tensor, count: int = NEAREST) -> list[list[dict]]:
+    """Per vector of ``vectors`` ``[n, d]``, the ``count`` tokens whose input embeddings point most
+    nearly the way it does (one pass over the embedding table for all of them)."""
+    weight, _ = _input_embeddings(model)
+    with _maps_lock:
+        if model.name not in _row_norms:
+            _row_norms[model.name] = weight.detach().float().norm(dim=-1).clamp_min(1e-12)
+        norms = _row_norms[model.name]
+    vectors = vectors.float().to(weight.device)
+    cosines = (vectors @ weight.detach().float().T) / (norms[None] * vectors.norm(dim=-1, keepdim=True).clamp_min(1e-12))
+    top = torch.topk(cosines, count, dim=-1)
+    decode = model.tokenizer.decode
+    return [[{"token": decode([int(i)]), "cosine": float(c)} for c, i in zip(values, indices)]
+            for values, indices in zip(top.values, top.indices)]
+
+
+def shown(token: str) -> str:
+    """A token as a label: its text, or its repr when it is only whitespace (' ', '\\n')."""
+    return token.strip() or repr(token)
+
+
+@dataclass
+class Thought:
+    state: kv.KVState  # the sender's cache: context, then the latent steps
+    context_length: int
+    steps: list[dict]  # per latent step (module docstring)
+
+
+@torch.no_grad()
+def think(sender: LoadedModel, context_ids: list[int], steps: int, alignment: AlignmentMap,
+          timer: StageTimer | None = None) -> Thought:
+    """The sender reads the context (timed as ``sharer_prefill``) and runs ``steps`` latent steps
+    (``sharer_decode``): each step feeds the aligned final hidden state back as its next input.
+    The nearest tokens of each latent vector are looked up afterwards, outside the stages."""
+    timer = timer or StageTimer()
+    state = kv.KVState()
+    with timer.stage("sharer_prefill"):
+        next_token, _ = prefill(sender, state, context_ids)
+    vectors, raw_norms = [], []
+    with timer.stage("sharer_decode"):
+        for _ in range(steps):
+            vector, raw_norm = alignment.apply(next_token.hidden[0])
+            vectors.append(vector)
+            raw_norms.append(raw_norm)
+            next_token = prefill_vectors(sender, state, vector[None])
+    nearest = nearest_tokens(sender, torch.stack(vectors)) if vectors else []
+    records = [{
+        "step": step,
+        "nearest": nearest[step],
+        "norm_before_rescale": raw_norm,
+        "cosine_to_previous": None if step == 0
+        else float(torch.nn.functional.cosine_similarity(vector, vectors[step - 1], dim=0)),
+    } for step, (vector, raw_norm) in enumerate(zip(vectors, raw_norms))]
+    return Thought(state=state, context_length=len(context_ids), steps=records)
+
+
+def receiver_state(pair: LoadedPair, thought: Thought) -> kv.KVState:
+    """The receiver's starting state: the sender's whole cache in every layer (KVComm's splice)."""
+    num_layers = pair.receiver.facts.num_layers
+    return kv.splice_prefix(thought.state.cache, num_layers, set(range(num_layers)))
+
+
+@torch.no_grad()
+def attention_mass(receiver: LoadedModel, state: kv.KVState, query_ids: list[int], skip: int) -> list[float]:
+    """Per receiver layer, the mean attention mass its question tokens put on the prefix keys from
+    index ``skip`` on (kvviz.attention's capture window). ``state`` is used up: give a fresh one."""
+    kwargs = forward_kwargs(receiver, state, len(query_ids), capture=True)
+    plan = kwargs["kvviz_plan"]
+    plan.capture_skip = skip
+    receiver.model.model(input_ids=torch.tensor([query_ids], device=receiver.device), **kwargs)
+    return [plan.captured_mass.get(layer, 0.0) for layer in range(receiver.facts.num_layers)]
+
+
+def layer_records(pair: LoadedPair, thought: Thought | None, query_ids: list[int]) -> list[dict]:
+    """Per receiver layer: attention on the latent positions and on the context (None when the
+    receiver saw nothing)."""
+    num_layers = pair.receiver.facts.num_layers
+    if thought is None:
+        return [{"layer": layer, "attention_on_latent": None, "attention_on_context": None} for layer in range(num_layers)]
+    on_prefix = attention_mass(pair.receiver, receiver_state(pair, thought), query_ids, skip=1)
+    if thought.steps:
+        on_latent = attention_mass(pair.receiver, receiver_state(pair, thought), query_ids, skip=thought.context_length)
+    else:
+        on_latent = [0.0] * num_layers
+    return [{"layer": layer, "attention_on_latent": on_latent[layer],
+             "attention_on_context": on_prefix[layer] - on_latent[layer]} for layer in range(num_layers)]
+
+
+# --- the handoff ------------------------------------------------------------------------------
+
+
+def same_shape_sender(pair: LoadedPair, request: HandoffRequest) -> str | None:
+    """None when the pair's same-shape sender can hand its cache to the receiver, else why not."""
+    sender, receiver = pair.kvcomm_sender.facts, pair.receiver.facts
+    if sender.kv_shape_signature != receiver.kv_shape_signature:
+        return (
+            "The latent relay hands the receiver a cache of the receiver's own shape, so it needs a sender with the "
+            f"receiver's architecture and KV shape (the pair's same-shape sender): {sender.name} is "
+            f"{sender.model_type} with {sender.num_layers} layers x {sender.num_kv_heads} KV heads x {sender.head_dim} "
+            f"dims, {receiver.name} is {receiver.model_type} with {receiver.num_layers} x {receiver.num_kv_heads} x "
+            f"{receiver.head_dim}."
+        )
+    if sender.tokenizer_hash != receiver.tokenizer_hash:
+        return "The latent relay needs sender and receiver to share a tokenizer (the question continues the sender's positions)."
+    return None
+
+
+def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+    reason = needs_context(CONTEXT_REASON)(pair, request) or same_shape_sender(pair, request)
+    if reason:
+        return HandoffResult.not_applicable(NAME, pair.name, reason)
+    values = option_values(request, NAME, OPTIONS)
+    steps, control = values["steps"], values["control"]
+    sender, receiver = pair.kvcomm_sender, pair.receiver
+    segments = build_segments(receiver.tokenizer, request.query, request.context)
+    # one-off per model (cached), before the question is asked: not timed here
+    alignment = alignment_map(sender, control, request.generation.seed)
+    timer = StageTimer()
+    thought = think(sender, segments.context_ids, steps, alignment, timer)
+    transferred = control != "no_transfer"
+    with timer.stage("transfer"):
+        state = receiver_state(pair, thought) if transferred else kv.KVState()
+        sent_bytes = kv.kv_bytes(state.cache) if transferred else 0
+    prompt_ids = segments.query_ids if transferred else build_segments(receiver.tokenizer, request.query).input_ids
+    with timer.stage("receiver_prefill"):
+        first, _ = prefill(receiver, state, prompt_ids)
+    with timer.stage("receiver_decode"):
+        output = generate(receiver, state, first, request.generation, on_token=on_token, timer=timer)
+    timings = timer.as_dict()
+    started = time.perf_counter()
+    layers = layer_records(pair, thought if transferred else None, segments.query_ids)
+    instrumentation_seconds = time.perf_counter() - started
+
+    context_length, prefix_length = thought.context_length, thought.context_length + steps
+    receiver_past = prefix_length if transferred else 0
+    prompt_flops = forward_flops(receiver.facts, len(prompt_ids), receiver_past, 1)
+    receiver_flops = prompt_flops + decode_flops(receiver.facts, len(output.token_ids), receiver_past + len(prompt_ids))
+    width = sender.facts.hidden_size
+    sender_flops = (forward_flops(sender.facts, context_length, 0, 0) + decode_flops(sender.facts, steps, context_length)
+                    + 2.0 * width * width * steps)  # the alignment map per step
+    nearest = " / ".join(shown(step["nearest"][0]["token"]) for step in thought.steps)
+    latent_seen = f"[{steps} latent vectors, read as nearest tokens: {nearest}]" if steps else "[no latent steps]"
+    return HandoffResult(
+        handoff=NAME,
+        pair=pair.name,
+        answer=output.text,
+        answer_ids=output.token_ids,
+        seen={
+            "sender": segments.context_text,
+            "latent": latent_seen,
+            "receiver": (f"[the sender's KV of the context and {steps} latent steps] " + segments.query_text
+                         if transferred else build_segments(receiver.tokenizer, request.query).text),
+        },
+        timings=timings,
+        bytes_communicated=sent_bytes,
+        communication="kv" if transferred else "none",
+        flops={"sharer": sender_flops, "receiver": receiver_flops},
+        flops_to_first_token={"sharer": sender_flops, "receiver": prompt_flops},  # the sender thinks first
+        tokens={"context": context_length, "vectors": steps, "receiver_prompt": len(prompt_ids),
+                "generated": len(output.token_ids)},
+        layers=layers,
+        first_token_seconds=timer.first_token_seconds,
+        receiver_first_token_seconds=timer.receiver_first_token_seconds,
+        details={
+            "steps": thought.steps,
+            "latent_steps": steps,
+            "control": control,
+            "seconds_per_latent_step": timings["sharer_decode"] / steps if steps else None,
+            "alignment": {
+                "map": alignment.kind,
+                "seconds": alignment.seconds,
+                "distance_from_identity": alignment.distance_from_identity,
+                "target_norm": alignment.target_norm,
+            },
+            "instrumentation_seconds": instrumentation_seconds,
+            "sender_model": sender.name,
+            "stopped_by": output.stopped_by,
+        },
+    )
+
+
+# --- descriptor -------------------------------------------------------------------------------
+
+
+def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult) -> ReceiverPrompt:
+    """The receiver after its question on the sender's cache (the sender thinks again: deterministic)."""
+    values = option_values(request, NAME, OPTIONS)
+    if values["control"] == "no_transfer":
+        return read_prompt(pair.receiver, build_segments(pair.receiver.tokenizer, request.query).input_ids)
+    segments = build_segments(pair.receiver.tokenizer, request.query, request.context)
+    alignment = alignment_map(pair.kvcomm_sender, values["control"], request.generation.seed)
+    thought = think(pair.kvcomm_sender, segments.context_ids, values["steps"], alignment)
+    return read_prompt(pair.receiver, segments.query_ids, receiver_state(pair, thought))
+
+
+def figure(result) -> go.Figure:
+    """Top, per latent step: the cosine of the latent vector with its nearest token's embedding,
+    labelled with its nearest tokens. Below, per receiver layer: the attention mass its question
+    puts on the latent positions and on the context."""
+    title = "Latent relay: what the sender thought, and where the receiver looked"
+    missing = not_run_figure(title, result, FIGURE_HEIGHT, "Run a preset with a private context to see the latent "
+                             "relay's steps.", "The latent relay")
+    if missing is not None:
+        return missing
+    result = as_dict(result)
+    details = result.get("details", {}) or {}
+    steps = details.get("steps") or []
+    records = sorted(result["layers"], key=lambda r: r["layer"])
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.22, row_heights=[0.5, 0.5],
+                        subplot_titles=("per latent step: cosine with the nearest token's embedding (label: nearest "
+                                        "tokens, not words the sender wrote)",
+                                        "per receiver layer: attention of the question on the latent steps and on the context"))
+    if steps:
+        fig.add_trace(go.Bar(
+            x=[s["step"] for s in steps], y=[s["nearest"][0]["cosine"] for s in steps], name="cosine with the nearest token",
+            marker=dict(color=COLOR), text=[" / ".join(shown(n["token"]) for n in s["nearest"])
+                                            for s in steps], textposition="outside",
+            hovertext=[f"latent step {s['step']}: nearest tokens "
+                       + ", ".join(f"{n['token']!r} ({n['cosine']:.2f})" for n in s["nearest"])
+                       + f"<br>norm of h M before rescaling {s['norm_before_rescale']:.1f}"
+                       + ("" if s["cosine_to_previous"] is None else f"; cosine with the previous step {s['cosine_to_previous']:.2f}")
+                       for s in steps],
+            hoverinfo="text", meta={"series": "nearest_cosine"},
+        ), row=1, col=1)
+    else:
+        fig.add_annotation(text="N = 0: no latent steps (the relay is KVComm with every layer)", showarrow=False,
+                           xref="x domain", yref="y domain", x=0.5, y=0.5, row=1, col=1)
+    if records[0].get("attention_on_latent") is None:
+        fig.add_annotation(text="no transfer: the receiver saw none of the sender's cache", showarrow=False,
+                           xref="x2 domain", yref="y2 domain", x=0.5, y=0.5, row=2, col=1)
+    else:
+        layers = [r["layer"] for r in records]
+        fig.add_trace(go.Bar(x=layers, y=[r["attention_on_latent"] for r in records], name="attention on the latent steps",
+                             marker=dict(color=COLOR), meta={"series": "attention_on_latent"}), row=2, col=1)
+        fig.add_trace(go.Scatter(x=layers, y=[r["attention_on_context"] for r in records], mode="lines+markers",
+                                 name="attention on the context (sink excluded)", line=dict(color="#999999"),
+                                 meta={"series": "attention_on_context"}), row=2, col=1)
+    fig.update_xaxes(title_text="latent step", dtick=1, row=1, col=1)
+    fig.update_xaxes(title_text="receiver layer", dtick=1 if len(records) <= 40 else None, row=2, col=1)
+    fig.update_yaxes(title_text="cosine", range=[0, 1.25], row=1, col=1)
+    fig.update_yaxes(title_text="attention mass", rangemode="tozero", row=2, col=1)
+    fig.update_annotations(font_size=11)
+    return layout(fig, f"{title}<br><sup>{_subtitle(details)}</sup>", height=FIGURE_HEIGHT,
+                  margin=dict(l=60, r=20, t=80, b=60))
+
+
+def _subtitle(details: dict) -> str:
+    alignment = details.get("alignment") or {}
+    control = details.get("control", "off")
+    text = f"{details.get('latent_steps', 0)} latent steps, {alignment.get('map', 'computed')} map"
+    if alignment.get("distance_from_identity") is not None:
+        text += f" ({alignment['distance_from_identity']:.1e} from a scaled identity)"
+    if control != "off":
+        text += f"; control: {control}"
+    return text
+
+
+def notes(result: dict) -> list[str]:
+    details = result.get("details", {}) or {}
+    if "latent_steps" not in details:
+        return []
+    lines = [_subtitle(details)]
+    steps = details.get("steps") or []
+    if steps:
+        lines.append("nearest tokens of the latent vectors: " + " / ".join(shown(s["nearest"][0]["token"]) for s in steps))
+    per_step = details.get("seconds_per_latent_step")
+    if per_step is not None:
+        lines.append(f"{per_step * 1000:.0f} ms per latent step")
+    return lines
+
+
+def latent_steps(request: HandoffRequest) -> int:
+    """The positions the sender adds before the receiver answers (each about one decode step): the
+    prompt budget and ZeroGPU's duration count them (``Handoff.message_tokens``)."""
+    return option_values(request, NAME, OPTIONS)["steps"]
+
+
+def variant_label(values: dict) -> str:
+    """Bench rows: "latent_relay@4" (the method), "latent_relay-random_map@4" ..."""
+    prefix = NAME if values["control"] == "off" else f"{NAME}-{values['control']}"
+    return f"{prefix}@{values['steps']}"
+
+
+HANDOFFS = (
+    Handoff(
+        name=NAME,
+        title="Latent relay: context + latent thoughts (LatentMAS)",
+        label="Latent relay",
+        color=COLOR,
+        summary="a same-model sender reads the context, thinks N latent steps, and hands over its whole KV cache",
+        explanation=(
+            "LatentMAS-style latent relay. A second copy of the receiver's model reads the private context, then "
+            "\"thinks\" for N steps without writing: its last hidden state, passed through a fixed alignment map "
+            "(computed once from the model's embeddings), is fed back to it as the next input. Its KV cache of the "
+            "context and of these N latent steps goes in front of the receiver's question, in every layer. With "
+            "N = 0 it is KVComm with every layer, so Skyline's answer. The controls ask whether the thoughts "
+            "matter: no transfer (the receiver gets nothing), an identity map, or a random map with the computed "
+            "map's spectrum. On models whose input and output embeddings are tied, the computed map is the "
+            "identity up to scale. The figure reads each latent vector back as its nearest tokens: what it lies "
+            "near, not words the sender wrote."
+        ),
+        run=run,
+        needs=("a private context", "a sender with the receiver's architecture, KV shape and tokenizer"),
+        applicable=all_of(needs_context(CONTEXT_REASON), same_shape_sender),
+        options=OPTIONS,
+        message_tokens=latent_steps,
+        variant_label=variant_label,
+        receiver_prompt=receiver_prompt,
+        figure=figure,
+        notes=notes,
+        stage_labels={
+            "sharer_prefill": "the sender (a copy of the receiver's model, not the sharer) reads the context",
+            "sharer_decode": "the sender's latent steps (vectors fed back, no token written)",
+            "transfer": "splice the KV of context + latent steps in memory (no network time)",
+        },
+        page=42,
+        walkthrough=(
+            "The latent relay (wine) lets a copy of the receiver's model read the note and think a few steps "
+            "without words; its whole memory of both goes in front of the question. Its plot reads each thought "
+            "back as its nearest tokens and shows how much the receiver's attention lands on the thoughts."
+        ),
+    ),
+)
