@@ -48,7 +48,7 @@ class AttentionPlan:
     reference_mask: bool = False
     # Additive attention-score bias per layer for its prefix keys ([n_prefix] tensor, log-weights:
     # 0 takes a key as it is, a large negative number hides it). A KV translator's per-token
-    # weight and soft per-layer gate (kvviz.translator) enter the receiver's attention here.
+    # weight and soft per-layer gate (kvviz.c2c.translator) enter the receiver's attention here.
     prefix_bias: dict[int, torch.Tensor] = field(default_factory=dict)
     # When set, keep each layer's queries (after RoPE, detached): a translator's training compares
     # attention over translated keys with attention over the receiver's own, for the same queries.

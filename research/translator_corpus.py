@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvviz import recall  # noqa: E402
+from kvviz.data import recall  # noqa: E402
 from kvviz.data import load_dataset  # noqa: E402
 from kvviz.data.loaders import DATA_DIR_ENV, DEFAULT_DATA_DIR  # noqa: E402
 

@@ -8,8 +8,8 @@
     python research/translator_extract.py raw --heldout-entities --out /work/translator-runs/raw/unseen.safetensors
 
 Both models read ``Context: <text>\\n\\n`` exactly as the translation handoff lays it out
-(``kvviz.translator.align_context``); the receiver reads it here in training only. Features are
-the sharer's position-free keys and values at the aligned token (``kvviz.translator.features``),
+(``kvviz.c2c.translator.align_context``); the receiver reads it here in training only. Features are
+the sharer's position-free keys and values at the aligned token (``kvviz.c2c.translator.features``),
 targets the receiver's position-free keys and values at every layer.
 
 Raw samples hold a superset of features: the aligned token at every sharer layer, then the token
@@ -29,8 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvviz import recall  # noqa: E402
-from kvviz import translator as tr  # noqa: E402
+from kvviz.data import recall  # noqa: E402
+from kvviz.c2c import translator as tr  # noqa: E402
 
 MAX_RECEIVER_TOKENS = 256
 BATCH_TOKENS = 1024

@@ -1,4 +1,4 @@
-"""Stage 2 of the KV translator: training through the frozen receiver (``kvviz.translator_train``).
+"""Stage 2 of the KV translator: training through the frozen receiver (``kvviz.c2c.translator_train``).
 
     # the teacher's tensors of private-context examples (once; the receiver reads them in training only)
     python research/translator_stage2.py teacher --init /work/translator-runs/ridge/rank768 \\
@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvviz import translator as tr  # noqa: E402
-from kvviz import translator_train as tt  # noqa: E402
+from kvviz.c2c import translator as tr  # noqa: E402
+from kvviz.c2c import translator_train as tt  # noqa: E402
 
 SHARD = 50
 ANSWER_TOKENS = 16
@@ -41,7 +41,7 @@ def log(message: str) -> None:
 
 
 def training_records(recall_n: int, dolly_n: int, seed: int):
-    from kvviz import recall
+    from kvviz.data import recall
     from kvviz.data import load_dataset
     from research.translator_corpus import countries_split
 
@@ -55,13 +55,13 @@ def training_records(recall_n: int, dolly_n: int, seed: int):
 
 
 def validation_records(n: int):
-    from kvviz import recall
+    from kvviz.data import recall
 
     return [("recall-heldout", r) for r in recall.generate("heldout", n, seed=VALIDATION_SEED)]
 
 
 def answer_ids(tokenizer, record) -> list[int]:
-    from kvviz.train_fuser import response_ids
+    from kvviz.c2c.examples import response_ids
 
     return response_ids(tokenizer, record.response or record.answers[0], ANSWER_TOKENS)
 

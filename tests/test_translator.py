@@ -1,4 +1,4 @@
-"""The KV translator (kvviz.translator): the splice, its controls, its files, its fitting.
+"""The KV translator (kvviz.c2c.translator): the splice, its controls, its files, its fitting.
 
 Tiny models: a Llama-like sharer and a Gemma-3-like receiver (one KV head, sliding layers with a
 window of 8, so short prompts already cross it).
@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from kvviz import translator as tr
+from kvviz.c2c import translator as tr
 from kvviz.cache import KVState
 from kvviz.decode import full_logits, prefill
 from kvviz.prompts import build_segments
@@ -122,7 +122,7 @@ def test_per_token_weights_enter_as_score_biases(mixed_tiny_pair, one_thread):
 
 
 def test_soft_gates_and_the_map_get_gradients(mixed_tiny_pair, one_thread):
-    from kvviz.translator_train import answer_nll
+    from kvviz.c2c.translator_train import answer_nll
 
     pair = mixed_tiny_pair
     translator = random_translator(pair)
@@ -149,7 +149,7 @@ class OwnKV(tr.KVTranslator):
 def test_attention_loss_is_zero_for_the_receivers_own_kv(mixed_tiny_pair, one_thread, tmp_path):
     """The attention-output loss compares with the receiver's own KV: a map that reproduces it
     scores ~0 (the teacher's queries and keys are the receiver's own forward), a random one does not."""
-    from kvviz import translator_train as tt
+    from kvviz.c2c import translator_train as tt
 
     pair = mixed_tiny_pair
     translator = random_translator(pair)
@@ -264,7 +264,8 @@ def test_ridge_recovers_a_linear_map_and_sums_merge():
 def test_the_evaluator_measures_every_row_and_its_checks_hold(mixed_tiny_pair, one_thread):
     """Receiver, Skyline, translator and control on held-out records; the oracle equals Skyline
     and closed gates equal the receiver alone on the checked records."""
-    from kvviz import recall, translator_eval
+    from kvviz.c2c import translator_eval
+    from kvviz.data import recall
 
     pair = mixed_tiny_pair
     records = recall.generate("heldout", 4, seed=1)
@@ -277,3 +278,54 @@ def test_the_evaluator_measures_every_row_and_its_checks_hold(mixed_tiny_pair, o
         assert check["records"] == 3 and check["same_answers"] == 3 and check["max_nll_difference"] < 1e-3
     assert summary["communication"]["of"] == 4 and len(summary["communication"]["ci95"]) == 2
     assert "translator closes" in translator_eval.format_report(report)
+
+
+# --- the handoff (kvviz.handoffs.translate) ---------------------------------------------------------
+
+
+def run_translation(pair, folder, name="c2c_translate", context=CONTEXT):
+    from kvviz.engine import run_handoff
+    from kvviz.handoffs import registry
+
+    request = registry.build_request(QUERY, context, 4, options={"c2c_translate": {"translator": str(folder)}})
+    return run_handoff(name, pair, request)
+
+
+def test_the_handoff_answers_with_its_gates_and_bytes(mixed_tiny_pair, one_thread, tmp_path):
+    """The handoff reports its answer, one gate record per receiver layer, the sharer's KV it read
+    (what crosses) and the translated size; with every gate closed it answers as the receiver alone."""
+    from kvviz.engine import run_handoff
+    from kvviz.handoffs import registry
+
+    pair = mixed_tiny_pair
+    translator = random_translator(pair)
+    result = run_translation(pair, translator.save(tmp_path / "open"))
+    assert result.applicable, result.reason
+    alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
+    assert result.bytes_communicated == tr.read_bytes(translator.config, len(alignment.sharer_ids), pair.sharer.dtype)
+    assert result.details["translated_bytes"] > 0
+    assert [r["layer"] for r in result.layers] == list(range(pair.receiver.facts.num_layers))
+    assert all(r["open"] for r in result.layers) and result.details["open_gates"] == pair.receiver.facts.num_layers
+    with torch.no_grad():
+        translator.gate_logits.fill_(-4.0)
+    closed = run_translation(pair, translator.save(tmp_path / "closed"))
+    alone = run_handoff("receiver", pair, registry.build_request(QUERY, CONTEXT, 4))
+    assert closed.details["open_gates"] == 0 and closed.answer_ids == alone.answer_ids
+    control = run_translation(pair, tmp_path / "open", name="c2c_translate_control")
+    assert control.details["control"] and control.details["control_context"]
+
+
+def test_the_handoff_without_a_translator_says_why(mixed_tiny_pair, tiny, tmp_path):
+    """No translator found, one for another pair, or a corrupt one: "not applicable" with the reason."""
+    from kvviz.handoffs import translate
+
+    missing = run_translation(mixed_tiny_pair, tmp_path / "nowhere")
+    assert not missing.applicable and "No KV translator" in missing.reason
+    assert translate.shipped_translator(tiny, tmp_path) is None
+    other = run_translation(tiny, random_translator(mixed_tiny_pair).save(tmp_path / "mixed"))
+    assert not other.applicable and "was trained for pair" in other.reason
+    (tmp_path / "mixed" / tr.WEIGHTS_FILE).write_bytes(b"not safetensors")
+    translate._loaded.clear()
+    corrupt = run_translation(mixed_tiny_pair, tmp_path / "mixed")
+    assert not corrupt.applicable and "corrupt" in corrupt.reason
+

@@ -20,6 +20,7 @@ HANDOFF_MODULES = (
     "kvviz.handoffs.baselines",
     "kvviz.handoffs.text",
     "kvviz.handoffs.c2c",
+    "kvviz.handoffs.translate",
     "kvviz.handoffs.kvcomm",
     "kvviz.handoffs.ac",
     "kvviz.handoffs.cipher",

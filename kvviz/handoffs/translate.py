@@ -1,36 +1,43 @@
 """C2C translation: the sharer's KV of a private context, translated into the receiver's KV space.
 
-The sharer reads the context; a trained per-layer translator (``kvviz.translator``) maps the
+The sharer reads the context; a trained per-layer translator (``kvviz.c2c.translator``) maps the
 sharer's keys and values at every context token into the receiver's; the receiver attends to them
 as a prefix in front of its question (its own one-token sink and context-free ``<bos>Context:``
 first, as KVComm keeps a sink) and answers. The receiver never reads the context: no text of it
 reaches the receiver, only the translated KV.
 
-``c2c_translate_control`` runs the same translator on a fixed unrelated context (KVComm's
-built-in calibration sentence): whatever it answers comes from the receiver and the question,
+``c2c_translate_control`` runs the same translator on a fixed unrelated context (``CONTROL_CONTEXT``):
+whatever it answers comes from the receiver and the question,
 not from this request's context.
 
-Translators: ``request.options["c2c_translate"]["translator"]`` (a folder) or the pair's shipped
-one in ``assets/translators/<sharer>__<receiver>/`` (found by the pair's fingerprints).
+Translators: the ``translator`` option (a folder; ``--translator DIR``) or the pair's shipped one
+in ``assets/translators/`` (found by the pair's fingerprints), with its held-out numbers in
+``measured.json`` beside it. Without one the result is "not applicable" and says why.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
 import plotly.graph_objects as go
+import torch
 
-from kvviz import translator as tr
+from kvviz import policy
+from kvviz.c2c import translator as tr
 from kvviz.decode import generate, prefill
-from kvviz.handoffs.common import LoadedPair, TokenCallback
+from kvviz.handoffs.common import TokenCallback
 from kvviz.handoffs.registry import Handoff, Option, all_of, needs_context, option_values
 from kvviz.measure import StageTimer, decode_flops, forward_flops
+from kvviz.models import LoadedPair
+from kvviz.paths import ASSETS
 from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
 from kvviz.prompts import build_segments
 from kvviz.results import HandoffRequest, HandoffResult
 
-ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets" / "translators"
+ASSETS_DIR = ASSETS / "translators"
+MEASURED_FILE = "measured.json"  # the translator evaluator's held-out numbers, beside the weights
 CONTROL_CONTEXT = "Mira keeps her red bicycle in the garden shed behind the old library in Lisbon."
 NAME, CONTROL = "c2c_translate", "c2c_translate_control"
 
@@ -50,19 +57,25 @@ def shipped_translator(pair: LoadedPair, root: Path | None = None) -> Path | Non
     return None
 
 
-def locate(pair: LoadedPair, request: HandoffRequest) -> tuple[Path | None, str]:
-    given = (option_values(request, NAME, OPTIONS).get("translator") or "").strip()
-    if given:
-        from kvviz import policy
+def translator_option(request: HandoffRequest) -> str:
+    """The translator folder the request names ("" for the pair's shipped one)."""
+    return (option_values(request, NAME, OPTIONS).get("translator") or "").strip()
 
+
+def locate(pair: LoadedPair, request: HandoffRequest) -> tuple[Path | None, str]:
+    """(the translator folder, "") or (None, why there is none)."""
+    given = translator_option(request)
+    if given:
         folder = Path(given).expanduser()
+        if not (folder / tr.CONFIG_FILE).is_file():
+            return None, f"No KV translator at {folder}: it has no {tr.CONFIG_FILE}."
         refusal = policy.fuser_folder_refusal(folder, (tr.CONFIG_FILE, tr.WEIGHTS_FILE))
         return (None, refusal) if refusal else (folder, "")
     found = shipped_translator(pair)
     if found is None:
         return None, (
             f"No KV translator for pair '{pair.name}' (sharer {pair.sharer.name} -> receiver {pair.receiver.name}) in "
-            f"{ASSETS_DIR}. Train one: research/translator_extract.py, translator_fit.py, translator_stage2.py."
+            f"{ASSETS_DIR}; name one with --translator DIR, or fit one (docs/C2C.md, Translation)."
         )
     return found, ""
 
@@ -72,6 +85,7 @@ _lock = threading.Lock()
 
 
 def get_translator(folder: Path, pair: LoadedPair) -> tr.KVTranslator:
+    """The translator in ``folder`` for this pair, loaded once (refused with TranslatorError)."""
     weights = folder / tr.WEIGHTS_FILE
     key = (str(folder.resolve()), weights.stat().st_mtime_ns if weights.exists() else 0, pair.sharer.name, pair.receiver.name)
     with _lock:
@@ -95,67 +109,88 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     context = CONTROL_CONTEXT if control else request.context
     timer = StageTimer()
     alignment = tr.align_context(receiver.tokenizer, sharer.tokenizer, context, translator.config.sharer_start)
-    with timer.stage("sharer_prefill"):
-        sharer_kv = tr.read_kv(sharer, [alignment.sharer_ids])
-    with timer.stage("transfer"):
-        features = tr.features(sharer_kv, alignment, translator.config.sharer_layers, translator.config.neighbours)
-        import torch
-
-        with torch.no_grad():
+    with torch.no_grad():
+        with timer.stage("sharer_prefill"):
+            sharer_kv = tr.read_kv(sharer, [alignment.sharer_ids])
+        with timer.stage("transfer"):
+            features = tr.features(sharer_kv, alignment, translator.config.sharer_layers, translator.config.neighbours)
             keys, values, weights = translator(features.to(translator.up.device))
-        prefix = tr.build_prefix(receiver, alignment, keys, values, weights, translator.open_gates().float().tolist())
+            prefix = tr.build_prefix(receiver, alignment, keys, values, weights, translator.open_gates().float().tolist())
     segments = build_segments(receiver.tokenizer, request.query)
     state = prefix.state
     with timer.stage("receiver_prefill"):
         first, _ = prefill(receiver, state, segments.query_ids)
     with timer.stage("receiver_decode"):
-        output = generate(receiver, state, first, request.generation, on_token=on_token)
-    timings = timer.as_dict()
-    sent = tr.read_bytes(translator.config, len(alignment.sharer_ids), sharer.dtype)
-    made = sum(len(w) for w in prefix.weights) * 2 * translator.config.kv_width * receiver.dtype.itemsize
-    layers = [
-        {"layer": layer, "gate": gate, "open": gate > 0, "gate_logit": float(translator.gate_logits[layer]),
-         "weight_mean": (sum(w) / len(w)) if w else None, "weights": w}
-        for layer, (gate, w) in enumerate(zip(prefix.gates, prefix.weights))
-    ]
-    translated_tokens = [receiver.tokenizer.decode([i]) for i in alignment.receiver_ids[alignment.own_count:]]
-    query_length = len(segments.query_ids)
-    prefix_lengths = [len(alignment.receiver_ids) if gate > 0 else 1 for gate in prefix.gates]
-    receiver_flops = forward_flops(receiver.facts, query_length, prefix_lengths, 1) + decode_flops(
-        receiver.facts, len(output.token_ids), [n + query_length for n in prefix_lengths])
-    receiver_first = timings["transfer"] + timings["receiver_prefill"] + output.first_token_seconds
+        output = generate(receiver, state, first, request.generation, on_token=on_token, timer=timer)
+    flops, before_answer = translation_flops(pair, translator, alignment, prefix, len(segments.query_ids), len(output.token_ids))
     return HandoffResult(
         handoff=name,
         pair=pair.name,
         answer=output.text,
         answer_ids=output.token_ids,
         seen={"sharer": sharer.tokenizer.decode(alignment.sharer_ids), "receiver": segments.text},
-        timings=timings,
-        bytes_communicated=sent,
+        timings=timer.as_dict(),
+        bytes_communicated=tr.read_bytes(translator.config, len(alignment.sharer_ids), sharer.dtype),
         communication="kv",
-        flops={"sharer": forward_flops(sharer.facts, len(alignment.sharer_ids), 0, 0), "receiver": receiver_flops,
-               "translator": 2.0 * translator.num_parameters * alignment.translated_count},
+        flops=flops,
+        flops_to_first_token=before_answer,
         tokens={"context": len(alignment.sharer_ids), "translated": alignment.translated_count,
-                "receiver_prompt": query_length, "generated": len(output.token_ids)},
-        layers=layers,
-        first_token_seconds=timings["sharer_prefill"] + receiver_first,
-        receiver_first_token_seconds=receiver_first,
-        details={
-            "translator_path": str(folder),
-            "control": control,
-            "control_context": CONTROL_CONTEXT if control else None,
-            "open_gates": sum(g > 0 for g in prefix.gates),
-            "layers": len(prefix.gates),
-            "applied_gates": [int(g > 0) for g in prefix.gates],
-            "translated_bytes": made,
-            "sharer_kv_bytes_all_layers": tr.kv_bytes(sharer.facts, len(alignment.sharer_ids), sharer.dtype),
-            "sharer_layers_read": list(translator.config.sharer_layers),
-            "translated_tokens": translated_tokens,
-            "parameters": translator.num_parameters,
-            "trained": dict(translator.config.training),
-            "stopped_by": output.stopped_by,
-        },
+                "receiver_prompt": len(segments.query_ids), "generated": len(output.token_ids)},
+        layers=layer_records(translator, prefix),
+        first_token_seconds=timer.first_token_seconds,
+        receiver_first_token_seconds=timer.receiver_first_token_seconds,
+        details={**run_details(pair, translator, folder, alignment, prefix, control), "stopped_by": output.stopped_by},
     )
+
+
+def translation_flops(pair, translator, alignment, prefix, query_length: int, generated: int) -> tuple[dict, dict]:
+    """(FLOPs per model, the same before the first answer token): a closed layer reads only its sink."""
+    receiver = pair.receiver
+    prefix_lengths = [len(alignment.receiver_ids) if gate > 0 else 1 for gate in prefix.gates]
+    prompt = forward_flops(receiver.facts, query_length, prefix_lengths, 1)
+    before = {"sharer": forward_flops(pair.sharer.facts, len(alignment.sharer_ids), 0, 0), "receiver": prompt,
+              "translator": 2.0 * translator.num_parameters * alignment.translated_count}
+    decode = decode_flops(receiver.facts, generated, [n + query_length for n in prefix_lengths])
+    return dict(before, receiver=prompt + decode), before
+
+
+def layer_records(translator, prefix) -> list[dict]:
+    """One record per receiver layer: its gate (1: it attends to the translated context) and the
+    translated tokens' weights."""
+    return [
+        {"layer": layer, "gate": gate, "open": gate > 0, "gate_logit": float(translator.gate_logits[layer].detach()),
+         "weight_mean": (sum(w) / len(w)) if w else None, "weights": w}
+        for layer, (gate, w) in enumerate(zip(prefix.gates, prefix.weights))
+    ]
+
+
+def run_details(pair, translator, folder, alignment, prefix, control: bool) -> dict:
+    """``HandoffResult.details`` of a run (but ``stopped_by``)."""
+    receiver, sharer = pair.receiver, pair.sharer
+    return {
+        "translator_path": str(folder),
+        "control": control,
+        "control_context": CONTROL_CONTEXT if control else None,
+        "open_gates": sum(g > 0 for g in prefix.gates),
+        "layers": len(prefix.gates),
+        "applied_gates": [int(g > 0) for g in prefix.gates],
+        "translated_bytes": sum(len(w) for w in prefix.weights) * 2 * translator.config.kv_width * receiver.dtype.itemsize,
+        "sharer_kv_bytes_all_layers": tr.kv_bytes(sharer.facts, len(alignment.sharer_ids), sharer.dtype),
+        "sharer_layers_read": list(translator.config.sharer_layers),
+        "translated_tokens": [receiver.tokenizer.decode([i]) for i in alignment.receiver_ids[alignment.own_count:]],
+        "parameters": translator.num_parameters,
+        "trained": dict(translator.config.training),
+        "measured": measured_numbers(folder),
+    }
+
+
+def measured_numbers(folder: Path) -> dict | None:
+    """The held-out numbers measured for this translator (``measured.json`` beside it), or None."""
+    path = Path(folder) / MEASURED_FILE
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
 
 
 def run_control(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
@@ -224,22 +259,25 @@ def notes(result: dict) -> list[str]:
     lines = [f"gates open: {details['open_gates']} of {details['layers']} layers; sent {result.get('bytes_communicated', 0):,} "
              f"bytes of the sharer's KV (layers {details.get('sharer_layers_read')}), translated into "
              f"{details.get('translated_bytes', 0):,} bytes of receiver KV"]
-    measured = (details.get("trained") or {}).get("measured")
-    if measured:
-        lines.append(measured)
+    measured = details.get("measured") or {}
+    gain = measured.get("communication_gain")
+    if gain:
+        low, high = gain["ci95"]
+        lines.append(f"held-out communication gain ({measured.get('set', '?')}, n = {gain.get('n', '?')}): {gain['value']:+.3f} "
+                     f"nats/token, 95% CI [{low:+.3f}, {high:+.3f}] (NLL with another record's context minus with the right one)")
     return lines
 
 
-def apply_options(request: HandoffRequest, values: dict) -> HandoffRequest:
-    import dataclasses
-
-    return dataclasses.replace(request, options={**request.options, NAME: values})
+def refuse_in_public_mode(folder: str) -> None:
+    """A public server runs the shipped translator only (``kvviz.policy``)."""
+    if folder.strip() and policy.public_mode():
+        raise ValueError(policy.PUBLIC_FUSER_REFUSAL)
 
 
 NO_LIKELIHOOD = "not computed: {name} builds the receiver's cache from translated KV, which the bench does not rebuild"
 OPTIONS = (
     Option("translator", "KV translator folder (default: the pair's shipped one)", "", kind="text", flag="--translator",
-           on_page=False),
+           on_page=False, check=refuse_in_public_mode),
 )
 NEEDS = ("a private context", "a trained KV translator for the pair")
 
@@ -262,12 +300,10 @@ HANDOFFS = (
         needs=NEEDS,
         applicable=all_of(needs_context("The translation carries a private context; this request has none."), translator_found),
         options=OPTIONS,
-        apply_options=apply_options,
         no_receiver_prompt=NO_LIKELIHOOD.format(name=NAME),
         figure=gates_figure,
         notes=notes,
-        page=22,
-        page_default=True,
+        page=None,  # the lead wires the page's column (issue 19)
     ),
     Handoff(
         name=CONTROL,
@@ -286,6 +322,6 @@ HANDOFFS = (
         no_receiver_prompt=NO_LIKELIHOOD.format(name=CONTROL),
         figure=gates_figure,
         notes=notes,
-        page=23,
+        page=None,
     ),
 )

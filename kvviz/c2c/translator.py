@@ -54,8 +54,8 @@ import torch
 from torch import nn
 
 from kvviz import cache as kv
-from kvviz.fuser import FuserError, apply_rotation, fingerprints_match, model_fingerprint, undo_rotation
-from kvviz.fusion import rotary_tables
+from kvviz.c2c.fuser import FuserError, fingerprints_match, model_fingerprint
+from kvviz.c2c.rope import apply_rotation, rotary_tables, undo_rotation
 from kvviz.prompts import encode_with_offsets, render, unmark
 
 FORMAT = "kvviz-kv-translator"
@@ -220,7 +220,7 @@ def targets(receiver_kv: list[tuple[torch.Tensor, torch.Tensor]], alignment: Tra
 
 @dataclass
 class TranslatorConfig:
-    sharer: dict  # kvviz.fuser.model_fingerprint of the sharer
+    sharer: dict  # kvviz.c2c.fuser.model_fingerprint of the sharer
     receiver: dict
     pair: str = ""
     sharer_layers: list[int] = field(default_factory=lambda: list(DEFAULT_SHARER_LAYERS))
@@ -661,7 +661,7 @@ def nll_after(receiver, state: kv.KVState, query_ids: list[int], answer_ids: lis
     """Summed NLL of ``answer_ids`` after the receiver reads ``query_ids`` on ``state``
     (differentiable in whatever built the state)."""
     from kvviz.decode import forward_kwargs
-    from kvviz.train_fuser import output_logits
+    from kvviz.c2c.scoring import output_logits
 
     tokens = query_ids + answer_ids[:-1]
     kwargs = forward_kwargs(receiver, state, len(tokens))

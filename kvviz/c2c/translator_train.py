@@ -1,4 +1,4 @@
-"""Stage 2 of the KV translator: training through the frozen receiver (``kvviz.translator``).
+"""Stage 2 of the KV translator: training through the frozen receiver (``kvviz.c2c.translator``).
 
 Two objectives on private-context examples (context, question, answer), both models frozen:
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from kvviz import cache as kv
-from kvviz import translator as tr
+from kvviz.c2c import translator as tr
 from kvviz.attention import AttentionPlan
 
 

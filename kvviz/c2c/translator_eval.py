@@ -1,6 +1,6 @@
 """Evaluate a KV translator on held-out private contexts, with its controls as measured rows.
 
-    python -m kvviz.translator_eval --translator assets/translators/... --recall 100 --countries 100 [--json]
+    python -m kvviz.c2c.translator_eval --translator assets/translators/... --recall 100 --countries 100 [--json]
 
 For each held-out record (``kvviz.recall``'s held-out entities, and the evaluators' Countries
 sample with the context private to the sharer) every row answers greedily and scores the gold
@@ -48,7 +48,7 @@ def sign_test(wins: int, losses: int) -> float:
 def heldout_sets(recall_n: int, countries_n: int, seed: int = 0) -> dict:
     """The held-out records: recall's held-out entities (seed + 1, as eval-fuser draws them) and
     the first ``countries_n`` of Countries shuffled with ``seed`` (eval-fuser's sample)."""
-    from kvviz import recall
+    from kvviz.data import recall
     from kvviz.data import load_dataset
 
     sets = {}
@@ -69,7 +69,7 @@ class Runner:
         self.settings = GenerationSettings(max_new_tokens=max_new_tokens)
 
     def state(self, row: str, record, other=None):
-        from kvviz import translator as tr
+        from kvviz.c2c import translator as tr
         from kvviz.cache import KVState
         from kvviz.decode import prefill
         from kvviz.prompts import build_segments
@@ -93,10 +93,10 @@ class Runner:
     @torch.no_grad()
     def answer(self, row: str, record, other=None) -> tuple[str, float, int]:
         """(greedy answer, summed gold NLL, gold tokens)."""
-        from kvviz import translator as tr
+        from kvviz.c2c import translator as tr
         from kvviz.cache import KVState
         from kvviz.decode import generate, prefill
-        from kvviz.train_fuser import response_ids
+        from kvviz.c2c.examples import response_ids
 
         receiver = self.pair.receiver
         state, query_ids = self.state(row, record, other)
@@ -116,7 +116,7 @@ def _copy(cache):
 
 
 def bootstrap(diffs: list[float], tokens: list[int], seed: int) -> list[float]:
-    from kvviz.eval_fuser import bootstrap_ratio
+    from kvviz.c2c.communication import bootstrap_ratio
 
     return bootstrap_ratio(diffs, tokens, seed)
 
@@ -158,7 +158,7 @@ def evaluate(pair, translator, sets: dict, rows=ROWS, seed: int = 0, max_new_tok
              examples: int = 6, checks: int = 10) -> dict:
     """Every row on every record, except the checks (``CHECKS``: oracle = Skyline, closed gates =
     receiver alone), which run on the first ``checks`` records and are compared with their twin."""
-    from kvviz.eval_fuser import derangement
+    from kvviz.c2c.communication import derangement
 
     runner = Runner(pair, translator, max_new_tokens)
     report = {}
@@ -230,7 +230,7 @@ def configure_parser(parser) -> None:
 
 
 def main(args) -> int:
-    from kvviz import translator as tr
+    from kvviz.c2c import translator as tr
     from kvviz.engine import load_pair
 
     if args.threads:
@@ -248,7 +248,7 @@ def main(args) -> int:
     report["translator"] = str(args.translator)
     report["training"] = translator.config.training
     report["seconds"] = time.perf_counter() - started
-    report["command"] = "python -m kvviz.translator_eval " + " ".join(sys.argv[1:])
+    report["command"] = "python -m kvviz.c2c.translator_eval " + " ".join(sys.argv[1:])
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2) if args.json else format_report(report))
