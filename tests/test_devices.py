@@ -177,7 +177,12 @@ def test_every_handoff_runs_the_same_through_accelerate_hooks(kind, tmp_path, mo
     for control in (False, True):  # an untrained fuser: C2C's path, not its quality
         new_fuser(plain.sharer.facts, plain.receiver.facts, pair=plain.name, control=control).save(
             fusers / ("control" if control else "c2c"))
-    given = dataclasses.replace(request(), options={**request().options, "c2c": {"fuser": str(fusers / "c2c")}})
+    from kvviz.c2c.translator import new_translator
+
+    new_translator(plain.sharer.facts, plain.receiver.facts, plain.name, plain.sharer.tokenizer, sharer_layers=[0, 1],
+                   rank=4).save(fusers / "translator")  # an untrained KV translator (c2c_translate)
+    given = dataclasses.replace(request(), options={**request().options, "c2c": {"fuser": str(fusers / "c2c")},
+                                                    "c2c_translate": {"translator": str(fusers / "translator")}})
     for handoff in registry.all_handoffs():
         a = engine.run_handoff(handoff.name, plain, given)
         b = engine.run_handoff(handoff.name, spread, given)

@@ -278,6 +278,7 @@ def test_the_evaluator_measures_every_row_and_its_checks_hold(mixed_tiny_pair, o
         assert check["records"] == 3 and check["same_answers"] == 3 and check["max_nll_difference"] < 1e-3
     assert summary["communication"]["of"] == 4 and len(summary["communication"]["ci95"]) == 2
     assert "translator closes" in translator_eval.format_report(report)
+    assert translator_eval.measured_summary(report)["communication_gain"]["n"] == 4
 
 
 # --- the handoff (kvviz.handoffs.translate) ---------------------------------------------------------

@@ -1,6 +1,6 @@
 """Evaluate a KV translator on held-out private contexts, with its controls as measured rows.
 
-    python -m kvviz.c2c.translator_eval --translator assets/translators/... --recall 100 --countries 100 [--json]
+    python -m kvviz eval-translator --pair embedded --recall 100 --countries 100 [--translator DIR] [--json]
 
 For each held-out record (``kvviz.recall``'s held-out entities, and the evaluators' Countries
 sample with the context private to the sharer) every row answers greedily and scores the gold
@@ -215,9 +215,30 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def measured_summary(report: dict) -> dict:
+    """The numbers kept beside a shipped translator (``measured.json``; the handoff's note reads
+    ``communication_gain``): per set the rows' answer rates and NLL, the gap closed, the gain."""
+    sets = {}
+    for name, summary in report.items():
+        if not isinstance(summary, dict) or "rows" not in summary:
+            continue
+        sets[name] = {
+            "rows": {row: {k: v[k] for k in ("contains", "n", "ci95", "nll")} for row, v in summary["rows"].items()},
+            **{k: summary[k] for k in ("nll_gap_closed", "answer_rate_vs_skyline", "communication",
+                                        "control_within_receiver_interval", "checks") if k in summary},
+        }
+    first = next((n for n in ("recall", "countries") if "communication" in sets.get(n, {})), None)
+    out = {"command": report.get("command"), "sets": sets}
+    if first:
+        c = sets[first]["communication"]
+        out["set"] = first
+        out["communication_gain"] = {"value": c["gain"], "ci95": c["ci95"], "n": c["of"]}
+    return out
+
+
 def configure_parser(parser) -> None:
     parser.add_argument("--pair", default="embedded")
-    parser.add_argument("--translator", required=True, help="translator folder")
+    parser.add_argument("--translator", default="", help="translator folder (default: the pair's shipped one)")
     parser.add_argument("--recall", type=int, default=100, help="held-out recall records (0: skip)")
     parser.add_argument("--countries", type=int, default=100, help="Countries records, context private to the sharer (0: skip)")
     parser.add_argument("--rows", default=",".join(ROWS))
@@ -227,17 +248,22 @@ def configure_parser(parser) -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--measured", default=None, help="also write the summary to this file (measured.json beside a shipped translator)")
 
 
 def main(args) -> int:
     from kvviz.c2c import translator as tr
     from kvviz.engine import load_pair
+    from kvviz.handoffs.translate import shipped_translator
 
     if args.threads:
         torch.set_num_threads(args.threads)
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     pair = load_pair(args.pair, "cpu", None, progress=log)
-    translator = tr.load_translator(args.translator, pair.sharer.facts, pair.receiver.facts, pair.name)
+    folder = args.translator or shipped_translator(pair)
+    if not folder:
+        raise ValueError(f"No KV translator shipped for pair '{pair.name}'; name one with --translator DIR.")
+    translator = tr.load_translator(folder, pair.sharer.facts, pair.receiver.facts, pair.name)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = set(rows) - set(ROWS)
     if unknown:
@@ -245,12 +271,15 @@ def main(args) -> int:
     started = time.perf_counter()
     report = evaluate(pair, translator, heldout_sets(args.recall, args.countries, args.seed), rows, args.seed, args.max_new_tokens, log,
                       checks=args.checks)
-    report["translator"] = str(args.translator)
+    report["translator"] = str(folder)
     report["training"] = translator.config.training
     report["seconds"] = time.perf_counter() - started
-    report["command"] = "python -m kvviz.c2c.translator_eval " + " ".join(sys.argv[1:])
+    program = "python -m kvviz" if getattr(args, "command", None) == "eval-translator" else "python -m kvviz.c2c.translator_eval"
+    report["command"] = program + " " + " ".join(sys.argv[1:])
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
+    if args.measured:
+        Path(args.measured).write_text(json.dumps(measured_summary(report), indent=2) + "\n")
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 

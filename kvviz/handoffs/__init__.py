@@ -20,12 +20,12 @@ HANDOFF_MODULES = (
     "kvviz.handoffs.baselines",
     "kvviz.handoffs.text",
     "kvviz.handoffs.c2c",
-    "kvviz.handoffs.translate",
     "kvviz.handoffs.kvcomm",
     "kvviz.handoffs.ac",
     "kvviz.handoffs.cipher",
     "kvviz.handoffs.latent_relay",
     "kvviz.handoffs.kv_steering",
+    "kvviz.handoffs.translate",
 )
 
 for _module in HANDOFF_MODULES:

@@ -202,7 +202,7 @@ def translator_found(pair: LoadedPair, request: HandoffRequest) -> str | None:
     return reason if folder is None else None
 
 
-OPEN_COLOR, CLOSED_COLOR = "#882255", "#d9d9d9"
+OPEN_COLOR, CLOSED_COLOR = "#AA4499", "#d9d9d9"
 FIGURE_HEIGHT = 420
 
 
@@ -257,7 +257,7 @@ def notes(result: dict) -> list[str]:
     if "open_gates" not in details:
         return []
     lines = [f"gates open: {details['open_gates']} of {details['layers']} layers; sent {result.get('bytes_communicated', 0):,} "
-             f"bytes of the sharer's KV (layers {details.get('sharer_layers_read')}), translated into "
+             f"bytes of the sharer's KV ({len(details.get('sharer_layers_read') or [])} of its layers), translated into "
              f"{details.get('translated_bytes', 0):,} bytes of receiver KV"]
     measured = details.get("measured") or {}
     gain = measured.get("communication_gain")
@@ -286,7 +286,7 @@ HANDOFFS = (
         name=NAME,
         title="C2C translation: the context's KV",
         label="C2C translate",
-        color="#882255",  # wine
+        color="#AA4499",  # magenta (Tol)
         summary="a trained translator maps the sharer's KV of the context into the receiver's",
         explanation=(
             "Only the sharer reads the note. A trained translator turns the sharer's memory of each of the note's "
