@@ -330,3 +330,19 @@ def test_the_handoff_without_a_translator_says_why(mixed_tiny_pair, tiny, tmp_pa
     corrupt = run_translation(mixed_tiny_pair, tmp_path / "mixed")
     assert not corrupt.applicable and "corrupt" in corrupt.reason
 
+
+def test_the_shipped_translator_is_small_and_for_the_embedded_pair():
+    """assets/translators/embedded: <= 25 MB, float16 weights, the embedded pair's fingerprints,
+    its held-out numbers beside it (files only; no model is loaded)."""
+    from safetensors import safe_open
+
+    from kvviz.handoffs.translate import ASSETS_DIR, MEASURED_FILE
+
+    folder = ASSETS_DIR / "embedded"
+    assert (folder / tr.WEIGHTS_FILE).stat().st_size <= 25 * 1024 * 1024
+    config = tr.read_config(folder)
+    assert (config.sharer["name"], config.receiver["name"]) == ("smollm2-135m", "gemma3-270m")
+    with safe_open(str(folder / tr.WEIGHTS_FILE), "pt") as handle:
+        assert handle.get_slice("up").get_dtype() == "F16"
+    measured = json.loads((folder / MEASURED_FILE).read_text())
+    assert measured["command"].startswith("python -m kvviz")
