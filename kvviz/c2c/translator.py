@@ -54,7 +54,7 @@ import torch
 from torch import nn
 
 from kvviz import cache as kv
-from kvviz.c2c.fuser import FuserError, fingerprints_match, model_fingerprint
+from kvviz.c2c.fuser import FuserError, fingerprints_match, model_fingerprint, read_weights
 from kvviz.c2c.rope import apply_rotation, rotary_tables, undo_rotation
 from kvviz.prompts import encode_with_offsets, render, unmark
 
@@ -361,20 +361,11 @@ def check_pair(config: TranslatorConfig, folder, sharer_facts, receiver_facts, p
 
 def load_translator(folder: str | Path, sharer_facts=None, receiver_facts=None, pair_name: str = "", device="cpu") -> KVTranslator:
     """Load a translator (float32); with facts given, refuse one made for another pair."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     config = read_config(folder)
     if sharer_facts is not None and receiver_facts is not None:
         check_pair(config, folder, sharer_facts, receiver_facts, pair_name)
-    path = folder / WEIGHTS_FILE
-    if not path.is_file():
-        raise TranslatorError(f"The translator at {folder} has no weights file {WEIGHTS_FILE}.")
-    try:
-        tensors = load_file(str(path), device="cpu")
-    except (SafetensorError, OSError, ValueError) as error:
-        raise TranslatorError(f"The translator weights {path} are corrupt or not a safetensors file: {error}") from error
+    tensors = read_weights(folder, WEIGHTS_FILE, "translator", TranslatorError)
     with torch.device("meta"):
         translator = KVTranslator(config)
     expected = translator.state_dict()
