@@ -5,6 +5,9 @@ A cache holds, per layer, keys and values of shape [batch, kv_heads, tokens, hea
 tensors directly: they copy, select, splice and measure caches through this module, and carry a
 ``KVState`` that remembers which keys came from elsewhere, at which positions, so that the
 attention mask and the next token's position stay right when layers differ in length.
+
+The layers of kvviz's caches keep spare room (``GrowingLayer``): a decode token is written into
+place instead of copying the whole layer, as transformers' ``DynamicLayer`` does with ``torch.cat``.
 """
 
 from __future__ import annotations
@@ -13,17 +16,65 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from kvviz.attention import AttentionPlan
 
 
+class GrowingLayer(DynamicLayer):
+    """A cache layer whose keys and values live in a buffer with spare room along the token axis
+    (grown by doubling): appending writes into the buffer, and ``keys`` / ``values`` are views of
+    its filled part. Code that assigns ``keys`` / ``values`` itself (``place``, moving a layer to
+    another device) is noticed at the next append, which then starts a new buffer from them."""
+
+    SPARE = 32  # token slots beyond the first ones when a buffer is made
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._buffer: torch.Tensor | None = None  # [2, batch, kv_heads, capacity, head_dim]
+
+    def _holds_buffer(self) -> bool:
+        buffer = self._buffer
+        return (
+            buffer is not None
+            and self.keys.device == buffer.device
+            and self.keys.data_ptr() == buffer[0].data_ptr()
+            and self.keys.shape[:2] == buffer.shape[1:3]
+        )
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length = self.get_seq_length()
+        end = length + key_states.shape[-2]
+        if not self._holds_buffer() or end > self._buffer.shape[3]:
+            batch, heads, _, dim = key_states.shape
+            buffer = key_states.new_empty(2, batch, heads, max(2 * end, end + self.SPARE), dim)
+            if length:
+                buffer[0, :, :, :length] = self.keys
+                buffer[1, :, :, :length] = self.values
+            self._buffer = buffer
+        self._buffer[0, :, :, length:end] = key_states
+        self._buffer[1, :, :, length:end] = value_states
+        self.keys, self.values = self._buffer[0, :, :, :end], self._buffer[1, :, :, :end]
+        return self.keys, self.values
+
+
 def new_cache() -> DynamicCache:
-    """An empty cache with plain (non-sliding) layers.
+    """An empty cache with plain (non-sliding) layers, each a ``GrowingLayer``.
 
     Sliding-window models get their window from the attention mask instead of from cache
     truncation, so that every layer keeps every key and positions stay explicit.
     """
-    return DynamicCache()
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = GrowingLayer
+    return cache
+
+
+def append_token(cache: DynamicCache, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append one sequence's new keys and values [1, kv_heads, tokens, head_dim] to ``layer``;
+    returns the layer's keys and values so far (views)."""
+    return cache.update(keys, values, layer)
 
 
 def num_layers(cache: DynamicCache) -> int:

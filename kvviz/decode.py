@@ -3,16 +3,29 @@
 Positions are always explicit: after a spliced or fused cache, a layer's length no longer equals
 the next token's position (kvpress style), so the ``KVState`` carries the position and the
 attention plan, and every forward here passes both.
+
+Decode steps are shared: every sequence that decodes with a model takes its steps in that model's
+``DecodeBatch`` (``kvviz.batching``) through the batched step of ``kvviz.step``, so the handoffs
+of a run (and concurrent runs) that decode with the same model stream its weights once per step.
+A sequence gets exactly the tokens it would get alone. Models the batched step does not cover, and
+``KVVIZ_BATCHED_DECODE=0``, take each decode token through the model's own forward, one sequence at
+a time (the path before the batched step).
 """
 
 from __future__ import annotations
 
+import contextvars
+import os
+import threading
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from kvviz.cache import KVState, place
+from kvviz import step as decode_step
+from kvviz.batching import DecodeBatch, Sequence
+from kvviz.cache import KVState, copy_cache, place
 from kvviz.measure import StageTimer, clock
 from kvviz.models import LoadedModel
 from kvviz.prompts import has_chat_template, stop_token_ids
@@ -37,10 +50,11 @@ class NextToken:
     position. Its logits are computed only when asked for: greedy decoding takes the fast exact
     path of ``kvviz.head`` instead of the full output head."""
 
-    def __init__(self, loaded: LoadedModel, hidden: torch.Tensor):
+    def __init__(self, loaded: LoadedModel, hidden: torch.Tensor, greedy: int | None = None):
         self.loaded = loaded
         self.hidden = hidden  # [1, hidden size], after the final norm
         self._logits: torch.Tensor | None = None
+        self._greedy = greedy  # the greedy choice, when a batched step already made it
 
     @property
     def logits(self) -> torch.Tensor:
@@ -50,6 +64,8 @@ class NextToken:
         return self._logits
 
     def greedy_token(self) -> int:
+        if self._greedy is not None:
+            return self._greedy
         if self._logits is not None:
             return int(torch.argmax(self._logits, dim=-1)[0])
         return self.loaded.head.greedy_token(self.hidden)
@@ -72,6 +88,101 @@ def prefill(loaded: LoadedModel, state: KVState, token_ids: list[int], need_logi
     state.next_position += len(token_ids)
     next_token = NextToken(loaded, hidden[:, -1, :]) if need_logits else None
     return next_token, kwargs.get("kvviz_plan")
+
+
+# --- prompts read once per run ---------------------------------------------------------------------
+
+
+@dataclass
+class ReadPrompt:
+    """A prompt read from position 0 by ``read_prompt_once``."""
+
+    state: KVState  # the reader's own copy (it may append to it)
+    layer_inputs: list[torch.Tensor]  # the hidden state entering each decoder layer at the last token
+    seconds: float  # how long reading it took, when it was read
+    shared: bool  # read by another handoff of this run
+    waited: float  # seconds this caller waited for it
+
+
+class _Read:
+    def __init__(self):
+        self.ready = threading.Event()
+        self.cache = None
+        self.next_position = 0
+        self.layer_inputs: list[torch.Tensor] = []
+        self.seconds = 0.0
+        self.error: BaseException | None = None
+
+
+class SharedPrompts:
+    """The prompts read in one run, by model and token ids (``shared_prompts``)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._reads: dict[tuple, _Read] = {}
+
+    def read(self, loaded: LoadedModel, token_ids: list[int]) -> tuple[_Read, bool]:
+        """The read of these tokens; True when this caller must do it (it is the first to ask)."""
+        key = (id(loaded.model), tuple(token_ids))
+        with self._lock:
+            if key in self._reads:
+                return self._reads[key], False
+            self._reads[key] = read = _Read()
+            return read, True
+
+
+_run_prompts: contextvars.ContextVar[SharedPrompts | None] = contextvars.ContextVar("kvviz_run_prompts", default=None)
+
+
+@contextmanager
+def shared_prompts():
+    """One run: inside it, ``read_prompt_once`` reads each prompt once for every handoff that asks
+    (the run's threads must be started with a copy of this context: ``contextvars.copy_context``)."""
+    token = _run_prompts.set(SharedPrompts())
+    try:
+        yield
+    finally:
+        _run_prompts.reset(token)
+
+
+@torch.no_grad()
+def read_prompt_once(loaded: LoadedModel, token_ids: list[int], timer: StageTimer | None = None,
+                     stage: str | None = None) -> ReadPrompt:
+    """Read ``token_ids`` from position 0 into a fresh state, with the hidden state entering each
+    decoder layer at the last token. Inside ``shared_prompts`` (one run) the first handoff that asks
+    reads it and the others wait for it and get copies: the same computation on the same input, so
+    bitwise what they would have read themselves (KVComm's and AC's sender read the same context;
+    C2C and its control the same receiver prompt). With ``timer``, the reading is timed as ``stage``
+    at its own cost also where it was shared (the method's cost does not drop because another
+    column paid it; the run's wall time shows the saving)."""
+    shared = _run_prompts.get()
+    with timer.stage(stage) if timer is not None else nullcontext():
+        started = clock()
+        read, mine = shared.read(loaded, token_ids) if shared is not None else (_Read(), True)
+        if mine:
+            try:
+                state = KVState()
+                output = loaded.model.model(input_ids=torch.tensor([token_ids], device=loaded.device),
+                                            output_hidden_states=True, **forward_kwargs(loaded, state, len(token_ids)))
+                read.cache, read.next_position = state.cache, len(token_ids)
+                read.layer_inputs = [h[0, -1].detach().clone() for h in output.hidden_states[: loaded.facts.num_layers]]
+                read.seconds = clock() - started
+            except BaseException as error:
+                read.error = error
+                raise
+            finally:
+                read.ready.set()
+        else:
+            read.ready.wait()
+            if read.error is not None:
+                raise RuntimeError(f"reading the shared prompt failed in another handoff: {read.error}")
+        waited = clock() - started
+    if timer is not None and not mine:
+        timer.add(stage, max(0.0, read.seconds - waited))
+    # in a run every reader gets its own copy (the first one too: a later reader copies the original)
+    cache = read.cache if shared is None else copy_cache(read.cache)
+    state = KVState(cache=cache, next_position=read.next_position)
+    return ReadPrompt(state=state, layer_inputs=read.layer_inputs, seconds=read.seconds, shared=not mine, waited=waited)
 
 
 @torch.no_grad()
@@ -106,6 +217,59 @@ class DecodeOutput:
     seconds: float
     first_token_seconds: float  # time until the first token was chosen (from the first logits)
     stopped_by: str  # "eos" | "newline" | "length"
+    batch_sizes: list[int] | None = None  # sequences in each decode step it took (None: not batched)
+
+
+# --- the shared decode batches -----------------------------------------------------------------
+
+_decoding_lock = threading.Lock()
+
+
+def batched_decode_enabled() -> bool:
+    """``KVVIZ_BATCHED_DECODE=0`` takes every decode token through the model's own forward instead."""
+    return os.environ.get("KVVIZ_BATCHED_DECODE", "1") != "0"
+
+
+def _decoding(loaded: LoadedModel) -> tuple[decode_step.DecodeStep, DecodeBatch | None]:
+    """The model's batched step and shared batch (None when the step does not cover the model),
+    made once, by the first decode that asks; kept on the ``LoadedModel``."""
+    with _decoding_lock:
+        if loaded._decoding is None:
+            step = decode_step.DecodeStep(loaded)
+            batch = DecodeBatch(step.step, loaded.head.greedy_tokens) if step.supported else None
+            loaded._decoding = (step, batch)
+        return loaded._decoding
+
+
+def decode_batch(loaded: LoadedModel) -> DecodeBatch | None:
+    """The model's shared ``DecodeBatch``, or None when the batched step does not cover the model
+    (``decode_path`` says why) or is turned off."""
+    return _decoding(loaded)[1] if batched_decode_enabled() else None
+
+
+def decode_path(loaded: LoadedModel) -> dict:
+    """How this model's decode tokens are computed (for the speed report and the docs)."""
+    if not batched_decode_enabled():
+        return {"batched": False, "reason": "KVVIZ_BATCHED_DECODE=0"}
+    step, _ = _decoding(loaded)
+    if not step.supported:
+        return {"batched": False, "reason": step.reason}
+    return {"batched": True, "rows_at_least": step.floor, "row_classes": step.row_classes, "products": step.products}
+
+
+_decode_log = threading.local()
+
+
+@contextmanager
+def record_decodes():
+    """Collect the ``DecodeOutput`` of every decode loop this thread runs inside the block (the
+    engine reports each handoff's batch sizes from them)."""
+    outer = getattr(_decode_log, "outputs", None)
+    _decode_log.outputs = collected = []
+    try:
+        yield collected
+    finally:
+        _decode_log.outputs = outer
 
 
 def choose_token(next_token: NextToken, settings: GenerationSettings, generator: torch.Generator | None) -> int:
@@ -136,7 +300,11 @@ def generate(
 
     Stops on EOS / chat end-of-turn tokens, after ``max_new_tokens``, and, for base models without
     a chat template, at the end of the first line (they would go on to invent the next question).
-    ``on_token`` receives the answer text so far after every token (for streaming).
+    ``on_token`` receives the answer text so far after every token (for streaming); it runs in
+    this thread and must not block (the other sequences of the model's batch wait for it).
+
+    Each step goes through the model's shared batch (``decode_batch``) when there is one: the first
+    token comes from ``first`` in this thread, then this sequence joins the batch for the rest.
     """
     tokenizer = loaded.tokenizer
     limit = max_new_tokens or settings.max_new_tokens
@@ -152,30 +320,47 @@ def generate(
     next_token = first
     stopped_by = "length"
     text = ""
-    while True:
-        token = choose_token(next_token, settings, generator)
-        if not token_ids:
-            first_token_seconds = clock() - started
-            if timer is not None:
-                timer.mark_first_token()
-        if token in stop_ids:
-            stopped_by = "eos"
-            break
-        token_ids.append(token)
-        text = tokenizer.decode(token_ids, skip_special_tokens=True)
-        if stop_at_newline and "\n" in text.lstrip():
-            text = text.lstrip().split("\n", 1)[0]
-            stopped_by = "newline"
-            break
-        if on_token is not None:
-            on_token(text)
-        if len(token_ids) >= limit:
-            break
-        next_token, _ = prefill(loaded, state, [token])
-    return DecodeOutput(
+    batch = decode_batch(loaded)
+    sequence: Sequence | None = None
+    try:
+        while True:
+            token = choose_token(next_token, settings, generator)
+            if not token_ids:
+                first_token_seconds = clock() - started
+                if timer is not None:
+                    timer.mark_first_token()
+            if token in stop_ids:
+                stopped_by = "eos"
+                break
+            token_ids.append(token)
+            text = tokenizer.decode(token_ids, skip_special_tokens=True)
+            if stop_at_newline and "\n" in text.lstrip():
+                text = text.lstrip().split("\n", 1)[0]
+                stopped_by = "newline"
+                break
+            if on_token is not None:
+                on_token(text)
+            if len(token_ids) >= limit:
+                break
+            if batch is None:
+                next_token, _ = prefill(loaded, state, [token])
+                continue
+            if sequence is None:
+                sequence = Sequence(state=state, greedy=settings.greedy)
+                batch.join(sequence)
+            done = batch.step(sequence, token)
+            next_token = NextToken(loaded, done.hidden, greedy=done.token)
+    finally:
+        if sequence is not None:
+            batch.leave(sequence)
+    output = DecodeOutput(
         token_ids=token_ids,
         text=text.strip(),
         seconds=clock() - started,
         first_token_seconds=first_token_seconds,
         stopped_by=stopped_by,
+        batch_sizes=None if batch is None else (list(sequence.sizes) if sequence is not None else []),
     )
+    if getattr(_decode_log, "outputs", None) is not None:
+        _decode_log.outputs.append(output)
+    return output

@@ -5,6 +5,7 @@ from __future__ import annotations
 import traceback
 
 from kvviz import limits
+from kvviz.decode import record_decodes, shared_prompts
 from kvviz.handoffs import get, parse_handoffs, registry
 from kvviz.handoffs.common import TokenCallback
 from kvviz.measure import PeakGpuMemory
@@ -33,12 +34,20 @@ def not_applicable(name: str, pair: LoadedPair, request: HandoffRequest) -> Hand
     return handoff.not_applicable(pair.name, reason) if reason else None
 
 
-def run_handoff(name: str, pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+def run_handoff(
+    name: str, pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None,
+    on_message: TokenCallback | None = None,
+) -> HandoffResult:
     """Run one handoff; an unexpected failure becomes a result that says what went wrong.
+
+    ``on_token`` receives the answer so far after every token; ``on_message`` the message so far,
+    for a handoff that writes one before its answer (``Handoff.streams_message``; others ignore it).
 
     A handoff that cannot run says so at once, without running a model (``not_applicable``).
     On CUDA, ``details["peak_gpu_memory_bytes"]`` holds the peak allocated memory per GPU during
-    the run (``torch.cuda.max_memory_allocated``, weights included).
+    the run (``torch.cuda.max_memory_allocated``, weights included). ``details["decode_batches"]``
+    says, per decode loop the handoff ran (a message, then the answer), how many sequences shared
+    its decode steps (``kvviz.decode``: steps, mean and largest batch).
     Any error inside a handoff becomes its result (the other handoffs of a run still run); a
     stopped run (``kvviz.stream.Cancelled``, not an ``Exception``) is not caught.
     """
@@ -46,15 +55,27 @@ def run_handoff(name: str, pair: LoadedPair, request: HandoffRequest, on_token: 
         refused = not_applicable(name, pair, request)
         if refused is not None:
             return refused
-        with PeakGpuMemory(pair_devices(pair)) as memory:
-            result = get(name).run(pair, request, on_token=on_token)
+        with PeakGpuMemory(pair_devices(pair)) as memory, record_decodes() as decodes:
+            handoff = get(name)
+            streams = {"on_message": on_message} if handoff.streams_message and on_message is not None else {}
+            result = handoff.run(pair, request, on_token=on_token, **streams)
         if memory.peak_bytes:
             result.details["peak_gpu_memory_bytes"] = memory.peak_bytes
+        if result.applicable:
+            result.details["decode_batches"] = [batch_summary(output.batch_sizes) for output in decodes]
         return result
     except Exception as error:  # one failing handoff never takes the others (or the server) down
         result = HandoffResult.not_applicable(name, pair.name, f"{type(error).__name__}: {error}")
         result.details["traceback"] = traceback.format_exc(limit=5)
         return result
+
+
+def batch_summary(sizes: list[int] | None) -> dict:
+    """How many sequences shared one decode loop's steps (``batched`` False: the model's own forward)."""
+    if sizes is None:
+        return {"batched": False}
+    return {"batched": True, "steps": len(sizes), "mean_size": sum(sizes) / len(sizes) if sizes else 0.0,
+            "max_size": max(sizes, default=0)}
 
 
 def check_fits(pair: LoadedPair, request: HandoffRequest) -> None:
@@ -64,6 +85,8 @@ def check_fits(pair: LoadedPair, request: HandoffRequest) -> None:
 
 
 def run_handoffs(names, pair: LoadedPair, request: HandoffRequest) -> list[HandoffResult]:
+    """The handoffs one after another, as one run (a prompt that several read is read once)."""
     names = parse_handoffs(names)
     check_fits(pair, request)
-    return [run_handoff(name, pair, request) for name in names]
+    with shared_prompts():
+        return [run_handoff(name, pair, request) for name in names]

@@ -277,6 +277,8 @@ class LoadedModel:
     load_seconds: float
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     _head: object = field(default=None, repr=False, compare=False)
+    # kvviz.decode's batched decode step and shared batch for this model, made on its first decode
+    _decoding: object = field(default=None, repr=False, compare=False)
 
     @property
     def dtype(self) -> torch.dtype:

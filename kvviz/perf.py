@@ -471,7 +471,10 @@ def main(args) -> int:
     progress = None if quiet else (lambda message: print(message, file=sys.stderr))
     if getattr(args, "speed_only", False):
         report = {"machine": machine_facts(pair.receiver.device), "repeats": args.repeats, "pair": pair.name,
-                  "speed": speed.measure(pair, args.repeats, progress)}
+                  "speed": speed.measure(pair, args.repeats, progress, page=not getattr(args, "no_page", False))}
+        for key in ("batched_decode_ms", "stack_stream_ratio", "warm_full_run_seconds", "warm_serial_run_seconds",
+                    "warm_page_run_seconds"):
+            report[key] = report["speed"][key]
         text = speed.markdown(report["speed"]) + "\n"
     else:
         given = option_arguments(args)

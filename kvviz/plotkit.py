@@ -8,11 +8,16 @@ JSON, which scripts and tests then cannot read.
 
 from __future__ import annotations
 
+import colorsys
+import functools
 from typing import Iterable
 
 import plotly.graph_objects as go
 
 FONT = dict(family="Inter, system-ui, sans-serif", size=12)
+MIN_CONTRAST = 4.5  # WCAG AA for text
+COMPACT_TITLE_CHARACTERS = 36  # a figure title line that fits a 390 px phone at 14 px
+COMPACT_LEGEND_CHARACTERS = 40  # a legend entry's line at 10 px, beside its swatch
 SELECTED_OUTLINE = "#111111"  # outline of a highlighted bar (a selected layer, an open gate)
 MUTED = "#bdbdbd"
 
@@ -97,7 +102,114 @@ def bar_counts(figure: go.Figure | dict) -> dict[str, int]:
     data = figure["data"] if isinstance(figure, dict) else figure.to_dict()["data"]
     counts = {}
     for trace in data:
-        if trace.get("type") == "bar":
+        if trace.get("type") == "bar" and not (trace.get("meta") or {}).get("legend_only"):
             key = (trace.get("meta") or {}).get("series") or trace.get("name")
             counts[key] = len(trace.get("y") or [])
     return counts
+
+
+# --- colours as text: contrast and ink shades -----------------------------------------------------
+
+
+def rgb(color: str) -> tuple[int, int, int]:
+    """"#RRGGBB" as (r, g, b)."""
+    value = color.lstrip("#")
+    return int(value[0:2], 16), int(value[2:4], 16), int(value[4:6], 16)
+
+
+def hex_color(rgb_value: Iterable[float]) -> str:
+    return "#" + "".join(f"{round(v):02X}" for v in rgb_value)
+
+
+def _luminance(rgb_value) -> float:
+    def channel(v):
+        v /= 255
+        return v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (channel(v) for v in rgb_value)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast_ratio(foreground: str, background: str) -> float:
+    """WCAG 2 contrast ratio of two "#RRGGBB" colours (1 to 21)."""
+    a, b = _luminance(rgb(foreground)), _luminance(rgb(background))
+    return (max(a, b) + 0.05) / (min(a, b) + 0.05)
+
+
+def tint(color: str, share: float = 0.08) -> str:
+    """The colour at ``share`` over white: a card's pale background in its handoff's hue."""
+    return hex_color(share * v + (1 - share) * 255 for v in rgb(color))
+
+
+@functools.lru_cache(maxsize=64)
+def ink(color: str, target: float = 4.6) -> str:
+    """A shade of ``color`` for text: the same hue, its lightness lowered until the text is at least
+    ``target``:1 on white and on the colour's tint (WCAG AA asks 4.5). A hue already dark enough
+    is its own ink, so a new handoff's colour needs nothing from the page."""
+    hue, lightness, saturation = colorsys.rgb_to_hls(*(v / 255 for v in rgb(color)))
+    while lightness > 0:
+        shade = hex_color(v * 255 for v in colorsys.hls_to_rgb(hue, lightness, saturation))
+        if min(contrast_ratio(shade, "#FFFFFF"), contrast_ratio(shade, tint(color))) >= target:
+            return shade
+        lightness -= 0.005
+    return "#000000"
+
+
+# --- the phone form of a figure -------------------------------------------------------------------
+
+
+def compact(fig: go.Figure) -> go.Figure:
+    """The figure for a narrow screen (390 px): title, subplot titles and notes wrapped to short
+    lines, the legend below in small type, narrow margins, no colour bars (values stay in the
+    hover), and the height grown by what the wrapped lines and the legend need, so nothing is cut."""
+    head, _, sub = (fig.layout.title.text or "").partition("<br>")
+    title = wrap(_plain(head), COMPACT_TITLE_CHARACTERS)
+    if sub:
+        title += "<br>" + "<br>".join(f"<sup>{line}</sup>" for line in wrap(_plain(sub), COMPACT_TITLE_CHARACTERS + 12).split("<br>"))
+    title_lines = title.count("<br>") + 1
+    above = 0  # extra lines of the subplot titles over the top row (they grow upwards, into the margin)
+    for annotation in fig.layout.annotations or ():
+        if annotation.text:
+            annotation.text = wrap(_plain(annotation.text), COMPACT_TITLE_CHARACTERS + 8)
+            annotation.font = dict(size=min(10, (annotation.font.size or 10)), color=annotation.font.color)
+            if annotation.yanchor == "bottom" and (annotation.y or 0) >= 0.9:
+                above = max(above, annotation.text.count("<br>") + 1)
+    fig.update_traces(showscale=False, selector=dict(type="heatmap"))
+    fig.for_each_xaxis(lambda axis: axis.update(title_text=wrap(_plain(axis.title.text), COMPACT_TITLE_CHARACTERS + 8))
+                       if axis.title.text else None)
+    for trace in fig.data:  # a legend entry longer than the screen is wrapped (plotly does not)
+        if trace.name and len(trace.name) > COMPACT_LEGEND_CHARACTERS:
+            trace.name = wrap(_plain(trace.name), COMPACT_LEGEND_CHARACTERS)
+    rows = _legend_rows(fig)
+    axis_lines = max([1] + [str(axis.title.text).count("<br>") + 1 for axis in fig.select_xaxes() if axis.title.text])
+    top = 20 + 18 * title_lines + 13 * above
+    under_axis = 52 + 14 * (axis_lines - 1)  # tick labels and the axis title, above the legend
+    bottom = under_axis + 4 + 18 * rows
+    height = (fig.layout.height or 340) + 18 * (title_lines - 1) + 13 * above + 14 * (axis_lines - 1) + 18 * rows
+    plot_height = max(60, height - top - bottom)
+    fig.update_layout(
+        title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),
+        margin=dict(l=44, r=8, t=top, b=bottom),
+        height=height,
+        legend=dict(orientation="h", yanchor="top", y=-under_axis / plot_height, x=0.0, xanchor="left", font=dict(size=10)),
+    )
+    return fig
+
+
+def _plain(text: str) -> str:
+    """Plotly title text without its line breaks and <sup> marks (to wrap it again)."""
+    return " ".join(str(text).replace("<br>", " ").replace("<sup>", "").replace("</sup>", "").split())
+
+
+def _legend_rows(fig: go.Figure) -> int:
+    """Text lines a small-type legend takes at 390 px: short entries share a row (about 46
+    characters), a wrapped entry takes a row per line."""
+    names = [trace.name for trace in fig.data if trace.name and trace.showlegend is not False]
+    rows, width = 0, 0
+    for name in names:
+        lines = name.split("<br>")
+        size = max(len(line) for line in lines) + 5
+        if len(lines) > 1 or not width or width + size > 46:
+            rows, width = rows + len(lines), 0
+        width += size
+    return rows

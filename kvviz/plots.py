@@ -121,6 +121,8 @@ def latency_figure(results) -> go.Figure:
                 x=x,
                 y=values,
                 name=STAGE_LABELS[stage],
+                legendgroup=stage,
+                showlegend=False,  # the legend shows the stage's pattern on a neutral swatch (below)
                 marker=dict(
                     color=[color_of(n) for n in names],
                     opacity=STAGE_OPACITY[stage],
@@ -132,6 +134,13 @@ def latency_figure(results) -> go.Figure:
                 meta={"series": stage},
             )
         )
+    for stage in STAGES:  # one swatch per stage: its pattern on grey (a bar's own colour is its handoff's)
+        fig.add_trace(go.Bar(  # a zero-height bar: plotly lists no trace without data in the legend
+            x=x[:1], y=[0], name=STAGE_LABELS[stage], legendgroup=stage, hoverinfo="skip",
+            marker=dict(color="#e5e7eb", line=dict(color="#4b5563", width=1),
+                        pattern=dict(shape=STAGE_PATTERNS[stage], fgcolor="#1f2937", size=6)),
+            meta={"series": f"legend:{stage}", "legend_only": True},
+        ))
     totals = [float(r.get("timings", {}).get("total", 0.0)) for r in rows]
     fig.add_trace(
         go.Scatter(

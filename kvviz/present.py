@@ -1,5 +1,6 @@
-"""Results as text and tables for people: the page's stats lines, what each model saw, the pair's
-facts, and the structured results as a DataFrame and as JSON/CSV downloads.
+"""Results as text and tables for people: the page's answer cards (mark, stats line), verdict strip
+and status lines, what each model saw, the pair's facts, and the structured results as a DataFrame
+and as JSON/CSV downloads.
 
 Pure functions over result dicts (``HandoffResult.to_dict()``) and the registry; no Gradio, no
 models. User text (queries, contexts, answers, prompts) only ever goes out escaped (``md``) or
@@ -19,9 +20,11 @@ import pandas as pd
 from kvviz.handoffs import registry
 from kvviz import models
 from kvviz.facts import facts_from_config
+from kvviz.lessons import mark
 from kvviz.models import EMBEDDED_MODELS, resolve_pair
-from kvviz.plotkit import human_bytes
+from kvviz.plotkit import human_bytes, ink
 from kvviz.results import STAGES
+from kvviz.stream import ALL_AT_ONCE
 
 
 def md(text) -> str:
@@ -83,6 +86,7 @@ SEEN_TITLES = {
     "sender": "What KVComm's sender (a copy of the receiver's model, not the sharer) read",
     "message": "The message it wrote",
     "receiver": "What the receiver read",
+    "alignment": "How the sharer's tokens line up with the receiver's",
 }
 
 
@@ -91,7 +95,7 @@ def seen_text(result: dict | None) -> str:
     if not result or not result.get("seen"):
         return ""
     blocks = []
-    for key in ("sharer", "sender", "message", "receiver"):
+    for key in SEEN_TITLES:
         if key in result["seen"]:
             blocks.append(f"--- {SEEN_TITLES[key]} ---\n{result['seen'][key]}")
     for key, value in result["seen"].items():
@@ -207,13 +211,139 @@ def pair_facts_markdown(pair_name: str) -> str:
     return "\n".join(lines)
 
 
-def header_html(name: str) -> str:
-    """A column's coloured title (project text only, no user input)."""
+# --- the answer cards and the verdict strip -------------------------------------------------------
+
+# A card's mark: a symbol and a word (never colour alone), and ``data-verdict`` for tests and CSS.
+MARK_WORDS = {
+    "right": "✓ right",
+    "wrong": "✗ wrong",
+    "none": "∅ no answer",
+    "na": "n/a",
+    "failed": "⚠ failed",
+    "unmarked": "unmarked",
+    "waiting": "waiting",
+    "running": "running…",
+    "stopped": "■ stopped",
+    "notstarted": "not started",
+    "notrun": "not run",
+}
+MARK_HINTS = {
+    "right": "the answer contains an expected answer",
+    "wrong": "the answer does not contain an expected answer",
+    "none": "the answer is empty",
+    "na": "this handoff does not apply to this pair or question",
+    "failed": "the handoff failed: its details say why",
+    "unmarked": "no expected answer to mark it by: type one beside the question",
+    "stopped": "stopped by you before it finished",
+    "notstarted": "the run was stopped before this handoff started",
+    "notrun": "the run did not reach this handoff",
+}
+
+
+def mark_of(result: dict | None, answers) -> str:
+    """A finished result's mark: right / wrong / none by ``kvviz.data.metrics.verdict``, "na" when
+    the handoff does not apply, "failed" when it raised, "unmarked" with no expected answer."""
+    if result is None:
+        return "notrun"
+    if not result.get("applicable", True):
+        return "failed" if "traceback" in (result.get("details") or {}) else "na"
+    return mark(result, answers) or "unmarked"
+
+
+def card_head_html(name: str, kind: str) -> str:
+    """A card's head: the handoff's title in its ink shade (>= 4.5:1), its summary on hover, and the
+    mark (project text only, no user input)."""
     handoff = registry.get(name)
+    word, hint = MARK_WORDS[kind], MARK_HINTS.get(kind, "")
     return (
-        f'<div class="kv-col-head" style="background:{handoff.color}">{html.escape(handoff.title)}'
-        f"<small>{html.escape(handoff.summary)}</small></div>"
+        f'<div class="kv-card-head" style="--kv-hue:{handoff.color};--kv-ink:{ink(handoff.color)}">'
+        f'<span class="kv-card-title" title="{html.escape(handoff.title)}: {html.escape(handoff.summary)}">'
+        f"{html.escape(handoff.label)}</span>"
+        f'<span class="kv-mark kv-mark-{kind}" id="kv-mark-{name}" data-verdict="{kind}" title="{html.escape(hint)}">'
+        f"{html.escape(word)}</span></div>"
     )
+
+
+def card_stats(result: dict | None, state: str = "", message: str | None = None) -> str:
+    """The card's one line under the answer: time, first token and bytes; while it runs, what it
+    is doing (the message as its sharer writes it); why it does not apply."""
+    if message is not None:
+        return f"✎ the sharer writes: “{md(message)}”"
+    if result is None:
+        return {"running": "*running …*", "waiting": "*waiting for its turn*", "stopped": "*stopped before it finished*",
+                "notstarted": "*not started*"}.get(state, "")
+    if not result.get("applicable", True):
+        return md(result.get("reason", ""))
+    timings = result.get("timings", {})
+    parts = [f"{format_seconds(float(timings.get('total', 0.0)))} total"]
+    if result.get("first_token_seconds") is not None:
+        parts.append(f"first token {format_seconds(float(result['first_token_seconds']))}")
+    sent = int(result.get("bytes_communicated", 0))
+    parts.append("nothing sent" if sent == 0 else f"{human_bytes(sent)} sent")
+    return " · ".join(parts)
+
+
+def verdict_strip_html(subject: str, marks: dict[str, str], answers) -> str:
+    """One line: which columns got the answer through and which did not (``marks``: column -> mark,
+    in page order), and what "right" means here. Expected answers may be user text: escaped."""
+    if not answers:
+        return ('<div class="kv-verdict">No expected answer: type one beside the question to mark the columns '
+                "(alternatives split by ;).</div>")
+    label = lambda kinds: ", ".join(registry.label_of(n) for n, k in marks.items() if k in kinds)  # noqa: E731
+    finished = [k for k in marks.values() if k in ("right", "wrong", "none")]
+    parts = []
+    if finished:
+        parts = [f"{html.escape(subject)} got through by: <b>{label({'right'}) or 'none'}</b>",
+                 f"not by: <b>{label({'wrong', 'none'}) or 'none'}</b>"]
+    pending = label({"waiting", "running"})
+    if pending:
+        parts.append(("still running: " if finished else "Running: each card gets its mark when it finishes: ") + pending)
+    cut = label({"stopped", "notstarted", "notrun", "failed"})
+    if cut:
+        parts.append(f"unfinished: {cut}")
+    gold = " or ".join(f"“{html.escape(answer)}”" for answer in answers)
+    sentence = "; ".join(parts)
+    return (f'<div class="kv-verdict">{sentence[:1].upper() + sentence[1:]}. <span class="kv-verdict-rule">Right means the answer '
+            f"contains {gold}.</span></div>")
+
+
+# --- the status line ------------------------------------------------------------------------------
+
+
+def precomputed_status(title: str, pair: str, when: str = "") -> str:
+    stamp = f" ({md(when)})" if when else ""
+    return (f'<span class="kv-badge">precomputed</span> **{md(title)}** on the pair *{md(pair)}*, computed ahead of '
+            f"time{stamp}. **Run live** runs it on this machine.")
+
+
+def live_status(done: int, total: int, log: str) -> str:
+    return f"**Live run** ({done} of {total} done): {md(log)}"
+
+
+def finished_status(seconds: float, workers: int, stopped: str = "") -> str:
+    wall = format_seconds(seconds)
+    if stopped:
+        return f"**{md(stopped)}** ({wall}) Every number below was measured in this run."
+    if workers == ALL_AT_ONCE:
+        side_by_side = (" The handoffs ran side by side, those of one model sharing its decode steps, so each one's"
+                        " own times include sharing the CPU.")
+    else:
+        side_by_side = (f" The handoffs ran {workers} at a time, so each one's own times include sharing the CPU."
+                        if workers > 1 else "")
+    return f"**Live run finished** in {wall} (wall time). Every number below was measured in this run." + side_by_side
+
+
+def stopped_status(seconds: float, states: dict[str, str]) -> str:
+    """After Stop: how long it ran and each column's state (finished, stopped, not started)."""
+    named = lambda kind: ", ".join(registry.title_of(n) for n, state in states.items() if state == kind)  # noqa: E731
+    parts = [f"{word} {named(kind)}" for kind, word in (("finished", "finished"), ("stopped", "stopped"),
+                                                         ("notstarted", "not started")) if named(kind)]
+    return f"**Stopped by you** after {format_seconds(seconds)}: " + "; ".join(parts) + "."
+
+
+def refused_status(reason: str) -> str:
+    """A request the server refused: the one place the learner reads why (nothing else changes)."""
+    return f'<span class="kv-refused">**Not run:** {md(reason)}</span>'
 
 
 def how_it_works_markdown(name: str) -> str:
@@ -223,6 +353,23 @@ def how_it_works_markdown(name: str) -> str:
     if handoff.needs:
         text += "\n\n*Needs:* " + "; ".join(handoff.needs) + "."
     return text
+
+
+HOW_INTRO = (
+    "One question, several ways for a *sharer* model to help a *receiver* model answer it. Text and C2C go from "
+    "the pair's sharer to its receiver; KVComm needs a sender of the receiver's own shape, so its sender is a "
+    "second copy of the receiver's model. Open a handoff to read how it works."
+)
+
+
+def how_it_works_page(names: list[str]) -> str:
+    """The "How it works" tab: an introduction, then one folded section per handoff with its
+    diagram and explanation (project text only: descriptors and assets/diagrams)."""
+    sections = [HOW_INTRO]
+    for name in names:
+        sections.append(f'<details id="kv-how-{name}"><summary><b>{html.escape(registry.get(name).title)}</b></summary>\n\n'
+                        f"{diagram_html(name)}\n\n{how_it_works_markdown(name)}\n\n</details>")
+    return "\n\n".join(sections)
 
 
 def diagram_html(name: str) -> str:

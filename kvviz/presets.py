@@ -1,26 +1,44 @@
 """Presets for the lab and the small built-in set for the KVComm sweep.
 
-All examples are written for this project (none is copied from a dataset). Two scenarios:
+The presets are data: ``assets/presets.toml`` (its header explains every field). Each holds a
+question, its gold answers and the lesson its precomputed results show. All examples are written
+for this project (none is copied from a dataset). Two scenarios:
 
-* **private context** (KVComm style): only the sharer reads a short context; the receiver gets the
-  question alone and must learn the missing fact from the sharer.
+* **private context** (KVComm style): only the senders read a short context; the receiver gets the
+  question alone and must learn the missing fact from them.
 * **shared question** (C2C style): both models see the same question; the sharer's cache (or its
   written background) should help the receiver answer better.
 
 Precomputed results for the presets (``scripts/precompute_presets.py``) live in
-``assets/precomputed/presets.json`` and paint the page before any model has run.
+``assets/precomputed/presets.json`` and paint the page before any model has run;
+``tests/test_presets.py`` checks each preset's ``check`` against them.
 """
 
 from __future__ import annotations
 
 import json
+import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kvviz.paths import PRECOMPUTED
+from kvviz.paths import ASSETS, PRECOMPUTED
 
+PRESETS_PATH = ASSETS / "presets.toml"
 PRECOMPUTED_PATH = PRECOMPUTED / "presets.json"
 PRECOMPUTED_SWEEP_PATH = PRECOMPUTED / "sweep.json"
+SCENARIOS = ("private", "shared")
+TABS = ("layers", "cost")
+CHECK_KINDS = ("right", "wrong", "none", "na", "says", "writes", "sent_layers", "gain_spans_zero")
+
+
+@dataclass(frozen=True)
+class PresetRun:
+    """Another run stored with a preset: some handoffs with other options (``label`` says which)."""
+
+    label: str
+    handoffs: tuple[str, ...]
+    options: dict  # handoff -> option -> value
+    check: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -31,8 +49,13 @@ class Preset:
     query: str
     context: str | None
     answers: tuple[str, ...]
-    note: str  # what to look at, in plain words
-    settings: dict = field(default_factory=dict)
+    subject: str = "The answer"  # the verdict strip's subject
+    lesson: str = ""  # what its precomputed results show, in plain words
+    tab: str | None = None  # where the lesson is seen (TABS), if anywhere below the answers
+    handoffs: tuple[str, ...] = ()  # the columns it ticks; empty: the page's default
+    shows: tuple[str, ...] = ()  # the kinds of lesson it stands for
+    check: dict = field(default_factory=dict)  # claims about its run (see assets/presets.toml)
+    runs: tuple[PresetRun, ...] = ()
 
     @property
     def label(self) -> str:
@@ -45,70 +68,33 @@ class Preset:
         return data
 
 
-PRESETS: list[Preset] = [
-    Preset(
-        key="locker",
-        title="Locker code",
-        scenario="private",
-        context="The code for locker 12 is 4471. The gym closes at nine.",
-        query="What is the code for locker 12?",
-        answers=("4471",),
-        note=(
-            "Only the sharer knows the code. The receiver alone has to guess; the text message carries it "
-            "in words, KVComm as a same-model sender's KV cache, and Skyline reads the note itself."
-        ),
-    ),
-    Preset(
-        key="big-ben",
-        title="Where is Kofi?",
-        scenario="private",
-        context="Kofi is standing under Big Ben.",
-        query="Which country is Kofi in?",
-        answers=("United Kingdom", "UK", "England", "Britain"),
-        note=(
-            "The receiver must know that Big Ben is in London. With KVComm calibrated on the built-in "
-            "sample the same layers are sent for every question; choose calibration on this query in the "
-            "settings to let this question's own attention pick them, and compare with Skyline's answer."
-        ),
-    ),
-    Preset(
-        key="colosseum",
-        title="Where is Lena?",
-        scenario="private",
-        context="Lena is taking a selfie in front of the Colosseum.",
-        query="Which country is Lena in?",
-        answers=("Italy",),
-        note=(
-            "At the default ratio KVComm can miss this one. Raise the KVComm ratio in the settings and "
-            "run again: with every layer sent it equals Skyline."
-        ),
-    ),
-    Preset(
-        key="boiling",
-        title="Boiling water",
-        scenario="shared",
-        context=None,
-        query="At sea level, water boils at how many degrees Celsius?",
-        answers=("100",),
-        note=(
-            "Both models see the same question. The text handoff lets the sharer write background first; "
-            "C2C fuses the sharer's cache into the receiver's instead. KVComm and Skyline need a private "
-            "context, so they say they do not apply."
-        ),
-    ),
-    Preset(
-        key="plants",
-        title="Plants and air",
-        scenario="shared",
-        context=None,
-        query="Which gas do plants take in from the air to make their food?",
-        answers=("carbon dioxide", "CO2"),
-        note=(
-            "A science question in the style of the C2C paper. Look at how long the text handoff takes: "
-            "the sharer writes its whole message before the receiver can start."
-        ),
-    ),
-]
+def _preset(raw: dict) -> Preset:
+    """One ``[[preset]]`` table as a Preset; a ValueError names the preset and what is wrong."""
+    key = raw.get("key", "?")
+    known = {f for f in Preset.__dataclass_fields__}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"preset {key}: unknown field(s) {', '.join(unknown)}")
+    if raw.get("scenario") not in SCENARIOS:
+        raise ValueError(f"preset {key}: scenario must be one of {', '.join(SCENARIOS)}")
+    if raw.get("tab") is not None and raw["tab"] not in TABS:
+        raise ValueError(f"preset {key}: tab must be one of {', '.join(TABS)}")
+    checks = [raw.get("check", {})] + [run.get("check", {}) for run in raw.get("runs", [])]
+    for check in checks:
+        if set(check) - set(CHECK_KINDS):
+            raise ValueError(f"preset {key}: unknown check(s) {', '.join(sorted(set(check) - set(CHECK_KINDS)))}")
+    runs = tuple(PresetRun(run["label"], tuple(run["handoffs"]), run.get("options", {}), run.get("check", {}))
+                 for run in raw.get("runs", []))
+    return Preset(**{**raw, "context": raw.get("context") or None, "answers": tuple(raw["answers"]),
+                     "handoffs": tuple(raw.get("handoffs", ())), "shows": tuple(raw.get("shows", ())), "runs": runs})
+
+
+def load_presets(path: Path = PRESETS_PATH) -> list[Preset]:
+    with open(path, "rb") as handle:
+        return [_preset(raw) for raw in tomllib.load(handle)["preset"]]
+
+
+PRESETS: list[Preset] = load_presets()
 PRESETS_BY_KEY = {preset.key: preset for preset in PRESETS}
 DEFAULT_PRESET = PRESETS[0].key
 

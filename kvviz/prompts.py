@@ -32,6 +32,8 @@ from dataclasses import dataclass
 # A string that never appears in user text; used to find where the query starts in a rendered
 # chat template.
 _SPLIT_MARKER = "\u2063kvviz-query\u2063"
+# Stands for the context's words while a prompt is split around them (``split_at_context``).
+_CONTEXT_SLOT = "kvviz-context-slot"
 
 ANSWER_INSTRUCTION = "Answer briefly."
 
@@ -111,6 +113,20 @@ def render(
         head = bos + earlier + context_part
         tail = query_part + "\nAnswer:"
     return head, tail
+
+
+def split_at_context(tokenizer, query: str, instruction: str | None = None) -> tuple[str, str]:
+    """The prompt ``render`` gives for ``query`` with a context, as (text before the context's
+    words, text after them): what goes between the two is read where a context is read (CIPHER
+    puts its message vectors there, where the text handoff puts the message). Both halves keep
+    their marks for ``encode``; ``before + users_words(words) + after`` renders as that context."""
+    head, tail = render(tokenizer, query, _CONTEXT_SLOT, instruction)
+    # the slot as render marks it: users_words strips U+2063, so split on the marked form (the
+    # first one: the context comes before the query in every layout)
+    before, slot, after = (head + tail).partition(users_words(_CONTEXT_SLOT))
+    if not slot:
+        raise RuntimeError("the rendered prompt lost its context slot: update kvviz.prompts.split_at_context")
+    return before, after
 
 
 # --- the user's words are text --------------------------------------------------------------------

@@ -3,15 +3,19 @@
 ``stream_handoffs`` yields events as they happen so that a page can show each answer token by
 token while the handoffs run on a shared pair of models, ``workers`` at a time.
 
-Side by side on a CPU: a decode step is bound by memory and per-layer overhead, and torch's
-intra-op threads wait on each other when anything else runs, so two handoffs on one thread each
-finish sooner than the same two one after another on two threads (``python -m kvviz bench
---perf`` and docs/RESULTS.md have the measurements). Each handoff's own timings then include
-sharing the machine with the others; ``workers=1`` gives clean per-handoff timings.
+By default every handoff of a run starts at once (``ALL_AT_ONCE``): the handoffs that decode with
+the same model then share its decode steps (``kvviz.decode``: one batched step streams the weights
+once for all of them, and each still gets the tokens it gets alone), while their prompts are read
+side by side. With the batched decode off (``KVVIZ_BATCHED_DECODE=0``) the rule from before holds:
+one handoff per CPU core, each on one torch thread (a decode step is bound by memory and per-layer
+overhead, and torch's intra-op threads wait on each other when anything else runs). Each handoff's
+own timings include sharing the machine with the others; ``workers=1`` gives clean per-handoff
+timings.
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
 import queue
 import threading
@@ -22,8 +26,13 @@ from typing import Iterable, Iterator
 import torch
 
 from kvviz import engine, policy, zerogpu
+from kvviz.decode import batched_decode_enabled, shared_prompts
 from kvviz.handoffs import registry
+from kvviz.models import LoadedPair
 from kvviz.results import HandoffRequest
+
+
+STOP_POLL_SECONDS = 0.1
 
 
 class Cancelled(BaseException):
@@ -31,11 +40,17 @@ class Cancelled(BaseException):
     time. A BaseException, like KeyboardInterrupt: no ``except Exception`` in a handoff swallows it."""
 
 
+ALL_AT_ONCE = 0  # ``workers``: every handoff of the run at once
+
+
 def default_workers() -> int:
-    """How many handoffs of one run go side by side: ``KVVIZ_WORKERS``, else one per CPU core (at
-    most 2) when models run on the CPU with one torch thread each, else 1."""
+    """How many handoffs of one run go side by side: ``KVVIZ_WORKERS``, else all of them at once
+    (``ALL_AT_ONCE``) while decode steps are shared, else one per CPU core (at most 2) when models
+    run on the CPU with one torch thread each, else 1."""
     if os.environ.get("KVVIZ_WORKERS"):
         return max(1, int(os.environ["KVVIZ_WORKERS"]))
+    if batched_decode_enabled():
+        return ALL_AT_ONCE
     if torch.cuda.is_available() or torch.get_num_threads() > 1:
         return 1
     return max(1, min(2, os.cpu_count() or 1))
@@ -51,29 +66,36 @@ def use_one_thread_per_handoff() -> None:
 
 
 def stream_handoffs(
-    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None
+    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
+    stop: threading.Event | None = None,
 ) -> Iterator[tuple[str, str | None, object]]:
     """``run_events``; on a Space (the ``spaces`` package installed) inside ``@spaces.GPU``, with
-    only plain data crossing (``gpu_run_events``, ``kvviz.zerogpu``)."""
+    only plain data crossing (``gpu_run_events``, ``kvviz.zerogpu``): there ``stop`` cannot cross,
+    and the caller stops the run by closing the generator at its next event."""
     if zerogpu.available():
         yield from gpu_run_events(pair_name, request.to_dict(), list(names), workers, max_seconds)
     else:
-        yield from run_events(pair_name, request, names, workers, max_seconds)
+        yield from run_events(pair_name, request, names, workers, max_seconds, stop)
 
 
 def run_events(
-    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None
+    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
+    stop: threading.Event | None = None, loaded: LoadedPair | None = None,
 ) -> Iterator[tuple[str, str | None, object]]:
-    """Run the handoffs, ``workers`` at a time, in worker threads; yield ``(kind, name, data)``
-    events: ``status`` (a progress line), ``start``, ``token`` (answer so far), ``done`` (result
+    """Run the handoffs, ``workers`` at a time (``ALL_AT_ONCE``: all), in worker threads; yield
+    ``(kind, name, data)`` events: ``status`` (a progress line), ``start``, ``message`` (the message
+    so far, from a handoff that writes one before its answer), ``token`` (answer so far), ``done`` (result
     dict), ``stopped`` (the run reached ``max_seconds``: why; the handoffs not done did not run),
     ``error`` (a message: the run could not start).
 
     Handoffs that cannot run on this pair or request are ``done`` at once, before any model runs,
     so that their columns never wait behind the others.
 
-    Closing the generator (the user cancelled or left) stops the worker at its next token.
-    ``max_seconds`` defaults to the policy's cap (``kvviz.policy``; none locally).
+    Closing the generator (the user cancelled or left) stops the worker at its next token; so
+    does setting ``stop`` (a page's Stop button), after which the generator ends within
+    ``STOP_POLL_SECONDS`` even while no handoff is producing tokens.
+    ``max_seconds`` defaults to the policy's cap (``kvviz.policy``; none locally). ``loaded``: the
+    pair already loaded (the speed report), instead of loading ``pair_name``.
     """
     names = list(names)
     events: queue.Queue = queue.Queue()
@@ -93,8 +115,10 @@ def run_events(
 
     def worker():
         try:
-            events.put(("status", None, f"Loading the pair '{pair_name}' (once per server) ..."))
-            pair = engine.load_pair(pair_name, progress=lambda message: events.put(("status", None, str(message))))
+            pair = loaded
+            if pair is None:
+                events.put(("status", None, f"Loading the pair '{pair_name}' (once per server) ..."))
+                pair = engine.load_pair(pair_name, progress=lambda message: events.put(("status", None, str(message))))
             engine.check_fits(pair, request)
             runnable = []
             for name in names:
@@ -112,11 +136,18 @@ def run_events(
                     check_stop()
                     events.put(("token", name, text))
 
-                result = engine.run_handoff(name, pair, request, on_token=on_token)
+                def on_message(text):
+                    check_stop()
+                    events.put(("message", name, text))
+
+                result = engine.run_handoff(name, pair, request, on_token=on_token, on_message=on_message)
                 events.put(("done", name, result.to_dict()))
 
-            with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kvviz-handoff") as pool:
-                for future in [pool.submit(run_one, name) for name in runnable]:
+            size = len(runnable) if workers <= ALL_AT_ONCE else workers
+            # one run: a prompt that several handoffs read is read once (each thread gets the run's context)
+            with shared_prompts(), ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix="kvviz-handoff") as pool:
+                futures = [pool.submit(contextvars.copy_context().run, run_one, name) for name in runnable]
+                for future in futures:
                     future.result()  # re-raises a handoff's unexpected error (or a stop) here
         except Cancelled:
             if out_of_time_now():
@@ -131,8 +162,13 @@ def run_events(
     thread.start()
     try:
         while True:
-            event = events.get()
-            if event[0] == "end":
+            try:
+                event = events.get(timeout=None if stop is None else STOP_POLL_SECONDS)
+            except queue.Empty:
+                if stop.is_set():
+                    return
+                continue
+            if event[0] == "end" or (stop is not None and stop.is_set()):
                 return
             yield event
     finally:

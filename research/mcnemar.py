@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kvviz.data.metrics import mcnemar_exact  # noqa: E402
 
 DEFAULT_PAIRS = (
     "kvcomm@0.3:skyline", "kvcomm@0.5:skyline", "kvcomm@0.7:skyline",
@@ -23,15 +27,6 @@ DEFAULT_PAIRS = (
     "kvcomm@0.3:kvcomm-builtin@0.3", "kvcomm@0.3:kvcomm-refmask@0.3", "kvcomm@0.3:kvcomm-query@0.3",
     "kvcomm@0.3:kvcomm-top0@0.3", "kvcomm-all:skyline", "kvcomm@0.3:receiver",
 )
-
-
-def mcnemar_exact(b: int, c: int) -> float:
-    """Two-sided exact McNemar p-value from the two discordant counts."""
-    n = b + c
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2**n
-    return min(1.0, 2 * tail)
 
 
 def format_p(p: float) -> str:

@@ -1,15 +1,19 @@
 """Performance of the app (a benchmark, not a test).
 
     python scripts/bench_app.py [--pair embedded] [--max-new-tokens 32] [--loads 3] [--out FILE]
+    python scripts/bench_app.py --page-only --loads 3      # page loads only: no model is loaded or run
 
 Measures, with the app served on 127.0.0.1 (random free port) in this process:
-1. a warm run of the page's default handoffs through the app's ``run`` endpoint (gradio_client), with
-   ``--max-new-tokens`` per answer: one run first loads and warms the models, the next ones are
-   timed (wall clock of the whole endpoint call, and each handoff's own measured total);
-2. the time from page load (navigation start) to the first plot painted, in Debian's Chromium
-   driven by Playwright (skipped with a note when /usr/bin/chromium is missing), and the same for
-   a control page served the same way: one Gradio ``gr.Plot`` with a three-bar figure and nothing
-   else, the floor that any page drawing its plots with Gradio's plotly has on this machine.
+1. the time from page load (navigation start) to the first answer painted (the receiver's answer
+   text in its card, from the precomputed opening preset) and to the first plot painted, in
+   Debian's Chromium driven by Playwright (skipped with a note when /usr/bin/chromium is missing);
+   and the same for two control pages served the same way: one Gradio ``gr.Textbox`` holding a
+   word (the floor for any Gradio page's first text) and one ``gr.Plot`` with a three-bar figure
+   (the floor for a first plot). On a shared machine only the ratios to the controls mean much;
+2. unless ``--page-only``, a warm run of the page's default handoffs through the app's ``run``
+   endpoint (gradio_client), with ``--max-new-tokens`` per answer: one run first loads and warms the
+   models, the next ones are timed (wall clock of the whole endpoint call, and each handoff's own
+   measured total).
 """
 
 from __future__ import annotations
@@ -32,15 +36,18 @@ CHROMIUM_FLAGS = [
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
-# Records when the first plotly figure's SVG appears, relative to navigation start.
-FIRST_PLOT_JS = """
+# Records (relative to navigation start) when the first answer's text and the first plot's SVG are
+# on the page: checked at every animation frame (a textarea's value is not seen by a MutationObserver).
+PAINT_JS = """
 (() => {
-  const mark = () => {
-    if (window.__kvFirstPlot === undefined && document.querySelector('.js-plotly-plot .main-svg')) {
-      window.__kvFirstPlot = performance.now();
-    }
+  const check = () => {
+    const now = performance.now();
+    const answer = document.querySelector('#kv-answer-receiver textarea, #kv-control textarea');
+    if (window.__kvFirstAnswer === undefined && answer && answer.value.trim()) window.__kvFirstAnswer = now;
+    if (window.__kvFirstPlot === undefined && document.querySelector('.js-plotly-plot .main-svg')) window.__kvFirstPlot = now;
+    if (window.__kvFirstAnswer === undefined || window.__kvFirstPlot === undefined) requestAnimationFrame(check);
   };
-  new MutationObserver(mark).observe(document, {childList: true, subtree: true});
+  requestAnimationFrame(check);
 })();
 """
 
@@ -72,40 +79,71 @@ def timed_run(client, pair: str, preset, max_new_tokens: int) -> dict:
     }
 
 
-def first_plot_times(url: str, loads: int) -> list[float] | str:
+def paint_times(urls: dict[str, str], loads: int, what: str) -> dict[str, list[float]] | str:
+    """Seconds from navigation to the first ``what`` ("answer" or "plot") painted, per load, at
+    1280x800, for each page; loads alternate between the pages so that a busy machine slows them alike."""
     if not Path(CHROMIUM).exists():
         return f"{CHROMIUM} missing: page-load timing skipped"
     from playwright.sync_api import sync_playwright
 
-    times = []
+    marker = {"answer": "__kvFirstAnswer", "plot": "__kvFirstPlot"}[what]
+    times: dict[str, list[float]] = {name: [] for name in urls}
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         for _ in range(loads):
-            context = browser.new_context(viewport={"width": 1500, "height": 1000})
-            page = context.new_page()
-            page.add_init_script(FIRST_PLOT_JS)
-            page.goto(url)
-            page.wait_for_function("window.__kvFirstPlot !== undefined", timeout=120_000)
-            times.append(page.evaluate("window.__kvFirstPlot") / 1000)
-            context.close()
+            for name, url in urls.items():
+                context = browser.new_context(viewport={"width": 1280, "height": 800})
+                page = context.new_page()
+                page.add_init_script(PAINT_JS)
+                page.goto(url)
+                page.wait_for_function(f"window.{marker} !== undefined", timeout=120_000)
+                times[name].append(page.evaluate(f"window.{marker}") / 1000)
+                context.close()
         browser.close()
     return times
 
 
-def control_page_times(loads: int) -> list[float] | str:
-    """First-plot times of a page with one small plotly figure and nothing else (the floor)."""
+def control_page(what: str):
+    """The floor for ``what``: a Gradio page holding one textbox with a word ("answer") or one small
+    plotly figure ("plot"), and nothing else, served and themed as the lab is (call ``.close()``)."""
     import gradio as gr
     import plotly.graph_objects as go
 
     from kvviz.ui import launch_kwargs
 
     with gr.Blocks() as control:
-        gr.Plot(go.Figure(go.Bar(x=["a", "b", "c"], y=[3, 1, 2])))
+        if what == "answer":
+            gr.Textbox("4471", elem_id="kv-control")
+        else:
+            gr.Plot(go.Figure(go.Bar(x=["a", "b", "c"], y=[3, 1, 2])))
     control.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, **launch_kwargs())
-    try:
-        return first_plot_times(control.local_url, loads)
-    finally:
-        control.close()
+    return control
+
+
+def page_load_times(url: str, loads: int) -> dict:
+    """First answer and first plot painted on the lab page and on its control pages, alternating."""
+    report = {}
+    for what in ("answer", "plot"):
+        control = control_page(what)
+        try:
+            measured = paint_times({"lab": url, "control": control.local_url}, loads, what)
+        finally:
+            control.close()
+        missing = isinstance(measured, str)
+        report[f"first_{what}_seconds"] = measured if missing else measured["lab"]
+        report[f"control_first_{what}_seconds"] = measured if missing else measured["control"]
+    return report
+
+
+def median_line(label: str, times, control, control_label: str) -> str:
+    if isinstance(times, str):
+        return times
+    line = (f"page load to {label}: median {statistics.median(times):.2f} s (loads: " + ", ".join(f"{t:.2f}" for t in times)
+            + ")")
+    if not isinstance(control, str):
+        line += (f"; {control_label}: median {statistics.median(control):.2f} s; the lab page takes "
+                 f"{statistics.median(times) / statistics.median(control):.2f}x that floor")
+    return line
 
 
 def live_screenshot(url: str, path: str, preset_label: str | None = None) -> float:
@@ -114,11 +152,12 @@ def live_screenshot(url: str, path: str, preset_label: str | None = None) -> flo
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
         page.goto(url)
-        page.locator("#kv-plot-latency .js-plotly-plot").first.wait_for(timeout=120_000)
+        page.locator("#kv-answer-receiver textarea").first.wait_for(timeout=120_000)
         if preset_label:
-            page.locator("#kv-presets").get_by_text(preset_label).click()
+            page.locator("#kv-presets input").click()
+            page.get_by_role("option", name=preset_label, exact=True).click()
             time.sleep(1.0)
         started = time.perf_counter()
         page.locator("#kv-run").click()
@@ -139,6 +178,7 @@ def main(argv=None) -> int:
     parser.add_argument("--loads", type=int, default=3, help="page loads to time")
     parser.add_argument("--out", default=None, help="write the numbers as JSON here")
     parser.add_argument("--screenshot", default=None, help="after the benchmark, run the page live and save a screenshot here")
+    parser.add_argument("--page-only", action="store_true", help="time page loads only (no model is loaded or run)")
     args = parser.parse_args(argv)
 
     from gradio_client import Client
@@ -150,18 +190,18 @@ def main(argv=None) -> int:
 
     use_one_thread_per_handoff()  # as app.py serves it
     started = time.perf_counter()
-    load_pair(args.pair, progress=lambda message: print(message, file=sys.stderr))
+    if not args.page_only:
+        load_pair(args.pair, progress=lambda message: print(message, file=sys.stderr))
     load_seconds = time.perf_counter() - started
     demo = build_demo(default_pair=args.pair)
     demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, **launch_kwargs())
     url = demo.local_url
     report: dict = {"pair": args.pair, "max_new_tokens": args.max_new_tokens, "model_load_seconds": load_seconds}
     try:
-        # page load first, while the server is idle (as a visitor would find it)
-        times = first_plot_times(url, args.loads)
-        report["first_plot_seconds"] = times
-        control_times = control_page_times(args.loads)
-        report["control_first_plot_seconds"] = control_times
+        # page loads first, while the server is idle (as a visitor would find it)
+        report.update(page_load_times(url, args.loads))
+        if args.page_only:
+            return finish(report, args)
         client = Client(url, verbose=False)
         preset = PRESETS[0]  # private context: every handoff applies
         timed_run(client, args.pair, preset, args.max_new_tokens)  # warm-up
@@ -170,9 +210,21 @@ def main(argv=None) -> int:
             report["screenshot_run_seconds"] = live_screenshot(url, args.screenshot)
     finally:
         demo.close()
+    return finish(report, args)
 
+
+def finish(report: dict, args) -> int:
+    """Print the report (and write it as JSON with --out)."""
+    from kvviz.presets import PRESETS
+
+    print(median_line("first answer painted", report["first_answer_seconds"], report["control_first_answer_seconds"],
+                      "a page with one textbox"))
+    print(median_line("first plot painted", report["first_plot_seconds"], report["control_first_plot_seconds"],
+                      "a page with one plot"))
+    if "warm_runs" not in report:
+        return write_report(report, args)
     print(f"pair {args.pair}, {args.max_new_tokens} new tokens per answer, preset '{PRESETS[0].key}'")
-    print(f"models loaded in {load_seconds:.1f} s (once per process)")
+    print(f"models loaded in {report['model_load_seconds']:.1f} s (once per process)")
     walls = [run["wall_seconds"] for run in report["warm_runs"]]
     print(f"warm run of all handoffs through the app: median {statistics.median(walls):.2f} s (runs: "
           + ", ".join(f"{w:.2f}" for w in walls) + ")")
@@ -182,15 +234,12 @@ def main(argv=None) -> int:
             print(f"  {name:<9} {row['total_seconds']:.2f} s, {row['generated_tokens']} tokens")
         else:
             print(f"  {name:<9} not applicable: {row['reason'][:90]}")
-    if isinstance(times, str):
-        print(times)
-    else:
-        print(f"page load to first plot painted: median {statistics.median(times):.2f} s (loads: "
-              + ", ".join(f"{t:.2f}" for t in times) + ")")
-        print(f"control page (one gr.Plot, nothing else): median {statistics.median(control_times):.2f} s; "
-              f"the lab page takes {statistics.median(times) / statistics.median(control_times):.2f}x the floor")
     if "screenshot_run_seconds" in report:
         print(f"live run in the browser for the screenshot: {report['screenshot_run_seconds']:.1f} s -> {args.screenshot}")
+    return write_report(report, args)
+
+
+def write_report(report: dict, args) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2))

@@ -21,6 +21,10 @@ resident memory before, at peak and after.
     python scripts/load_test.py --sessions 8 --requests 5 --tokens 8
     python scripts/load_test.py --sessions 20 --requests 3 --mix typed:3,preset:1,bad:1,cancel:1
     python scripts/load_test.py --concurrency 2 --json out.json   # KVVIZ_CONCURRENCY for the server
+    python scripts/load_test.py --sessions 1 --requests 200 --memory-after 10   # the soak (issue 20)
+
+``--memory-after N`` also records the server's resident memory once N requests have been answered,
+and compares the memory at the end with it (a soak's memory must stay flat after its first runs).
 
 This is a benchmark, not a test: its targets (issue 14) are reported, not asserted.
 """
@@ -216,6 +220,8 @@ def main() -> int:
     parser.add_argument("--request-timeout", type=float, default=600.0)
     parser.add_argument("--time-limit", type=float, default=1800.0, help="no request starts after this many seconds")
     parser.add_argument("--json", default=None, help="write the numbers here")
+    parser.add_argument("--memory-after", type=int, default=None, metavar="N",
+                        help="also record the server's memory once N requests are answered (the soak)")
     parser.add_argument("--log", default=None, help="the server's log (default: a temporary file)")
     args = parser.parse_args()
 
@@ -247,6 +253,7 @@ def main() -> int:
         memory.start()
 
         outcomes: list[Outcome] = []
+        marks: dict[str, float] = {}
         lock = threading.Lock()
         deadline = time.monotonic() + args.time_limit
 
@@ -259,6 +266,8 @@ def main() -> int:
                 outcome = one_request(own, kind, (number + request) % len(QUESTIONS), args, presets)
                 with lock:
                     outcomes.append(outcome)
+                    if args.memory_after and len(outcomes) == args.memory_after:
+                        marks["after_first"] = rss_mib(server.pid)
 
         print(f"{args.sessions} sessions x {args.requests} requests ({args.mix}) ...", file=sys.stderr)
         started = time.perf_counter()
@@ -304,6 +313,9 @@ def main() -> int:
         "rss_before_mib": before, "rss_peak_mib": memory.peak, "rss_after_load_mib": after_load, "rss_after_mib": after,
         "rss_after_vs_before": (after - before) / before,
         "normal_request_after": normal_after,
+        "memory_after_first": args.memory_after,
+        "rss_after_first_mib": marks.get("after_first"),
+        "rss_end_vs_after_first": (after_load - marks["after_first"]) / marks["after_first"] if "after_first" in marks else None,
         "failures": [f"{o.kind}: {o.detail}" for o in outcomes if o.status == "failed"][:10],
         "server_error_lines": server_errors_in(log)[:10],
         "load_average": os.getloadavg(),
@@ -329,6 +341,9 @@ def markdown(r: dict) -> str:
         ("server memory before / peak / after", f"{r['rss_before_mib']:.0f} / {r['rss_peak_mib']:.0f} / {r['rss_after_mib']:.0f} MiB "
          f"({r['rss_after_vs_before']:+.1%} after vs before)"),
         ("a normal request afterwards", "answered" if r["normal_request_after"] else "FAILED"),
+        *([(f"server memory after the first {r['memory_after_first']} requests / at the end of the load",
+            f"{r['rss_after_first_mib']:.0f} / {r['rss_after_load_mib']:.0f} MiB ({r['rss_end_vs_after_first']:+.1%})")]
+          if r.get("rss_after_first_mib") else []),
         ("machine load average (1, 5, 15 min) at the end", ", ".join(f"{x:.1f}" for x in r["load_average"])),
     ]
     lines = [f"`{r['command']}`", "", "| measure | value |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]

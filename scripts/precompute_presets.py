@@ -3,8 +3,10 @@
     python scripts/precompute_presets.py            # presets + sweep on the embedded pair
     python scripts/precompute_presets.py --no-sweep # presets only (about a minute on a CPU)
 
-Writes assets/precomputed/presets.json (every page column of the registry, shown or not at first)
-and assets/precomputed/sweep.json. The app marks every result from these files as precomputed on
+Writes assets/precomputed/presets.json (every page column of the registry, shown or not at first,
+and each preset's extra ``runs``; assets/presets.toml) and assets/precomputed/sweep.json, then says
+whether every preset's lesson still holds in the new results (``kvviz.lessons``; the tests check
+the same). The app marks every result from these files as precomputed on
 screen. Rerun after a handoff changes or a new one is registered, so that its column is
 precomputed too.
 """
@@ -24,8 +26,23 @@ sys.path.insert(0, str(ROOT))
 
 from kvviz.engine import load_pair, run_handoff  # noqa: E402
 from kvviz.handoffs.registry import build_request, page_handoffs  # noqa: E402
+from kvviz.lessons import failures  # noqa: E402
 from kvviz.presets import PRECOMPUTED_PATH, PRECOMPUTED_SWEEP_PATH, PRESETS  # noqa: E402
 from kvviz.sweep import default_handoff, run_sweep  # noqa: E402
+
+
+def precomputed_run(pair, key: str, query: str, context: str | None, max_new_tokens: int, names: list[str],
+                    options: dict | None = None) -> dict:
+    """One run of ``names`` on a preset's question, as the page shows it: the request and the results."""
+    request = build_request(query, context, max_new_tokens=max_new_tokens, options=options)
+    results = []
+    for name in names:
+        started = time.perf_counter()
+        result = run_handoff(name, pair, request).to_dict()
+        result["precomputed"] = True
+        results.append(result)
+        print(f"{key:<10} {name:<11} {time.perf_counter() - started:6.2f} s  {result['answer'] or result['reason']!r}")
+    return {"request": request.to_dict(), "results": results}
 
 
 def main(argv=None) -> int:
@@ -45,18 +62,20 @@ def main(argv=None) -> int:
     if not args.sweep_only:
         out = {"pair": pair.name, "generated": f"{stamp}, {machine}", "max_new_tokens": args.max_new_tokens, "presets": {}}
         for preset in PRESETS:
-            request = build_request(preset.query, preset.context, max_new_tokens=args.max_new_tokens)
-            results = []
-            for name in [handoff.name for handoff in page_handoffs()]:
-                started = time.perf_counter()
-                result = run_handoff(name, pair, request).to_dict()
-                result["precomputed"] = True
-                results.append(result)
-                print(f"{preset.key:<10} {name:<9} {time.perf_counter() - started:6.2f} s  {result['answer'] or result['reason']!r}")
-            out["presets"][preset.key] = {"request": request.to_dict(), "results": results}
+            entry = precomputed_run(pair, preset.key, preset.query, preset.context, args.max_new_tokens,
+                                    [handoff.name for handoff in page_handoffs()])
+            entry["runs"] = {
+                run.label: precomputed_run(pair, f"{preset.key}+", preset.query, preset.context, args.max_new_tokens,
+                                           list(run.handoffs), run.options)
+                for run in preset.runs
+            }
+            out["presets"][preset.key] = entry
         PRECOMPUTED_PATH.parent.mkdir(parents=True, exist_ok=True)
         PRECOMPUTED_PATH.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"wrote {PRECOMPUTED_PATH.relative_to(ROOT)}")
+        broken = [failure for preset in PRESETS for failure in failures(preset, out["presets"][preset.key])]
+        print("every preset's lesson holds in these results" if not broken else
+              "LESSONS THAT NO LONGER HOLD (fix the preset in assets/presets.toml or its lesson):\n  " + "\n  ".join(broken))
     if not args.no_sweep:
         swept = default_handoff().sweep
         series = [s.strip() for s in args.sweep_series.split(",") if s.strip()] if args.sweep_series else list(swept.series_values)

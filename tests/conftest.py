@@ -123,9 +123,9 @@ def tiny_engine(monkeypatch):
     calls = []
     real = engine.run_handoff
 
-    def counting(name, loaded, request, on_token=None):
+    def counting(name, loaded, request, on_token=None, on_message=None):
         calls.append((name, request.query, options_of(request).ratio, options_of(request).strategy))
-        return real(name, loaded, request, on_token)
+        return real(name, loaded, request, on_token, on_message)
 
     monkeypatch.setattr(engine, "run_handoff", counting)
     threads = torch.get_num_threads()

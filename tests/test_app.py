@@ -18,7 +18,7 @@ from kvviz import present, ui  # noqa: E402
 from kvviz.handoffs import kvcomm as kvcomm_handoff, registry  # noqa: E402
 from kvviz.handoffs.kvcomm_layers import options_of  # noqa: E402
 from kvviz.plotkit import bar_counts  # noqa: E402
-from kvviz.presets import PRESETS, load_precomputed  # noqa: E402
+from kvviz.presets import PRESETS, PRESETS_BY_KEY, load_precomputed  # noqa: E402
 from tests.conftest import served_on_loopback  # noqa: E402
 
 
@@ -57,9 +57,9 @@ def split_run_outputs(outputs) -> dict:
 @pytest.mark.integration
 def test_every_event_has_an_api_name(client):
     names = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
-    for expected in ("/run", "/sweep", "/load_preset", "/export", "/pair_facts", "/walkthrough_next", "/walkthrough_back",
-                     "/show_handoffs"):
+    for expected in ("/run", "/sweep", "/load_preset", "/export", "/pair_facts", "/stop"):
         assert expected in names, names
+    assert "/run_on_page" not in names and "/show_handoffs" not in names  # the page's own events are private
 
 
 def test_model_runs_share_one_queue_and_every_public_event_is_named():
@@ -70,40 +70,57 @@ def test_model_runs_share_one_queue_and_every_public_event_is_named():
         assert functions[name].concurrency_id == ui.MODEL_QUEUE
         assert functions[name].concurrency_limit == 1
     assert functions["load_preset"].concurrency_id != ui.MODEL_QUEUE
+    page_run = next(fn for fn in demo.fns.values() if fn.api_name == "run_on_page")
+    assert page_run.concurrency_id == ui.MODEL_QUEUE and page_run.api_visibility == "private"
+
+
+def test_walkthrough_steps_forward_and_back_load_their_presets_and_tabs():
+    demo = ui.build_demo()
+    page = demo.kvviz_page
+    walk = {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name and fn.api_name.startswith("walkthrough_")}
+    view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
+    payload, names = page["results"].value, ui.default_columns()
+    steps = ui.walkthrough_steps()
+    out = walk["walkthrough_next"](0, view, payload, names)
+    assert out[page["walk_step"]] == 1 and "Step 2 of" in out[page["walk_text"]]
+    kvcomm = next(i for i, step in enumerate(steps) if step.target == "kv-plot-kvcomm")
+    out = walk["walkthrough_next"](kvcomm - 1, view, payload, names)
+    assert out[page["presets"]] == steps[kvcomm].preset  # the step loads the preset that proves its point
+    assert out[page["query"]] == PRESETS_BY_KEY[steps[kvcomm].preset].query
+    assert out[page.figures["kvcomm"]] is not None  # and draws the figure it talks about
+    out = walk["walkthrough_back"](1, view, payload, names)
+    assert out[page["walk_step"]] == 0 and "Step 1 of" in out[page["walk_text"]]
+    assert out[page["presets"]] == steps[0].preset
 
 
 @pytest.mark.integration
-def test_walkthrough_steps_forward_and_back(client):
-    text, preset_key = client.predict(api_name="/walkthrough_next")
-    assert "Step 2 of" in text
-    text, preset_key = client.predict(api_name="/walkthrough_back")
-    assert "Step 1 of" in text and preset_key == ui.walkthrough_steps()[0][1]
+def test_a_preset_gives_its_question_and_precomputed_results(client):
+    data = client.predict(PRESETS[0].key, api_name="/load_preset")
+    assert data["query"] == PRESETS[0].query and data["context"] == (PRESETS[0].context or "")
+    assert data["expected"] == list(PRESETS[0].answers) and data["lesson"] == PRESETS[0].lesson
+    results = data["results"]
+    assert results["precomputed"] is True and results["preset"] == PRESETS[0].key
+    assert {r["handoff"] for r in results["results"]} >= set(ui.default_columns())
 
 
-@pytest.mark.integration
-def test_preset_paints_precomputed_results_and_plots(client):
-    if not load_precomputed():
-        pytest.skip("assets/precomputed/presets.json is missing: run scripts/precompute_presets.py")
-    key = PRESETS[0].key
-    outputs = client.predict(key, api_name="/load_preset")
-    query, context, rest = outputs[0], outputs[1], outputs[2:]
-    assert query == PRESETS[0].query and context == (PRESETS[0].context or "")
-    view = split_run_outputs(rest)
-    assert "precomputed" in view["status"]
-    assert view["json"]["precomputed"] is True
-    assert {r["handoff"] for r in view["json"]["results"]} >= set(ui.default_columns())
-    table = view["table"]
-    assert table["headers"] == present.RESULT_COLUMNS
-    assert [row[0] for row in table["data"]] == [r["handoff"] for r in view["json"]["results"]]
+def test_a_preset_paints_its_cards_and_its_tab_draws_its_figures():
+    from kvviz.page import views
+
+    payload, status = views.precomputed_payload(load_precomputed(), PRESETS[0].key, "embedded")
+    assert "precomputed" in status and payload["precomputed"] is True
+    table = present.results_frame(payload)
+    assert list(table.columns) == present.RESULT_COLUMNS and list(table["handoff"]) == [r["handoff"] for r in payload["results"]]
+    cards = views.cards_and_verdict(payload, ui.default_columns(), list(PRESETS[0].answers), PRESETS[0].subject)
     for name in ("receiver", "text", "kvcomm", "skyline"):
-        assert view["columns"][name]["answer"], name
-        assert "precomputed" in view["columns"][name]["stats"]
-    kvcomm = next(r for r in view["json"]["results"] if r["handoff"] == "kvcomm")
-    counts = bar_counts(view["plots"]["kvcomm"])
+        assert cards[f"answer:{name}"], name
+        assert "precomputed" in cards[f"notes:{name}"]
+    figures, _ = views.tab_updates("layers", payload, ui.default_columns(), {"drawn": {}}, views.FigureCache())
+    kvcomm = next(r for r in payload["results"] if r["handoff"] == "kvcomm")
+    counts = bar_counts(figures["figure:kvcomm"])
     assert set(counts) == {s[0] for s in kvcomm_handoff.figure_series(kvcomm)} and "query" in counts
     assert set(counts.values()) == {len(kvcomm["layers"])}
-    assert len(bar_counts(view["plots"]["latency"])) == 5  # one trace per stage
-    assert set(view["plots"]) == set(ui.plot_names())
+    cost, _ = views.tab_updates("cost", payload, ui.default_columns(), {"drawn": {}}, views.FigureCache())
+    assert len(bar_counts(cost["figure:latency"])) == 5  # one trace per stage
 
 
 @pytest.mark.integration
@@ -173,17 +190,21 @@ def test_the_page_columns_and_plots_come_from_the_registry():
 
 def test_ticking_a_handoff_shows_its_column_and_figure():
     demo = ui.build_demo(precomputed={}, sweep=None)
+    page = demo.kvviz_page
     show = next(fn for fn in demo.fns.values() if fn.api_name == "show_handoffs")
     shown = ["receiver", "kvcomm"]
-    updates = show.fn(shown)  # columns are layout blocks: gradio_client does not return them
-    columns = ui.column_names()
-    figures = [name for name in ui.plot_names() if name not in ui.FIXED_PLOTS]
-    visible = [update.get("visible") for update in updates]
-    assert visible == [name in shown for name in columns] + [name in shown for name in figures]
+    view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
+    updates = show.fn(shown, page["results"].value, "", view)  # columns are layout blocks: called directly
+    for name in ui.column_names():
+        assert updates[page.cards[name].block]["visible"] == (name in shown)
+        assert updates[page.details[name].block]["visible"] == (name in shown)
+    for name in ui.plot_names():
+        if name not in ui.FIXED_PLOTS:
+            assert updates[page.figures[name]]["visible"] == (name in shown)
 
 
 def test_walkthrough_has_a_step_per_handoff_shown_at_first():
-    titles = [title for title, _, _ in ui.walkthrough_steps()]
+    titles = [step.title for step in ui.walkthrough_steps()]
     described = [h.title for h in registry.page_handoffs() if h.page_default and h.walkthrough]
     assert len(titles) == len(described) + 3 and all(any(t in title for title in titles) for t in described)
     assert titles[0].startswith(f"Step 1 of {len(titles)}")

@@ -1,9 +1,14 @@
 """The page in a real browser: Playwright (pip) driving Debian's Chromium at /usr/bin/chromium.
 
-Loads the page, checks the precomputed first paint, clicks a preset, runs it live on the embedded
-pair, waits for every answer and plot, checks the plots' bar counts, saves a screenshot into
-$KVVIZ_TEST_ARTIFACTS (default test-artifacts/), and checks that HTML typed into the query is
-shown as text and never executed. Never runs `playwright install`: the browser comes from apt.
+What a learner sees (issue 21): at 1280x800 the Run button, every default column's answer and its
+mark on the first screen; no text under 4.5:1 contrast in any tab, on a laptop or a phone; at 390
+px no plot title or legend cut; Stop mid-run ends the run and says each column's state; an empty
+query gives exactly one message, in the status line. Then a live run of a preset (answers, marks,
+the text handoff's message as it is written, the figures of its tabs), typed HTML shown as text,
+columns ticked on, and the walk-through that loads, scrolls to and outlines what it talks about.
+
+Screenshots go to $KVVIZ_TEST_ARTIFACTS (default test-artifacts/): ``page-1280x800.png`` and
+``page-390x844.png`` are the ones in docs/. Never runs `playwright install`: the browser comes from apt.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import served_on_loopback
+from tests.page_checks import BOX_JS, CONTRAST_JS, PLOT_PARTS_JS
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -31,6 +37,9 @@ CHROMIUM_FLAGS = [
 IN_CI = os.environ.get("CI", "").lower() == "true"
 MAX_NEW_TOKENS = 4
 RUN_TIMEOUT_MS = 300_000
+LAPTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+MIN_CONTRAST = 4.5
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 
@@ -65,41 +74,62 @@ def app_url(embedded_pair):
         yield url
 
 
-@pytest.fixture()
-def page(browser, app_url):
-    context = browser.new_context(viewport={"width": 1500, "height": 1000})
+def open_page(browser, app_url, viewport=LAPTOP):
+    context = browser.new_context(viewport=viewport)
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.goto(app_url, wait_until="domcontentloaded")
     page.errors = errors
+    page.locator("#kv-answer-receiver textarea").first.wait_for(timeout=60_000)
+    wait_for_plots(page)
+    return context, page
+
+
+@pytest.fixture()
+def page(browser, app_url):
+    context, page = open_page(browser, app_url)
     yield page
     context.close()
 
 
-# Bars per trace of the plotly figure inside a gr.Plot, read from the rendered DOM.
-BAR_COUNTS_JS = """
-(plotId) => {
-  const gd = document.querySelector(`#${plotId} .js-plotly-plot`);
-  if (!gd || !gd.data) return null;
-  const out = {};
-  gd.data.forEach((trace, i) => {
-    if (trace.type !== 'bar') return;
-    const key = (trace.meta && trace.meta.series) || trace.name || String(i);
-    out[key] = (trace.y || []).length;
-  });
-  out.__rendered = gd.querySelectorAll('g.trace.bars path').length;
-  return out;
-}
-"""
+@pytest.fixture()
+def phone(browser, app_url):
+    context, page = open_page(browser, app_url, PHONE)
+    yield page
+    context.close()
 
 
-def bar_counts(page, plot_id: str) -> dict:
-    return page.evaluate(BAR_COUNTS_JS, plot_id)
+def wait_for_plots(page) -> None:
+    """Until every plot shown in the open tab has drawn its SVG."""
+    page.wait_for_function(
+        "() => { const plots = [...document.querySelectorAll('#kv-inside [id^=kv-plot-]')].filter(e => e.offsetParent);"
+        " return plots.length > 0 && plots.every(e => e.querySelector('.main-svg')); }", timeout=60_000)
+    page.wait_for_timeout(300)
+
+
+def open_tab(page, title: str) -> None:
+    page.locator("#kv-inside").get_by_role("tab", name=title, exact=True).click()
+    page.wait_for_timeout(500)
+
+
+def box(page, elem_id: str):
+    return page.evaluate(BOX_JS, elem_id)
 
 
 def textbox_value(page, elem_id: str) -> str:
     return page.locator(f"#{elem_id} textarea").first.input_value()
+
+
+def marks(page) -> dict[str, str]:
+    """Each shown card's mark (``data-verdict``)."""
+    return page.evaluate("() => Object.fromEntries([...document.querySelectorAll('[id^=kv-mark-]')]"
+                         ".filter(e => e.offsetParent).map(e => [e.id.slice(8), e.dataset.verdict]))")
+
+
+def choose_preset(page, label: str) -> None:
+    page.locator("#kv-presets input").click()
+    page.get_by_role("option", name=label, exact=True).click()
 
 
 def run_and_wait(page) -> None:
@@ -114,72 +144,218 @@ def run_and_wait(page) -> None:
         ) from None
 
 
-def test_page_loads_with_precomputed_plots_then_runs_a_preset_live(page, embedded_pair):
-    from kvviz.presets import PRESETS
+def low_contrast(page) -> list[dict]:
+    return [t for t in page.evaluate(CONTRAST_JS) if t["ratio"] < MIN_CONTRAST]
 
-    # first paint: precomputed results and plots before any model runs
-    page.locator("#kv-plot-latency .js-plotly-plot .main-svg").first.wait_for(timeout=60_000)
-    assert page.locator("#kv-status").get_by_text("precomputed").count() >= 1
 
-    # click a preset: query and context fill in
-    target = PRESETS[1]
-    page.locator("#kv-presets").get_by_text(target.label).click()
-    page.wait_for_function(
-        "(q) => document.querySelector('#kv-query textarea').value === q", arg=target.query, timeout=30_000
-    )
+# --- the first screen, contrast, the phone ----------------------------------------------------------
+
+
+def test_the_first_screen_at_1280x800_holds_run_and_every_default_answer_with_its_mark(page):
+    from kvviz import ui
+
+    page.screenshot(path=str(artifacts_dir() / "page-1280x800.png"))
+    fold = LAPTOP["height"]
+    run = box(page, "kv-run")
+    assert run is not None and run[1] + run[3] <= fold, run
+    for name in ui.default_columns():
+        for elem_id in (f"kv-answer-{name}", f"kv-mark-{name}"):
+            found = box(page, elem_id)
+            assert found is not None and found[1] + found[3] <= fold, (elem_id, found)
+    assert set(marks(page)) == set(ui.default_columns())
+    assert all(kind in ("right", "wrong", "none", "na") for kind in marks(page).values())
+    tabs = box(page, "kv-inside")
+    assert tabs[1] < fold  # the first plot is one click away at most: the tab bar is on the first screen
+    assert page.locator("#kv-status").get_by_text("precomputed").count() == 1
+    assert not page.errors, page.errors
+
+
+@pytest.mark.parametrize("viewport", [LAPTOP, PHONE], ids=["1280x800", "390x844"])
+def test_no_text_on_the_page_is_below_4_5_to_1_in_any_tab(browser, app_url, viewport):
+    from kvviz.page.spec import TABS
+
+    context, page = open_page(browser, app_url, viewport)
+    try:
+        failing = low_contrast(page)
+        for _, title in TABS:
+            open_tab(page, title)
+            if title in ("Layers", "Time and bytes", "Sweep"):
+                wait_for_plots(page)
+            failing += [dict(t, tab=title) for t in low_contrast(page)]
+        page.locator("#kv-settings .toggle-button, #kv-settings button").first.click()  # the settings sidebar
+        page.locator("#kv-pair").wait_for(state="visible", timeout=10_000)
+        failing += [dict(t, tab="settings") for t in low_contrast(page)]
+        worst = sorted(failing, key=lambda t: t["ratio"])[:8]
+        assert not failing, f"{len(failing)} texts under {MIN_CONTRAST}:1, e.g. {worst}"
+    finally:
+        context.close()
+
+
+def test_at_390_px_no_plot_title_or_legend_is_cut_and_the_first_answer_is_on_the_first_screen(phone):
+    phone.screenshot(path=str(artifacts_dir() / "page-390x844.png"))
+    answer = box(phone, "kv-answer-receiver")
+    assert answer[1] + answer[3] <= PHONE["height"], answer
+    checked = 0
+    for title in ("Layers", "Time and bytes", "Sweep"):
+        open_tab(phone, title)
+        wait_for_plots(phone)
+        for plot in phone.evaluate(PLOT_PARTS_JS):
+            left, top, right, bottom = plot["svg"]
+            for kind, text, (x0, y0, x1, y1) in plot["parts"]:
+                inside = x0 >= left - 1 and x1 <= right + 1 and y0 >= top - 1 and y1 <= bottom + 1
+                assert inside, f"{plot['id']}: {kind} {text!r} at {[x0, y0, x1, y1]} is cut by the plot {plot['svg']}"
+            checked += 1
+    assert checked >= 4  # C2C, its control, KVComm, latency, bytes, sweep
+    phone.screenshot(path=str(artifacts_dir() / "page-390x844-plots.png"), full_page=True)
+
+
+# --- errors and stops ---------------------------------------------------------------------------
+
+
+def test_an_empty_query_gives_exactly_one_message_in_the_status_line(page):
+    before = {name: textbox_value(page, f"kv-answer-{name}") for name in ("receiver", "kvcomm")}
+    page.locator("#kv-query textarea").fill("   ")
+    page.locator("#kv-run").click()
+    page.locator("#kv-status").get_by_text("Not run").wait_for(timeout=30_000)
+    page.wait_for_timeout(1000)
+    assert "query is empty" in page.locator("#kv-status").inner_text()
+    body = page.locator("body").inner_text()
+    assert body.count("query is empty") == 1, "the refusal is said once, in the status line"
+    assert page.locator(".toast-body").count() == 0  # no toast
+    assert page.get_by_text("Error", exact=True).count() == 0  # no error pill on the outputs
+    assert {name: textbox_value(page, f"kv-answer-{name}") for name in before} == before  # the cards stay
+    assert page.locator("#kv-run").is_enabled() and page.locator("#kv-run").inner_text() == "Run live"
+    assert not page.errors, page.errors
+
+
+def test_stop_pressed_mid_run_ends_it_and_marks_each_column(page):
+    from kvviz import ui
+    from kvviz.handoffs import registry
+
+    page.locator("#kv-run").click()
+    page.wait_for_function("() => [...document.querySelectorAll('[id^=kv-mark-]')].some(e => e.dataset.verdict === 'running')",
+                           timeout=RUN_TIMEOUT_MS)
+    assert not page.locator("#kv-run").is_enabled()  # busy: a second click cannot start another run
+    assert page.locator("#kv-run").inner_text() == "Running…"
+    page.locator("#kv-stop").click()
+    page.locator("#kv-status").get_by_text("Stopped by you").wait_for(timeout=30_000)
+    page.wait_for_timeout(500)
+    states = marks(page)
+    status = page.locator("#kv-status").inner_text()
+    finished = {"right", "wrong", "none", "na", "failed"}
+    assert set(states) == set(ui.default_columns())
+    assert all(state in finished | {"stopped", "notstarted"} for state in states.values()), states
+    assert any(state in ("stopped", "notstarted") for state in states.values()), states
+    for name, state in states.items():
+        said = {"stopped": "stopped", "notstarted": "not started"}.get(state, "finished")
+        part = next(p for p in status.split(";") if registry.get(name).title in p)
+        assert said in part, (name, state, status)
+    assert page.locator("#kv-run").is_enabled() and page.locator("#kv-run").inner_text() == "Run live"
+    page.screenshot(path=str(artifacts_dir() / "browser-stopped.png"))
+    assert not page.errors, page.errors
+
+
+# --- a live run, its tabs, typed HTML, ticks, the walk-through --------------------------------------
+
+
+def test_a_preset_runs_live_with_marks_its_message_as_written_and_its_figures(page, embedded_pair):
+    from kvviz import ui
+    from kvviz.presets import preset
+
+    target = preset("fuji")
+    choose_preset(page, target.label)
+    page.wait_for_function("(q) => document.querySelector('#kv-query textarea').value === q", arg=target.query,
+                           timeout=30_000)
     assert textbox_value(page, "kv-context") == target.context
+    assert page.locator("#kv-expected textarea, #kv-expected input").first.input_value() == "Japan"
+    assert target.lesson[:40] in page.locator("#kv-lesson").inner_text()
 
-    run_and_wait(page)
+    page.locator("#kv-run").click()
+    page.locator("#kv-stats-text").get_by_text("the sharer writes").wait_for(timeout=RUN_TIMEOUT_MS)
+    page.get_by_text("Live run finished").wait_for(timeout=RUN_TIMEOUT_MS)
     for name in ("receiver", "text", "kvcomm", "skyline"):
         assert textbox_value(page, f"kv-answer-{name}").strip(), f"{name} has no answer"
-    c2c_stats = page.locator("#kv-stats-c2c").inner_text()
-    assert "total" in c2c_stats or "Not applicable" in c2c_stats
-    control_stats = page.locator("#kv-stats-c2c_control").inner_text()
-    assert "total" in control_stats or "Not applicable" in control_stats
+    assert set(marks(page)) == set(ui.default_columns())
+    assert "got through by" in page.locator("#kv-verdict").inner_text()
 
     layers = embedded_pair.receiver.facts.num_layers
-    kvcomm = bar_counts(page, "kv-plot-kvcomm")
+    wait_for_plots(page)
+    kvcomm = page.evaluate(BAR_COUNTS_JS, "kv-plot-kvcomm")
     assert {k: v for k, v in kvcomm.items() if k != "__rendered"} == {"calibration": layers, "query": layers}
-    assert kvcomm["__rendered"] == 2 * layers  # every bar drawn
-    latency = bar_counts(page, "kv-plot-latency")
-    assert len([k for k in latency if k != "__rendered"]) == 5  # one trace per stage
-    applicable_columns = 4 + int("total" in c2c_stats) + int("total" in control_stats)
-    assert all(v == applicable_columns for k, v in latency.items() if k != "__rendered")
-    assert bar_counts(page, "kv-plot-bytes")["bytes"] >= 2  # text and KVComm send something
-    c2c = bar_counts(page, "kv-plot-c2c")
-    if "total" in c2c_stats:
-        assert c2c["gate_k"] == c2c["gate_v"] == layers
+    open_tab(page, "Time and bytes")
+    wait_for_plots(page)
+    latency = page.evaluate(BAR_COUNTS_JS, "kv-plot-latency")
+    stages = {k: v for k, v in latency.items() if k != "__rendered"}
+    applicable = sum(state != "na" for state in marks(page).values())
+    assert len(stages) == 5 and set(stages.values()) == {applicable}  # the columns on the page, no hidden one
     assert page.locator("#kv-status").get_by_text("precomputed").count() == 0
-
-    page.locator("#kv-plot-sweep .js-plotly-plot").first.wait_for()
     page.screenshot(path=str(artifacts_dir() / "browser-live-run.png"), full_page=True)
     assert not page.errors, page.errors
+
+
+# Bars per trace of the plotly figure inside a gr.Plot, read from the rendered DOM.
+BAR_COUNTS_JS = """
+(plotId) => {
+  const gd = document.querySelector(`#${plotId} .js-plotly-plot`);
+  if (!gd || !gd.data) return null;
+  const out = {};
+  gd.data.forEach((trace, i) => {
+    if (trace.type !== 'bar' || (trace.meta && trace.meta.legend_only)) return;
+    const key = (trace.meta && trace.meta.series) || trace.name || String(i);
+    out[key] = (trace.y || []).length;
+  });
+  out.__rendered = gd.querySelectorAll('g.trace.bars path').length;
+  return out;
+}
+"""
 
 
 def test_html_typed_into_the_query_is_shown_as_text(page):
     payload = '<img src=x onerror="window.__kvxss=1"><script>window.__kvxss=2</script> Where is it?'
     page.locator("#kv-query textarea").fill(payload)
     page.locator("#kv-context textarea").fill("The key is under the mat.")
+    page.locator("#kv-expected textarea, #kv-expected input").first.fill('<b onmouseover="window.__kvxss=3">mat</b>')
     run_and_wait(page)
     assert page.evaluate("window.__kvxss") is None
-    assert page.locator('img[src="x"]').count() == 0
-    # what the receiver read holds the query as literal text
-    page.locator("#kv-col-receiver").get_by_text("What each model saw").click()
-    assert payload in textbox_value(page, "kv-seen-receiver")
-    page.screenshot(path=str(artifacts_dir() / "browser-html-query.png"), full_page=True)
+    assert page.locator('img[src="x"]').count() == 0 and page.locator("#kv-verdict b[onmouseover]").count() == 0
+    open_tab(page, "What each model saw")
+    assert payload in textbox_value(page, "kv-seen-receiver")  # what the receiver read holds it as literal text
     assert not page.errors, page.errors
 
 
 def test_ticking_a_handoff_shows_its_column_with_no_page_code_for_it(page):
-    """AC and CIPHER are registered handoffs off the page at first: ticking them shows their
-    columns (and their precomputed results), without a line of the page's code naming them."""
+    """AC and CIPHER are registered handoffs off the page at first: ticking them shows their cards
+    (and their precomputed results) and their figures, without a line of the page's code naming them."""
     from kvviz.handoffs import registry
 
-    page.locator("#kv-plot-latency .js-plotly-plot .main-svg").first.wait_for(timeout=60_000)
     for name in ("ac", "cipher"):
         assert not page.locator(f"#kv-col-{name}").is_visible()
-        page.locator("#kv-handoffs").get_by_text(registry.get(name).title).click()
+        page.locator("#kv-handoffs").get_by_text(registry.get(name).label, exact=True).click()
         page.locator(f"#kv-col-{name}").wait_for(state="visible", timeout=30_000)
-        assert registry.get(name).title in page.locator(f"#kv-col-{name}").inner_text()
+        assert page.locator(f"#kv-mark-{name}").is_visible()
     page.locator("#kv-plot-ac .js-plotly-plot").first.wait_for(state="visible", timeout=30_000)
+    assert not page.errors, page.errors
+
+
+def test_the_walkthrough_loads_its_preset_and_outlines_what_it_talks_about(page):
+    from kvviz import ui
+    from kvviz.presets import preset
+
+    steps = ui.walkthrough_steps()
+    page.locator("#kv-walkthrough").click()
+    page.locator("#kv-walk-text").get_by_text(steps[0].title).wait_for(timeout=30_000)
+    for index, step in enumerate(steps[1:], start=1):
+        page.locator("#kv-walk-next").click()
+        page.locator("#kv-walk-text").get_by_text(step.title).wait_for(timeout=30_000)
+        if step.preset:
+            page.wait_for_function("(q) => document.querySelector('#kv-query textarea').value === q",
+                                   arg=preset(step.preset).query,
+                                   timeout=30_000)
+        page.wait_for_function("(id) => document.getElementById(id) && document.getElementById(id)"
+                               ".classList.contains('kv-highlight')", arg=step.target, timeout=10_000)
+        try:  # scrolled into view (a smooth scroll takes a moment)
+            page.wait_for_function("(id) => { const r = document.getElementById(id).getBoundingClientRect();"
+                                   " return r.top < window.innerHeight && r.bottom > 0; }", arg=step.target, timeout=5_000)
+        except Exception:
+            raise AssertionError(f"step {index + 1} did not scroll to {step.target}: {box(page, step.target)}") from None
     assert not page.errors, page.errors

@@ -19,7 +19,7 @@ import torch
 
 from kvviz import cache as kv
 from kvviz.c2c import locate
-from kvviz.c2c.align import align_prompt, map_tokens, message_span
+from kvviz.c2c.align import align_prompt, describe, map_tokens, message_span
 from kvviz.c2c.fuser import new_fuser
 from kvviz.c2c.fusion import fuse_prompt
 from kvviz.decode import prefill
@@ -219,6 +219,19 @@ def test_real_tokenizers_longest_piece():
     pieces = smollm(" déjà", add_special_tokens=False)["input_ids"]
     assert len(pieces) > 1 and mapped in pieces
     assert len(smollm.decode([mapped])) == max(len(smollm.decode([p])) for p in pieces)
+
+
+@pytest.mark.real_model
+def test_what_each_model_saw_says_which_tokens_reach_the_sharer_cut():
+    """The C2C paper's "longest" alignment gives SmolLM2 ' lock' for Gemma's ' locker': the page
+    says so instead of leaving "code for lock 12?" unexplained."""
+    gemma, smollm = real_tokenizers()
+    query = "What is the code for locker 12?"
+    alignment = align_prompt(gemma, smollm, query, "The code for locker 12 is 4471.", receiver_sees_context=False)
+    assert "for lock 12?" in smollm.decode(alignment.sharer_ids)
+    text = describe(alignment, gemma, smollm, "longest")
+    assert "' locker' read as ' lock'" in text and "longest piece" in text
+    assert describe(align_prompt(gemma, gemma, query), gemma, gemma) == ""  # one tokenizer: nothing to explain
 
 
 # --- slow: the real pair and two training processes -----------------------------------------------
@@ -422,15 +435,15 @@ def test_the_communication_measure_stored_beside_the_fusers_reaches_both_columns
     assert c2c.communication_note(None, control=False) == []
 
 
-def test_the_walkthrough_step_of_the_control_reloads_the_opening_preset_and_asks_for_a_prediction():
+def test_the_walkthrough_step_of_the_control_loads_the_preset_where_they_differ_and_asks_for_a_prediction():
     from kvviz import ui
     from kvviz.handoffs import registry
-    from kvviz.presets import DEFAULT_PRESET
+    from kvviz.presets import preset
 
-    steps = {title.split(": ", 1)[1]: (key, text) for title, key, text in ui.walkthrough_steps()}
+    steps = {step.title.split(": ", 1)[1]: (step.preset, step.text) for step in ui.walkthrough_steps()}
     key, text = steps[registry.get("c2c_control").title]
-    assert key == DEFAULT_PRESET == ui.walkthrough_steps()[0][1]
-    assert "Predict first" in text and "control" in text
+    assert "c2c-differs-from-control" in preset(key).shows  # its lesson: one example against the held-out gain
+    assert "Predict first" in text and "control" in text and preset(key).lesson in text
     # C2C's own step claims no gain: it names no preset where C2C "shines"
     assert "shines" not in steps[registry.get("c2c").title][1]
     assert {"c2c", "c2c_control"} <= set(registry.default_handoffs())

@@ -444,3 +444,136 @@ def test_published_fuser_for_the_qwen_pair_says_how_to_get_it_offline(tmp_path, 
     assert not control.applicable and "no control" in control.reason
     assert reference.is_hub_path("nics-efc/C2C_Fuser/qwen3_0.6b+qwen2.5_0.5b_Fuser/final")
     assert not reference.is_hub_path(str(tmp_path)) and not reference.is_hub_path("Qwen/Qwen3-0.6B")
+
+
+# --- multiple choice by likelihood, and its communication gain --------------------------------------
+
+MC_RECORDS = [
+    {"question": "Which gas do plants take in?", "choices": ["oxygen", "carbon dioxide", "helium", "neon"], "answer": 1},
+    {"question": "What melts ice fastest?", "choices": ["salt", "sand", "wood"], "answer": 0},
+    {"question": "Which planet is largest?", "choices": ["Mars", "Venus", "Jupiter", "Mercury"], "answer": 2},
+    {"question": "What do bees make?", "choices": ["silk", "honey", "wax paper", "milk"], "answer": 1},
+]
+
+
+def save_shared_fusers(pair, folder, gate: float):
+    """A C2C fuser trained (like) the paper's way, both models reading the prompt, and its control."""
+    for kind, control in (("c2c", False), ("control", True)):
+        fuser = trained_like(new_fuser(pair.sharer.facts, pair.receiver.facts, width=16, pair=pair.name, control=control))
+        fuser.config.training = {"receiver_sees_context": True, "context": "shared"}
+        with torch.no_grad():
+            fuser.gate_logits.fill_(gate)
+        fuser.save(folder / kind)
+    return folder / "c2c"
+
+
+def mc_file(tmp_path):
+    path = tmp_path / "mc.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in MC_RECORDS))
+    return path
+
+
+def mc_request_for(folder):
+    from kvviz.handoffs.registry import build_request
+
+    return lambda query, context: build_request(query, context, 1, options={"c2c": {"fuser": str(folder)}})
+
+
+@pytest.mark.parametrize("gate", [-2.0, 2.0])
+def test_c2c_choice_likelihood_equals_the_receivers_with_closed_gates_only(pair, tmp_path, gate):
+    from kvviz.bench.scoring import choice_likelihoods
+    from kvviz.data import choice_query, load_dataset
+
+    folder = save_shared_fusers(pair, tmp_path / "run", gate)
+    record = load_dataset(mc_file(tmp_path))[0]
+    request = mc_request_for(folder)(choice_query(record), None)
+    scores = {
+        name: choice_likelihoods(pair, record, name, request, run_handoff(name, pair, request))
+        for name in ("receiver", "c2c", "c2c_control")
+    }
+    assert all(s is not None and len(s) == len(record.choices) for s in scores.values())
+    if gate < 0:  # closed gates: the fused cache is the receiver's own
+        assert scores["c2c"] == pytest.approx(scores["receiver"], abs=1e-5)
+        assert scores["c2c_control"] == pytest.approx(scores["receiver"], abs=1e-5)
+    else:
+        assert scores["c2c"] != pytest.approx(scores["receiver"], abs=1e-4)
+
+
+def test_mc_likelihood_has_the_other_question_row_and_the_communication_gain(pair, tmp_path):
+    from kvviz.c2c.evaluate import OTHER_QUESTION, mc_likelihood
+
+    path = mc_file(tmp_path)
+    names = ["receiver", "c2c", "c2c_control"]
+    opened = save_shared_fusers(pair, tmp_path / "open", 2.0)
+    table = mc_likelihood(pair, names, [str(path)], 4, 0, mc_request_for(opened), opened, lambda _: None)[str(path)]
+    assert list(table["rows"]) == names + [OTHER_QUESTION] and not table["skipped"]
+    assert all(row["n"] == 4 and len(row["per_question"]) == 4 and len(row["gold_score"]) == 4 for row in table["rows"].values())
+    assert all(table["partner"][i] != i for i in range(4))
+    rows = table["rows"]
+    # the sharer read another question: C2C's scores move; the control has no sharer to move it
+    assert rows[OTHER_QUESTION]["gold_score"] != pytest.approx(rows["c2c"]["gold_score"], abs=1e-5)
+    gain = next(c for c in table["comparisons"] if (c["first"], c["second"]) == ("c2c", OTHER_QUESTION))
+    assert gain["accuracy"]["difference"] == pytest.approx(rows["c2c"]["accuracy"] - rows[OTHER_QUESTION]["accuracy"])
+    assert gain["gold_score"]["ci95"][0] <= gain["gold_score"]["difference"] <= gain["gold_score"]["ci95"][1]
+    assert {"only_first", "only_second", "mcnemar_p"} <= set(gain["accuracy"])
+    # closed gates: C2C, C2C with another question and the receiver alone score alike, so the gain is 0
+    closed = save_shared_fusers(pair, tmp_path / "closed", -2.0)
+    table = mc_likelihood(pair, names, [str(path)], 4, 0, mc_request_for(closed), closed, lambda _: None)[str(path)]
+    rows = table["rows"]
+    assert rows["c2c"]["gold_score"] == pytest.approx(rows["receiver"]["gold_score"], abs=1e-5)
+    assert rows[OTHER_QUESTION]["gold_score"] == pytest.approx(rows["receiver"]["gold_score"], abs=1e-5)
+    gain = next(c for c in table["comparisons"] if (c["first"], c["second"]) == ("c2c", OTHER_QUESTION))
+    assert gain["accuracy"]["difference"] == 0 and gain["accuracy"]["mcnemar_p"] == 1.0
+
+
+def test_paired_comparison_of_accuracies_and_scores():
+    from kvviz.c2c.communication import paired_comparison
+
+    right = paired_comparison([1, 1, 0, 1, 0], [0, 1, 0, 0, 0], resamples=200)
+    assert right["difference"] == pytest.approx(0.4) and right["only_first"] == 2 and right["only_second"] == 0
+    assert right["mcnemar_p"] == pytest.approx(0.5) and right["ci95"][0] <= 0.4 <= right["ci95"][1]
+    scores = paired_comparison([0.5, -0.25], [0.25, -0.5], resamples=200)
+    assert scores["difference"] == pytest.approx(0.25) and scores["ci95"] == pytest.approx([0.25, 0.25])
+    assert "mcnemar_p" not in scores
+    with pytest.raises(ValueError):
+        paired_comparison([1, 0], [1])
+
+
+def test_the_c2c_paper_table_pairs_two_reports_per_question(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "research" / "c2c_paper_table.py"
+    spec = importlib.util.spec_from_file_location("c2c_paper_table", path)
+    table_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table_script)
+
+    def row(correct):
+        return {"per_question": correct, "gold_score": [-0.1 * (1 + c) for c in correct]}
+
+    def report(rows):
+        return {"mc_likelihood": {d: {"ids": ["a", "b", "c", "d"], "rows": {k: row(v) for k, v in rows.items()}} for d in ("arc_challenge", "openbookqa")}}
+
+    receiver = [0, 1, 0, 0]
+    c2c = report({"receiver": receiver, "c2c": [1, 1, 1, 0], "c2c_other_question": [1, 1, 0, 0], "c2c_control": [0, 1, 1, 0]})
+    self_fusion = report({"receiver": receiver, "c2c": [1, 1, 0, 1], "c2c_other_question": [1, 0, 0, 1]})
+    merged = table_script.per_question(c2c, self_fusion)
+    assert set(merged) == {"arc_challenge", "openbookqa", "all"}
+    assert merged["arc_challenge"]["self-fusion"]["correct"] == [1, 1, 0, 1]
+    assert len(merged["all"]["c2c"]["correct"]) == 8 and "sharer" not in merged["all"]
+    text = table_script.markdown(merged)
+    assert "| ARC-Challenge | 4 |" in text and "41.0 / 49.5 / 54.5" in text
+    # C2C 3/4 vs C2C with another question 2/4 on each dataset: +25 points, 1 question only C2C got right
+    assert "| communication gain: C2C − C2C with another question | +25.0 [" in text and ", 1/0, p 1 |" in text
+    # a self-fusion report on other questions (its receiver row differs) is refused
+    other = report({"receiver": [1, 1, 1, 1], "c2c": [1, 1, 0, 1]})
+    with pytest.raises(SystemExit, match="receiver rows differ"):
+        table_script.per_question(c2c, other)
+    # one side from two reports (say C2C and its control run apart): rows are joined per dataset
+    (tmp_path / "a.json").write_text(json.dumps(report({"receiver": receiver, "c2c": [1, 1, 1, 0]})))
+    (tmp_path / "b.json").write_text(json.dumps(report({"receiver": receiver, "c2c_control": [0, 1, 1, 0]})))
+    joined = table_script.merged_reports([tmp_path / "a.json", tmp_path / "b.json"])
+    assert set(joined["mc_likelihood"]["openbookqa"]["rows"]) == {"receiver", "c2c", "c2c_control"}
+    (tmp_path / "c.json").write_text(json.dumps(report({"receiver": [1, 1, 1, 1]})))
+    with pytest.raises(SystemExit, match="row receiver differs"):
+        table_script.merged_reports([tmp_path / "a.json", tmp_path / "c.json"])

@@ -26,8 +26,10 @@ from kvviz.data import (
     get_data_dir,
     load_dataset,
     load_dataset_with_report,
+    mcnemar_exact,
     normalize_answer,
     token_f1,
+    verdict,
     wilson_interval,
 )
 
@@ -476,6 +478,15 @@ def test_contains_answer():
     assert not contains_answer("anything", ["the"])  # empty after normalising
 
 
+def test_verdict_marks_an_answer_right_wrong_or_empty_and_needs_a_gold_answer():
+    assert verdict("The code for locker 12 is 4471.", ["4471"]) == "right"  # F1 0.25, yet it says the code
+    assert not f1_match("The code for locker 12 is 4471.", ["4471"])
+    assert verdict("12", ["4471"]) == "wrong"
+    assert verdict("  ", ["4471"]) == "none" and verdict("...", ["4471"]) == "none"  # nothing after normalising
+    assert verdict("The United Kingdom", "United Kingdom") == "right"  # one gold as a string
+    assert verdict("anything", []) is None and verdict("anything", ["the", " "]) is None  # no gold to judge by
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [
@@ -522,6 +533,19 @@ def test_wilson_interval_known_values(successes, n, low, high):
     assert lo == pytest.approx(low, abs=1e-4)
     assert hi == pytest.approx(high, abs=1e-4)
     assert 0.0 <= lo <= successes / n <= hi <= 1.0
+
+
+@pytest.mark.parametrize(
+    "only_first, only_second, p",
+    [(0, 0, 1.0), (3, 3, 1.0), (0, 5, 2 / 32), (5, 0, 2 / 32), (1, 9, 2 * 11 / 1024), (0, 1, 1.0)],
+)
+def test_mcnemar_exact_known_values(only_first, only_second, p):
+    assert mcnemar_exact(only_first, only_second) == pytest.approx(p)
+
+
+def test_mcnemar_exact_refuses_negative_counts():
+    with pytest.raises(ValueError):
+        mcnemar_exact(-1, 2)
 
 
 def test_wilson_interval_edges():

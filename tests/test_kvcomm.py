@@ -148,7 +148,7 @@ def test_page_words_say_what_was_measured_and_no_more():
     skyline = registry.get("skyline")
     assert "no handoff can do better" not in skyline.explanation.lower() and "not a bound" in skyline.explanation
     assert "no handoff beats it" not in (DIAGRAM_DIR / "skyline.svg").read_text()
-    notes = " ".join(p.note for p in presets.PRESETS)
+    notes = " ".join(p.lesson for p in presets.PRESETS)
     assert "Compare which layers KVComm sends" not in notes and "best case" not in notes
     import inspect
 

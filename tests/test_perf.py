@@ -55,7 +55,11 @@ def test_perf_report_on_the_tiny_pair(tiny_engine):
     model = report["speed"]["models"][0]
     assert model["limits"]["stream_weights_ms"]["median"] > 0 and model["limits"]["head_product_ms"]["median"] > 0
     assert model["ratios"]["decode / stream weights"]["n"] == 2
-    assert "decode ms/token" in text and "Warm full run" in text
+    assert "decode ms/token" in text and "Warm run" in text
+    # decode steps shared by 1, 2, 4 and 6 sequences, the stack against its own weight-stream time
+    assert set(report["speed"]["batched_decode_ms"][pair.receiver.name]) == {"1", "2", "4", "6"}
+    assert model["ratios"]["stack / stack stream"]["median"] > 0 and model["decode_path"]["batched"]
+    assert report["speed"]["warm_serial_run_seconds"] > 0 and report["speed"]["warm_page_run_seconds"] is None
     json.dumps(report)  # plain data
 
 
@@ -69,9 +73,11 @@ def test_targets_give_a_verdict_only_for_what_was_measured():
 def test_speed_only_prints_the_speed_table_and_nothing_else(tiny_engine, capsys, tmp_path):
     from kvviz.cli import main
 
-    assert main(["bench", "--perf", "--speed-only", "--pair", "tiny", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    assert main(["bench", "--perf", "--speed-only", "--no-page", "--pair", "tiny", "--repeats", "1", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    assert "decode ms/token" in printed and "Warm full run" in printed
+    assert "decode ms/token" in printed and "Warm run" in printed and "Decode steps shared" in printed
     assert "KVComm / Skyline" not in printed  # the context curve was not measured
     report = json.loads((tmp_path / "perf.json").read_text())
-    assert set(report) == {"machine", "repeats", "pair", "speed"}
+    assert set(report) == {"machine", "repeats", "pair", "speed", "batched_decode_ms", "stack_stream_ratio",
+                           "warm_full_run_seconds", "warm_serial_run_seconds", "warm_page_run_seconds"}
+    assert report["warm_page_run_seconds"] is None  # --no-page

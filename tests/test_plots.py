@@ -99,7 +99,8 @@ def all_results() -> list[dict]:
 
 
 def bar_traces(figure) -> list[dict]:
-    return [t for t in figure.to_dict()["data"] if t["type"] == "bar"]
+    """The bars drawn (not the legend's swatches)."""
+    return [t for t in figure.to_dict()["data"] if t["type"] == "bar" and not (t.get("meta") or {}).get("legend_only")]
 
 
 def test_latency_stacks_every_stage_with_the_handoff_colours():
@@ -108,6 +109,10 @@ def test_latency_stacks_every_stage_with_the_handoff_colours():
     bars = bar_traces(figure)
     assert [t["meta"]["series"] for t in bars] == list(STAGES)
     assert figure.layout.barmode == "stack"
+    # the legend shows each stage's pattern on a neutral swatch, not on one handoff's colour
+    swatches = [t for t in figure.to_dict()["data"] if (t.get("meta") or {}).get("legend_only")]
+    assert [t["marker"]["pattern"]["shape"] for t in swatches] == [plots.STAGE_PATTERNS[s] for s in STAGES]
+    assert not any(t.get("showlegend", True) for t in bars)
     expected_colors = [plots.color_of(r["handoff"]) for r in results]
     for trace in bars:
         assert len(trace["y"]) == len(results)

@@ -62,8 +62,9 @@ def test_exports_write_the_payload_and_its_table(tmp_path):
 
 def test_column_head_and_how_it_works_come_from_the_descriptor():
     handoff = registry.get("skyline")
-    head = present.header_html("skyline")
+    head = present.card_head_html("skyline", "right")
     assert handoff.color in head and handoff.title in head and handoff.summary in head
+    assert handoff.label in head and 'data-verdict="right"' in head
     text = present.how_it_works_markdown("skyline")
     assert text.startswith(handoff.explanation) and "*Needs:* a private context." in text
     assert "<svg" in present.diagram_html("skyline")

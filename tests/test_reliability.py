@@ -22,6 +22,7 @@ from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 from kvviz import engine, policy, ui  # noqa: E402
+from kvviz.page import events  # noqa: E402
 from kvviz.handoffs import registry  # noqa: E402
 from kvviz.models import LoadedPair, ModelLoadError, PairSpec  # noqa: E402
 from tests.conftest import served_on_loopback  # noqa: E402
@@ -278,7 +279,7 @@ def test_an_export_to_a_full_or_read_only_disk_says_so_then_works(lab, monkeypat
     if failing == "write":  # the disk is full
         monkeypatch.setattr(present.Path, "write_text", fail)
     else:  # the temporary folder is read-only
-        monkeypatch.setattr(ui.tempfile, "mkdtemp", fail)
+        monkeypatch.setattr(events.tempfile, "mkdtemp", fail)
     with pytest.raises(AppError, match=f"Could not write the export files .{os.strerror(code)}."):
         client.predict(api_name="/export")
     monkeypatch.undo()

@@ -221,11 +221,11 @@ def test_the_exported_space_installs_in_a_fresh_venv_and_serves_the_page(exporte
                 errors: list[str] = []
                 page.on("pageerror", lambda error: errors.append(str(error)))
                 page.goto(url, wait_until="domcontentloaded")
-                page.locator("#kv-plot-latency .js-plotly-plot .main-svg").first.wait_for(timeout=120_000)
+                page.locator("#kv-answer-receiver textarea").first.wait_for(timeout=120_000)
                 assert page.locator("#kv-status").get_by_text("precomputed").count() >= 1
                 # run C2C (SmolLM2, read from the hub cache, shares with Gemma) and the receiver alone
                 for name in ("text", "kvcomm", "skyline"):
-                    page.locator("#kv-handoffs").get_by_text(_title(name), exact=True).click()
+                    page.locator("#kv-handoffs").get_by_text(_chip(name), exact=True).click()
                 run_started = time.perf_counter()
                 page.locator("#kv-run").click()
                 try:
@@ -253,7 +253,7 @@ def test_the_exported_space_installs_in_a_fresh_venv_and_serves_the_page(exporte
         out.write("timings (s): " + repr({k: round(v) for k, v in timings.items()}) + "\n")
 
 
-def _title(name: str) -> str:
+def _chip(name: str) -> str:
     from kvviz.handoffs import registry
 
-    return registry.get(name).title
+    return registry.get(name).label  # the column chip's text

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from kvviz import engine
+from kvviz.handoffs.registry import request_with_options
 from kvviz.results import GenerationSettings, HandoffRequest
-from kvviz.stream import stream_handoffs
+from kvviz.stream import ALL_AT_ONCE, stream_handoffs
 from tests.conftest import tiny_pair
 
 
@@ -21,8 +22,8 @@ def test_handoffs_that_cannot_run_are_done_before_any_model_runs(monkeypatch):
 
 
 def test_side_by_side_runs_give_the_answers_of_one_at_a_time(monkeypatch):
-    """Two workers share the models: every handoff's greedy answer equals the sequential one, and
-    every handoff starts and finishes exactly once."""
+    """Two workers, or all at once, share the models: every handoff's greedy answer equals the
+    sequential one, and every handoff starts and finishes exactly once."""
     pair = tiny_pair("gemma")
     monkeypatch.setattr(engine, "load_pair", lambda name, progress=None: pair)
     request = HandoffRequest(
@@ -39,6 +40,7 @@ def test_side_by_side_runs_give_the_answers_of_one_at_a_time(monkeypatch):
         return {name: (data["answer"], data["answer_ids"]) for name, data in done.items()}
 
     assert answers(2) == answers(1)
+    assert answers(ALL_AT_ONCE) == answers(1)  # all at once, decode steps shared per model
 
 
 def test_the_serving_default_is_one_thread_per_handoff_on_a_cpu(monkeypatch):
@@ -53,8 +55,33 @@ def test_the_serving_default_is_one_thread_per_handoff_on_a_cpu(monkeypatch):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
         stream.use_one_thread_per_handoff()
         assert torch.get_num_threads() == 1
+        # decode steps shared per model: every handoff of a run at once
+        assert stream.default_workers() == stream.ALL_AT_ONCE
+        monkeypatch.setenv("KVVIZ_BATCHED_DECODE", "0")
         assert stream.default_workers() == min(2, __import__("os").cpu_count())
         monkeypatch.setenv("KVVIZ_WORKERS", "3")
         assert stream.default_workers() == 3
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_handoff_that_writes_a_message_streams_it_before_its_answer(monkeypatch):
+    """Text and CIPHER send ``message`` events while the sharer writes: the last one is the message
+    the result holds, and every one comes before the handoff's first answer token."""
+    pair = tiny_pair("gemma")  # sharer and receiver share a tokenizer: CIPHER runs
+    monkeypatch.setattr(engine, "load_pair", lambda name, progress=None: pair)
+    request = request_with_options(HandoffRequest(
+        query="What is the secret code word?", context="The secret code word is pineapple.",
+        generation=GenerationSettings(max_new_tokens=3),
+    ), {"text": {"message_tokens": 5}})  # CIPHER writes under the text handoff's bound
+    events = list(stream_handoffs("tiny", request, ["text", "cipher", "receiver"], workers=1))
+    for name in ("text", "cipher"):
+        kinds = [kind for kind, who, _ in events if who == name]
+        messages = [data for kind, who, data in events if who == name and kind == "message"]
+        done = next(data for kind, who, data in events if who == name and kind == "done")
+        assert done["applicable"], done["reason"]
+        assert len(messages) == done["tokens"]["message"] > 0
+        assert messages[-1].strip() == done["seen"]["message"].strip()
+        if "token" in kinds:
+            assert max(i for i, kind in enumerate(kinds) if kind == "message") < kinds.index("token")
+    assert not [data for kind, who, data in events if who == "receiver" and kind == "message"]

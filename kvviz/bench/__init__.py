@@ -65,6 +65,8 @@ def configure_parser(parser) -> None:
         "--speed-only", action="store_true",
         help="--perf: only the speed table (each model's decode and prefill beside the machine's limits, the warm full run)",
     )
+    parser.add_argument("--no-page", action="store_true",
+                        help="--perf --speed-only: leave out the warm run through the page (python app.py)")
     flags.add_option_arguments(parser, swept=True)
 
 

@@ -65,14 +65,27 @@ def option_scores(prompt: ReceiverPrompt, options: list[str]) -> list[float]:
     return scores
 
 
+def best_option(scores: list[float]) -> int:
+    """The index of the highest score (the first one on a tie)."""
+    return max(range(len(scores)), key=lambda index: (scores[index], -index))
+
+
+def choice_likelihoods(pair, record, handoff: str, request: HandoffRequest, result: HandoffResult) -> list[float] | None:
+    """``option_scores`` of the record's choices in the state the handoff left the receiver in;
+    None when the handoff's descriptor cannot rebuild that state."""
+    descriptor = registry.get(handoff)
+    if descriptor.receiver_prompt is None:
+        return None
+    return option_scores(descriptor.receiver_prompt(pair, request, result), record.choices)
+
+
 def likelihood_columns(pair, record, handoff: str, request: HandoffRequest, result: HandoffResult) -> dict:
     if record.choices is None:
         return {}
-    descriptor = registry.get(handoff)
-    if descriptor.receiver_prompt is None:
-        return {"likelihood_note": descriptor.no_receiver_prompt}
-    scores = option_scores(descriptor.receiver_prompt(pair, request, result), record.choices)
-    best = max(range(len(scores)), key=lambda index: (scores[index], -index))
+    scores = choice_likelihoods(pair, record, handoff, request, result)
+    if scores is None:
+        return {"likelihood_note": registry.get(handoff).no_receiver_prompt}
+    best = best_option(scores)
     return {"likelihood_letter": LETTERS[best], "correct_likelihood": int(best == record.answer_index)}
 
 

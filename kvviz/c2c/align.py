@@ -259,6 +259,29 @@ def _natural_alignment(receiver: MessageSpan, sharer_tokenizer, query, context, 
     )
 
 
+def describe(alignment: TokenAlignment, receiver_tokenizer, sharer_tokenizer, token_alignment: str = "longest",
+             shown: int = 8) -> str:
+    """In words, for "What each model saw": how the sharer's fused tokens line up with the
+    receiver's, and (``"longest"``) which receiver tokens reach the sharer cut to their longest
+    piece (" locker" read as " lock"). Empty when the tokenizers are identical."""
+    if alignment.identical_tokenizers:
+        return ""
+    if token_alignment != "longest":
+        return ("The sharer reads the message in its own tokens; each receiver token is fused with the sharer token "
+                "that holds its last character.")
+    pairs = [(receiver_tokenizer.decode([alignment.receiver_ids[r]]), sharer_tokenizer.decode([alignment.sharer_ids[s]]))
+             for r, s in zip(alignment.receiver_positions, alignment.sharer_positions)]
+    cut = [(mine, theirs) for mine, theirs in pairs if mine != theirs]
+    text = ("The sharer reads the receiver's tokens one by one, each re-encoded with the sharer's tokenizer and cut to "
+            "its longest piece, as the C2C paper aligns two tokenizers, so that every fused position has one token "
+            "in each model.")
+    if not cut:
+        return text + " Here every receiver token is also one sharer token: nothing was cut."
+    listed = ", ".join(f"{mine!r} read as {theirs!r}" for mine, theirs in cut[:shown])
+    more = f" and {len(cut) - shown} more" if len(cut) > shown else ""
+    return text + f" Here {len(cut)} of {len(pairs)} tokens arrive cut: {listed}{more}."
+
+
 def _with_template_tail(alignment: TokenAlignment, receiver_tokenizer, sharer_tokenizer, query, context, receiver_sees_context):
     """Add the receiver's template tail (before its last token) paired right-aligned with the
     sharer's generation-prompt tail (its last token included)."""

@@ -20,6 +20,7 @@ import torch
 from kvviz.c2c.align import align_prompt
 from kvviz.c2c.fusion import resampled, sharer_kv
 from kvviz.c2c.scoring import example_nlls
+from kvviz.data.metrics import mcnemar_exact
 
 Rows = list[tuple[float, int]]  # (summed NLL, response tokens) per example
 
@@ -83,10 +84,29 @@ def other_sharer(pair, examples, private: bool, partner: list[int]):
                 token_alignment=examples[i].token_alignment, fuse_template=examples[i].fuse_template,
             )
             return sharer_kv(pair, alignment)
-        # shared input: the other example's sharer cache, stretched to this example's fused tokens
-        return resampled(sharer_kv(pair, other.alignment), examples[i].alignment.num_fused)
+        return other_prompt_sharer(pair, examples[i].alignment, other.alignment)
 
     return sharer_for
+
+
+def other_prompt_sharer(pair, alignment, other_alignment):
+    """Shared input: the sharer's cache of another prompt, stretched to this prompt's fused tokens."""
+    return resampled(sharer_kv(pair, other_alignment), alignment.num_fused)
+
+
+def paired_comparison(first: list[float], second: list[float], seed: int = 0, resamples: int = 1000) -> dict:
+    """first - second over the same questions (0/1 correct, or any per-question score): the mean
+    difference with a seeded bootstrap 95% interval over questions, and for 0/1 values the
+    discordant counts and McNemar's exact p."""
+    if len(first) != len(second) or not first:
+        raise ValueError(f"a paired comparison needs two equally long, non-empty lists ({len(first)} and {len(second)})")
+    diffs = [a - b for a, b in zip(first, second)]
+    out = {"n": len(diffs), "difference": sum(diffs) / len(diffs), "ci95": bootstrap_ratio(diffs, [1] * len(diffs), seed, resamples)}
+    if all(value in (0, 1) for value in list(first) + list(second)):
+        only_first = sum(1 for a, b in zip(first, second) if a and not b)
+        only_second = sum(1 for a, b in zip(first, second) if b and not a)
+        out.update(only_first=only_first, only_second=only_second, mcnemar_p=mcnemar_exact(only_first, only_second))
+    return out
 
 
 def communication_measure(pair, fuser, examples, private: bool, seed: int = 0, resamples: int = 1000) -> dict:

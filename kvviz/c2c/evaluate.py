@@ -11,6 +11,15 @@
    interval. Every answer is produced by the handoff itself (greedy) from the one multiple-choice
    prompt the benchmark uses too (``kvviz.data.choice_query``) and scored with
    ``extract_choice_letter``; no letter counts as wrong.
+3. ``--mc-scoring likelihood``: multiple choice scored as the C2C paper scores it, by the
+   likelihood of each choice's text in the state each handoff left the receiver in (the
+   benchmark's ``kvviz.bench.scoring`` scorer), plus one more row: C2C with **another question
+   in the sharer** (a seeded derangement; the other prompt's sharer cache stretched to this
+   prompt's fused tokens). The communication gain on multiple choice is the accuracy of C2C minus
+   that row, paired per question (bootstrap 95% interval, McNemar's exact test), beside the
+   same for the gold choice's length-normalised log-likelihood. Per-question results are kept,
+   so two reports (e.g. C2C and a self-fusion fuser, ``--pair embedded-gemma``) can be paired
+   (``research/c2c_paper_table.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +31,8 @@ import time
 from pathlib import Path
 
 from kvviz import engine, flags
-from kvviz.c2c.communication import communication_measure
+from kvviz.bench.scoring import best_option, choice_likelihoods, option_scores
+from kvviz.c2c.communication import communication_measure, derangement, other_prompt_sharer, paired_comparison
 from kvviz.c2c.examples import heldout_examples
 from kvviz.c2c.fuser import checkpoint_label
 from kvviz.c2c.locate import get_fuser, resolve_fuser
@@ -30,6 +40,7 @@ from kvviz.c2c.scoring import mean_nll
 from kvviz.data import LETTERS, choice_query, contains_answer, extract_choice_letter, f1_match, load_dataset, recall, wilson_interval
 from kvviz.evaluation import Tally, Variant, evaluate
 from kvviz.handoffs import parse_handoffs
+from kvviz.handoffs.c2c import fused_prompt, request_alignment
 from kvviz.handoffs.registry import build_request
 
 
@@ -37,9 +48,16 @@ def configure_parser(parser) -> None:
     flags.add_model_arguments(parser, threads_help="torch CPU threads (default: leave as is)")
     parser.add_argument("--fuser", default=None, help="C2C fuser folder (default: the pair's shipped one)")
     parser.add_argument("--control", default=None, help="control fuser folder (default: beside --fuser, or shipped)")
-    parser.add_argument("--heldout", type=int, default=None, help="held-out examples for NLL (default: the fuser's own split)")
+    parser.add_argument(
+        "--heldout", type=int, default=None, help="held-out examples for NLL (default: the fuser's own split; 0: skip)"
+    )
     parser.add_argument("--datasets", default="arc_challenge,openbookqa")
     parser.add_argument("--mc-limit", type=int, default=30, help="questions per multiple-choice dataset")
+    parser.add_argument(
+        "--mc-scoring", choices=("letter", "likelihood"), default="letter",
+        help="letter: the letter each handoff writes; likelihood: each choice's likelihood (the C2C paper), "
+        "with C2C's other-question control and the communication gain",
+    )
     parser.add_argument("--handoffs", default="receiver,sharer,text,c2c,c2c_control")
     parser.add_argument("--max-new-tokens", type=int, default=6)
     parser.add_argument("--message-tokens", type=int, default=32, help="text handoff message bound")
@@ -131,6 +149,81 @@ def mc_accuracy(pair, names: list[str], datasets: list[str], limit: int, seed: i
     return table
 
 
+OTHER_QUESTION = "c2c_other_question"  # the row of C2C with another question in the sharer
+
+# the paired comparisons each dataset reports (those whose rows ran)
+LIKELIHOOD_COMPARISONS = (
+    ("c2c", OTHER_QUESTION, "communication gain: C2C minus C2C with another question in the sharer"),
+    ("c2c", "receiver", "C2C minus the receiver alone"),
+    (OTHER_QUESTION, "receiver", "C2C with another question in the sharer minus the receiver alone"),
+    ("c2c", "c2c_control", "C2C minus its control"),
+    ("c2c", "text", "C2C minus text"),
+    ("text", "receiver", "text minus the receiver alone"),
+)
+
+
+def likelihood_row(correct: list[int], gold: list[float], letters: list[int] | None = None) -> dict:
+    n = len(correct)
+    row = {"n": n, "correct": sum(correct), "accuracy": sum(correct) / n if n else None,
+           "ci95": list(wilson_interval(sum(correct), n)), "per_question": correct, "gold_score": gold}
+    if letters:
+        row["letter_accuracy"] = sum(letters) / n if n else None
+    return row
+
+
+def mc_likelihood(pair, names: list[str], datasets: list[str], limit: int, seed: int, request_for, c2c_folder, progress) -> dict:
+    """Multiple choice by the likelihood of each choice (module doc, 3.), per dataset: each
+    handoff's accuracy (and the letter it wrote), C2C with another question in the sharer, and
+    the paired comparisons of ``LIKELIHOOD_COMPARISONS``."""
+    fuser = get_fuser(c2c_folder, pair) if "c2c" in names else None
+    variants = [Variant(name, name) for name in names]
+    table = {}
+    for dataset in datasets:
+        records = load_dataset(dataset, limit=limit, seed=seed)
+        requests = [request_for(choice_query(record), None) for record in records]
+        request_of = {record.id: request for record, request in zip(records, requests)}
+        partner = derangement(len(records), seed)
+        rows = {name: {"correct": [], "gold": [], "letters": []} for name in names + ([OTHER_QUESTION] if fuser else [])}
+        skipped: dict[str, str] = {}  # a handoff that could not score every question is left out
+
+        def add(name, scores, record, letter_right=None):
+            rows[name]["correct"].append(int(best_option(scores) == record.answer_index))
+            rows[name]["gold"].append(scores[record.answer_index])
+            if letter_right is not None:
+                rows[name]["letters"].append(letter_right)
+
+        def add_other_question(index, record):
+            alignment = request_alignment(pair, requests[index], fuser)
+            other = request_alignment(pair, requests[partner[index]], fuser)
+            prompt = fused_prompt(pair, fuser, alignment, other_prompt_sharer(pair, alignment, other))
+            add(OTHER_QUESTION, option_scores(prompt, record.choices), record)
+
+        for item in evaluate(pair, enumerate(records), variants, lambda record, _: request_of[record.id]):
+            name, result, record = item.variant.label, item.result, item.record
+            scores = choice_likelihoods(pair, record, name, item.request, result) if result.applicable else None
+            if scores is None:
+                skipped[name] = result.reason if not result.applicable else "its descriptor cannot rebuild the receiver's state"
+            else:
+                add(name, scores, record, int(extract_choice_letter(result.answer, len(record.choices)) == LETTERS[record.answer_index]))
+            if name == names[-1]:
+                if fuser is not None:
+                    add_other_question(item.index, record)
+                if (item.index + 1) % 10 == 0 or item.index + 1 == len(records):
+                    progress(f"{dataset} (likelihood): {item.index + 1}/{len(records)}")
+        measured = {name: likelihood_row(row["correct"], row["gold"], row["letters"]) for name, row in rows.items() if name not in skipped}
+        comparisons = [
+            {
+                "first": first, "second": second, "label": label,
+                "accuracy": paired_comparison(measured[first]["per_question"], measured[second]["per_question"], seed),
+                "gold_score": paired_comparison(measured[first]["gold_score"], measured[second]["gold_score"], seed),
+            }
+            for first, second, label in LIKELIHOOD_COMPARISONS if first in measured and second in measured
+        ]
+        table[dataset] = {"ids": [record.id for record in records], "rows": measured, "comparisons": comparisons,
+                          "skipped": skipped, "partner": partner}
+    return table
+
+
 def format_report(report: dict) -> str:
     lines = [f"pair {report['pair']}: sharer {report['sharer']} -> receiver {report['receiver']}"]
     lines.append(f"c2c fuser: {report['fuser']}")
@@ -157,6 +250,21 @@ def format_report(report: dict) -> str:
             low, high = row["contains_ci95"]
             lines.append(
                 f"  {name:<12} contains {row['contains_accuracy']:.3f} [{low:.3f}, {high:.3f}]  f1 {row['f1_accuracy']:.3f}  n={row['n']}"
+            )
+    for dataset, measured in report.get("mc_likelihood", {}).items():
+        lines.append("")
+        lines.append(f"{dataset}: accuracy by choice likelihood, 95% Wilson interval")
+        for name, row in measured["rows"].items():
+            low, high = row["ci95"]
+            lines.append(f"  {name:<20} {row['accuracy']:.3f} [{low:.3f}, {high:.3f}]  n={row['n']}")
+        for name, reason in measured["skipped"].items():
+            lines.append(f"  {name:<20} n/a  {reason[:80]}")
+        for comparison in measured["comparisons"]:
+            acc, gold = comparison["accuracy"], comparison["gold_score"]
+            lines.append(
+                f"  {comparison['label']}: {acc['difference']:+.3f} [{acc['ci95'][0]:+.3f}, {acc['ci95'][1]:+.3f}] "
+                f"(only first right {acc['only_first']}, only second {acc['only_second']}, McNemar p {acc['mcnemar_p']:.3g}); "
+                f"gold choice log-likelihood per byte {gold['difference']:+.4f} [{gold['ci95'][0]:+.4f}, {gold['ci95'][1]:+.4f}]"
             )
     for dataset, counts in report.get("mc", {}).items():
         lines.append("")
@@ -192,8 +300,9 @@ def main(args) -> int:
     }
     if sys.argv[1:2] == ["eval-fuser"]:  # the command line that made the report (not when called from code)
         report["command"] = "python -m kvviz " + shlex.join(sys.argv[1:])
-    log("held-out NLL ...")
-    report["heldout"] = heldout_nll(pair, c2c_folder, control_folder, args.heldout, args.seed)
+    if args.heldout != 0:
+        log("held-out NLL ...")
+        report["heldout"] = heldout_nll(pair, c2c_folder, control_folder, args.heldout, args.seed)
     names = parse_handoffs(args.handoffs)
     if not control_folder:
         names = [n for n in names if n != "c2c_control"]
@@ -217,10 +326,13 @@ def main(args) -> int:
             options = {"c2c": {"fuser": str(c2c_folder)}, "text": {"message_tokens": args.message_tokens}}
             return build_request(query, context, args.max_new_tokens, options=options)
 
-        report["mc"] = mc_accuracy(pair, names, datasets, args.mc_limit, args.seed, mc_request, log)
+        if args.mc_scoring == "likelihood":
+            report["mc_likelihood"] = mc_likelihood(pair, names, datasets, args.mc_limit, args.seed, mc_request, c2c_folder, log)
+        else:
+            report["mc"] = mc_accuracy(pair, names, datasets, args.mc_limit, args.seed, mc_request, log)
     report["seconds"] = time.perf_counter() - started
     report["settings"] = {
-        "mc_limit": args.mc_limit, "seed": args.seed, "max_new_tokens": args.max_new_tokens, "message_tokens": args.message_tokens,
+        "mc_limit": args.mc_limit, "mc_scoring": args.mc_scoring, "seed": args.seed, "max_new_tokens": args.max_new_tokens, "message_tokens": args.message_tokens,
         "recall": args.recall, "countries": args.countries, "answer_tokens": args.answer_tokens,
     }
     if args.out:

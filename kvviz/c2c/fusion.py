@@ -27,7 +27,7 @@ import torch
 
 from kvviz import cache as kv
 from kvviz.c2c.rope import RopeTables
-from kvviz.decode import prefill
+from kvviz.decode import prefill, read_prompt_once
 
 
 @dataclass
@@ -86,14 +86,13 @@ def bytes_read(sharer: SharerKV, layer_map: list[int]) -> int:
     return total
 
 
-def receiver_prefix(pair, alignment) -> kv.KVState:
-    """The receiver's state after its prompt minus the last token (no gradients)."""
-    state = kv.KVState()
+def receiver_prefix(pair, alignment, timer=None) -> kv.KVState:
+    """The receiver's state after its prompt minus the last token (no gradients; read once per run:
+    C2C and its control read the same prompt; timed as the receiver's prefill on ``timer``)."""
     head = alignment.receiver_ids[:-1]
-    if head:
-        with torch.no_grad():
-            prefill(pair.receiver, state, head, need_logits=False)
-    return state
+    if not head:
+        return kv.KVState()
+    return read_prompt_once(pair.receiver, head, timer, "receiver_prefill" if timer is not None else None).state
 
 
 def fuse_prompt(pair, fuser, alignment, sharer="right", hard: bool | None = None, timer=None) -> FusedState:
@@ -111,8 +110,7 @@ def fuse_prompt(pair, fuser, alignment, sharer="right", hard: bool | None = None
         else:
             with stage("sharer_prefill"):
                 shared = sharer_kv(pair, alignment)
-    with stage("receiver_prefill"):
-        state = receiver_prefix(pair, alignment)
+    state = receiver_prefix(pair, alignment, timer)
     started = time.perf_counter()
     head = alignment.receiver_ids[:-1]
     with stage("transfer"):

@@ -5,7 +5,7 @@
   ``mmlu_redux``, ``instructions``: Dolly and the small instruction set, ``user_files``: your own
   JSONL), on ``record`` (``Record``, ``LoadReport``) and ``files`` (where the data is, how it is read);
 * ``kvviz.data.recall``: private-context recall records made here (C2C's training data);
-* ``kvviz.data.metrics``: answer metrics (token F1, containment, Wilson interval);
+* ``kvviz.data.metrics``: answer metrics (token F1, containment, the page's verdict, Wilson interval, McNemar's test);
 * ``kvviz.data.choices``: multiple choice asked and read one way for every command.
 
 The names below are the package's public face: ``from kvviz.data import load_dataset`` works.
@@ -15,7 +15,9 @@ from kvviz.data.choices import LETTERS, MC_INSTRUCTION, choice_query, extract_ch
 from kvviz.data.files import DATA_DIR_ENV, DEFAULT_DATA_DIR, get_data_dir
 from kvviz.data.loaders import DATASETS, load_dataset, load_dataset_with_report
 from kvviz.data.record import LoadReport, Problem, Record
-from kvviz.data.metrics import contains_answer, f1_match, normalize_answer, token_f1, wilson_interval
+from kvviz.data.metrics import (
+    VERDICT_METRIC, contains_answer, f1_match, mcnemar_exact, normalize_answer, token_f1, verdict, wilson_interval,
+)
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -23,6 +25,7 @@ __all__ = [
     "DEFAULT_DATA_DIR",
     "LETTERS",
     "MC_INSTRUCTION",
+    "VERDICT_METRIC",
     "LoadReport",
     "Problem",
     "Record",
@@ -34,7 +37,9 @@ __all__ = [
     "get_data_dir",
     "load_dataset",
     "load_dataset_with_report",
+    "mcnemar_exact",
     "normalize_answer",
     "token_f1",
+    "verdict",
     "wilson_interval",
 ]

@@ -1,5 +1,6 @@
 """Answer metrics: SQuAD normalisation, token F1 (the KVComm paper's F1 > 0.5 match),
-containment of a gold answer, and the Wilson interval for an accuracy."""
+containment of a gold answer, the page's verdict on one answer, the Wilson interval for an
+accuracy, and McNemar's exact test for two accuracies measured on the same samples."""
 
 from __future__ import annotations
 
@@ -69,6 +70,27 @@ def contains_answer(prediction: str, answers: str | Sequence[str]) -> bool:
     return False
 
 
+VERDICTS = ("right", "wrong", "none")
+VERDICT_METRIC = "the answer contains a gold answer"
+
+
+def verdict(prediction: str, answers: str | Sequence[str]) -> str | None:
+    """The page's mark for one answer: "right" when it contains a gold answer (``contains_answer``,
+    the sweep's metric), "wrong" when it does not, "none" when the answer is empty; None when there
+    is no gold answer to judge by.
+
+    Containment, not the benchmark's F1 > 0.5: a sentence that states the gold answer ("The code for
+    locker 12 is 4471.", F1 0.25) is right for a learner. Its known weakness: an answer that lists
+    several candidates ("Carbon dioxide, water, and oxygen") counts as right.
+    """
+    golds = [gold for gold in _as_answer_list(answers) if normalize_answer(gold)]
+    if not golds:
+        return None
+    if not normalize_answer(prediction or ""):
+        return "none"
+    return "right" if contains_answer(prediction, golds) else "wrong"
+
+
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """Wilson score interval for a proportion (z=1.96: 95%).
 
@@ -88,3 +110,17 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     low = 0.0 if successes == 0 else max(0.0, centre - half)
     high = 1.0 if successes == n else min(1.0, centre + half)
     return low, high
+
+
+def mcnemar_exact(only_first: int, only_second: int) -> float:
+    """Two-sided exact McNemar p-value from the two discordant counts (samples only the first
+    got right, samples only the second got right): under the null hypothesis that both are
+    equally accurate each discordant sample is a fair coin, so
+    p = min(1, 2 * P(Binomial(b + c, 1/2) <= min(b, c)))."""
+    if only_first < 0 or only_second < 0:
+        raise ValueError(f"discordant counts must be >= 0, got {only_first} and {only_second}")
+    n = only_first + only_second
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(only_first, only_second) + 1)) / 2**n
+    return min(1.0, 2 * tail)

@@ -31,7 +31,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from kvviz.cache import KVState
-from kvviz.decode import generate, prefill
+from kvviz.decode import generate, prefill, read_prompt_once
 from kvviz.handoffs.common import TokenCallback
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, all_of, needs_context, option_values
 from kvviz.measure import StageTimer, decode_flops, forward_flops
@@ -122,14 +122,10 @@ def _last_token_reader(store: dict, layer: int):
     return read
 
 
-@torch.no_grad()
-def read_layer_inputs(model: LoadedModel, token_ids: list[int]) -> list[torch.Tensor]:
-    """Prefill ``token_ids``; the hidden state entering each decoder layer at the last token."""
-    store: dict[int, torch.Tensor] = {}
-    num_layers = model.facts.num_layers
-    with on_layer_inputs(model, {layer: _last_token_reader(store, layer) for layer in range(num_layers)}):
-        prefill(model, KVState(), token_ids, need_logits=False)
-    return [store[layer] for layer in range(num_layers)]
+def read_layer_inputs(model: LoadedModel, token_ids: list[int], timer: StageTimer | None = None) -> list[torch.Tensor]:
+    """Prefill ``token_ids``; the hidden state entering each decoder layer at the last token (read
+    once per run: KVComm's sender reads the same context; timed as the sharer's prefill)."""
+    return read_prompt_once(model, token_ids, timer, "sharer_prefill" if timer is not None else None).layer_inputs
 
 
 @torch.no_grad()
@@ -206,8 +202,7 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     j = layer_index(values["j"], receiver.facts.num_layers)
     timer = StageTimer()
     sender_segments = build_segments(sender.tokenizer, request.query, request.context)
-    with timer.stage("sharer_prefill"):
-        sender_states = read_layer_inputs(sender, sender_segments.context_ids)
+    sender_states = read_layer_inputs(sender, sender_segments.context_ids, timer)
     with timer.stage("transfer"):
         activation = sender_states[k].to(receiver.device)
     segments = build_segments(receiver.tokenizer, request.query)

@@ -63,8 +63,8 @@ HANDOFFS = (
         page=0,
         page_default=True,
         walkthrough=(
-            "Look at the grey column. The receiver never saw the note, so it can only guess. Open *What each "
-            "model saw* under it: the prompt holds the question and nothing else."
+            "Look at the grey column. The receiver never saw the note, so it can only guess. The tab *What each "
+            "model saw* shows its prompt: the question and nothing else."
         ),
     ),
     Handoff(
@@ -101,8 +101,8 @@ HANDOFFS = (
         page_default=True,
         walkthrough=(
             "Skyline (purple) gives the receiver the note directly, in its own prompt. It is the reference the "
-            "papers compare with, not a limit: a handoff may do better or worse. Compare each column's answer "
-            "with this one."
+            "papers compare with, not a limit and not always right: a handoff may do better or worse, and on "
+            "the preset *Where is Kofi?* Skyline itself is wrong."
         ),
     ),
 )

@@ -34,13 +34,13 @@ import torch
 from plotly.subplots import make_subplots
 
 from kvviz import policy
-from kvviz.c2c.align import align_prompt
+from kvviz.c2c.align import align_prompt, describe
 from kvviz.c2c.fuser import C2CFuser, FuserError, checkpoint_label
 from kvviz.c2c.fusion import fuse_prompt
 from kvviz.c2c.locate import communication_details, get_fuser, resolve_fuser
 from kvviz.decode import generate, prefill
-from kvviz.handoffs.common import TokenCallback
-from kvviz.handoffs.registry import OPENING_PRESET, Handoff, Option, option_values
+from kvviz.handoffs.common import TokenCallback, read_prompt
+from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, color_of, option_values
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.models import LoadedPair
 from kvviz.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
@@ -84,10 +84,7 @@ def run(
         return HandoffResult.not_applicable(name, pair.name, reason)
     timer = StageTimer()
     receiver, sharer = pair.receiver, pair.sharer
-    alignment = align_prompt(
-        receiver.tokenizer, sharer.tokenizer, request.query, request.context, receiver_sees_context_for(fuser),
-        fuser.config.token_alignment, fuser.config.fuse_template,
-    )
+    alignment = request_alignment(pair, request, fuser)
     with torch.no_grad():  # the frozen models and the fuser at inference: no gradients
         fused = fuse_prompt(pair, fuser, alignment, sharer="right", hard=True, timer=timer)
     with timer.stage("receiver_prefill"):
@@ -103,6 +100,8 @@ def run(
         seen={
             "sharer": "" if control else sharer.tokenizer.decode(alignment.sharer_ids),
             "receiver": alignment.receiver_segments.text,
+            **({} if control else {"alignment": describe(alignment, receiver.tokenizer, sharer.tokenizer,
+                                                          fuser.config.token_alignment)}),
         },
         timings=timer.as_dict(),
         bytes_communicated=fused.bytes_read,
@@ -136,6 +135,35 @@ def fuser_for(pair: LoadedPair, request: HandoffRequest, control: bool) -> tuple
         kind = "a control" if fuser.config.control else "a real (non-control)"
         return None, None, f"The fuser at {folder} is {kind} fuser; {name} needs the other kind."
     return fuser, folder, ""
+
+
+def request_alignment(pair: LoadedPair, request: HandoffRequest, fuser: C2CFuser):
+    """The request's prompts aligned the way the fuser was trained (context shared or private)."""
+    return align_prompt(
+        pair.receiver.tokenizer, pair.sharer.tokenizer, request.query, request.context, receiver_sees_context_for(fuser),
+        fuser.config.token_alignment, fuser.config.fuse_template,
+    )
+
+
+def fused_prompt(pair: LoadedPair, fuser: C2CFuser, alignment, sharer="right") -> ReceiverPrompt:
+    """The receiver after its whole prompt on the fused cache (the state C2C decodes from), for
+    likelihood scoring. ``sharer`` as in ``kvviz.c2c.fusion.fuse_prompt`` ("right", "zero" or a
+    SharerKV: eval-fuser's other-question control)."""
+    with torch.no_grad():
+        state = fuse_prompt(pair, fuser, alignment, sharer=sharer, hard=True).state
+        return read_prompt(pair.receiver, alignment.receiver_ids[-1:], state)
+
+
+def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult, control: bool = False) -> ReceiverPrompt:
+    """The bench's likelihood column: the receiver's state after the fused prompt."""
+    fuser, _, reason = fuser_for(pair, request, control)
+    if fuser is None:
+        raise FuserError(reason)
+    return fused_prompt(pair, fuser, request_alignment(pair, request, fuser))
+
+
+def control_receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult) -> ReceiverPrompt:
+    return receiver_prompt(pair, request, result, control=True)
 
 
 def c2c_flops(pair, fuser: C2CFuser, alignment, generated: int, control: bool) -> tuple[dict, dict]:
@@ -206,14 +234,15 @@ FIGURE_HEIGHT = 500
 CLOSED_SLIVER = 0.04  # a closed gate (applied 0) is drawn as a thin grey sliver so that its hover can be reached
 
 
-def add_gate_bars(fig, records: list[dict], layers: list[int]) -> None:
-    """Row 1: the gate each layer applied, K solid and V hatched (a closed gate a grey sliver)."""
+def add_gate_bars(fig, records: list[dict], layers: list[int], color: str = GATE_OPEN_COLOR) -> None:
+    """Row 1: the gate each layer applied in the handoff's ``color``, K solid and V hatched (a
+    closed gate a grey sliver)."""
     for kind, label in (("k", "K"), ("v", "V")):
         soft = [float(r.get(f"gate_{kind}", 0.0)) for r in records]
         logits = [float(r.get(f"gate_{kind}_logit", 0.0)) for r in records]
         opened = [bool(r.get(f"gate_{kind}_open", False)) for r in records]
         sharer = [r.get("sharer_layer") for r in records]
-        base = GATE_OPEN_COLOR if kind == "k" else "#56B4E9"
+        base = color
         hover = [
             f"receiver layer {layer} (reads sharer layer {s})<br>{label} gate applied: <b>{int(o)}</b> "
             + ("(open: the projected sharer KV is added)" if o else "(closed: the receiver keeps its own KV)")
@@ -229,7 +258,7 @@ def add_gate_bars(fig, records: list[dict], layers: list[int]) -> None:
                 marker=dict(
                     color=[base if o else GATE_CLOSED_COLOR for o in opened],
                     line=dict(color=[SELECTED_OUTLINE if o else "#999999" for o in opened], width=1),
-                    pattern=dict(shape="" if kind == "k" else "/"),
+                    pattern=dict(shape="" if kind == "k" else "/", fgcolor="#FFFFFF", size=6),
                 ),
                 hovertext=hover,
                 hoverinfo="text",
@@ -267,13 +296,17 @@ def add_head_weights(fig, records: list[dict], layers: list[int], heads: int) ->
         fig.update_yaxes(title_text=f"{kind.upper()} head", dtick=1 if heads <= 8 else None, title_standoff=4, row=row, col=1)
 
 
-def gates_figure(result) -> go.Figure:
+def gates_figure(result, control: bool | None = None) -> go.Figure:
     """Top: the gate each receiver layer applied, 0 (closed) or 1 (open: the projected sharer KV is
     added), for K and V; the logit and sigmoid(logit) it came from are in the hover (at inference
     the gate is hard: open when the logit is above 0). Below, on the same layer axis: head weights
-    as KV head x layer heatmaps for K and V."""
-    title = "C2C: gates and head weights per receiver layer"
-    missing = not_run_figure(title, result, FIGURE_HEIGHT, "C2C did not run.", "C2C")
+    as KV head x layer heatmaps for K and V. ``control``: the control fuser's figure (default: as
+    the result says)."""
+    if control is None:
+        control = result is not None and as_dict(result).get("handoff") == CONTROL
+    name = "C2C control" if control else "C2C"
+    title = f"{name}: gates and head weights per receiver layer"
+    missing = not_run_figure(title, result, FIGURE_HEIGHT, f"{name} did not run.", name)
     if missing is not None:
         return missing
     result = as_dict(result)
@@ -293,7 +326,7 @@ def gates_figure(result) -> go.Figure:
             "head weights for V",
         ),
     )
-    add_gate_bars(fig, records, layers)
+    add_gate_bars(fig, records, layers, color_of(CONTROL if control else NAME))
     add_head_weights(fig, records, layers, heads)
     fig.update_xaxes(dtick=1 if len(layers) <= 40 else None)
     fig.update_xaxes(title_text="receiver layer", row=3, col=1)
@@ -308,6 +341,11 @@ def gates_figure(result) -> go.Figure:
     if details.get("control"):
         subtitle += "; control fuser (no sharer information)"
     return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT, barmode="group", margin=dict(l=60, r=20, t=70, b=50))
+
+
+def control_gates_figure(result) -> go.Figure:
+    """The control fuser's gates figure (named and coloured as the control even with no result)."""
+    return gates_figure(result, control=True)
 
 
 def notes(result: dict) -> list[str]:
@@ -349,8 +387,6 @@ def fuser_option(request: HandoffRequest) -> str | None:
     return option_values(request, NAME, OPTIONS)["fuser"].strip() or None
 
 
-NO_LIKELIHOOD = "not computed: {name} changes the receiver's cache in a way the bench does not rebuild"
-
 HANDOFFS = (
     Handoff(
         name=NAME,
@@ -373,7 +409,7 @@ HANDOFFS = (
         needs=("a trained fuser for the pair",),
         applicable=fuser_found(control=False),
         options=OPTIONS,
-        no_receiver_prompt=NO_LIKELIHOOD.format(name=NAME),
+        receiver_prompt=receiver_prompt,
         figure=gates_figure,
         notes=notes,
         page=20,
@@ -400,19 +436,17 @@ HANDOFFS = (
         run=run_control,
         needs=("a trained control fuser for the pair",),
         applicable=fuser_found(control=True),
-        no_receiver_prompt=NO_LIKELIHOOD.format(name=CONTROL),
-        figure=gates_figure,
+        receiver_prompt=control_receiver_prompt,
+        figure=control_gates_figure,
         notes=notes,
         page=25,
         page_default=True,
         walkthrough=(
             "**Predict first:** did the sharer's cache add anything? C2C control (light blue) runs a fuser with "
             "C2C's architecture, data, steps and seed, trained with the sharer's cache replaced by zeros: it can "
-            "only adapt the receiver. On this preset (we loaded **{preset}** again), if C2C gives the code "
-            "from the note and its control does not, the sharer's cache carried it. If both columns answer "
-            "alike, C2C's change is the fuser adapting the receiver, not the sharer's knowledge. The note under "
-            "each column gives the held-out numbers measured by eval-fuser (NLL and the communication gain)."
+            "only adapt the receiver. We loaded **{preset}**: {lesson} The held-out numbers measured by "
+            "eval-fuser (NLL and the communication gain) are in *What each model saw*."
         ),
-        walkthrough_preset=OPENING_PRESET,
+        walkthrough_preset="plants",
     ),
 )

@@ -36,7 +36,7 @@ from kvviz.handoffs.text import message_tokens, sharer_message_segments
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.models import LoadedModel, LoadedPair
 from kvviz.plotkit import as_dict, empty_figure, layout
-from kvviz.prompts import build_segments, encode, has_chat_template, render, stop_token_ids, unmark
+from kvviz.prompts import build_segments, encode, has_chat_template, split_at_context, stop_token_ids, unmark
 from kvviz.results import HandoffRequest, HandoffResult
 
 NAME = "cipher"
@@ -46,8 +46,6 @@ OPTIONS = (
            minimum=0.0, maximum=2.0, step=0.05),
 )
 FIGURE_HEIGHT = 480
-# Marks the message slot in the receiver's prompt while it is split around it (never in user text).
-_SLOT = "\u2063kvviz-message\u2063"
 
 
 @dataclass
@@ -89,9 +87,10 @@ def nearest_token(model: LoadedModel, vector: torch.Tensor) -> tuple[int, float]
 
 @torch.no_grad()
 def write_message(sender: LoadedModel, prompt_ids: list[int], temperature: float, max_vectors: int,
-                  timer: StageTimer | None = None) -> Message:
+                  timer: StageTimer | None = None, on_message: TokenCallback | None = None) -> Message:
     """The sharer's message as expected embeddings, one per step (see the module docstring); its
-    prompt pass is timed as ``sharer_prefill``, the writing as ``sharer_decode``."""
+    prompt pass is timed as ``sharer_prefill``, the writing as ``sharer_decode``. ``on_message``
+    receives the message so far, read as nearest tokens, after every vector."""
     timer = timer or StageTimer()
     weight, scale = _embedding_table(sender)
     tokenizer = sender.tokenizer
@@ -101,10 +100,12 @@ def write_message(sender: LoadedModel, prompt_ids: list[int], temperature: float
     with timer.stage("sharer_prefill"):
         next_token, _ = prefill(sender, state, prompt_ids)
     with timer.stage("sharer_decode"):
-        return _write(sender, state, next_token, weight, scale, temperature, max_vectors, stop_ids, stop_at_newline)
+        return _write(sender, state, next_token, weight, scale, temperature, max_vectors, stop_ids, stop_at_newline,
+                      on_message)
 
 
-def _write(sender, state, next_token, weight, scale, temperature, max_vectors, stop_ids, stop_at_newline) -> Message:
+def _write(sender, state, next_token, weight, scale, temperature, max_vectors, stop_ids, stop_at_newline,
+           on_message=None) -> Message:
     tokenizer = sender.tokenizer
     vectors, steps, likeliest, nearest = [], [], [], []
     for step in range(max_vectors):
@@ -133,6 +134,8 @@ def _write(sender, state, next_token, weight, scale, temperature, max_vectors, s
         vectors.append(vector)
         likeliest.append(top)
         nearest.append(near)
+        if on_message is not None:
+            on_message(tokenizer.decode(nearest, skip_special_tokens=True).strip())
         if step + 1 < max_vectors:
             next_token = prefill_vectors(sender, state, vector[None])
     width = sender.facts.hidden_size
@@ -146,8 +149,7 @@ def _write(sender, state, next_token, weight, scale, temperature, max_vectors, s
 def receiver_pieces(receiver: LoadedModel, request: HandoffRequest) -> tuple[list[int], list[int], str, str]:
     """The receiver's prompt split around the message slot (where the text handoff puts the
     message): (ids before, ids after, text before, text after)."""
-    head, tail = render(receiver.tokenizer, request.query, context=_SLOT)
-    before, after = (head + tail).split(_SLOT)
+    before, after = split_at_context(receiver.tokenizer, request.query)
     return encode(receiver.tokenizer, before), encode(receiver.tokenizer, after), unmark(before), unmark(after)
 
 
@@ -194,7 +196,8 @@ def shared_embedding_space(pair: LoadedPair, request: HandoffRequest) -> str | N
     return None
 
 
-def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None,
+        on_message: TokenCallback | None = None) -> HandoffResult:
     reason = shared_embedding_space(pair, request)
     if reason:
         return HandoffResult.not_applicable(NAME, pair.name, reason)
@@ -202,7 +205,7 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     sharer, receiver = pair.sharer, pair.receiver
     timer = StageTimer()
     sharer_segments = sharer_message_segments(pair, request)
-    message = write_message(sharer, sharer_segments.input_ids, temperature, message_tokens(request), timer)
+    message = write_message(sharer, sharer_segments.input_ids, temperature, message_tokens(request), timer, on_message)
     with timer.stage("receiver_prefill"):
         prompt, attention = read_message(receiver, request, message.vectors)
     with timer.stage("receiver_decode"):
@@ -323,6 +326,7 @@ HANDOFFS = (
         applicable=shared_embedding_space,
         options=OPTIONS,
         message_tokens=message_tokens,  # the text handoff's message bound
+        streams_message=True,
         receiver_prompt=receiver_prompt,
         figure=figure,
         notes=notes,

@@ -70,7 +70,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from kvviz import cache as kv
-from kvviz.decode import generate, prefill
+from kvviz.decode import generate, prefill, read_prompt_once
 from kvviz.handoffs.common import TokenCallback, read_prompt
 from kvviz.handoffs.kvcomm_layers import (
     CALIBRATION_CONTEXT, CALIBRATION_QUERY, NAME, STRATEGIES, attention_importance, calibrate,
@@ -165,9 +165,8 @@ def send_and_answer(pair, request, options, alpha, segments, timer: StageTimer, 
     if uses_attention and options.calibration != "query":
         # one-off per pair and sample (cached), before the question is asked: not timed here
         calibration = {**calibrate(pair, *calibration_texts(options)), "source": options.calibration}
-    sender_state = kv.KVState()
-    with timer.stage("sharer_prefill"):
-        prefill(sender, sender_state, segments.context_ids, need_logits=False)
+    # the sender reads the context (once per run: AC's sender reads the same)
+    sender_state = read_prompt_once(sender, segments.context_ids, timer, "sharer_prefill").state
     query_importance = None
     if uses_attention and options.calibration == "query":
         # The receiver reads this question once with the context in every layer to choose the
@@ -251,7 +250,10 @@ def run_details(pair, options, alpha, alpha_source: str, sent: Sent) -> dict:
 
 COLOR = "#009E73"  # green
 # the layer figure's series per layer (``meta.series`` of each trace)
-SERIES_COLORS = {"calibration": "#009E73", "query": "#E69F00", "prior": "#bdbdbd", "score": "#004D38"}
+# KVComm's own green for what chose the layers, greys (the query's hatched) for the rest: no other
+# handoff's colour appears in its figure (orange is the text handoff's)
+SERIES_COLORS = {"calibration": "#009E73", "query": "#4B5563", "prior": "#bdbdbd", "score": "#004D38"}
+SERIES_PATTERNS = {"query": "/"}
 # the row of markers above the bars: how each layer got (or did not get) the context
 SENT_MARKERS = {
     "sent": dict(symbol="triangle-down", size=11, color=COLOR),
@@ -402,6 +404,7 @@ def layers_figure(result) -> go.Figure:
                 name=name,
                 marker=dict(
                     color=SERIES_COLORS[key],
+                    pattern=dict(shape=SERIES_PATTERNS.get(key, ""), fgcolor="#FFFFFF", size=5),
                     opacity=[1.0 if sel else 0.35 for sel in selected],
                     line=dict(color=[SELECTED_OUTLINE if sel else "rgba(0,0,0,0)" for sel in selected], width=1.5),
                 ),
@@ -551,9 +554,10 @@ HANDOFFS = (
             "importance measured on the calibration sample (which chose the layers) next to the importance "
             "measured on *this* question after it was answered, with their rank correlation, so you can see "
             "whether one calibration sample speaks for your question. Triangles mark the layers sent, a star "
-            "layer 0 (sent by rule), a dash the layers that kept only the sink. In *Settings* change the ratio, "
-            "or calibrate on this query instead of the built-in sample."
+            "layer 0 (sent by rule), a dash the layers that kept only the sink. We loaded **{preset}**: {lesson} "
+            "In *Settings* change the ratio, or calibrate on this query instead of the built-in sample."
         ),
+        walkthrough_preset="fuji",
         sweep=Sweep(
             title="Sweep: how many layers does KVComm need?",
             explanation=(

@@ -214,7 +214,7 @@ class Handoff:
     color: str  # one colour per handoff, the same everywhere
     summary: str  # one line: CLI help, the column's subtitle
     explanation: str  # "how it works", a short paragraph of markdown
-    run: Callable[..., HandoffResult]  # run(pair, request, on_token=None) -> HandoffResult
+    run: Callable[..., HandoffResult]  # run(pair, request, on_token=None[, on_message=None]) -> HandoffResult
     needs: tuple[str, ...] = ()  # what it needs, in words ("a private context", "a trained fuser")
     applicable: Check = always  # says "not applicable" at once, without running a model
     options: tuple[Option, ...] = ()
@@ -231,8 +231,11 @@ class Handoff:
     page_default: bool = False  # shown when the page opens
     walkthrough: str = ""  # its step of the page's guided walk-through
     # the preset its step loads: a preset key, OPENING_PRESET (the page's opening one, again) or None
-    # (keep what is on the page); the step's text may name the loaded preset's title as {preset}
+    # (keep what is on the page); the step's text may name the loaded preset's title as {preset} and
+    # quote its lesson as {lesson}
     walkthrough_preset: str | None = None
+    # what its step points at: "" its own figure (its column when it has none); "cost": time and bytes
+    walkthrough_shows: str = ""
     sweep: Sweep | None = None
     diagram: Path | None = field(default=None)  # default: assets/diagrams/NAME.svg when present
     # what a latency stage is for this handoff, where the shared stage name would say more (or less)
@@ -242,6 +245,9 @@ class Handoff:
     # prompt budget (kvviz.limits) and ZeroGPU's duration estimate count them; None: none
     message_tokens: Callable[[HandoffRequest], int] | None = None
     task_calibration: TaskCalibration | None = None  # see TaskCalibration
+    # its run takes ``on_message``: called with the message so far after every token (or vector) the
+    # sharer writes before the answer, so that a page can show the message as it is written
+    streams_message: bool = False
 
     def __post_init__(self):
         if self.role not in ROLES:

@@ -49,8 +49,10 @@ def run(
     request: HandoffRequest,
     on_token: TokenCallback | None = None,
     message_override: str | None = None,
+    on_message: TokenCallback | None = None,
 ) -> HandoffResult:
-    """``message_override`` skips the sharer and hands over that text (tests, teaching)."""
+    """``message_override`` skips the sharer and hands over that text (tests, teaching);
+    ``on_message`` receives the message so far while the sharer writes it."""
     timer = StageTimer()
     sharer_segments = sharer_message_segments(pair, request)
     sharer_flops = 0.0
@@ -58,7 +60,8 @@ def run(
         # The message is always greedy: sampling settings apply to the final answer only.
         bound = message_tokens(request)
         settings = GenerationSettings(max_new_tokens=bound, greedy=True)
-        output = answer(pair.sharer, sharer_segments, settings, timer, "sharer", max_new_tokens=bound, is_answer=False)
+        output = answer(pair.sharer, sharer_segments, settings, timer, "sharer", on_message, max_new_tokens=bound,
+                        is_answer=False)
         message, written = output.text, len(output.token_ids)
         prompt_length = len(sharer_segments.input_ids)
         sharer_flops = forward_flops(pair.sharer.facts, prompt_length, 0, 1) + decode_flops(
@@ -122,14 +125,17 @@ HANDOFFS = (
         run=run,
         options=OPTIONS,
         message_tokens=message_tokens,
+        streams_message=True,
         receiver_prompt=_receiver_prompt,
         notes=_notes,
         page=10,
         page_default=True,
         walkthrough=(
-            "The sharer writes the facts down in words and the receiver reads them (orange). Open *What each "
-            "model saw* to read the message. Then find the orange bar in **Latency by stage**: most of its time "
-            "is the sharer *writing*, before the receiver can even start."
+            "The sharer writes the facts down in words and the receiver reads them (orange). In a live run its "
+            "column shows the message while the sharer writes it; the receiver starts only when it is done. "
+            "**Latency by stage** shows the stages of its bar: its first answer token always waits for the whole "
+            "message (the *first token* time in its column)."
         ),
+        walkthrough_shows="cost",
     ),
 )

@@ -1,0 +1,401 @@
+"""The page's events, one ``wire_*`` function per concern. Handlers compute ``{role: value}``
+updates (``kvviz.page.views``, ``kvviz.page.run``) and ``Page.resolve`` turns them into component
+updates, so no handler depends on the order of a list of outputs.
+
+Rules kept here (see ``kvviz.ui``): every model-running event shares one queue; user selections
+use ``.input`` (a value the page sets itself never re-triggers a handler); the page's own events
+are private to the API, which keeps ``/run``, ``/sweep``, ``/stop``, ``/export``, ``/pair_facts``
+and ``/load_preset``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import tempfile
+import threading
+from dataclasses import dataclass
+
+import gradio as gr
+
+from kvviz import plots, present, zerogpu
+from kvviz.handoffs import registry
+from kvviz.models import resolve_pair
+from kvviz.page import spec, views
+from kvviz.page.layout import Page, walk_markdown
+from kvviz.page.run import LiveRun, StopFlags, stream_run
+from kvviz.presets import preset
+from kvviz.sweep import gpu_sweep, run_sweep
+
+PRIVATE = dict(api_visibility="private", show_progress="hidden")
+LOG = logging.getLogger("kvviz.page")
+
+
+@dataclass
+class Lab:
+    """What the handlers share: the page, the precomputed results and their figures, the stop flags."""
+
+    page: Page
+    precomputed: dict
+    default_pair: str
+    workers: int
+    concurrency: int
+    steps: list[spec.WalkStep]
+    cache: views.FigureCache
+    flags: StopFlags
+
+    def preset_view(self, key: str, view: dict) -> dict:
+        """Everything a preset changes: the form, the ticks, the cards, the strip, the lesson, the
+        status, the results, and the figures of the tab in view."""
+        picked = preset(key)
+        payload, status = views.precomputed_payload(self.precomputed, key, self.default_pair)
+        names = spec.preset_columns(picked)
+        updates = {"presets": key, "query": picked.query, "context": picked.context or "",
+                   "expected": spec.expected_text(picked.answers), "chosen": names, "shown": names, "status": status,
+                   "lesson": views.lesson_of(payload), "results": payload}
+        updates.update(views.cards_and_verdict(payload, names, list(picked.answers), picked.subject))
+        figures, view = views.tab_updates(view.get("tab", spec.DEFAULT_TAB), payload, names, view, self.cache)
+        return {**updates, **figures, "view": view}
+
+    def tab_view(self, tab: str, payload: dict, names: list[str], view: dict) -> dict:
+        figures, view = views.tab_updates(tab, payload, names, view, self.cache)
+        return {**figures, "view": view, "tab": tab}
+
+
+def resolved(page: Page, handler):
+    """A handler that returns roles, as one that returns components. An unexpected error is said in
+    the status line and nowhere else (an error raised to Gradio would mark every output)."""
+
+    def run(*args):
+        try:
+            return page.resolve(handler(*args)) or {page["status"]: gr.skip()}  # an empty dict would be read as a value
+        except Exception as error:  # noqa: BLE001 (shown to the learner; the page keeps what it showed)
+            LOG.exception("page event %s failed", handler.__name__)
+            return page.resolve({"status": present.refused_status(f"the page could not do that ({type(error).__name__}: "
+                                                                  f"{error})")})
+
+    run.__name__ = handler.__name__
+    return run
+
+
+# --- load, presets, ticks, expected answer, tabs --------------------------------------------------
+
+
+def wire_load(lab: Lab) -> None:
+    """On load: the viewport's width (a phone gets compact figures), then the tab in view's figures.
+    Until then tab selections draw nothing (the view is not ready)."""
+    page = lab.page
+
+    def on_load(width, payload, names, view):
+        view = {**view, "compact": bool(width) and float(width) <= 640, "drawn": {}, "ready": True}
+        return lab.tab_view(view.get("tab", spec.DEFAULT_TAB), payload, names, view)
+
+    page.demo.load(resolved(page, on_load), inputs=[page["viewport"], page["results"], page["chosen"], page["view"]],
+                   outputs=page.outputs(), js="(width, ...rest) => [window.innerWidth, ...rest]", api_name="on_load",
+                   **PRIVATE)
+
+
+def wire_presets(lab: Lab) -> None:
+    page = lab.page
+    page["presets"].input(resolved(page, lab.preset_view), inputs=[page["presets"], page["view"]],
+                          outputs=page.outputs(), api_name="choose_preset", **PRIVATE)
+
+    def load_preset(key: str) -> dict:
+        """A preset's question and its precomputed results: ``{"query", "context", "expected",
+        "results"}`` (the payload the page shows, as the ``/run`` endpoint's JSON)."""
+        picked = preset(key)
+        payload, _ = views.precomputed_payload(lab.precomputed, key, lab.default_pair)
+        return {"query": picked.query, "context": picked.context or "", "expected": list(picked.answers),
+                "lesson": picked.lesson, "results": json.loads(json.dumps(payload))}
+
+    gr.api(load_preset, api_name="load_preset")
+
+
+def wire_ticks_and_expected(lab: Lab) -> None:
+    """Ticking a column shows its card, details and figure; typing an expected answer re-marks."""
+    page = lab.page
+
+    def on_ticks(names, payload, expected, view):
+        names = [name for name in spec.column_names() if name in (names or [])]
+        answers = spec.expected_answers(expected)
+        updates = {"shown": names, **views.verdict(payload, names, answers, views.subject_of(payload))}
+        return {**updates, **lab.tab_view(view.get("tab", spec.DEFAULT_TAB), payload, names, view)}
+
+    page["chosen"].input(resolved(page, on_ticks), inputs=[page["chosen"], page["results"], page["expected"], page["view"]],
+                         outputs=page.outputs(), api_name="show_handoffs", **PRIVATE)
+
+    def on_expected(expected, payload, names):
+        answers, found = spec.expected_answers(expected), views.results_by_name(payload)
+        updates = {f"head:{name}": present.card_head_html(name, present.mark_of(found.get(name), answers))
+                   for name in spec.column_names() if name in found}
+        return {**updates, **views.verdict(payload, names or [], answers, views.subject_of(payload))}
+
+    page["expected"].input(resolved(page, on_expected), inputs=[page["expected"], page["results"], page["chosen"]],
+                           outputs=page.outputs(), api_name="mark", trigger_mode="always_last", **PRIVATE)
+
+
+def wire_tabs(lab: Lab) -> None:
+    """A tab draws its figures when opened, and only those whose content changed."""
+    page = lab.page
+    for tab_id, tab in page.tabs.items():
+        def on_select(payload, names, view, tab_id=tab_id):
+            if not view.get("ready"):  # Gradio selects the first tab as the page mounts: the load draws it
+                return {}
+            updates = lab.tab_view(tab_id, payload, names or [], view)
+            updates.pop("tab")  # the learner selected it already
+            return updates
+
+        tab.select(resolved(page, on_select), inputs=[page["results"], page["chosen"], page["view"]],
+                   outputs=page.outputs(), api_name=f"open_{tab_id}", **PRIVATE)
+
+
+# --- going to something: the lesson's "Show me" and the walk-through ------------------------------
+
+# Scroll an element into view and outline it for two seconds, waiting for a tab to render it.
+HIGHLIGHT_JS = """
+(target) => {
+  let tries = 0;
+  const go = () => {
+    const el = document.getElementById(target);
+    if (!el || !el.offsetParent) { if (tries++ < 30) setTimeout(go, 100); return; }
+    el.scrollIntoView({behavior: 'smooth', block: 'center'});
+    el.classList.add('kv-highlight');
+    setTimeout(() => el.classList.remove('kv-highlight'), 2000);
+  };
+  setTimeout(go, 50);
+}
+"""
+
+
+# The first plot drawn in the open tab, once the tab has rendered it.
+FIRST_PLOT_JS = f"""() => {{
+  let tries = 0;
+  const find = () => {{
+    const plot = [...document.querySelectorAll('#kv-inside [id^=kv-plot-]')].find(e => e.offsetParent);
+    if (!plot) {{ if (tries++ < 30) setTimeout(find, 100); return; }}
+    ({HIGHLIGHT_JS})(plot.id);
+  }};
+  find();
+}}"""
+
+
+def highlight_js(targets: list[str]) -> str:
+    """JS that outlines the target of the step shown in the walk-through strip ("Step i of n")."""
+    return f"""() => {{
+  const text = (document.getElementById('kv-walk-text') || {{}}).innerText || '';
+  const step = parseInt((text.match(/Step (\\d+) of/) || [0, 1])[1]) - 1;
+  ({HIGHLIGHT_JS})({json.dumps(targets)}[step]);
+}}"""
+
+
+def wire_lesson(lab: Lab) -> None:
+    page = lab.page
+
+    def show_lesson(payload, names, view):
+        key = (payload or {}).get("preset")
+        tab = (preset(key).tab if key else None) or spec.DEFAULT_TAB
+        return lab.tab_view(tab, payload, names or [], view)
+
+    page["lesson_show"].click(resolved(page, show_lesson), inputs=[page["results"], page["chosen"], page["view"]],
+                              outputs=page.outputs(), api_name="show_lesson", **PRIVATE).then(None, js=FIRST_PLOT_JS)
+
+
+def wire_walkthrough(lab: Lab) -> None:
+    page, steps = lab.page, lab.steps
+
+    def walk(index, view, payload, names):
+        index = max(0, min(len(steps) - 1, int(index or 0)))
+        step = steps[index]
+        updates = {"walk_step": index, "walk_text": walk_markdown(steps, index), "walk": gr.update(visible=True)}
+        if step.preset:
+            updates.update(lab.preset_view(step.preset, view))
+            payload, names, view = updates["results"], updates["chosen"], updates["view"]
+        if step.tab:
+            updates.update(lab.tab_view(step.tab, payload, names, view))
+        return updates
+
+    inputs = [page["walk_step"], page["view"], page["results"], page["chosen"]]
+    moves = (("walk_open", lambda i: 0, "walkthrough_open"), ("walk_next", lambda i: i + 1, "walkthrough_next"),
+             ("walk_back", lambda i: i - 1, "walkthrough_back"))
+    for role, move, name in moves:
+        def handler(index, view, payload, names, move=move):
+            return walk(move(int(index or 0)), view, payload, names)
+
+        handler.__name__ = name
+        page[role].click(resolved(page, handler), inputs=inputs, outputs=page.outputs(), api_name=name, **PRIVATE).then(
+            None, js=highlight_js([step.target for step in steps]))
+    page["walk_close"].click(lambda: gr.update(visible=False), outputs=[page["walk"]], api_name="walkthrough_close",
+                             **PRIVATE)
+
+
+# --- the run: busy, stop, stream; and the /run API ------------------------------------------------
+
+
+def request_from_form(lab: Lab, pair, query, context, settings: list, ticked):
+    """(request, names) from the form's values, or a ValueError saying what is wrong."""
+    max_new_tokens, sample, temperature, seed = settings[:4]
+    names = [name for name in spec.column_names() if name in (ticked or [])]
+    options = spec.option_values(lab.page.specs, list(settings[4:]))
+    request = spec.build_request(query, context, max_new_tokens, sample, temperature, seed, options)
+    resolve_pair(pair)
+    if not names:
+        raise ValueError("Tick at least one handoff to run.")
+    return request, names
+
+
+def wire_run(lab: Lab) -> None:
+    page = lab.page
+    form = [page["pair"], page["query"], page["context"], *page.settings_inputs, page["chosen"]]
+
+    def begin(request: gr.Request):
+        lab.flags.begin(request.session_hash)
+        return page.resolve({"run_button": True})
+
+    def run_on_page(pair, query, context, expected, view, ticked, request: gr.Request, *settings):
+        try:
+            yield from page_run_updates(pair, query, context, expected, view, ticked, settings, request.session_hash)
+        except Exception as error:  # noqa: BLE001 (said in the status line; an error raised would mark every output)
+            LOG.exception("the page's run failed")
+            yield page.resolve({"status": present.refused_status(f"the run failed ({type(error).__name__}: {error})"),
+                                "run_button": False})
+
+    def page_run_updates(pair, query, context, expected, view, ticked, settings, session):
+        stop = lab.flags.current(session)
+        try:
+            handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked)
+        except ValueError as error:  # one message, in the status line; nothing else changes
+            yield page.resolve({"status": present.refused_status(str(error)), "run_button": False})
+            return
+        key = views.preset_matching(query, context)
+        run = LiveRun(pair, handoff_request, names, spec.expected_answers(expected),
+                      preset(key).subject if key else "The expected answer", key)
+        for update in stream_run(run, lab.workers, stop):
+            update.pop("error", None)
+            if "results" in update:
+                payload = update["results"]
+                update.update(lab.tab_view(view.get("tab", spec.DEFAULT_TAB), payload, names, view))
+                update.pop("tab")
+                update.update({"run_button": False, "lesson": views.lesson_of(payload)})
+            yield page.resolve(update)
+
+    def finish(request: gr.Request):
+        lab.flags.end(request.session_hash)
+        return page.resolve({"run_button": False})
+
+    page["run_button"].click(begin, outputs=[page["run_button"]], queue=False, api_name="begin_run", **PRIVATE).then(
+        run_on_page, inputs=[page["pair"], page["query"], page["context"], page["expected"], page["view"], page["chosen"],
+                             *page.settings_inputs],
+        outputs=page.outputs(), api_name="run_on_page", concurrency_id=spec.MODEL_QUEUE,
+        concurrency_limit=lab.concurrency, **PRIVATE).then(
+        finish, outputs=[page["run_button"]], queue=False, api_name="end_run", **PRIVATE)
+
+    def stop_run(request: gr.Request):
+        lab.flags.stop(request.session_hash)
+
+    sweep_event = wire_sweep(lab)
+    page["stop_button"].click(stop_run, api_name="stop", queue=False,
+                              cancels=[sweep_event] if sweep_event is not None else None)
+    wire_run_api(lab, form)
+
+
+def api_outputs(page: Page) -> list:
+    """The ``/run`` endpoint's outputs, in order: the status; per page column its answer, its stats
+    and what each model saw; every figure (``spec.plot_names``); the results table and JSON."""
+    columns = [c for name in spec.column_names()
+               for c in (page.cards[name].answer, page.cards[name].stats, page.details[name].seen)]
+    figures = [page.figures[name] for name in spec.plot_names()]
+    return [page["status"], *columns, *figures, page["table"], page["json"], page["results"]]
+
+
+def wire_run_api(lab: Lab, form: list) -> None:
+    """``/run`` for scripts: the form's values in, every output out; a refused request raises
+    (``gradio_client`` hears the message as an ``AppError``)."""
+    page, outputs = lab.page, api_outputs(lab.page)
+
+    def run(pair, query, context, *rest):
+        """Run the ticked handoffs live and stream the answers; the last update holds the
+        structured results (the JSON output: pair, request, one result per handoff)."""
+        *settings, ticked = rest
+        try:
+            request, names = request_from_form(lab, pair, query, context, settings, ticked if ticked is not None else spec.default_columns())
+        except ValueError as error:
+            raise gr.Error(str(error)) from error
+        live = LiveRun(pair, request, names, [], "The answer")
+        for update in stream_run(live, lab.workers, threading.Event()):  # an API call stops when its client leaves
+            if update.get("error"):
+                raise gr.Error(f"The run failed: {update['error']}")
+            if "results" not in update:
+                yield {page.cards[name].answer: update[f"answer:{name}"] for name in names if f"answer:{name}" in update} | (
+                    {page["status"]: update["status"]} if "status" in update else {})
+                continue
+            payload = update["results"]
+            found, figures = views.results_by_name(payload), plots.all_figures(payload["results"], spec.column_names())
+            values = [update["status"]]
+            for name in spec.column_names():
+                values += [present.answer_text(found.get(name)), present.stats_markdown(found.get(name)),
+                           present.seen_text(found.get(name))]
+            values += [figures[name] for name in spec.plot_names()]
+            yield dict(zip(outputs, values + [present.results_frame(payload), payload, payload]))
+
+    run.__signature__ = inspect.Signature(  # the API's parameter names
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in spec.run_parameter_names(page.specs)])
+    page["run_api"].click(run, inputs=form, outputs=outputs, api_name="run", concurrency_id=spec.MODEL_QUEUE,
+                          concurrency_limit=lab.concurrency, show_progress="hidden")
+
+
+# --- sweep, export, pair ----------------------------------------------------------------------------
+
+
+def wire_sweep(lab: Lab):
+    page = lab.page
+    swept = registry.with_sweep()[0] if registry.with_sweep() else None
+    if swept is None:
+        return None
+
+    def sweep_run(pair, series, max_new_tokens, view, progress=gr.Progress()):
+        """Run the sweep on the built-in set; returns the figure and the data."""
+        progress(0.0, desc="Loading models ...")
+        try:
+            if zerogpu.available():  # on a Space: inside @spaces.GPU, plain data across, no progress bar
+                data = gpu_sweep(pair, list(series or []), int(max_new_tokens), swept.name)
+            else:
+                data = run_sweep(pair, series, int(max_new_tokens), progress=progress, handoff=swept.name)
+        except ValueError as error:
+            raise gr.Error(str(error)) from error
+        text = f"**Live sweep finished** in {data['seconds']:.0f} s ({data['n']} questions, {len(data['answers'])} runs)."
+        view = {**view, "drawn": {**view.get("drawn", {}), "sweep_plot": "live"}}
+        return views.sweep_figure(data, bool(view.get("compact"))), data, text, view
+
+    return page["sweep_button"].click(sweep_run, inputs=[page["pair"], page["sweep_series"], page["sweep_tokens"], page["view"]],
+                                      outputs=[page["sweep_plot"], page["sweep_json"], page["sweep_status"], page["view"]],
+                                      api_name="sweep", concurrency_id=spec.MODEL_QUEUE, concurrency_limit=lab.concurrency)
+
+
+def wire_export_and_pair(lab: Lab) -> None:
+    page = lab.page
+
+    def export(results):
+        """Write the current results as JSON and CSV files to download."""
+        try:
+            return present.write_exports(results or {}, tempfile.mkdtemp(prefix="kvviz-export-"))
+        except OSError as error:  # a full or read-only disk: say so; the results stay on the page
+            raise gr.Error(
+                f"Could not write the export files ({error.strerror or error}). The results are still on the "
+                "page: copy them from 'Structured results', or try again when the server has disk space."
+            ) from error
+
+    page["export_button"].click(export, inputs=[page["results"]], outputs=[page["export_files"]], api_name="export")
+    page["pair"].change(present.pair_facts_markdown, inputs=[page["pair"]], outputs=[page["facts"]], api_name="pair_facts",
+                        show_progress="hidden")
+
+
+def wire_all(lab: Lab) -> None:
+    wire_load(lab)
+    wire_presets(lab)
+    wire_ticks_and_expected(lab)
+    wire_tabs(lab)
+    wire_lesson(lab)
+    wire_walkthrough(lab)
+    wire_run(lab)
+    wire_export_and_pair(lab)

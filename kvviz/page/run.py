@@ -1,0 +1,154 @@
+"""A live run as the page shows it: a stream of ``{role: value}`` updates (roles as in
+``kvviz.page.views``), and the per-session stop flags behind the Stop button. No Gradio.
+
+What each event of ``kvviz.stream`` changes, and nothing more (issue 20): a token updates its
+column's answer and the status line; a message being written updates its column's line; a
+finished handoff updates its own card and the verdict strip; figures are not built here at all
+(the page builds the tab in view from the final results). The last update holds ``results`` (the
+payload) and says how the run ended: finished, stopped by the user (each column finished, stopped
+or not started), out of time, or failed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from kvviz import present
+from kvviz.handoffs import registry
+from kvviz.page import views
+from kvviz.page.spec import STREAM_INTERVAL
+from kvviz.results import HandoffRequest
+from kvviz.stream import stream_handoffs
+
+
+class StopFlags:
+    """One stop flag per browser session: Stop sets it, the session's run checks it between events
+    (and ``kvviz.stream`` between tokens). ``begin`` is called when Run is pressed, before the run
+    waits in the queue, so that a Stop pressed while it waits stops it too."""
+
+    def __init__(self):
+        self._flags: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def begin(self, session: str) -> threading.Event:
+        with self._lock:
+            self._flags[session] = threading.Event()
+            return self._flags[session]
+
+    def current(self, session: str) -> threading.Event:
+        with self._lock:
+            return self._flags.setdefault(session, threading.Event())
+
+    def stop(self, session: str) -> bool:
+        """Stop the session's run; False when it has none."""
+        with self._lock:
+            flag = self._flags.get(session)
+        if flag is None:
+            return False
+        flag.set()
+        return True
+
+    def end(self, session: str) -> None:
+        with self._lock:
+            self._flags.pop(session, None)
+
+
+@dataclass
+class LiveRun:
+    """One run's state while it streams: what each column is doing and what has finished."""
+
+    pair: str
+    request: HandoffRequest
+    names: list[str]
+    answers: list[str]
+    subject: str
+    preset_key: str | None = None
+    states: dict[str, str] = field(default_factory=dict)  # waiting / running, until done
+    partial: dict[str, str] = field(default_factory=dict)
+    results: dict[str, dict] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+    log: str = "starting …"
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+    def payload(self) -> dict:
+        ordered = [self.results[name] for name in self.names if name in self.results]
+        data = present.payload(self.pair, self.request.to_dict(), ordered, False, self.preset_key)
+        return dict(data, stamp=views.live_stamp())
+
+    def status(self) -> dict:
+        return {"status": present.live_status(len(self.results), len(self.names), self.log)}
+
+    def verdict(self) -> dict:
+        states = {name: self.states.get(name, "notrun") for name in self.names}
+        payload = {"results": list(self.results.values())}
+        return views.verdict(payload, self.names, self.answers, self.subject, states)
+
+
+def stream_run(run: LiveRun, workers: int, stop: threading.Event,
+               events: Callable[..., Iterator] = stream_handoffs) -> Iterator[dict]:
+    """The run's updates, from the first (every column waiting) to the last (with ``results``)."""
+    run.states = {name: "waiting" for name in run.names}
+    first = {**run.status(), **run.verdict()}
+    for name in run.names:
+        first.update(views.card(name, None, run.answers, "waiting"))
+    yield first
+    last_sent: dict[str, float] = {}  # per column: each streams at most every STREAM_INTERVAL
+    stopped_early = failed = ""
+    for kind, name, data in events(run.pair, run.request, run.names, workers, stop=stop):
+        if stop.is_set():
+            break
+        if kind == "status":
+            run.log = str(data)
+            yield run.status()
+        elif kind == "start":
+            run.states[name] = "running"
+            run.partial[name] = ""
+            run.log = f"running {registry.title_of(name)} …"
+            yield {**run.status(), **views.card(name, None, run.answers, "running", ""), **run.verdict()}
+        elif kind in ("token", "message"):
+            if kind == "token":
+                run.partial[name] = data
+            if time.perf_counter() - last_sent.get(name, 0.0) >= STREAM_INTERVAL:
+                last_sent[name] = time.perf_counter()
+                update = {**run.status(), f"answer:{name}": run.partial.get(name, "")}
+                if kind == "message":
+                    update[f"stats:{name}"] = present.card_stats(None, message=data)
+                yield update
+        elif kind == "done":
+            run.results[name] = data
+            run.states.pop(name, None)
+            run.partial.pop(name, None)
+            yield {**run.status(), **views.card(name, data, run.answers), **run.verdict()}
+        elif kind == "stopped":
+            stopped_early = str(data)
+        elif kind == "error":
+            failed = str(data)
+    yield final_update(run, workers, stopped_by_user=stop.is_set(), out_of_time=stopped_early, failed=failed)
+
+
+def final_update(run: LiveRun, workers: int, stopped_by_user: bool, out_of_time: str, failed: str) -> dict:
+    """The last update: every unfinished column's state, the status, the strip and the results."""
+    update: dict = {"results": run.payload()}
+    if failed:
+        update["error"] = failed
+    unfinished = {name: ("stopped" if name in run.partial else "notstarted") for name in run.names if name not in run.results}
+    if stopped_by_user or out_of_time or failed:
+        for name, state in unfinished.items():
+            state = state if stopped_by_user else "notrun"
+            update.update(views.card(name, None, run.answers, state, run.partial.get(name, "")))
+            run.states[name] = state
+    if stopped_by_user:
+        states = {name: unfinished.get(name, "finished") for name in run.names}
+        update["status"] = present.stopped_status(run.seconds, states)
+    elif failed:
+        update["status"] = present.refused_status(f"the run failed: {failed}")
+    else:
+        update["status"] = present.finished_status(run.seconds, workers, out_of_time)
+    update.update(run.verdict())
+    return update

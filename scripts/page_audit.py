@@ -1,0 +1,131 @@
+"""Audit the page in a real browser: where things are, how long they take, and text contrast.
+
+    python scripts/page_audit.py --url http://127.0.0.1:7860/ [--sizes 1280x800,1400x900,390x844] [--shots DIR]
+
+With no --url it serves the page itself (``kvviz.ui.build_demo``, precomputed results, no model
+runs) on a free loopback port. For each viewport size it loads the page in Debian's Chromium
+(Playwright, never ``playwright install``) and prints:
+
+* the position (x, y, width, height in CSS pixels) of the elements a learner looks for first:
+  the Run button, the status line, each answer, each plot, and whether each is above the fold;
+* seconds from navigation to the first answer's text and to the first plot (a noisy wall-clock
+  number on a shared machine: compare pages in one run, never across runs);
+* every rendered text colour against the background it is drawn on (alpha and opacity composited
+  through the ancestors), as WCAG contrast ratios, grouped, worst first; plot text (SVG) included.
+
+``--shots DIR`` also saves a screenshot of the first screen and of the whole page per size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.page_checks import BOX_JS, CONTRAST_JS  # noqa: E402  (the browser tests measure the same)
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+FIRST_ANSWER = "#kv-answer-receiver textarea, #kv-answer-receiver .kv-card-answer"
+LANDMARKS = ["kv-run", "kv-stop", "kv-status", "kv-query", "kv-context", "kv-handoffs", "kv-settings"]
+
+def served_page():
+    """The page served on a free loopback port, in this process (precomputed results only)."""
+    from tests.conftest import served_on_loopback
+    from kvviz import ui
+
+    return served_on_loopback(ui.build_demo())
+
+
+def audit_size(browser, url: str, width: int, height: int, shots: Path | None) -> dict:
+    page = browser.new_page(viewport={"width": width, "height": height})
+    started = time.perf_counter()
+    page.goto(url, wait_until="domcontentloaded")
+    page.wait_for_function(
+        f"() => {{ const e = document.querySelector({json.dumps(FIRST_ANSWER)}); "
+        "return e && ((e.value || e.textContent || '').trim().length > 0); }", timeout=120_000)
+    first_answer = time.perf_counter() - started
+    page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=120_000)
+    first_plot = time.perf_counter() - started
+    page.wait_for_timeout(1500)  # let late layout settle
+    ids = page.evaluate("() => [...document.querySelectorAll('[id^=kv-]')].map(e => e.id)")
+    wanted = LANDMARKS + sorted(i for i in ids if i.startswith(("kv-answer-", "kv-plot-")))
+    boxes = {i: page.evaluate(BOX_JS, i) for i in wanted}
+    if shots:
+        shots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shots / f"page-{width}x{height}.png"))
+        page.screenshot(path=str(shots / f"page-{width}x{height}-full.png"), full_page=True)
+    texts = page.evaluate(CONTRAST_JS)
+    page.close()
+    return {"first_answer_s": round(first_answer, 2), "first_plot_s": round(first_plot, 2), "boxes": boxes, "texts": texts}
+
+
+def contrast_groups(texts: list[dict]) -> list[dict]:
+    groups: dict[tuple, dict] = {}
+    for item in texts:
+        key = (item["fg"], item["alpha"], item["bg"])
+        group = groups.setdefault(key, {"fg": item["fg"], "alpha": item["alpha"], "bg": item["bg"], "ratio": item["ratio"],
+                                        "count": 0, "examples": [], "ids": set()})
+        group["count"] += 1
+        group["ids"].add(item["id"])
+        if len(group["examples"]) < 3:
+            group["examples"].append(item["text"][:40])
+    return sorted(groups.values(), key=lambda g: g["ratio"])
+
+
+def report(size: str, height: int, data: dict) -> str:
+    lines = [f"## {size}: first answer {data['first_answer_s']} s, first plot {data['first_plot_s']} s after navigation", "",
+             "| element | x | y | width | height | above the fold |", "|---|---|---|---|---|---|"]
+    for name, box in data["boxes"].items():
+        if box is None:
+            lines.append(f"| {name} | hidden | | | | |")
+        else:
+            lines.append(f"| {name} | {box[0]} | {box[1]} | {box[2]} | {box[3]} | {'yes' if box[1] + box[3] <= height else 'no'} |")
+    lines += ["", "| contrast | verdict (AA 4.5) | texts | colour | on | where | e.g. |", "|---|---|---|---|---|---|---|"]
+    for g in contrast_groups(data["texts"]):
+        where = ", ".join(sorted(i for i in g["ids"] if i)[:3]) or "(no id)"
+        alpha = "" if g["alpha"] >= 1 else f" at {g['alpha']:.2f}"
+        lines.append(f"| {g['ratio']:.2f} | {'FAIL' if g['ratio'] < 4.5 else 'ok'} | {g['count']} | {g['fg']}{alpha} | {g['bg']} | "
+                     f"{where} | {'; '.join(g['examples'])} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default=None, help="a running page (default: serve one here)")
+    parser.add_argument("--sizes", default="1280x800,1400x900,390x844")
+    parser.add_argument("--shots", type=Path, default=None, help="folder for screenshots")
+    parser.add_argument("--json", type=Path, default=None, help="also write every measurement here")
+    args = parser.parse_args(argv)
+    if not Path(CHROMIUM).exists():
+        print(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)", file=sys.stderr)
+        return 2
+    from playwright.sync_api import sync_playwright
+
+    served = nullcontext(args.url) if args.url else served_page()
+    out = {}
+    with served as url, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            for size in args.sizes.split(","):
+                width, height = map(int, size.split("x"))
+                out[size] = audit_size(browser, url, width, height, args.shots)
+                print(report(size, height, out[size]) + "\n", flush=True)
+        finally:
+            browser.close()
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""What the browser tests and scripts/page_audit.py measure on the rendered page, as JavaScript for
+Playwright's ``page.evaluate``: WCAG contrast of every visible text, element boxes, and whether a
+plot's title and legend lie inside its SVG."""
+
+# WCAG 2 contrast of every visible text against its composited background.
+CONTRAST_JS = r"""
+() => {
+  const parse = c => { const m = (c || '').match(/rgba?\(([^)]+)\)/); if (!m) return null;
+    const p = m[1].split(/[ ,\/]+/).filter(Boolean).map(Number); return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1]; };
+  const over = (top, bottom) => [0, 1, 2].map(i => top[i] * top[3] + bottom[i] * (1 - top[3])).concat([1]);
+  const lum = c => { const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
+  const ratio = (a, b) => { const x = lum(a), y = lum(b); return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05); };
+  const background = el => { const layers = []; for (let e = el; e && e.nodeType === 1; e = e.parentElement) {
+      const bg = parse(getComputedStyle(e).backgroundColor); if (bg && bg[3] > 0) layers.push(bg); if (bg && bg[3] >= 1) break; }
+    let c = [255, 255, 255, 1]; for (let i = layers.length - 1; i >= 0; i--) c = over(layers[i], c); return c; };
+  const opacity = el => { let o = 1; for (let e = el; e && e.nodeType === 1; e = e.parentElement) o *= parseFloat(getComputedStyle(e).opacity); return o; };
+  const record = (el, text, colour, alpha) => { const bg = background(el); const fg = over([colour[0], colour[1], colour[2], colour[3] * alpha], bg);
+    const r = el.getBoundingClientRect(); const cs = getComputedStyle(el);
+    return {text: text.slice(0, 60), fg: `rgb(${colour.slice(0, 3).join(',')})`, alpha: Math.round(colour[3] * alpha * 100) / 100,
+            bg: `rgb(${bg.slice(0, 3).map(Math.round).join(',')})`, ratio: Math.round(ratio(fg, bg) * 100) / 100,
+            size: cs.fontSize, id: (el.closest('[id]') || {}).id || '', y: Math.round(r.y + window.scrollY)}; };
+  const out = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n; (n = walker.nextNode());) {
+    const text = n.textContent.trim(), el = n.parentElement; if (!text || !el || el.closest('svg')) continue;
+    const r = el.getBoundingClientRect(), cs = getComputedStyle(el);
+    if (!r.width || !r.height || cs.visibility === 'hidden') continue;
+    out.push(record(el, text, parse(cs.color), opacity(el)));
+  }
+  for (const el of document.querySelectorAll('textarea, input[type=text], input[type=number]')) {
+    if (!el.getBoundingClientRect().width || !el.value) continue;
+    out.push(record(el, '[value] ' + el.value, parse(getComputedStyle(el).color), opacity(el)));
+  }
+  for (const t of document.querySelectorAll('.js-plotly-plot svg text')) {
+    const s = t.textContent.trim(); if (!s || !t.getBoundingClientRect().width) continue;
+    const cs = getComputedStyle(t), fill = parse(cs.fill); if (!fill) continue;
+    const rec = record(t.closest('.js-plotly-plot'), '[plot] ' + s, fill, parseFloat(cs.fillOpacity || 1) * opacity(t));
+    rec.id = (t.closest('[id]') || {}).id || ''; out.push(rec);
+  }
+  return out;
+}
+"""
+
+BOX_JS = """(id) => { const e = document.getElementById(id); if (!e || !e.offsetParent) return null;
+  const r = e.getBoundingClientRect(); return [r.x, r.y + window.scrollY, r.width, r.height].map(Math.round); }"""
+
+# Per plotly figure on screen: its SVG box, and the boxes of its title, subplot titles and legend;
+# a title or legend cut by the plot's edge lies partly outside the SVG box.
+PLOT_PARTS_JS = """
+() => [...document.querySelectorAll('.js-plotly-plot')].filter(e => e.offsetParent).map(plot => {
+  const svg = plot.querySelector('.main-svg').getBoundingClientRect();
+  const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const parts = [];
+  for (const e of plot.querySelectorAll('.gtitle, .legend, .annotation-text, .xtitle')) {
+    const r = e.getBoundingClientRect(); if (r.width && r.height) parts.push([e.getAttribute('class'), e.textContent.slice(0, 50), box(e)]);
+  }
+  return {id: (plot.closest('[id^=kv-plot-]') || {}).id, svg: [svg.left, svg.top, svg.right, svg.bottom], parts};
+})
+"""

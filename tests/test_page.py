@@ -1,0 +1,206 @@
+"""The page without a browser or a server (unit tier): a live run as updates by role, the stop
+flags, figures drawn once and only for the tab in view, refusals in the status line alone, the
+walk-through's targets, and small functions wired by name (issues 18, 20 and 21)."""
+
+from __future__ import annotations
+
+import ast
+import threading
+from pathlib import Path
+
+import pytest
+
+from kvviz import present, ui
+from kvviz.handoffs import registry
+from kvviz.page import spec, views
+from kvviz.page.run import LiveRun, StopFlags, stream_run
+from kvviz.presets import DEFAULT_PRESET, PRESETS, load_precomputed, preset
+from kvviz.results import HandoffRequest
+
+PRECOMPUTED = load_precomputed()
+NAMES = ["receiver", "text", "kvcomm"]
+
+
+def fake_result(name: str, answer: str) -> dict:
+    return {"handoff": name, "applicable": True, "answer": answer, "timings": {"total": 0.5}, "bytes_communicated": 0,
+            "tokens": {"generated": 1}, "seen": {"receiver": "prompt"}}
+
+
+def fake_events(script):
+    """A stand-in for ``kvviz.stream.stream_handoffs`` that plays ``script`` (and can be stopped)."""
+
+    def events(pair, request, names, workers, stop=None):
+        for event in script:
+            if callable(event):
+                event()
+                continue
+            yield event
+
+    return events
+
+
+def live_run() -> LiveRun:
+    return LiveRun("embedded", HandoffRequest(query="What is the code?", context="It is 4471."), NAMES, ["4471"], "The code")
+
+
+def test_each_event_updates_only_what_it_changed_and_no_figure_is_built_during_the_run():
+    script = [("start", "receiver", None), ("token", "receiver", "12"), ("start", "text", None),
+              ("message", "text", "The code is"), ("done", "receiver", fake_result("receiver", "12")),
+              ("token", "text", "4471"), ("done", "text", fake_result("text", "4471")),
+              ("done", "kvcomm", fake_result("kvcomm", "4471"))]
+    updates = list(stream_run(live_run(), 1, threading.Event(), events=fake_events(script)))
+    assert not [role for update in updates for role in update if role.startswith("figure:")]
+    first, *middle, last = updates
+    assert {f"head:{name}" for name in NAMES} <= set(first)  # every column says it waits
+    for update in middle:
+        columns = {role.split(":", 1)[1] for role in update if ":" in role}
+        assert len(columns) <= 1, update.keys()  # an event touches its own column only
+    token = next(u for u in middle if "answer:receiver" in u and "head:receiver" not in u)
+    assert set(token) == {"status", "answer:receiver"}
+    message = next(u for u in middle if "stats:text" in u and "head:text" not in u)
+    assert "the sharer writes" in message["stats:text"] and "The code is" in message["stats:text"]
+    done = next(u for u in middle if "head:receiver" in u and 'data-verdict="wrong"' in u["head:receiver"])
+    assert {"verdict", "status", "answer:receiver"} <= set(done)
+    assert [r["handoff"] for r in last["results"]["results"]] == NAMES
+    assert "finished" in last["status"] and "got through by: <b>Text, KVComm</b>" in last["verdict"]
+
+
+def test_stop_marks_each_column_finished_stopped_or_not_started():
+    stop = threading.Event()
+    script = [("start", "receiver", None), ("done", "receiver", fake_result("receiver", "12")),
+              ("start", "text", None), ("token", "text", "The co"), stop.set, ("token", "text", "never shown")]
+    *_, last = stream_run(live_run(), 1, stop, events=fake_events(script))
+    assert "Stopped by you" in last["status"]
+    assert "finished Receiver alone" in last["status"] and "stopped Text message" in last["status"]
+    assert "not started KVComm" in last["status"]
+    assert 'data-verdict="stopped"' in last["head:text"] and last["answer:text"] == "The co"
+    assert 'data-verdict="notstarted"' in last["head:kvcomm"] and last["answer:kvcomm"] == ""
+    assert [r["handoff"] for r in last["results"]["results"]] == ["receiver"]
+
+
+def test_a_run_that_cannot_start_says_why_and_marks_the_columns_not_run():
+    *_, last = stream_run(live_run(), 1, threading.Event(), events=fake_events([("error", None, "no such model")]))
+    assert last["error"] == "no such model" and "no such model" in last["status"]
+    assert all('data-verdict="notrun"' in last[f"head:{name}"] for name in NAMES)
+
+
+def test_stop_flags_are_per_session_and_a_stop_before_the_run_starts_counts():
+    flags = StopFlags()
+    flag = flags.begin("a")
+    assert not flags.stop("b") and not flag.is_set()
+    assert flags.stop("a") and flags.current("a").is_set()  # pressed while the run waited in the queue
+    assert not flags.begin("a").is_set()  # the next run starts clean
+    flags.end("a")
+    assert not flags.stop("a")
+
+
+def test_a_tab_draws_its_figures_once_and_only_its_own():
+    cache = views.FigureCache()
+    payload, _ = views.precomputed_payload(PRECOMPUTED, DEFAULT_PRESET, "embedded")
+    names = spec.default_columns()
+    view = {"tab": "layers", "compact": False, "drawn": {}}
+    first, view = views.tab_updates("layers", payload, names, view, cache)
+    assert set(first) == {f"figure:{name}" for name in spec.layer_figure_names() if name in names}
+    again, view = views.tab_updates("layers", payload, names, view, cache)
+    assert again == {}  # nothing changed: nothing is sent
+    cost, view = views.tab_updates("cost", payload, names, view, cache)
+    assert set(cost) == {"figure:latency", "figure:bytes"}
+    fewer = [name for name in names if name != "skyline"]
+    after_ticks, view = views.tab_updates("cost", payload, fewer, view, cache)
+    assert set(after_ticks) == {"figure:latency", "figure:bytes"}  # the cost plots show the ticked columns only
+    latency = after_ticks["figure:latency"].to_dict()
+    assert registry.label_of("skyline") not in latency["data"][0]["x"]
+    layers_after_ticks, view = views.tab_updates("layers", payload, fewer, view, cache)
+    assert layers_after_ticks == {}  # a handoff's own figure does not depend on the ticks
+    # a precomputed preset's figure is built once per process, for every session
+    other = {"tab": "layers", "compact": False, "drawn": {}}
+    shared, _ = views.tab_updates("layers", payload, names, other, cache)
+    assert shared["figure:kvcomm"] is first["figure:kvcomm"]
+
+
+def test_the_phone_gets_compact_figures_with_short_title_lines():
+    payload, _ = views.precomputed_payload(PRECOMPUTED, DEFAULT_PRESET, "embedded")
+    for name in spec.layer_figure_names() + list(spec.FIXED_PLOTS):
+        figure = views.build_figure(name, payload, spec.default_columns(), compact=True)
+        for line in figure.layout.title.text.replace("<sup>", "").replace("</sup>", "").split("<br>"):
+            assert len(line) <= 48, (name, line)
+        assert figure.layout.legend.orientation == "h" and figure.layout.legend.yanchor == "top"
+
+
+def test_a_refused_request_changes_the_status_line_and_nothing_else():
+    demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
+    page = demo.kvviz_page
+    handler = next(fn for fn in demo.fns.values() if fn.api_name == "run_on_page").fn
+    view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
+    request = type("Request", (), {"session_hash": "s"})()
+    settings = [4, False, 0.7, 0] + [spec_default(option) for option in page.specs for _ in range(option.inputs)]
+    updates = list(handler("embedded", "   ", "ctx", "4471", view, spec.default_columns(), request, *settings))
+    assert len(updates) == 1
+    (update,) = updates
+    assert set(update) == {page["status"], page["run_button"]}
+    assert "Not run" in update[page["status"]] and "query is empty" in update[page["status"]]
+
+
+def spec_default(option):
+    return option.option.default if not option.option.auto else True
+
+
+def test_roles_resolve_to_components_by_name():
+    demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
+    page = demo.kvviz_page
+    out = page.resolve({"status": "s", "answer:kvcomm": "4471", "head:kvcomm": "h", "seen:kvcomm": "p",
+                        "figure:latency": None, "shown": ["kvcomm"], "lesson": ""})
+    assert out[page["status"]] == "s" and out[page.cards["kvcomm"].answer] == "4471"
+    assert out[page.cards["kvcomm"].head] == "h" and out[page.details["kvcomm"].seen] == "p"
+    assert out[page.cards["kvcomm"].block]["visible"] and not out[page.cards["receiver"].block]["visible"]
+    assert not out[page["lesson_row"]]["visible"]
+    assert set(out) <= set(page.outputs())
+
+
+def test_every_walkthrough_step_points_at_an_element_of_the_page_and_says_true_things():
+    demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
+    ids = {block.elem_id for block in demo.blocks.values() if getattr(block, "elem_id", None)}
+    steps = spec.walkthrough_steps()
+    for step in steps:
+        assert step.target in ids, step
+        assert step.tab is None or step.tab in dict(spec.TABS)
+        assert step.preset is None or step.preset in {p.key for p in PRESETS}
+        assert "{preset}" not in step.text and "{lesson}" not in step.text
+    words = " ".join(step.text for step in steps)
+    assert "most of its time" not in words  # not true on the opening preset (issue 21)
+    sweep = registry.with_sweep()[0].sweep.title
+    assert sweep in words  # its own case, not lower-cased
+    control = next(s for s in steps if registry.get("c2c_control").title in s.title)
+    assert "c2c-differs-from-control" in preset(control.preset).shows and "Predict first" in control.text
+
+
+def test_the_page_functions_are_small():
+    """No function of the page much over 80 lines (issue 18): the page is built and wired in pieces."""
+    root = Path(ui.__file__).parent
+    for path in [root / "ui.py", *sorted((root / "page").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                assert length <= 80, f"{path.name}:{node.lineno} {node.name} is {length} lines"
+
+
+def test_each_handoffs_title_ink_reads_on_white_and_on_its_tint():
+    from kvviz.plotkit import contrast_ratio, ink, tint
+
+    for handoff in registry.all_handoffs():
+        shade = ink(handoff.color)
+        assert contrast_ratio(shade, "#FFFFFF") >= 4.5 and contrast_ratio(shade, tint(handoff.color)) >= 4.5, handoff.name
+    for kind in present.MARK_WORDS:  # every mark has a word, not a colour alone
+        assert present.MARK_WORDS[kind].strip()
+
+
+@pytest.mark.parametrize("key", [p.key for p in PRESETS])
+def test_each_preset_paints_its_columns_marks_and_lesson(key):
+    payload, status = views.precomputed_payload(PRECOMPUTED, key, "embedded")
+    picked = preset(key)
+    names = spec.preset_columns(picked)
+    updates = views.cards_and_verdict(payload, names, list(picked.answers), picked.subject)
+    assert "precomputed" in status and views.lesson_of(payload).endswith(present.md(picked.lesson))
+    for name in names:
+        assert f'id="kv-mark-{name}"' in updates[f"head:{name}"]
+    assert updates["verdict"].count("got through by") == 1 and picked.subject in updates["verdict"]

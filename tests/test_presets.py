@@ -1,0 +1,137 @@
+"""The presets' lessons hold in their precomputed results (issue 21), with no model run.
+
+Two layers of checks over assets/precomputed/presets.json, the file the page paints from:
+
+* each preset's own ``check`` (assets/presets.toml), the claims its lesson line makes;
+* the kinds of lesson the issue asks the set to have, each defined here independently of the
+  presets' own claims (``KINDS``), and no preset whose reference is wrong unless that is its lesson.
+
+A regenerated presets file (``python scripts/precompute_presets.py``) that stops showing a lesson
+fails here: then change the preset or its lesson, never the test's definitions.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvviz.handoffs import registry
+from kvviz.lessons import failures, mark, sent_layers
+from kvviz.presets import PRESETS, _preset, load_precomputed, preset
+
+PRECOMPUTED = load_precomputed()
+
+
+def results_of(entry: dict) -> dict[str, dict]:
+    return {result["handoff"]: result for result in entry["results"]}
+
+
+def kvcomm_runs(key: str) -> list[tuple[int, str]]:
+    """(layers sent, verdict) of KVComm in every stored run of a preset, the page's own included."""
+    entry, answers = PRECOMPUTED["presets"][key], preset(key).answers
+    runs = [entry] + list((entry.get("runs") or {}).values())
+    found = []
+    for run in runs:
+        result = results_of(run).get("kvcomm")
+        if result is not None and result.get("applicable"):
+            found.append((len(sent_layers(result)), mark(result, answers)))
+    return found
+
+
+def reference(key: str) -> str:
+    """The column a learner compares with: Skyline (the receiver reading the context itself) for a
+    private context, the sharer alone (the model that holds the knowledge) for a shared question."""
+    return "skyline" if preset(key).scenario == "private" else "sharer"
+
+
+def marks(key: str) -> dict[str, str]:
+    return {name: mark(result, preset(key).answers) for name, result in results_of(PRECOMPUTED["presets"][key]).items()}
+
+
+def only_text_crosses(key: str) -> bool:
+    shown = [name for name in registry.default_handoffs() if name not in ("skyline", "sharer")]
+    verdicts = marks(key)
+    return verdicts["text"] == "right" and all(verdicts[name] == "wrong" for name in shown if name != "text")
+
+
+def kvcomm_crosses_with_few_layers(key: str) -> bool:
+    runs = kvcomm_runs(key)
+    fewest_right = min((count for count, verdict in runs if verdict == "right"), default=None)
+    return fewest_right is not None and fewest_right <= 3 and any(
+        count < fewest_right and verdict == "wrong" for count, verdict in runs)
+
+
+def kvcomm_has_a_threshold(key: str) -> bool:
+    runs = kvcomm_runs(key)
+    return any(verdict == "right" and (count - 1, "wrong") in runs for count, verdict in runs)
+
+
+def shared_question_with_a_reference(key: str) -> bool:
+    verdicts = marks(key)
+    return preset(key).scenario == "shared" and verdicts["sharer"] == "right" and verdicts["receiver"] == "wrong"
+
+
+def c2c_differs_from_its_control_while_held_out_says_zero(key: str) -> bool:
+    verdicts, c2c = marks(key), results_of(PRECOMPUTED["presets"][key])["c2c"]
+    low, high = c2c["details"]["communication"]["ci95"]
+    return {verdicts["c2c"], verdicts["c2c_control"]} == {"right", "wrong"} and low <= 0 <= high
+
+
+KINDS = {
+    "only-text-crosses": only_text_crosses,
+    "kvcomm-few-layers": kvcomm_crosses_with_few_layers,
+    "kvcomm-layers": kvcomm_has_a_threshold,
+    "shared-reference": shared_question_with_a_reference,
+    "c2c-differs-from-control": c2c_differs_from_its_control_while_held_out_says_zero,
+    "reference-wrong": lambda key: marks(key)[reference(key)] == "wrong",
+    "receiver-knows": lambda key: marks(key)["receiver"] == "right",
+}
+REQUIRED = ("only-text-crosses", "kvcomm-few-layers", "shared-reference", "c2c-differs-from-control")
+
+
+@pytest.fixture(autouse=True)
+def precomputed_file():
+    if not PRECOMPUTED.get("presets"):
+        pytest.fail("assets/precomputed/presets.json is missing or unreadable: python scripts/precompute_presets.py")
+
+
+@pytest.mark.parametrize("key", [p.key for p in PRESETS])
+def test_each_presets_lesson_holds_in_its_precomputed_results(key):
+    assert failures(preset(key), PRECOMPUTED["presets"].get(key)) == []
+
+
+@pytest.mark.parametrize("key", [p.key for p in PRESETS])
+def test_each_preset_is_the_kind_of_lesson_it_says(key):
+    for kind in preset(key).shows:
+        assert kind in KINDS, f"{key}: unknown kind {kind}"
+        assert KINDS[kind](key), f"{key} does not show {kind}: {marks(key)}; KVComm runs {kvcomm_runs(key)}"
+
+
+def test_the_set_has_every_lesson_the_page_needs_and_no_wrong_reference_unless_that_is_the_lesson():
+    kinds = {kind for p in PRESETS for kind in p.shows}
+    assert set(REQUIRED) <= kinds
+    for p in PRESETS:
+        if "reference-wrong" not in p.shows:
+            assert marks(p.key)[reference(p.key)] == "right", f"{p.key}: its reference {reference(p.key)} is wrong"
+
+
+def test_every_preset_names_registered_columns_and_states_its_lesson():
+    for p in PRESETS:
+        assert p.lesson and p.subject and p.answers
+        checks = [p.check] + [run.check for run in p.runs]
+        named = set(p.handoffs) | {name for run in p.runs for name in run.handoffs}
+        for check in checks:
+            for claim in check.values():
+                named |= set(claim)
+        assert named <= set(registry.HANDOFFS), f"{p.key}: {sorted(named - set(registry.HANDOFFS))}"
+        assert (p.context is None) == (p.scenario == "shared")
+
+
+def test_a_preset_with_an_unknown_field_or_claim_is_refused():
+    raw = {"key": "x", "title": "X", "scenario": "private", "query": "Q?", "context": "C.", "answers": ["a"]}
+    assert _preset(raw).context == "C."
+    with pytest.raises(ValueError, match="unknown field"):
+        _preset({**raw, "lessons": "typo"})
+    with pytest.raises(ValueError, match="unknown check"):
+        _preset({**raw, "check": {"rigth": ["text"]}})
+    with pytest.raises(ValueError, match="scenario"):
+        _preset({**raw, "scenario": "public"})
