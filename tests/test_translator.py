@@ -279,6 +279,11 @@ def test_the_evaluator_measures_every_row_and_its_checks_hold(mixed_tiny_pair, o
     assert summary["communication"]["of"] == 4 and len(summary["communication"]["ci95"]) == 2
     assert "translator closes" in translator_eval.format_report(report)
     assert translator_eval.measured_summary(report)["communication_gain"]["n"] == 4
+    # another translator on the same records: its own rows only (the receiver's and Skyline's do not change)
+    only = translator_eval.evaluate(pair, random_translator(pair, seed=1), {"recall": records}, rows=("translator", "control"),
+                                    max_new_tokens=3, progress=lambda message: None, checks=0)
+    assert set(only["recall"]["rows"]) == {"translator", "control"} and only["recall"]["communication"]["of"] == 4
+    assert "communication gain" in translator_eval.format_report(only)
 
 
 # --- the handoff (kvviz.handoffs.translate) ---------------------------------------------------------
