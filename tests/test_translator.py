@@ -351,3 +351,37 @@ def test_the_shipped_translator_is_small_and_for_the_embedded_pair():
         assert handle.get_slice("up").get_dtype() == "F16"
     measured = json.loads((folder / MEASURED_FILE).read_text())
     assert measured["command"].startswith("python -m kvviz")
+
+
+def test_the_batched_decode_step_keeps_the_translated_tokens_weights(mixed_tiny_pair, one_thread):
+    """A decode step of kvviz.step (the shared batch) applies the prefix's score biases as the
+    model's own forward does: a translated token's weight holds for generated tokens too."""
+    from kvviz import cache as kv
+    from kvviz.decode import forward_kwargs
+    from kvviz.step import DecodeStep
+
+    pair = mixed_tiny_pair
+    step = DecodeStep(pair.receiver)
+    if not step.supported:
+        pytest.skip(step.reason)
+    translator = random_translator(pair)
+    with torch.no_grad():
+        translator.weight_bias.fill_(-2.0)  # weights ~0.12: biases that change attention
+    alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
+    with torch.no_grad():
+        prefix, _, _ = tr.translate(pair, translator, alignment)
+        state = prefix.state
+        prefill(pair.receiver, state, build_segments(pair.receiver.tokenizer, QUERY).query_ids)
+
+        def twin(bias):
+            return KVState(cache=kv.copy_cache(state.cache), next_position=state.next_position,
+                           prefix_positions=state.prefix_positions, prefix_bias=bias)
+
+        def model_forward(copy):
+            ids = torch.tensor([[7]])
+            return pair.receiver.model.model(input_ids=ids, **forward_kwargs(pair.receiver, copy, 1)).last_hidden_state[0, -1]
+
+        theirs, unbiased = model_forward(twin(state.prefix_bias)), model_forward(twin({}))
+        ours = step.step([twin(state.prefix_bias)], [7])[0]
+    assert torch.allclose(ours, theirs, atol=1e-4)
+    assert not torch.allclose(unbiased, theirs, atol=1e-3)  # the biases matter here
