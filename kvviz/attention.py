@@ -12,6 +12,12 @@ positions of the foreign prefix keys; this function then builds the mask from re
 a key is visible when its position is <= the query's position (and inside the sliding window for
 sliding layers). The plan can also capture attention mass on the prefix, which KVComm's layer
 selection needs (TransformerLens style: one capture mechanism, a stable name per value).
+
+``AttentionRows`` is the same mechanism per answer token (issue 22, "what crossed"): a forward
+given one (keyword ``kvviz_rows``) records, for its last query token, every head's attention
+probabilities over every key of every layer, by the keys' real positions. The decode step
+(``kvviz.step``) honours the same object on a sequence's ``KVState.token_rows``. Recording never
+changes the attention output: the probabilities are computed beside it.
 """
 
 from __future__ import annotations
@@ -89,6 +95,44 @@ class AttentionPlan:
         return torch.cat([prefix.to(device), own])
 
 
+class AttentionRows:
+    """Attention rows of some query tokens, one row per token: for each layer, the probabilities
+    [heads, keys] (float32, on the CPU) and the keys' positions [keys]. ``limit`` bounds the rows
+    kept (later tokens are not recorded)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.rows: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = []
+        self._current: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def full(self) -> bool:
+        return len(self.rows) >= self.limit
+
+    def record(self, layer: int, probabilities: torch.Tensor, key_positions: torch.Tensor) -> None:
+        if not self.full:  # kept on its device until the token is done (one wait for a GPU per token)
+            self._current[layer] = (probabilities.detach().float(), key_positions.detach())
+
+    def commit(self) -> None:
+        """The current token's layers are all recorded: they become one row (on the CPU)."""
+        if self._current and not self.full:
+            self.rows.append({layer: (p.cpu(), k.cpu()) for layer, (p, k) in self._current.items()})
+        self._current = {}
+
+
+def query_probabilities(query: torch.Tensor, keys: torch.Tensor, scaling: float, visible: torch.Tensor | None,
+                        softcap: float | None = None) -> torch.Tensor:
+    """One query's attention probabilities: query [heads, dim], keys [kv_heads, keys, dim] (grouped
+    heads share their KV head), visible [keys] bool or None -> [heads, keys] float32."""
+    groups = query.shape[0] // keys.shape[0]
+    scores = torch.einsum("hd,hkd->hk", query.float(), keys.float().repeat_interleave(groups, dim=0)) * scaling
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    if visible is not None:
+        scores = scores.masked_fill(~visible[None], float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
 def positional_mask(query_positions, key_positions, sliding_window=None) -> torch.Tensor:
     """Boolean [1, 1, q, k] mask: True where the query may attend to the key."""
     difference = query_positions[:, None] - key_positions[None, :]
@@ -99,6 +143,29 @@ def positional_mask(query_positions, key_positions, sliding_window=None) -> torc
 
 
 def kvviz_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    rows: AttentionRows | None = kwargs.pop("kvviz_rows", None)
+    if rows is not None:
+        output = _attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        _record_last_row(module, query, key, scaling, rows, **kwargs)
+        return output
+    return _attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+
+
+def _record_last_row(module, query, key, scaling, rows: AttentionRows, **kwargs) -> None:
+    """Record the last query token's attention probabilities at this layer (its keys by position)."""
+    plan: AttentionPlan = kwargs.get("kvviz_plan") or AttentionPlan()
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None:
+        raise ValueError("Recording attention rows needs explicit position_ids on every forward call.")
+    last_position = int(position_ids[0, -1])
+    key_positions = plan.key_positions(module.layer_idx, key.shape[2], last_position, key.device)
+    visible = positional_mask(position_ids[0, -1:].to(key.device), key_positions, kwargs.get("sliding_window"))[0, 0, 0]
+    scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+    probabilities = query_probabilities(query[0, :, -1], key[0], scaling, visible, kwargs.get("softcap"))
+    rows.record(module.layer_idx, probabilities, key_positions)
+
+
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     plan: AttentionPlan | None = kwargs.pop("kvviz_plan", None)

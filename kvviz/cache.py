@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from kvviz.attention import AttentionPlan
+from kvviz.attention import AttentionPlan, AttentionRows
 
 
 class GrowingLayer(DynamicLayer):
@@ -152,6 +152,9 @@ class KVState:
     prefix_positions: dict[int, torch.Tensor] = field(default_factory=dict)
     reference_mask: bool = False  # KVComm's reference-code mask quirk (AttentionPlan.reference_mask)
     prefix_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # AttentionPlan.prefix_bias
+    # When set, every forward on this state (a decode step too) records its last token's attention
+    # rows here (kvviz.attention.AttentionRows): the per-sequence flag the batched step honours.
+    token_rows: AttentionRows | None = field(default=None, repr=False)
 
     def plan(self, capture: bool = False) -> AttentionPlan | None:
         """The attention plan for the next forward; None when layers are plain and contiguous."""

@@ -87,11 +87,16 @@ def configure_run(parser):
     parser.add_argument("--seed", type=int, default=0)
     flags.add_option_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--gold", default=None, help="the gold answer: the logit lens also follows its first token")
+    parser.add_argument("--no-inspect", action="store_true",
+                        help="do not record what crossed (token_attention, logit_lens in the JSON)")
 
 
 def request_from_args(args):
+    inspect = None if getattr(args, "no_inspect", False) else {"gold": getattr(args, "gold", None)}
     return registry.build_request(
-        args.query, args.context, args.max_new_tokens, args.sample, args.temperature, args.seed, flags.option_arguments(args)
+        args.query, args.context, args.max_new_tokens, args.sample, args.temperature, args.seed, flags.option_arguments(args),
+        inspect=inspect,
     )
 
 

@@ -23,7 +23,9 @@ from typing import Callable
 
 import torch
 
+from kvviz import crossed
 from kvviz import step as decode_step
+from kvviz.attention import AttentionPlan, AttentionRows
 from kvviz.batching import DecodeBatch, Sequence
 from kvviz.cache import KVState, copy_cache, place
 from kvviz.measure import StageTimer, clock
@@ -55,6 +57,8 @@ class NextToken:
         self.hidden = hidden  # [1, hidden size], after the final norm
         self._logits: torch.Tensor | None = None
         self._greedy = greedy  # the greedy choice, when a batched step already made it
+        # what a prefill recorded for ``kvviz.crossed`` (attention row, layer states), when it did
+        self.inspected: tuple | None = None
 
     @property
     def logits(self) -> torch.Tensor:
@@ -72,21 +76,44 @@ class NextToken:
 
 
 @torch.no_grad()
-def prefill(loaded: LoadedModel, state: KVState, token_ids: list[int], need_logits: bool = True, capture: bool = False):
+def prefill(loaded: LoadedModel, state: KVState, token_ids: list[int], need_logits: bool = True, capture: bool = False,
+            plan: AttentionPlan | None = None):
     """Feed tokens into ``state`` (in place). Returns (``NextToken`` or None, attention plan).
 
     Only the decoder stack runs here; the output head runs for the last position only, and only
     when the next token is chosen (``NextToken``). Without ``need_logits`` no ``NextToken`` is
-    made (a prefill that only fills the cache).
+    made (a prefill that only fills the cache). ``plan`` replaces the state's own attention plan
+    (a handoff that measures its own capture window, as CIPHER does).
     """
     if not token_ids:
         raise ValueError("prefill needs at least one token")
-    device = loaded.device
-    input_ids = torch.tensor([token_ids], device=device)
-    kwargs = forward_kwargs(loaded, state, len(token_ids), capture)
-    hidden = loaded.model.model(input_ids=input_ids, **kwargs).last_hidden_state
-    state.next_position += len(token_ids)
-    next_token = NextToken(loaded, hidden[:, -1, :]) if need_logits else None
+    input_ids = torch.tensor([token_ids], device=loaded.device)
+    return _prompt_forward(loaded, state, len(token_ids), need_logits, capture, plan, input_ids=input_ids)
+
+
+def _prompt_forward(loaded: LoadedModel, state: KVState, count: int, need_logits: bool, capture: bool = False,
+                    plan: AttentionPlan | None = None, **inputs):
+    """The decoder stack on ``count`` new tokens (ids or vectors). When ``kvviz.crossed`` records
+    this handoff's answer, a prefill whose next token is chosen records its last token's attention
+    rows and every layer's output there (kept on the ``NextToken``); a state that records its rows
+    (``KVState.token_rows``, a decode token) records them there."""
+    kwargs = forward_kwargs(loaded, state, count, capture)
+    if plan is not None:
+        kwargs["kvviz_plan"] = plan
+    rows, inspected = state.token_rows, False
+    inspection = crossed.active()
+    if rows is None and need_logits and inspection is not None and inspection.records(loaded):
+        rows, inspected = AttentionRows(limit=1), True
+        kwargs["output_hidden_states"] = True
+    if rows is not None:
+        kwargs["kvviz_rows"] = rows
+    output = loaded.model.model(**inputs, **kwargs)
+    if rows is not None:
+        rows.commit()
+    state.next_position += count
+    next_token = NextToken(loaded, output.last_hidden_state[:, -1, :]) if need_logits else None
+    if inspected:
+        next_token.inspected = (rows.rows[0] if rows.rows else None, crossed.layer_outputs(loaded, output))
     return next_token, kwargs.get("kvviz_plan")
 
 
@@ -192,12 +219,8 @@ def prefill_vectors(loaded: LoadedModel, state: KVState, vectors: torch.Tensor, 
     message is vectors rather than tokens. Returns the ``NextToken`` (or None without ``need_logits``)."""
     if vectors.ndim != 2 or vectors.shape[0] == 0 or vectors.shape[1] != loaded.facts.hidden_size:
         raise ValueError(f"prefill_vectors needs [tokens >= 1, {loaded.facts.hidden_size}] vectors, got {list(vectors.shape)}")
-    device = loaded.device
-    embeds = vectors.to(device=device, dtype=loaded.dtype)[None]
-    kwargs = forward_kwargs(loaded, state, vectors.shape[0])
-    hidden = loaded.model.model(inputs_embeds=embeds, **kwargs).last_hidden_state
-    state.next_position += vectors.shape[0]
-    return NextToken(loaded, hidden[:, -1, :]) if need_logits else None
+    embeds = vectors.to(device=loaded.device, dtype=loaded.dtype)[None]
+    return _prompt_forward(loaded, state, vectors.shape[0], need_logits, inputs_embeds=embeds)[0]
 
 
 @torch.no_grad()
@@ -322,6 +345,12 @@ def generate(
     text = ""
     batch = decode_batch(loaded)
     sequence: Sequence | None = None
+    # the answer's attention rows, when kvviz.crossed records this handoff (the first token's row
+    # came from the prompt's prefill; each later token's from its decode step)
+    inspected = first.inspected if timer is not None and crossed.active() is not None else None
+    if inspected is not None:
+        state.token_rows = AttentionRows(limit=crossed.MAX_TOKENS - 1)
+    answer_rows = state.token_rows
     try:
         while True:
             token = choose_token(next_token, settings, generator)
@@ -353,6 +382,8 @@ def generate(
     finally:
         if sequence is not None:
             batch.leave(sequence)
+        if inspected is not None:
+            state.token_rows = None
     output = DecodeOutput(
         token_ids=token_ids,
         text=text.strip(),
@@ -361,6 +392,8 @@ def generate(
         stopped_by=stopped_by,
         batch_sizes=None if batch is None else (list(sequence.sizes) if sequence is not None else []),
     )
+    if inspected is not None:
+        crossed.record_answer(loaded, inspected, answer_rows.rows, token_ids)
     if getattr(_decode_log, "outputs", None) is not None:
         _decode_log.outputs.append(output)
     return output

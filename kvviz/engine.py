@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import traceback
 
-from kvviz import limits
+from kvviz import crossed, limits
 from kvviz.decode import record_decodes, shared_prompts
 from kvviz.handoffs import get, parse_handoffs, registry
 from kvviz.handoffs.common import TokenCallback
@@ -48,6 +48,8 @@ def run_handoff(
     the run (``torch.cuda.max_memory_allocated``, weights included). ``details["decode_batches"]``
     says, per decode loop the handoff ran (a message, then the answer), how many sequences shared
     its decode steps (``kvviz.decode``: steps, mean and largest batch).
+    When the request asks (``HandoffRequest.inspect``), the result's ``token_attention`` and
+    ``logit_lens`` say what crossed (``kvviz.crossed``), recorded in this run.
     Any error inside a handoff becomes its result (the other handoffs of a run still run); a
     stopped run (``kvviz.stream.Cancelled``, not an ``Exception``) is not caught.
     """
@@ -55,10 +57,12 @@ def run_handoff(
         refused = not_applicable(name, pair, request)
         if refused is not None:
             return refused
-        with PeakGpuMemory(pair_devices(pair)) as memory, record_decodes() as decodes:
+        with (PeakGpuMemory(pair_devices(pair)) as memory, record_decodes() as decodes,
+              crossed.inspecting(request, pair.receiver) as inspection):
             handoff = get(name)
             streams = {"on_message": on_message} if handoff.streams_message and on_message is not None else {}
             result = handoff.run(pair, request, on_token=on_token, **streams)
+        crossed.attach(result, inspection, NOTHING_SENT)
         if memory.peak_bytes:
             result.details["peak_gpu_memory_bytes"] = memory.peak_bytes
         if result.applicable:
@@ -68,6 +72,9 @@ def run_handoff(
         result = HandoffResult.not_applicable(name, pair.name, f"{type(error).__name__}: {error}")
         result.details["traceback"] = traceback.format_exc(limit=5)
         return result
+
+
+NOTHING_SENT = "nothing was sent as tokens: no key the receiver attends to came from the sharer in this handoff"
 
 
 def batch_summary(sizes: list[int] | None) -> dict:
@@ -85,8 +92,11 @@ def check_fits(pair: LoadedPair, request: HandoffRequest) -> None:
 
 
 def run_handoffs(names, pair: LoadedPair, request: HandoffRequest) -> list[HandoffResult]:
-    """The handoffs one after another, as one run (a prompt that several read is read once)."""
+    """The handoffs one after another, as one run (a prompt that several read is read once; the
+    logit lenses of what crossed take one pass of the receiver's head, ``kvviz.crossed``)."""
     names = parse_handoffs(names)
     check_fits(pair, request)
-    with shared_prompts():
-        return [run_handoff(name, pair, request) for name in names]
+    with shared_prompts(), crossed.one_lens_pass() as lenses:
+        results = [run_handoff(name, pair, request) for name in names]
+        crossed.finish_lenses(lenses)
+    return results

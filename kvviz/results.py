@@ -44,6 +44,9 @@ class HandoffRequest:
     context: str | None = None
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     options: dict[str, dict] = field(default_factory=dict)
+    # Record what crossed (kvviz.crossed: per-token attention onto the sent tokens, logit lens):
+    # None = off (bench, sweep); a dict = on, with the gold answer under "gold" when known.
+    inspect: dict | None = None
 
     def __post_init__(self):
         # the text as the models will read it (kvviz.limits says what is removed or refused)
@@ -64,6 +67,7 @@ class HandoffRequest:
             context=data.get("context"),
             generation=GenerationSettings(**data.get("generation", {})),
             options={name: dict(values) for name, values in (data.get("options") or {}).items()},
+            inspect=None if data.get("inspect") is None else dict(data["inspect"]),
         )
 
 
@@ -97,6 +101,9 @@ class HandoffResult:
     # there is no receiver (the sharer alone).
     receiver_first_token_seconds: float | None = None
     precomputed: bool = False
+    # What crossed (kvviz.crossed), one naming scheme for every handoff; empty when not recorded
+    token_attention: dict = field(default_factory=dict)
+    logit_lens: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -24,7 +24,9 @@ research/kernels_m.py). It covers Gemma 3 and the Llama family (Llama, Mistral, 
 ``DecodeStep.supported`` is False, with a reason, for anything else, for a model spread over
 several devices, or when the first-use check against the model's own forward fails, and the
 decode loop then runs the model's forward for one sequence at a time. Module hooks do not fire
-inside a decode step (kvviz arms hooks only around prompt passes).
+inside a decode step (kvviz arms hooks only around prompt passes). A sequence whose state asks for
+its attention rows (``KVState.token_rows``, ``kvviz.crossed``) gets them recorded here, per
+sequence, beside its attention: no second forward, and no bit of any sequence's output changes.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from kvviz import cache as kv
-from kvviz.attention import AttentionPlan, positional_mask
+from kvviz.attention import AttentionPlan, positional_mask, query_probabilities
 
 MAX_ROWS = 16  # one kernel call takes at most this many sequences; more run as several calls
 # The row count at which oneDNN's fp32 product of a few rows is fastest on this CPU family
@@ -241,6 +243,8 @@ class DecodeStep:
                 x = x + w.down(self.activation(gate) * up)
         for state in states:
             state.next_position += 1
+            if state.token_rows is not None:
+                state.token_rows.commit()
         return self._norm(x, self.final_norm)[:count]
 
     def _norm(self, x, weight):
@@ -260,6 +264,8 @@ class DecodeStep:
         # a prefix's per-key score bias (a KV translator's token weights and gates), 0 on the own keys
         bias = plan.key_bias(layer, keys.shape[2], keys.device, q.dtype)
         window = self.windows[layer]
+        if state.token_rows is not None and not state.token_rows.full:
+            self._record(layer, q, keys, state, plan, position, window)
         mask = None
         if window and not plan.sees_every_key(layer, keys.shape[2], position, window):
             # the oldest keys have left this layer's window: attend to the keys inside it, which
@@ -284,6 +290,17 @@ class DecodeStep:
             keys, values, grouped = keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1), False
         out = F.scaled_dot_product_attention(q[None, :, None], keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=grouped)
         return out.reshape(1, -1)
+
+    def _record(self, layer, q, keys, state, plan, position, window) -> None:
+        """The sequence asked for its attention rows (``KVState.token_rows``): this token's
+        probabilities over every key of the layer, by position, computed beside the attention
+        (which stays the fused kernel's, so recording changes no bit of the output)."""
+        key_positions = plan.key_positions(layer, keys.shape[2], position, keys.device)
+        visible = None  # a decode token sees every key of its cache, but where a window hides the oldest
+        if window and not plan.sees_every_key(layer, keys.shape[2], position, window):
+            visible = positional_mask(torch.tensor([position], device=keys.device), key_positions, window)[0, 0, 0]
+        probabilities = query_probabilities(q, keys[0], self.scaling, visible)
+        state.token_rows.record(layer, probabilities, key_positions)
 
     def _check(self) -> str | None:
         """The step against the model's own forward on a short prompt: None when they agree."""

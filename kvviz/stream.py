@@ -25,7 +25,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from kvviz import engine, policy, zerogpu
+from kvviz import crossed, engine, policy, zerogpu
 from kvviz.decode import batched_decode_enabled, shared_prompts
 from kvviz.handoffs import registry
 from kvviz.models import LoadedPair
@@ -86,7 +86,8 @@ def run_events(
     ``(kind, name, data)`` events: ``status`` (a progress line), ``start``, ``message`` (the message
     so far, from a handoff that writes one before its answer), ``token`` (answer so far), ``done`` (result
     dict), ``stopped`` (the run reached ``max_seconds``: why; the handoffs not done did not run),
-    ``error`` (a message: the run could not start).
+    ``error`` (a message: the run could not start), ``lens`` (a result's ``logit_lens``, after every
+    handoff is done: the run's lenses take one pass of the receiver's head, ``kvviz.crossed``).
 
     Handoffs that cannot run on this pair or request are ``done`` at once, before any model runs,
     so that their columns never wait behind the others.
@@ -145,10 +146,13 @@ def run_events(
 
             size = len(runnable) if workers <= ALL_AT_ONCE else workers
             # one run: a prompt that several handoffs read is read once (each thread gets the run's context)
-            with shared_prompts(), ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix="kvviz-handoff") as pool:
+            with (shared_prompts(), crossed.one_lens_pass() as lenses,
+                  ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix="kvviz-handoff") as pool):
                 futures = [pool.submit(contextvars.copy_context().run, run_one, name) for name in runnable]
                 for future in futures:
                     future.result()  # re-raises a handoff's unexpected error (or a stop) here
+                for name, lens in crossed.finish_lenses(lenses):
+                    events.put(("lens", name, lens))
         except Cancelled:
             if out_of_time_now():
                 events.put(("stopped", None, out_of_time))

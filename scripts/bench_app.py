@@ -13,7 +13,11 @@ Measures, with the app served on 127.0.0.1 (random free port) in this process:
 2. unless ``--page-only``, a warm run of the page's default handoffs through the app's ``run``
    endpoint (gradio_client), with ``--max-new-tokens`` per answer: one run first loads and warms the
    models, the next ones are timed (wall clock of the whole endpoint call, and each handoff's own
-   measured total).
+   measured total). With ``--crossed both`` the timed runs alternate between recording what crossed
+   (``kvviz.crossed``: the page's default) and not (``KVVIZ_RECORD_CROSSED=0``), after a warm-up run
+   each way, and the report gives the ratio of their median wall times (issue 22's capture cost).
+
+    python scripts/bench_app.py --no-page-loads --crossed both --runs 3   # the capture's cost
 """
 
 from __future__ import annotations
@@ -179,6 +183,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="write the numbers as JSON here")
     parser.add_argument("--screenshot", default=None, help="after the benchmark, run the page live and save a screenshot here")
     parser.add_argument("--page-only", action="store_true", help="time page loads only (no model is loaded or run)")
+    parser.add_argument("--no-page-loads", action="store_true", help="skip the page-load timings (runs only)")
+    parser.add_argument("--crossed", choices=("on", "off", "both"), default="on",
+                        help="record what crossed in the timed runs (the page's default), not, or alternate both ways")
     args = parser.parse_args(argv)
 
     from gradio_client import Client
@@ -199,13 +206,27 @@ def main(argv=None) -> int:
     report: dict = {"pair": args.pair, "max_new_tokens": args.max_new_tokens, "model_load_seconds": load_seconds}
     try:
         # page loads first, while the server is idle (as a visitor would find it)
-        report.update(page_load_times(url, args.loads))
+        if not args.no_page_loads:
+            report.update(page_load_times(url, args.loads))
         if args.page_only:
             return finish(report, args)
         client = Client(url, verbose=False)
         preset = PRESETS[0]  # private context: every handoff applies
-        timed_run(client, args.pair, preset, args.max_new_tokens)  # warm-up
-        report["warm_runs"] = [timed_run(client, args.pair, preset, args.max_new_tokens) for _ in range(args.runs)]
+        ways = ["on", "off"] if args.crossed == "both" else [args.crossed]
+        for way in ways:  # a warm-up run each way
+            with recording(way):
+                timed_run(client, args.pair, preset, args.max_new_tokens)
+        runs = {way: [] for way in ways}
+        for _ in range(args.runs):  # interleaved, so that the machine's load falls on both alike
+            for way in ways:
+                with recording(way):
+                    runs[way].append(timed_run(client, args.pair, preset, args.max_new_tokens))
+        report["warm_runs"] = runs[ways[0]]
+        if args.crossed == "both":
+            report["crossed_off_runs"] = runs["off"]
+            on = statistics.median(run["wall_seconds"] for run in runs["on"])
+            off = statistics.median(run["wall_seconds"] for run in runs["off"])
+            report["crossed_cost"] = {"median_on_seconds": on, "median_off_seconds": off, "ratio": on / off}
         if args.screenshot and Path(CHROMIUM).exists():
             report["screenshot_run_seconds"] = live_screenshot(url, args.screenshot)
     finally:
@@ -213,14 +234,33 @@ def main(argv=None) -> int:
     return finish(report, args)
 
 
+class recording:
+    """Within it, the app's runs record what crossed ("on") or not ("off"): ``KVVIZ_RECORD_CROSSED``,
+    read by the page at each run (the server runs in this process)."""
+
+    def __init__(self, way: str):
+        self.way = way
+
+    def __enter__(self):
+        self.before = os.environ.get("KVVIZ_RECORD_CROSSED")
+        os.environ["KVVIZ_RECORD_CROSSED"] = "1" if self.way == "on" else "0"
+
+    def __exit__(self, *exc):
+        if self.before is None:
+            os.environ.pop("KVVIZ_RECORD_CROSSED", None)
+        else:
+            os.environ["KVVIZ_RECORD_CROSSED"] = self.before
+
+
 def finish(report: dict, args) -> int:
     """Print the report (and write it as JSON with --out)."""
     from kvviz.presets import PRESETS
 
-    print(median_line("first answer painted", report["first_answer_seconds"], report["control_first_answer_seconds"],
-                      "a page with one textbox"))
-    print(median_line("first plot painted", report["first_plot_seconds"], report["control_first_plot_seconds"],
-                      "a page with one plot"))
+    if "first_answer_seconds" in report:
+        print(median_line("first answer painted", report["first_answer_seconds"], report["control_first_answer_seconds"],
+                          "a page with one textbox"))
+        print(median_line("first plot painted", report["first_plot_seconds"], report["control_first_plot_seconds"],
+                          "a page with one plot"))
     if "warm_runs" not in report:
         return write_report(report, args)
     print(f"pair {args.pair}, {args.max_new_tokens} new tokens per answer, preset '{PRESETS[0].key}'")
@@ -234,6 +274,11 @@ def finish(report: dict, args) -> int:
             print(f"  {name:<9} {row['total_seconds']:.2f} s, {row['generated_tokens']} tokens")
         else:
             print(f"  {name:<9} not applicable: {row['reason'][:90]}")
+    if "crossed_cost" in report:
+        cost = report["crossed_cost"]
+        offs = [run["wall_seconds"] for run in report["crossed_off_runs"]]
+        print(f"the same run without recording what crossed: median {cost['median_off_seconds']:.2f} s (runs: "
+              + ", ".join(f"{w:.2f}" for w in offs) + f"); recording costs x{cost['ratio']:.3f} (target <= 1.2)")
     if "screenshot_run_seconds" in report:
         print(f"live run in the browser for the screenshot: {report['screenshot_run_seconds']:.1f} s -> {args.screenshot}")
     return write_report(report, args)

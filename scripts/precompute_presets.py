@@ -32,9 +32,10 @@ from kvviz.sweep import default_handoff, run_sweep  # noqa: E402
 
 
 def precomputed_run(pair, key: str, query: str, context: str | None, max_new_tokens: int, names: list[str],
-                    options: dict | None = None) -> dict:
-    """One run of ``names`` on a preset's question, as the page shows it: the request and the results."""
-    request = build_request(query, context, max_new_tokens=max_new_tokens, options=options)
+                    options: dict | None = None, inspect: dict | None = None) -> dict:
+    """One run of ``names`` on a preset's question, as the page shows it: the request and the results
+    (with what crossed, ``kvviz.crossed``, when ``inspect`` is given: the page's token view and lens)."""
+    request = build_request(query, context, max_new_tokens=max_new_tokens, options=options, inspect=inspect)
     results = []
     for name in names:
         started = time.perf_counter()
@@ -43,6 +44,30 @@ def precomputed_run(pair, key: str, query: str, context: str | None, max_new_tok
         results.append(result)
         print(f"{key:<10} {name:<11} {time.perf_counter() - started:6.2f} s  {result['answer'] or result['reason']!r}")
     return {"request": request.to_dict(), "results": results}
+
+
+def compact_dumps(data: dict) -> str:
+    """JSON with one item a line, but each result's attention arrays (``token_attention``'s
+    ``attention`` and ``other``, thousands of numbers) on one line each."""
+    arrays: dict[str, str] = {}
+
+    def hold(value):
+        marker = f"@@array{len(arrays)}@@"
+        arrays[marker] = json.dumps(value, separators=(",", ":"))
+        return marker
+
+    def walk(value):
+        if isinstance(value, dict):
+            return {key: (hold(item) if key in ("attention", "other") and isinstance(item, list) else walk(item))
+                    for key, item in value.items()}
+        if isinstance(value, list):
+            return [walk(item) for item in value]
+        return value
+
+    text = json.dumps(walk(data), indent=1, ensure_ascii=False)
+    for marker, array in arrays.items():
+        text = text.replace(f'"{marker}"', array)
+    return text
 
 
 def main(argv=None) -> int:
@@ -63,7 +88,8 @@ def main(argv=None) -> int:
         out = {"pair": pair.name, "generated": f"{stamp}, {machine}", "max_new_tokens": args.max_new_tokens, "presets": {}}
         for preset in PRESETS:
             entry = precomputed_run(pair, preset.key, preset.query, preset.context, args.max_new_tokens,
-                                    [handoff.name for handoff in page_handoffs()])
+                                    [handoff.name for handoff in page_handoffs()],
+                                    inspect={"gold": preset.answers[0] if preset.answers else None})
             entry["runs"] = {
                 run.label: precomputed_run(pair, f"{preset.key}+", preset.query, preset.context, args.max_new_tokens,
                                            list(run.handoffs), run.options)
@@ -71,7 +97,7 @@ def main(argv=None) -> int:
             }
             out["presets"][preset.key] = entry
         PRECOMPUTED_PATH.parent.mkdir(parents=True, exist_ok=True)
-        PRECOMPUTED_PATH.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        PRECOMPUTED_PATH.write_text(compact_dumps(out) + "\n", encoding="utf-8")
         print(f"wrote {PRECOMPUTED_PATH.relative_to(ROOT)}")
         broken = [failure for preset in PRESETS for failure in failures(preset, out["presets"][preset.key])]
         print("every preset's lesson holds in these results" if not broken else

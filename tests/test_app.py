@@ -206,7 +206,8 @@ def test_ticking_a_handoff_shows_its_column_and_figure():
 def test_walkthrough_has_a_step_per_handoff_shown_at_first():
     titles = [step.title for step in ui.walkthrough_steps()]
     described = [h.title for h in registry.page_handoffs() if h.page_default and h.walkthrough]
-    assert len(titles) == len(described) + 3 and all(any(t in title for title in titles) for t in described)
+    # the puzzle, the predict-then-reveal step on the token view, what it costs, your turn
+    assert len(titles) == len(described) + 4 and all(any(t in title for title in titles) for t in described)
     assert titles[0].startswith(f"Step 1 of {len(titles)}")
 
 

@@ -196,7 +196,7 @@ def test_at_390_px_no_plot_title_or_legend_is_cut_and_the_first_answer_is_on_the
     answer = box(phone, "kv-answer-receiver")
     assert answer[1] + answer[3] <= PHONE["height"], answer
     checked = 0
-    for title in ("Layers", "Time and bytes", "Sweep"):
+    for title in ("Layers", "Depth", "Time and bytes", "Sweep"):
         open_tab(phone, title)
         wait_for_plots(phone)
         for plot in phone.evaluate(PLOT_PARTS_JS):
@@ -205,7 +205,7 @@ def test_at_390_px_no_plot_title_or_legend_is_cut_and_the_first_answer_is_on_the
                 inside = x0 >= left - 1 and x1 <= right + 1 and y0 >= top - 1 and y1 <= bottom + 1
                 assert inside, f"{plot['id']}: {kind} {text!r} at {[x0, y0, x1, y1]} is cut by the plot {plot['svg']}"
             checked += 1
-    assert checked >= 4  # C2C, its control, KVComm, latency, bytes, sweep
+    assert checked >= 5  # C2C, its control, KVComm, the logit lens, latency, bytes, sweep
     phone.screenshot(path=str(artifacts_dir() / "page-390x844-plots.png"), full_page=True)
 
 

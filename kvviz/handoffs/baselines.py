@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvviz import crossed
 from kvviz.handoffs.common import TokenCallback, read_prompt, single_model_result
 from kvviz.handoffs.registry import Handoff, needs_context
 from kvviz.models import LoadedPair
@@ -28,6 +29,9 @@ def skyline(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback |
             "skyline", pair.name, "Skyline needs a private context; without one it is the receiver alone."
         )
     segments = build_segments(pair.receiver.tokenizer, request.query, request.context)
+    # what crossed: the context, read in the receiver's own prompt (positions 0..|C|-1)
+    crossed.mark_sent("context tokens (in the receiver's own prompt)", range(len(segments.context_ids)),
+                      segments.context_ids)
     return single_model_result("skyline", pair, pair.receiver, segments, request, "receiver", on_token)
 
 

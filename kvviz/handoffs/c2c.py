@@ -33,6 +33,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from kvviz import crossed
 from kvviz import policy
 from kvviz.c2c.align import align_prompt, describe
 from kvviz.c2c.fuser import C2CFuser, FuserError, checkpoint_label
@@ -87,6 +88,11 @@ def run(
     alignment = request_alignment(pair, request, fuser)
     with torch.no_grad():  # the frozen models and the fuser at inference: no gradients
         fused = fuse_prompt(pair, fuser, alignment, sharer="right", hard=True, timer=timer)
+    # what crossed: the fused prompt, the receiver's cache of its prompt after the fuser
+    fused_length = fused.state.next_position
+    crossed.mark_sent("fused prompt tokens (the receiver's prompt cache after the fuser"
+                      + (", the control fuser" if control else "") + ")",
+                      range(fused_length), alignment.receiver_ids[:fused_length])
     with timer.stage("receiver_prefill"):
         logits, _ = prefill(receiver, fused.state, alignment.receiver_ids[-1:])
     with timer.stage("receiver_decode"):

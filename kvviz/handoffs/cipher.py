@@ -27,9 +27,10 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from kvviz import crossed
 from kvviz.attention import AttentionPlan
 from kvviz.cache import KVState
-from kvviz.decode import NextToken, generate, prefill, prefill_vectors
+from kvviz.decode import generate, prefill, prefill_vectors
 from kvviz.handoffs.common import TokenCallback, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, option_values
 from kvviz.handoffs.text import message_tokens, sharer_message_segments
@@ -173,11 +174,8 @@ def read_message(receiver: LoadedModel, request: HandoffRequest, vectors: torch.
     layers = range(receiver.facts.num_layers)
     keys_so_far = torch.arange(state.next_position, device=device)
     plan = AttentionPlan(prefix_positions={layer: keys_so_far for layer in layers}, capture=True, capture_skip=len(before))
-    hidden = receiver.model.model(input_ids=torch.tensor([after], device=device), cache=state.cache,
-                                  position_ids=state.positions(len(after), device), use_cache=True,
-                                  kvviz_plan=plan).last_hidden_state
-    state.next_position += len(after)
-    prompt = ReceiverPrompt(model=receiver, state=state, next_token=NextToken(receiver, hidden[:, -1, :]), last_token=after[-1])
+    next_token, _ = prefill(receiver, state, after, plan=plan)
+    prompt = ReceiverPrompt(model=receiver, state=state, next_token=next_token, last_token=after[-1])
     return prompt, [plan.captured_mass.get(layer, 0.0) for layer in layers]
 
 
@@ -206,6 +204,11 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     timer = StageTimer()
     sharer_segments = sharer_message_segments(pair, request)
     message = write_message(sharer, sharer_segments.input_ids, temperature, message_tokens(request), timer, on_message)
+    if message.vectors.shape[0]:
+        # what crossed: the message vectors, in the receiver's message slot (shown as their nearest tokens)
+        start = len(receiver_pieces(receiver, request)[0])
+        crossed.mark_sent("message vectors (in the receiver's prompt; shown as the token nearest to each)",
+                          range(start, start + message.vectors.shape[0]), message.nearest_ids)
     with timer.stage("receiver_prefill"):
         prompt, attention = read_message(receiver, request, message.vectors)
     with timer.stage("receiver_decode"):

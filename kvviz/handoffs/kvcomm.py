@@ -70,6 +70,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from kvviz import cache as kv
+from kvviz import crossed
 from kvviz.decode import generate, prefill, read_prompt_once
 from kvviz.handoffs.common import TokenCallback, read_prompt
 from kvviz.handoffs.kvcomm_layers import (
@@ -186,6 +187,10 @@ def send_and_answer(pair, request, options, alpha, segments, timer: StageTimer, 
         state = kv.splice_prefix(sender_state.cache, num_layers, set(selected))
         state.reference_mask = options.reference_mask
         sent_bytes = kv.kv_bytes(sender_state.cache if query_importance is not None else state.cache)
+    # what crossed: the context's keys, at positions 0..|C|-1 (the sink alone in unsent layers)
+    crossed.mark_sent("context tokens (the sender's KV cache, in the layers KVComm sent; the first token, "
+                      "the attention sink, in every layer)", range(len(segments.context_ids)), segments.context_ids,
+                      layers=selected)
     with timer.stage("receiver_prefill"):
         first, _ = prefill(receiver, state, segments.query_ids)
     with timer.stage("receiver_decode"):

@@ -58,6 +58,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from kvviz import cache as kv
+from kvviz import crossed
 from kvviz.decode import forward_kwargs, generate, prefill, prefill_vectors
 from kvviz.handoffs.common import TokenCallback, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, all_of, needs_context, option_values
@@ -301,6 +302,11 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
         state = receiver_state(pair, thought) if transferred else kv.KVState()
         sent_bytes = kv.kv_bytes(state.cache) if transferred else 0
     prompt_ids = segments.query_ids if transferred else build_segments(receiver.tokenizer, request.query).input_ids
+    if transferred:
+        # what crossed: the sender's cache of the context at positions 0..|C|-1 (its latent steps
+        # follow; they have no tokens to show, so the view counts them with the receiver's own keys)
+        crossed.mark_sent(f"context tokens (the sender's KV cache; its {steps} latent steps after them are not shown)",
+                          range(len(segments.context_ids)), segments.context_ids)
     with timer.stage("receiver_prefill"):
         first, _ = prefill(receiver, state, prompt_ids)
     with timer.stage("receiver_decode"):

@@ -379,9 +379,11 @@ def build_request(
     temperature: float = 0.7,
     seed: int = 0,
     options: dict[str, dict] | None = None,
+    inspect: dict | None = None,
 ) -> HandoffRequest:
     """A request from the settings every surface shares (page form, CLI flags, bench) plus each
     handoff's options (handoff name -> {option: value}; the others at their defaults).
+    ``inspect``: record what crossed (``HandoffRequest.inspect``; None = off).
     A ValueError says what is wrong in plain words."""
     setting = limits.settings()
     number = lambda name, value: limits.parse_number(setting[name].label, value, setting[name].integer)  # noqa: E731
@@ -392,6 +394,7 @@ def build_request(
             max_new_tokens=number("max_new_tokens", max_new_tokens), greedy=not sample,
             temperature=number("temperature", temperature), seed=number("seed", seed or 0),
         ),
+        inspect=inspect,
     )
     return request_with_options(request, options)
 

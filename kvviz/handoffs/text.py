@@ -9,6 +9,7 @@ the receiver-alone prompt. The message's length bound is this handoff's option
 
 from __future__ import annotations
 
+from kvviz import crossed
 from kvviz.handoffs.common import TokenCallback, answer, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, option_values
 from kvviz.measure import StageTimer, decode_flops, forward_flops
@@ -72,6 +73,8 @@ def run(
         written = len(pair.sharer.tokenizer(message, add_special_tokens=False)["input_ids"]) if message else 0
 
     segments = receiver_segments(pair, request, message)
+    # what crossed: the message, at the front of the receiver's prompt
+    crossed.mark_sent("message tokens (in the receiver's prompt)", range(len(segments.context_ids)), segments.context_ids)
     output = answer(pair.receiver, segments, request.generation, timer, "receiver", on_token)
     prompt_length = len(segments.input_ids)
     prompt_flops = forward_flops(pair.receiver.facts, prompt_length, 0, 1)

@@ -24,7 +24,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import torch
 
-from kvviz import policy
+from kvviz import crossed, policy
 from kvviz.c2c import translator as tr
 from kvviz.decode import generate, prefill
 from kvviz.handoffs.common import TokenCallback
@@ -116,6 +116,12 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
             features = tr.features(sharer_kv, alignment, translator.config.sharer_layers, translator.config.neighbours)
             keys, values, weights = translator(features.to(translator.up.device))
             prefix = tr.build_prefix(receiver, alignment, keys, values, weights, translator.open_gates().float().tolist())
+    # what crossed: the translated context keys (shown with the receiver's tokens of the context,
+    # which the receiver never read), in the layers whose gate is open
+    crossed.mark_sent("context tokens (the sharer's KV cache translated into the receiver's; shown as the receiver's "
+                      "tokens of the context, which it never read)",
+                      range(alignment.own_count, len(alignment.receiver_ids)), alignment.receiver_ids[alignment.own_count:],
+                      layers=[layer for layer, gate in enumerate(prefix.gates) if gate > 0])
     segments = build_segments(receiver.tokenizer, request.query)
     state = prefix.state
     with timer.stage("receiver_prefill"):

@@ -87,13 +87,89 @@ def wire_load(lab: Lab) -> None:
     Until then tab selections draw nothing (the view is not ready)."""
     page = lab.page
 
-    def on_load(width, payload, names, view):
+    def on_load(width, payload, names, view, params):
         view = {**view, "compact": bool(width) and float(width) <= 640, "drawn": {}, "ready": True}
-        return lab.tab_view(view.get("tab", spec.DEFAULT_TAB), payload, names, view)
+        link = spec.permalink_state(page.specs, params or {})
+        updates: dict = {}
+        if link:
+            updates, payload, names, view = restored(lab, link, payload, names, view)
+        tab = link.get("tab") if link.get("tab") in dict(spec.TABS) else view.get("tab", spec.DEFAULT_TAB)
+        return {**updates, **lab.tab_view(tab, payload, names, view)}
 
-    page.demo.load(resolved(page, on_load), inputs=[page["viewport"], page["results"], page["chosen"], page["view"]],
-                   outputs=page.outputs(), js="(width, ...rest) => [window.innerWidth, ...rest]", api_name="on_load",
+    def load_with_link(width, payload, names, view, request: gr.Request):
+        params = dict(request.query_params) if request is not None else {}
+        return resolved(page, on_load)(width, payload, names, view, params)
+
+    # a permalink may set the handoffs' options too: only this event writes their widgets
+    page.demo.load(load_with_link, inputs=[page["viewport"], page["results"], page["chosen"], page["view"]],
+                   outputs=page.outputs() + list(page.option_inputs), js="(width, ...rest) => [window.innerWidth, ...rest]", api_name="on_load",
                    **PRIVATE)
+
+
+def restored(lab: Lab, link: dict, payload: dict, names: list[str], view: dict) -> tuple[dict, dict, list[str], dict]:
+    """What a permalink's state (``spec.permalink_state``) changes on the page just loaded: a preset's
+    question and precomputed results (painted without a model), else its question and context for
+    a live run; then the columns, expected answer, pair, settings, options, tab and token column.
+    Returns (updates, payload, names, view)."""
+    page = lab.page
+    updates: dict = {}
+    key = link.get("preset")
+    query, context = link.get("q"), link.get("c")
+    if key and query is None and context is None:
+        query, context = preset(key).query, preset(key).context or ""
+    match = views.preset_matching(query, context) if query is not None else None
+    if match:
+        updates = lab.preset_view(match, view)
+        payload, names, view = updates["results"], updates["chosen"], updates.pop("view")
+    elif query is not None:
+        updates = {"query": query, "context": context or "", "presets": None,
+                   "status": "Opened from a link: press **Run live** to run this question (the answers below are "
+                             "from the opening preset)."}
+    if "h" in link:
+        names = link["h"]
+        answers = spec.expected_answers(link.get("expected", updates.get("expected", page.value("expected"))))
+        updates.update({"chosen": names, "shown": names, **views.verdict(payload, names, answers, views.subject_of(payload))})
+    if "expected" in link:
+        updates["expected"] = link["expected"]
+    if "pair" in link:
+        updates.update({"pair": link["pair"], "facts": present.pair_facts_markdown(link["pair"])})
+    for name in ("max_new_tokens", "sample", "temperature", "seed"):
+        if name in link:
+            updates[name] = link[name]
+    for index, value in (link.get("options") or {}).items():
+        updates[f"option:{index}"] = value
+    if link.get("column"):
+        view = {**view, "tokens_column": link["column"]}
+    return updates, payload, names, view
+
+
+def wire_permalink(lab: Lab) -> None:
+    """"Copy link": the page's state as a URL (pair, preset or question and context, columns,
+    expected answer, settings, options, tab, token column), put in the address bar and copied."""
+    page = lab.page
+    inputs = [page["pair"], page["presets"], page["query"], page["context"], page["chosen"], page["expected"],
+              page["view"], *page.settings_inputs]
+
+    def make_link(pair, key, query, context, chosen, expected, view, *settings):
+        max_new_tokens, sample, temperature, seed = settings[:4]
+        state = {"pair": pair, "preset": key, "q": query, "c": context, "h": chosen or [], "expected": expected,
+                 "max_new_tokens": max_new_tokens, "sample": sample, "temperature": temperature, "seed": seed,
+                 "tab": (view or {}).get("tab"), "column": (view or {}).get("tokens_column"), "options": list(settings[4:])}
+        return {"link": spec.permalink_query(page.specs, state),
+                "status": "Link to this page's state copied (it is in the address bar too)."}
+
+    page["copy_link"].click(resolved(page, make_link), inputs=inputs, outputs=page.outputs(), api_name="copy_link",
+                            **PRIVATE).then(None, inputs=[page["link"]], js=COPY_LINK_JS)
+
+
+COPY_LINK_JS = """
+(link) => {
+  const url = location.origin + location.pathname + '?' + link;
+  history.replaceState(null, '', url);
+  if (navigator.clipboard) navigator.clipboard.writeText(url).catch(() => {});
+  return [];
+}
+"""
 
 
 def wire_presets(lab: Lab) -> None:
@@ -232,12 +308,16 @@ def wire_walkthrough(lab: Lab) -> None:
 # --- the run: busy, stop, stream; and the /run API ------------------------------------------------
 
 
-def request_from_form(lab: Lab, pair, query, context, settings: list, ticked):
-    """(request, names) from the form's values, or a ValueError saying what is wrong."""
+def request_from_form(lab: Lab, pair, query, context, settings: list, ticked, expected: str | None = None):
+    """(request, names) from the form's values, or a ValueError saying what is wrong. The run
+    records what crossed (``kvviz.crossed``; the first expected answer is the logit lens's gold)
+    unless ``KVVIZ_RECORD_CROSSED=0``."""
     max_new_tokens, sample, temperature, seed = settings[:4]
     names = [name for name in spec.column_names() if name in (ticked or [])]
     options = spec.option_values(lab.page.specs, list(settings[4:]))
-    request = spec.build_request(query, context, max_new_tokens, sample, temperature, seed, options)
+    golds = spec.expected_answers(expected)
+    inspect = {"gold": golds[0] if golds else None} if spec.record_crossed() else None
+    request = spec.build_request(query, context, max_new_tokens, sample, temperature, seed, options, inspect)
     resolve_pair(pair)
     if not names:
         raise ValueError("Tick at least one handoff to run.")
@@ -263,7 +343,7 @@ def wire_run(lab: Lab) -> None:
     def page_run_updates(pair, query, context, expected, view, ticked, settings, session):
         stop = lab.flags.current(session)
         try:
-            handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked)
+            handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked, expected)
         except ValueError as error:  # one message, in the status line; nothing else changes
             yield page.resolve({"status": present.refused_status(str(error)), "run_button": False})
             return
@@ -390,11 +470,26 @@ def wire_export_and_pair(lab: Lab) -> None:
                         show_progress="hidden")
 
 
+def wire_tokens(lab: Lab) -> None:
+    """The What crossed tab's column picker shows that column's token view."""
+    page = lab.page
+
+    def on_column(column, payload, names, view):
+        updates, view = views.token_view_updates(payload, names or [], view, chosen=column)
+        return {**updates, "view": view}
+
+    page["tokens_column"].input(resolved(page, on_column), inputs=[page["tokens_column"], page["results"], page["chosen"],
+                                                                   page["view"]],
+                                outputs=page.outputs(), api_name="show_tokens", **PRIVATE)
+
+
 def wire_all(lab: Lab) -> None:
     wire_load(lab)
     wire_presets(lab)
     wire_ticks_and_expected(lab)
     wire_tabs(lab)
+    wire_tokens(lab)
+    wire_permalink(lab)
     wire_lesson(lab)
     wire_walkthrough(lab)
     wire_run(lab)

@@ -76,7 +76,8 @@ class Page:
     def resolve(self, updates: dict) -> dict:
         """``{role: value}`` to ``{component: value}``. Special roles: ``shown`` (the ticked columns:
         their cards, details and figures visible, the others hidden), ``lesson`` (hidden when
-        empty), ``run_button`` (True: busy), ``tab`` (select that tab)."""
+        empty), ``run_button`` (True: busy), ``tab`` (select that tab), ``tokens_column`` (the token
+        view's picker: choices and value), ``option:I`` (the I-th option widget)."""
         out = {}
         for role, value in updates.items():
             if role == "shown":
@@ -86,6 +87,10 @@ class Page:
                 out[self["lesson_row"]] = gr.update(visible=bool(value))
             elif role == "run_button":
                 out[self["run_button"]] = gr.update(value=spec.BUSY_LABEL if value else spec.RUN_LABEL, interactive=not value)
+            elif role.startswith("option:"):
+                out[self.option_inputs[int(role.split(":", 1)[1])]] = value
+            elif role == "tokens_column":
+                out[self["tokens_column"]] = gr.update(choices=value["choices"], value=value["value"])
             elif role == "tab":
                 out[self["tabs"]] = gr.Tabs(selected=value)
             elif role in self.components:
@@ -149,6 +154,8 @@ def build_top(page: Page) -> None:
             choices=[(p.label, p.key) for p in PRESETS], value=page.value("presets"), label="Preset",
             show_label=False, container=False, scale=0, min_width=280, elem_id="kv-presets"))
         page.add("walk_open", gr.Button("Walk-through", size="sm", scale=0, min_width=120, elem_id="kv-walkthrough"))
+        page.add("copy_link", gr.Button("Copy link", size="sm", scale=0, min_width=100, elem_id="kv-copy-link"))
+        page.add("link", gr.Textbox("", visible=False, elem_id="kv-link"))  # the page's state as a query string
 
 
 def build_walk(page: Page, steps: list[spec.WalkStep]) -> None:
@@ -220,6 +227,13 @@ def build_tabs(page: Page, shown: list[str], sweep: dict | None) -> None:
             for name in spec.layer_figure_names():
                 page.figures[name] = gr.Plot(page.value(f"figure:{name}"), show_label=False, visible=name in shown,
                                              min_width=520, elem_id=f"kv-plot-{name}")
+        with tab(page, "tokens"):
+            page.add("tokens_column", gr.Dropdown(choices=[], value=None, label="Column shown", scale=0, min_width=240,
+                                                  elem_id="kv-tokens-column"))
+            page.add("tokens", gr.HTML("", elem_id="kv-tokens", js_on_load=None))
+        with tab(page, "lens"):
+            page.figures[spec.LENS_PLOT] = gr.Plot(page.value(f"figure:{spec.LENS_PLOT}"), show_label=False,
+                                                   elem_id=f"kv-plot-{spec.LENS_PLOT}")
         with tab(page, "cost"):
             with gr.Row():
                 for name in spec.FIXED_PLOTS:

@@ -125,6 +125,8 @@ def stream_run(run: LiveRun, workers: int, stop: threading.Event,
             run.states.pop(name, None)
             run.partial.pop(name, None)
             yield {**run.status(), **views.card(name, data, run.answers), **run.verdict()}
+        elif kind == "lens" and name in run.results:  # the run's logit lenses, after every handoff
+            run.results[name] = {**run.results[name], "logit_lens": data}
         elif kind == "stopped":
             stopped_early = str(data)
         elif kind == "error":

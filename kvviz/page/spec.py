@@ -5,7 +5,9 @@ the page is built from these (``kvviz.page.layout``) and tests read them directl
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
 from kvviz.handoffs import registry
 from kvviz.handoffs.registry import Handoff, Option
@@ -16,6 +18,7 @@ MODEL_QUEUE = "models"
 MAX_UI_NEW_TOKENS = 256  # the slider's end (the server's cap, kvviz.limits, may be lower)
 STREAM_INTERVAL = 0.12  # seconds between streamed updates of one answer
 FIXED_PLOTS = ("latency", "bytes")
+LENS_PLOT = "lens"  # the Depth tab's logit lens, over the ticked columns
 RUN_LABEL = "Run live"
 BUSY_LABEL = "Running…"
 EXPECTED_SEPARATOR = ";"
@@ -23,6 +26,8 @@ EXPECTED_SEPARATOR = ";"
 # The tabs below the answers, in order: (id, title). A figure lives in exactly one tab.
 TABS = (
     ("layers", "Layers"),
+    ("tokens", "What crossed"),
+    ("lens", "Depth"),
     ("cost", "Time and bytes"),
     ("seen", "What each model saw"),
     ("sweep", "Sweep"),
@@ -66,7 +71,21 @@ def tab_figures(tab: str, names: list[str]) -> list[str]:
         return [name for name in layer_figure_names() if name in names]
     if tab == "cost":
         return list(FIXED_PLOTS)
+    if tab == "lens":
+        return [LENS_PLOT]
     return []
+
+
+def token_view_column(names: list[str], with_view: list[str], chosen: str | None) -> str | None:
+    """The column the token view shows: the chosen one when it has a view and is ticked, else the
+    first ticked column with one (KVComm first: its layer choice is what the view explains)."""
+    candidates = [name for name in names if name in with_view]
+    if chosen in candidates:
+        return chosen
+    for name in ["kvcomm", *candidates]:
+        if name in candidates:
+            return name
+    return None
 
 
 # --- the handoffs' options as widgets -----------------------------------------------------------
@@ -120,9 +139,15 @@ def run_parameter_names(specs: list[PageOption]) -> list[str]:
 
 
 def build_request(query, context, max_new_tokens=32, sample=False, temperature=0.7, seed=0,
-                  options: dict[str, dict] | None = None):
+                  options: dict[str, dict] | None = None, inspect: dict | None = None):
     """The form's values as a request (a ValueError says what is wrong in plain words)."""
-    return registry.build_request(query, context, max_new_tokens, sample, temperature, seed, options)
+    return registry.build_request(query, context, max_new_tokens, sample, temperature, seed, options, inspect)
+
+
+def record_crossed() -> bool:
+    """Whether the page's runs record what crossed (``kvviz.crossed``): yes unless
+    ``KVVIZ_RECORD_CROSSED=0`` (``scripts/bench_app.py --crossed both`` times a run each way)."""
+    return os.environ.get("KVVIZ_RECORD_CROSSED", "1") != "0"
 
 
 def expected_answers(text: str | None) -> list[str]:
@@ -179,6 +204,16 @@ def walkthrough_steps() -> list[WalkStep]:
         ),
         *[handoff_step(h) for h in registry.page_handoffs() if h.page_default and h.walkthrough],
         WalkStep(
+            "Predict, then reveal: what did the answer read?",
+            "We loaded **Locker code** again, in the **What crossed** tab on KVComm's column. Predict first: when "
+            "the receiver writes the code's first digit, which tokens of the note will it read most? Decide, then "
+            "hover that digit among the answer's tokens: the note's tokens light up by how much that answer token "
+            "attended to them, summed over the layers and heads ticked in the grid (*sent layers only* keeps the "
+            "layers KVComm sent). The first token of the note, the attention sink, is left out unless you tick it "
+            "back. Measured in this preset's run, on this question.",
+            "locker", "tokens", "kv-tokens",
+        ),
+        WalkStep(
             "What it costs",
             "In **Time and bytes**, *What crosses between the models* compares sizes on a log scale: a text "
             "message is a few dozen bytes, a KV cache hundreds of kilobytes. Text is small but slow to write; KV "
@@ -199,3 +234,91 @@ def walkthrough_steps() -> list[WalkStep]:
     count = len(steps)
     return [WalkStep(f"Step {i + 1} of {count}: {step.title}", step.text, step.preset, step.tab, step.target)
             for i, step in enumerate(steps)]
+
+
+# --- permalinks ------------------------------------------------------------------------------------
+
+# The page's state in a URL's query string: the form's fields by these names, each handoff option as
+# "o.HANDOFF.OPTION" (and "o.HANDOFF.OPTION.auto" for its "auto" checkbox). A preset's key names its
+# question and precomputed results; "q" and "c" are there only when they differ from the preset's.
+LINK_FIELDS = ("pair", "preset", "q", "c", "h", "expected", "max_new_tokens", "sample", "temperature", "seed", "tab",
+               "column")
+
+
+def option_link_names(specs: list[PageOption]) -> list[str]:
+    """The link names of the option widgets, in ``Page.option_inputs`` order."""
+    names = []
+    for option in specs:
+        base = f"o.{option.handoff.name}.{option.option.name}"
+        names += [f"{base}.auto", base] if option.option.auto else [base]
+    return names
+
+
+def link_text(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return "" if value is None else str(value)
+
+
+def permalink_query(specs: list[PageOption], state: dict) -> str:
+    """``state`` (the fields by link name, option values under "options" in widget order) as a
+    query string, without the fields a preset already gives."""
+    picked = preset(state["preset"]) if state.get("preset") else None
+    fields = {name: state.get(name) for name in LINK_FIELDS}
+    if picked is not None and (fields.get("q") or "") == picked.query and (fields.get("c") or "") == (picked.context or ""):
+        fields.pop("q"), fields.pop("c")
+    if picked is not None and fields.get("expected") == expected_text(picked.answers):
+        fields.pop("expected")
+    fields["h"] = ",".join(state.get("h") or [])
+    fields.update(zip(option_link_names(specs), state.get("options") or []))
+    return urlencode({name: link_text(value) for name, value in fields.items() if value is not None})
+
+
+def permalink_state(specs: list[PageOption], params: dict) -> dict:
+    """A URL's query parameters back into page values: ``{field: value}`` for the fields given
+    (types as the widgets take them; unknown or malformed values are left out), option values as
+    ``{"options": {index: value}}``. A ValueError never escapes: a bad link opens the page as usual."""
+    out: dict = {}
+    for name in ("pair", "q", "c", "expected", "tab", "column"):
+        if params.get(name) is not None:
+            out[name] = str(params[name])
+    if params.get("preset"):
+        try:
+            out["preset"] = preset(str(params["preset"])).key
+        except (KeyError, ValueError):
+            pass
+    if params.get("h") is not None:
+        out["h"] = [name for name in str(params["h"]).split(",") if name in column_names()]
+    for name, kind in (("max_new_tokens", int), ("temperature", float), ("seed", int)):
+        try:
+            out[name] = kind(float(params[name])) if kind is int else kind(params[name])
+        except (KeyError, TypeError, ValueError):
+            pass
+    if params.get("sample") is not None:
+        out["sample"] = str(params["sample"]) in ("1", "true", "True")
+    options = {}
+    for index, (name, option) in enumerate(zip(option_link_names(specs), _widget_options(specs))):
+        if name not in params:
+            continue
+        text = str(params[name])
+        try:
+            if name.endswith(".auto"):
+                options[index] = text in ("1", "true", "True")
+            elif option.kind == "int":
+                options[index] = int(float(text))
+            elif option.kind == "float":
+                options[index] = float(text)
+            else:
+                options[index] = text
+        except ValueError:
+            continue
+    if options:
+        out["options"] = options
+    return out
+
+
+def _widget_options(specs: list[PageOption]) -> list[Option]:
+    """The option behind each widget, in ``Page.option_inputs`` order."""
+    return [option.option for option in specs for _ in range(option.inputs)]

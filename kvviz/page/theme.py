@@ -13,6 +13,8 @@ from pathlib import Path
 
 import gradio as gr
 
+from kvviz.tokenview import TOKEN_VIEW_CSS, TOKEN_VIEW_JS
+
 BLUE_TEXT = "#1e40af"  # 8.7:1 on white, 7.2:1 on the label's pale blue
 BLUE_FILL = "#1d4ed8"  # white on it: 6.7:1
 SUBDUED = "#475569"  # 7.6:1 on white
@@ -124,4 +126,4 @@ def plot_script_preload() -> str:
 
 def launch_kwargs() -> dict:
     """theme, css and head belong to launch() in Gradio 6."""
-    return {"theme": theme(), "css": CSS, "head": plot_script_preload()}
+    return {"theme": theme(), "css": CSS + TOKEN_VIEW_CSS, "head": plot_script_preload() + TOKEN_VIEW_JS}

@@ -18,9 +18,9 @@ import threading
 
 import plotly.graph_objects as go
 
-from kvviz import plots, present
+from kvviz import plots, present, tokenview
 from kvviz.handoffs import registry
-from kvviz.page.spec import FIXED_PLOTS, column_names, tab_figures
+from kvviz.page.spec import FIXED_PLOTS, LENS_PLOT, column_names, tab_figures, token_view_column
 from kvviz.plotkit import compact as compact_figure
 from kvviz.presets import PRESETS, preset
 
@@ -133,7 +133,7 @@ class FigureCache:
             return self._figures[key]
 
     def figure(self, name: str, payload: dict, names: list[str], compact: bool) -> go.Figure:
-        key = (payload.get("stamp"), name, tuple(names) if name in FIXED_PLOTS else (), compact)
+        key = (payload.get("stamp"), name, tuple(names) if name in (*FIXED_PLOTS, LENS_PLOT) else (), compact)
         shared = str(key[0]).startswith("preset:")
         if shared:
             with self._lock:
@@ -153,6 +153,8 @@ def build_figure(name: str, payload: dict, names: list[str], compact: bool) -> g
         figure = plots.latency_figure(results)
     elif name == "bytes":
         figure = plots.bytes_figure(results)
+    elif name == LENS_PLOT:
+        figure = tokenview.lens_figure(results)
     else:
         figure = registry.get(name).figure(results_by_name(payload).get(name))
     return compact_figure(figure) if compact else figure
@@ -165,8 +167,31 @@ def sweep_figure(data: dict | None, compact: bool) -> go.Figure:
 
 def figure_key(name: str, payload: dict, names: list[str], compact: bool) -> str:
     """What a drawn figure shows: when it is unchanged, the figure is not sent again."""
-    ticked = ",".join(names) if name in FIXED_PLOTS else ""
+    ticked = ",".join(names) if name in (*FIXED_PLOTS, LENS_PLOT) else ""
     return f"{payload.get('stamp')}|{ticked}|{int(compact)}"
+
+
+def token_view_updates(payload: dict, names: list[str], view: dict, chosen: str | None = None) -> tuple[dict, dict]:
+    """The What crossed tab: its column picker (``tokens_column``: the ticked columns that hold a
+    token view, and the one shown) and the view of that column (``tokens``), when either changed."""
+    found = results_by_name(payload)
+    with_view = [name for name in names if tokenview.has_view(found.get(name))]
+    column = token_view_column(names, with_view, chosen or view.get("tokens_column"))
+    drawn = dict(view.get("drawn") or {})
+    key = f"{payload.get('stamp')}|{column}|{','.join(with_view)}"
+    updates = {}
+    if drawn.get("tokens") != key:
+        labels = [(registry.get(name).label, name) for name in with_view]
+        updates["tokens_column"] = {"choices": labels, "value": column}
+        if column is not None:
+            updates["tokens"] = tokenview.token_view_html(found[column])
+        elif found:
+            updates["tokens"] = ('<div class="kv-tv-empty">None of the ticked columns holds what crossed: these results '
+                                 "were computed without recording it. Press <b>Run live</b> to record it.</div>")
+        else:
+            updates["tokens"] = '<div class="kv-tv-empty">No results yet: press <b>Run live</b>.</div>'
+        drawn["tokens"] = key
+    return updates, {**view, "tokens_column": column, "drawn": drawn}
 
 
 def tab_updates(tab: str, payload: dict, names: list[str], view: dict, cache: FigureCache) -> tuple[dict, dict]:
@@ -184,11 +209,15 @@ def tab_updates(tab: str, payload: dict, names: list[str], view: dict, cache: Fi
             and drawn.get("sweep_plot") != f"precomputed|{int(compact)}":
         updates["sweep_plot"] = cache.sweep_figure(compact)  # a live sweep's figure stays until the next one
         drawn["sweep_plot"] = f"precomputed|{int(compact)}"
+    if tab == "tokens":
+        column_updates, view = token_view_updates(payload, names, {**view, "drawn": drawn})
+        updates.update(column_updates)
+        drawn = view["drawn"]
     if tab == "how" and not drawn.get("how"):
         updates["how"] = present.how_it_works_page(column_names())
         drawn["how"] = True
     if tab == "data" and drawn.get("data") != payload.get("stamp"):
         updates["table"] = present.results_frame(payload)
-        updates["json"] = payload
+        updates["json"] = {**payload, "results": [tokenview.without_arrays(r) for r in payload.get("results", [])]}
         drawn["data"] = payload.get("stamp")
     return updates, {**view, "tab": tab, "drawn": drawn}

@@ -1,0 +1,262 @@
+"""What crossed (issue 22): which sent tokens each answer token read, and where in depth it appeared.
+
+A run that asks for it (``HandoffRequest.inspect`` not None; the CLI's ``run`` and the page do,
+the bench and the sweep do not) records, in the run itself and through kvviz's one attention
+capture (``kvviz.attention.AttentionRows``):
+
+* the receiver's attention rows while it writes each answer token (the prompt's last position
+  for the first token, then each decode step, batched or not), at most ``MAX_TOKENS`` tokens;
+* the hidden state after every receiver layer at the prompt's last position, for the logit lens.
+
+Each handoff says what it sent (``mark_sent``: the positions of the receiver's keys that hold
+what crossed, and their tokens); ``attach`` then writes two fields on the result, one naming
+scheme for every handoff:
+
+``token_attention``
+  measured_on    what was measured, on which input, and the units (hover text)
+  nothing_sent   None, or why there are no sent tokens (the handoff sent no tokens)
+  sent_kind      what the sent positions are ("context tokens (the sender's KV cache)" ...)
+  sent_positions positions of the sent keys; sent_tokens their text
+  sent_layers    the receiver layers that hold the sent keys (KVComm: the layers it sent)
+  answer_tokens  the answer's tokens (text), answer_ids their ids; captured: how many have rows
+  layers, heads  the receiver's layer and head counts
+  attention      [answer token][layer][head][sent position]: attention probability (0 to 1) of
+                 that head's query on that key; 0 where the layer does not hold the key
+  other          [answer token][layer][head]: the rest of the row's mass (the receiver's own keys)
+``logit_lens``
+  measured_on, layers (0..L-1, the output of each receiver layer through the receiver's own final
+  norm and output head), answer_token / answer_probability (the first answer token's probability
+  per layer), gold / gold_token / gold_probability (the gold answer's first token, when given).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+MAX_TOKENS = 16  # answer tokens whose attention rows are kept (the first ones)
+DIGITS = 3  # decimals of the stored attention probabilities (JSON size)
+
+_current: contextvars.ContextVar["Inspection | None"] = contextvars.ContextVar("kvviz_inspection", default=None)
+# Inside ``one_lens_pass`` (one run of several handoffs): the lenses waiting for their head pass.
+_pending: contextvars.ContextVar["list | None"] = contextvars.ContextVar("kvviz_pending_lenses", default=None)
+
+
+@dataclass
+class Inspection:
+    """What one handoff's run recorded for its answer (one per ``run_handoff``)."""
+
+    gold: str | None = None
+    sent_kind: str | None = None
+    sent_positions: list[int] = field(default_factory=list)
+    sent_ids: list[int] = field(default_factory=list)
+    sent_layers: list[int] | None = None
+    rows: list[dict] = field(default_factory=list)  # one per answer token: layer -> (probs, positions)
+    lens_hidden: torch.Tensor | None = None  # [layers, hidden], each layer's output after the final norm
+    answer_ids: list[int] = field(default_factory=list)
+    model: object = None  # the receiver (LoadedModel) that wrote the answer
+    receiver: object = None  # the model whose prompts are recorded (None: every model's)
+
+    def records(self, loaded) -> bool:
+        """Whether a prompt read by ``loaded`` is recorded (the receiver's; a sharer's is not)."""
+        return self.receiver is None or loaded is self.receiver
+
+
+@contextmanager
+def inspecting(request, receiver=None):
+    """Around one handoff's run: record what crossed when the request asks (else nothing), in the
+    prompts ``receiver`` reads (every model's when None)."""
+    options = getattr(request, "inspect", None)
+    if options is None:
+        yield None
+        return
+    token = _current.set(Inspection(gold=options.get("gold") or None, receiver=receiver))
+    try:
+        yield _current.get()
+    finally:
+        _current.reset(token)
+
+
+def active() -> Inspection | None:
+    return _current.get()
+
+
+def mark_sent(kind: str, positions, token_ids, layers: list[int] | None = None) -> None:
+    """The handoff says what crossed: the receiver's key positions that hold it and their tokens."""
+    inspection = active()
+    if inspection is None:
+        return
+    inspection.sent_kind = kind
+    inspection.sent_positions = [int(p) for p in positions]
+    inspection.sent_ids = [int(t) for t in token_ids]
+    inspection.sent_layers = None if layers is None else sorted(int(layer) for layer in layers)
+
+
+def layer_outputs(loaded, output) -> torch.Tensor:
+    """[layers, hidden]: the output of each decoder layer at the last position, through the final
+    norm (the last one is the model's own final hidden state)."""
+    num_layers = loaded.facts.num_layers
+    norm = loaded.model.model.norm
+    states = [norm(output.hidden_states[layer + 1][0, -1:]) for layer in range(num_layers - 1)]
+    states.append(output.last_hidden_state[0, -1:])
+    return torch.cat(states).detach()
+
+
+def record_answer(loaded, first_inspected, rows, token_ids: list[int]) -> None:
+    """Called by the answer's decode loop: the first token's row and layer states (from the
+    prompt's prefill), the later tokens' rows, and the answer."""
+    inspection = active()
+    if inspection is None or first_inspected is None:
+        return
+    first_row, hidden = first_inspected
+    inspection.model = loaded
+    inspection.lens_hidden = hidden
+    inspection.rows = ([first_row] if first_row else []) + list(rows)
+    inspection.answer_ids = list(token_ids)
+
+
+# --- the result fields -------------------------------------------------------------------------------
+
+
+def _token_text(tokenizer, token_id: int) -> str:
+    return tokenizer.decode([int(token_id)], skip_special_tokens=False)
+
+
+def token_attention(inspection: Inspection, nothing_sent: str) -> dict:
+    loaded = inspection.model
+    tokenizer = loaded.tokenizer
+    num_layers, num_heads = loaded.facts.num_layers, loaded.facts.num_heads
+    captured = min(len(inspection.rows), len(inspection.answer_ids), MAX_TOKENS)
+    data = {
+        "measured_on": (
+            "this query, in this run: the receiver's attention while it wrote each answer token (the "
+            "softmax probability of each head's query on each sent key, 0 to 1; a row sums to 1 over all keys)"
+        ),
+        "nothing_sent": None,
+        "sent_kind": inspection.sent_kind,
+        "sent_positions": inspection.sent_positions,
+        "sent_tokens": [_token_text(tokenizer, t) for t in inspection.sent_ids],
+        "sent_layers": inspection.sent_layers,
+        "answer_tokens": [_token_text(tokenizer, t) for t in inspection.answer_ids],
+        "answer_ids": inspection.answer_ids,
+        "captured": captured,
+        "layers": num_layers,
+        "heads": num_heads,
+        "attention": [],
+        "other": [],
+    }
+    if inspection.sent_kind is None:
+        data.update(nothing_sent=nothing_sent, sent_positions=[], sent_tokens=[])
+        return data
+    sent = torch.tensor(inspection.sent_positions, dtype=torch.long)
+    if inspection.sent_layers is None:
+        data["sent_layers"] = list(range(num_layers))
+    for row in inspection.rows[:captured]:
+        token_rows, token_other = [], []
+        for layer in range(num_layers):
+            probabilities, positions = row[layer]
+            match = (positions[None, :] == sent[:, None]).float()  # [sent, keys]
+            on_sent = probabilities @ match.T  # [heads, sent]
+            token_rows.append(on_sent.round(decimals=DIGITS).tolist())
+            token_other.append((probabilities.sum(-1) - on_sent.sum(-1)).clamp(min=0).round(decimals=DIGITS).tolist())
+        data["attention"].append(token_rows)
+        data["other"].append(token_other)
+    return data
+
+
+def logit_lens(inspection: Inspection) -> dict:
+    probabilities = torch.softmax(inspection.model.head.logits(inspection.lens_hidden), dim=-1)  # [layers, vocabulary]
+    return lens_record(inspection, probabilities)
+
+
+def lens_record(inspection: Inspection, probabilities: torch.Tensor) -> dict:
+    """The ``logit_lens`` field from the lens's probabilities [layers, vocabulary]."""
+    tokenizer = inspection.model.tokenizer
+    data = {
+        "measured_on": (
+            "this query, in this run: at the prompt's last position (where the first answer token is chosen), "
+            "the output of each receiver layer put through the receiver's own final norm and output head "
+            "(a logit lens: a probability, 0 to 1, not what the model 'thinks')"
+        ),
+        "layers": list(range(probabilities.shape[0])),
+        "answer_token": None,
+        "answer_probability": None,
+        "gold": inspection.gold,
+        "gold_token": None,
+        "gold_probability": None,
+    }
+    if inspection.answer_ids:
+        first = inspection.answer_ids[0]
+        data["answer_token"] = _token_text(tokenizer, first)
+        data["answer_probability"] = probabilities[:, first].round(decimals=6).tolist()
+    if inspection.gold and inspection.gold.strip():
+        gold = gold_first_token(tokenizer, inspection.gold, probabilities[-1])
+        data["gold_token"] = _token_text(tokenizer, gold)
+        data["gold_probability"] = probabilities[:, gold].round(decimals=6).tolist()
+    return data
+
+
+def gold_first_token(tokenizer, gold: str, last_layer: torch.Tensor) -> int:
+    """The gold answer's first token as the receiver would write it: with or without a leading
+    space (whichever its last layer finds likelier)."""
+    candidates = []
+    for text in (gold.strip(), " " + gold.strip()):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if ids:
+            candidates.append(int(ids[0]))
+    return max(candidates, key=lambda token: float(last_layer[token]))
+
+
+@contextmanager
+def one_lens_pass():
+    """One run of several handoffs: inside it, each result's logit lens waits, and ``finish_lenses``
+    computes them all with one pass of each receiver's output head (the lens is one pass of the
+    head per handoff otherwise: most of what recording costs, ``research/crossed_cost.py``)."""
+    token = _pending.set([])
+    try:
+        yield _pending.get()
+    finally:
+        _pending.reset(token)
+
+
+def finish_lenses(pending: list) -> list[tuple[str, dict]]:
+    """Compute the waiting lenses (``one_lens_pass``), writing each on its result; returns
+    (handoff, logit_lens) for each. The rows of all the results that one model wrote go through
+    its head together (the same products as alone, up to float rounding: a kernel's last bits
+    depend on how many rows it is given)."""
+    done = []
+    by_model: dict[int, list] = {}
+    for result, inspection in pending:
+        by_model.setdefault(id(inspection.model), []).append((result, inspection))
+    for group in by_model.values():
+        head = group[0][1].model.head
+        probabilities = torch.softmax(head.logits(torch.cat([inspection.lens_hidden for _, inspection in group])), dim=-1)
+        start = 0
+        for result, inspection in group:
+            rows = inspection.lens_hidden.shape[0]
+            result.logit_lens = lens_record(inspection, probabilities[start : start + rows])
+            start += rows
+            done.append((result.handoff, result.logit_lens))
+    pending.clear()
+    return done
+
+
+def attach(result, inspection: Inspection | None, nothing_sent: str) -> None:
+    """Write ``token_attention`` and ``logit_lens`` on a result (an applicable one); where no
+    receiver's answer was recorded, only a ``token_attention`` that says nothing was sent. Inside
+    ``one_lens_pass`` the lens is left for ``finish_lenses``."""
+    if inspection is None or not result.applicable:
+        return
+    if inspection.model is None:  # no receiver wrote this answer (the sharer alone)
+        result.token_attention = {"nothing_sent": "nothing was sent: no receiver read anything (the sharer answers "
+                                  "alone; its own prompt is not recorded)", "answer_tokens": [], "attention": []}
+        return
+    result.token_attention = token_attention(inspection, nothing_sent)
+    pending = _pending.get()
+    if pending is None:
+        result.logit_lens = logit_lens(inspection)
+    else:
+        pending.append((result, inspection))

@@ -1,0 +1,120 @@
+"""What crossed and permalinks in a real browser (issue 22): Playwright driving Debian's Chromium.
+
+Hovering an answer token in the What crossed tab lights the sent tokens that the stored attention
+says (the precomputed locker preset: no model runs); a permalink restores every field of the page,
+and "Copy link" puts the same state back in the address bar. The token view's screenshot on the
+locker preset is ``tokens-locker.png`` in $KVVIZ_TEST_ARTIFACTS (docs/tokens.png is a copy).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlsplit
+
+import pytest
+
+from kvviz.page import spec
+from kvviz.presets import load_precomputed, preset
+from tests.conftest import served_on_loopback
+from tests.test_browser import CHROMIUM_FLAGS, LAPTOP, artifacts_dir, browser  # noqa: F401 (the browser fixture)
+
+pytestmark = [pytest.mark.integration]
+
+
+@pytest.fixture(scope="module")
+def app_url():
+    from kvviz import ui
+
+    with served_on_loopback(ui.build_demo()) as url:
+        yield url
+
+
+@pytest.fixture()
+def page(browser):  # noqa: F811
+    context = browser.new_context(viewport=LAPTOP)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.errors = errors
+    yield page
+    context.close()
+
+
+def stored_result(key: str, handoff: str) -> dict:
+    results = load_precomputed()["presets"][key]["results"]
+    result = next(r for r in results if r["handoff"] == handoff)
+    if not result.get("token_attention"):
+        pytest.fail("assets/precomputed/presets.json holds no token_attention: run python scripts/precompute_presets.py")
+    return result
+
+
+def expected_masses(data: dict, token: int) -> list[float]:
+    """The sent tokens' attention from answer token ``token``, summed over every layer and head."""
+    sums = [0.0] * len(data["sent_tokens"])
+    for layer in data["attention"][token]:
+        for head in layer:
+            for s, value in enumerate(head):
+                sums[s] += value
+    return sums
+
+
+def test_hovering_an_answer_token_lights_the_sent_tokens_its_stored_attention_says(page, app_url):
+    data = stored_result("locker", "kvcomm")["token_attention"]
+    page.goto(f"{app_url}/?preset=locker&tab=tokens&column=kvcomm", wait_until="domcontentloaded")
+    view = page.locator('#kv-tokens .kv-tv[data-handoff="kvcomm"]')
+    view.wait_for(timeout=60_000)
+    # the first digit the answer writes: the token that must read the code from the context
+    token = next(i for i, text in enumerate(data["answer_tokens"][: data["captured"]]) if text.strip().isdigit())
+    view.locator(f'.kv-tv-ans[data-i="{token}"]').hover()
+    page.wait_for_timeout(200)
+    chips = view.locator(".kv-tv-sent-tok")
+    shown = [float(chips.nth(s).get_attribute("data-mass")) for s in range(chips.count())]
+    masses = expected_masses(data, token)
+    assert shown == pytest.approx(masses, abs=2e-3)
+    top = max(masses[1:])  # the sink (first sent token) is left out by default
+    lit = [s for s in range(chips.count()) if "kv-tv-lit" in (chips.nth(s).get_attribute("class") or "")]
+    assert lit == [s for s in range(1, len(masses)) if masses[s] >= 0.5 * top]
+    # clicking locks it: hovering another token changes nothing
+    view.locator(f'.kv-tv-ans[data-i="{token}"]').click()
+    view.locator('.kv-tv-ans[data-i="0"]').hover()
+    assert view.get_attribute("data-shown") == str(token)
+    # leaving out every layer but the sent ones changes the sums to theirs
+    view.locator('.kv-tv-pick[data-pick="sent"]').click()
+    sent_only = [sum(data["attention"][token][layer][head][s] for layer in data["sent_layers"]
+                     for head in range(data["heads"])) for s in range(len(masses))]
+    shown = [float(chips.nth(s).get_attribute("data-mass")) for s in range(chips.count())]
+    assert shown == pytest.approx(sent_only, abs=2e-3)
+    view.locator('.kv-tv-pick[data-pick="all"]').click()
+    page.locator("#kv-tokens").screenshot(path=str(artifacts_dir() / "tokens-locker.png"))
+    assert not page.errors
+
+
+def test_a_permalink_restores_every_field_and_copy_link_gives_it_back(page, app_url):
+    picked = preset("fuji")
+    link = ("preset=fuji&h=receiver,kvcomm,skyline&expected=Japan%3B+Nippon&pair=embedded&max_new_tokens=7&sample=1"
+            "&temperature=0.9&seed=3&o.kvcomm.ratio=0.35&o.kvcomm.strategy=prior&tab=lens")
+    page.goto(f"{app_url}/?{link}", wait_until="domcontentloaded")
+    page.locator("#kv-plot-lens .main-svg").first.wait_for(timeout=60_000)
+    page.wait_for_timeout(500)
+    assert page.locator("#kv-query textarea").input_value() == picked.query
+    assert page.locator("#kv-context textarea").input_value() == (picked.context or "")
+    assert page.locator("#kv-expected textarea, #kv-expected input").first.input_value() == "Japan; Nippon"
+    ticked = page.eval_on_selector_all("#kv-handoffs input[type=checkbox]", "els => els.filter(e => e.checked).map(e => e.value || e.name)")
+    labels = page.eval_on_selector_all("#kv-handoffs label", "els => els.filter(e => e.querySelector('input').checked)"
+                                                            ".map(e => e.textContent.trim())")
+    assert sorted(labels) == sorted(["Receiver", "KVComm", "Skyline"]), (ticked, labels)
+    assert page.locator("#kv-inside [role=tab][aria-selected=true]").inner_text().strip() == "Depth"
+    # the settings live in the closed sidebar: their inputs hold the link's values
+    number = "input[type=number]"
+    assert float(page.locator(f"#kv-settings {number}").first.input_value()) == 7  # max new tokens
+    assert page.locator("#kv-settings input[type=checkbox]").first.is_checked()  # sample
+    assert float(page.locator(f"#kv-opt-kvcomm-ratio {number}").input_value()) == pytest.approx(0.35)
+    assert page.locator("#kv-opt-kvcomm-strategy input").input_value() == "prior"
+    page.locator("#kv-copy-link").click()
+    page.wait_for_function("() => location.search.includes('seed=')", timeout=30_000)
+    given = dict(parse_qsl(link))
+    copied = dict(parse_qsl(urlsplit(page.url).query))
+    for name in ("preset", "h", "expected", "pair", "max_new_tokens", "sample", "temperature", "seed",
+                 "o.kvcomm.ratio", "o.kvcomm.strategy", "tab"):
+        assert copied.get(name) == given[name], name
+    assert set(copied) <= set(spec.LINK_FIELDS) | set(spec.option_link_names(spec.page_options()))
+    assert not page.errors
