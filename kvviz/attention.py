@@ -52,6 +52,22 @@ class AttentionPlan:
     # sliding-window layer it also measures the window from key indices, so a context longer than
     # the window leaves some query with no key at all (an error here).
     reference_mask: bool = False
+    # Additive attention-score bias per layer for its prefix keys ([n_prefix] tensor, log-weights:
+    # 0 takes a key as it is, a large negative number hides it). A KV translator's per-token
+    # weight and soft per-layer gate (kvviz.c2c.translator) enter the receiver's attention here.
+    prefix_bias: dict[int, torch.Tensor] = field(default_factory=dict)
+    # When set, keep each layer's queries (after RoPE, detached): a translator's training compares
+    # attention over translated keys with attention over the receiver's own, for the same queries.
+    keep_queries: bool = False
+    queries: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def key_bias(self, layer: int, key_length: int, device, dtype) -> torch.Tensor | None:
+        """[key_length] additive bias for every key of the layer (0 on its own keys), or None."""
+        bias = self.prefix_bias.get(layer)
+        if bias is None:
+            return None
+        own = key_length - bias.numel()
+        return torch.cat([bias.to(device=device, dtype=dtype), torch.zeros(own, device=device, dtype=dtype)])
 
     def sees_every_key(self, layer: int, key_length: int, query_position: int, sliding_window: int | None) -> bool:
         """Whether one query at ``query_position`` may attend to every key of the layer: true on
@@ -161,9 +177,15 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         raise ValueError("A kvviz attention plan needs explicit position_ids on every forward call.")
     query_positions = position_ids[0].to(query.device)
     layer = module.layer_idx
+    if plan.keep_queries:
+        plan.queries[layer] = query.detach()
     last_position = int(query_positions[-1])
     sliding_window = kwargs.pop("sliding_window", None)
-    if query.shape[2] == 1 and not plan.capture and plan.sees_every_key(layer, key.shape[2], last_position, sliding_window):
+    bias = plan.key_bias(layer, key.shape[2], query.device, query.dtype)
+    if (
+        query.shape[2] == 1 and not plan.capture and bias is None
+        and plan.sees_every_key(layer, key.shape[2], last_position, sliding_window)
+    ):
         # a decode step whose token may see its whole cache: no mask to build
         return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
     key_positions = plan.key_positions(layer, key.shape[2], last_position, query.device)
@@ -174,11 +196,13 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
             "this sliding-window layer's window, where the reference code's quirk is undefined. Use the causal mask."
         )
     if plan.capture:
-        return _eager_with_capture(module, query, key, value, mask, scaling, plan, kwargs.get("softcap"))
+        return _eager_with_capture(module, query, key, value, mask, scaling, plan, kwargs.get("softcap"), bias)
+    if bias is not None:  # an additive float mask: the bias where a key is visible
+        mask = torch.where(mask, bias, torch.finfo(query.dtype).min)
     return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
-def _eager_with_capture(module, query, key, value, mask, scaling, plan: AttentionPlan, softcap=None):
+def _eager_with_capture(module, query, key, value, mask, scaling, plan: AttentionPlan, softcap=None, bias=None):
     """Plain attention that also records the mass the queries put on the prefix keys."""
     groups = query.shape[1] // key.shape[1]
     key = key.repeat_interleave(groups, dim=1)
@@ -187,6 +211,8 @@ def _eager_with_capture(module, query, key, value, mask, scaling, plan: Attentio
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     probabilities = torch.softmax(scores.float(), dim=-1).to(query.dtype)
     prefix = plan.prefix_positions.get(module.layer_idx)

@@ -151,6 +151,7 @@ class KVState:
     next_position: int = 0
     prefix_positions: dict[int, torch.Tensor] = field(default_factory=dict)
     reference_mask: bool = False  # KVComm's reference-code mask quirk (AttentionPlan.reference_mask)
+    prefix_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # AttentionPlan.prefix_bias
     # When set, every forward on this state (a decode step too) records its last token's attention
     # rows here (kvviz.attention.AttentionRows): the per-sequence flag the batched step honours.
     token_rows: AttentionRows | None = field(default=None, repr=False)
@@ -159,7 +160,10 @@ class KVState:
         """The attention plan for the next forward; None when layers are plain and contiguous."""
         if not self.prefix_positions and not capture:
             return None
-        return AttentionPlan(prefix_positions=self.prefix_positions, capture=capture, reference_mask=self.reference_mask)
+        return AttentionPlan(
+            prefix_positions=self.prefix_positions, capture=capture, reference_mask=self.reference_mask,
+            prefix_bias=self.prefix_bias,
+        )
 
     def positions(self, count: int, device) -> torch.Tensor:
         return torch.arange(self.next_position, self.next_position + count, device=device)[None]

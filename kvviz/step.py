@@ -214,7 +214,7 @@ class DecodeStep:
         positions[:count, 0] = torch.tensor([s.next_position for s in states], device=device)
         x = self.decoder.embed_tokens(ids)  # [rows, hidden]
         tables = {layer_type: self._rotary(x, positions, layer_type) for layer_type in set(self.layer_types)}
-        plans = [AttentionPlan(prefix_positions=s.prefix_positions) for s in states]
+        plans = [AttentionPlan(prefix_positions=s.prefix_positions, prefix_bias=s.prefix_bias) for s in states]
         query_positions = [s.next_position for s in states]
         for state in states:
             kv.place(state.cache, self.loaded.layer_devices)
@@ -261,6 +261,8 @@ class DecodeStep:
         """One sequence's attention at ``layer``: append its new key and value, attend to its own keys.
         q [heads, head_dim]; k, v [kv_heads, head_dim]. Returns [1, heads * head_dim]."""
         keys, values = kv.append_token(state.cache, layer, k[None, :, None], v[None, :, None])
+        # a prefix's per-key score bias (a KV translator's token weights and gates), 0 on the own keys
+        bias = plan.key_bias(layer, keys.shape[2], keys.device, q.dtype)
         window = self.windows[layer]
         if state.token_rows is not None and not state.token_rows.full:
             self._record(layer, q, keys, state, plan, position, window)
@@ -276,8 +278,12 @@ class DecodeStep:
             first = int(visible.to(torch.int8).argmax())
             if bool(visible[first:].all()):
                 keys, values = keys[:, :, first:], values[:, :, first:]
+                bias = None if bias is None else bias[first:]
             else:
                 mask = visible[None, None, None]
+        if bias is not None:  # an additive float mask: the bias where a key is visible
+            bias = bias[None, None, None]
+            mask = bias if mask is None else torch.where(mask, bias, torch.finfo(q.dtype).min)
         grouped = self.num_heads != self.num_kv_heads
         if grouped and mask is not None:
             groups = self.num_heads // self.num_kv_heads

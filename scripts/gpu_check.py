@@ -142,14 +142,18 @@ def build_pair(pair_name: str, device: str, dtype, tiny: bool):
 
 
 def random_fusers(pair) -> Path:
-    """An untrained C2C fuser and its control for the pair, under the kvviz cache folder; returns
-    the C2C one (its control sits beside it, as the C2C handoff's ``fuser`` option expects)."""
+    """An untrained C2C fuser and its control for the pair, under the kvviz cache folder, and an
+    untrained KV translator beside them (``translator``); returns the C2C one (its control sits
+    beside it, as the C2C handoff's ``fuser`` option expects)."""
     from kvviz.c2c.fuser import new_fuser
+    from kvviz.c2c.translator import new_translator
     from kvviz.paths import cache_dir
 
     folder = cache_dir() / "fusers" / "gpu-check" / pair.name.replace("/", "--")
     for kind in ("c2c", "control"):
         new_fuser(pair.sharer.facts, pair.receiver.facts, pair=pair.name, control=kind == "control").save(folder / kind)
+    new_translator(pair.sharer.facts, pair.receiver.facts, pair.name, pair.sharer.tokenizer, sharer_layers=[0],
+                   rank=8).save(folder / "translator")
     return folder / "c2c"
 
 
@@ -158,7 +162,8 @@ def every_handoff(pair, fuser: Path, max_new_tokens: int) -> list[dict]:
     from kvviz.engine import run_handoff
     from kvviz.handoffs import registry
 
-    options = {"text": {"message_tokens": max_new_tokens}, "c2c": {"fuser": str(fuser)}}
+    options = {"text": {"message_tokens": max_new_tokens}, "c2c": {"fuser": str(fuser)},
+               "c2c_translate": {"translator": str(fuser.parent / "translator")}}
     request = registry.build_request("What is the code for locker 12?", "The code for locker 12 is 4471.", max_new_tokens,
                                      options=options)
     rows = []

@@ -50,6 +50,21 @@ def tiny_pair(kind: str) -> LoadedPair:
     return LoadedPair(spec=spec, sharer=model, receiver=model, kvcomm_sender=model)
 
 
+def untrained_checkpoints(pair: LoadedPair, folder: Path, fuser_width: int | None = 8) -> dict:
+    """An untrained C2C fuser pair (C2C and its control) and an untrained KV translator saved for
+    ``pair`` under ``folder``; returns the handoff options that name them (every handoff then runs:
+    their paths, not their quality)."""
+    from kvviz.c2c.fuser import new_fuser
+    from kvviz.c2c.translator import new_translator
+
+    width = {} if fuser_width is None else {"width": fuser_width}
+    for kind in ("c2c", "control"):
+        new_fuser(pair.sharer.facts, pair.receiver.facts, pair=pair.name, control=kind == "control", **width).save(folder / kind)
+    new_translator(pair.sharer.facts, pair.receiver.facts, pair.name, pair.sharer.tokenizer, sharer_layers=[0, 1],
+                   rank=4).save(folder / "translator")
+    return {"c2c": {"fuser": str(folder / "c2c")}, "c2c_translate": {"translator": str(folder / "translator")}}
+
+
 @pytest.fixture
 def one_thread():
     """Run a test on one torch thread (tiny models run fastest so), then restore the count."""

@@ -14,12 +14,11 @@ import torch
 from kvviz import cache as kv
 from kvviz import decode as decoding
 from kvviz.batching import DecodeBatch, Sequence
-from kvviz.c2c.fuser import new_fuser
 from kvviz.cache import KVState
 from kvviz.engine import run_handoff
 from kvviz.handoffs import registry
 from kvviz.step import DecodeStep, row_floor
-from tests.conftest import tiny_pair
+from tests.conftest import tiny_pair, untrained_checkpoints
 
 
 def counting_step(log):
@@ -274,12 +273,9 @@ def test_a_growing_cache_layer_appends_in_place_and_keeps_what_was_assigned():
 
 @pytest.fixture(scope="module")
 def contract_request(tmp_path_factory):
-    """Every handoff on the tiny pair, C2C with an untrained fuser pair saved for it."""
+    """Every handoff on the tiny pair, C2C and the translation with untrained checkpoints saved for it."""
     pair = tiny_pair("gemma")
-    folder = tmp_path_factory.mktemp("fusers")
-    for kind in ("c2c", "control"):
-        new_fuser(pair.sharer.facts, pair.receiver.facts, width=8, pair=pair.name, control=kind == "control").save(folder / kind)
-    return registry.build_request(QUERY, CONTEXT, 12, options={"c2c": {"fuser": str(folder / "c2c")}})
+    return registry.build_request(QUERY, CONTEXT, 12, options=untrained_checkpoints(pair, tmp_path_factory.mktemp("fusers")))
 
 
 def run_together(pair, request, names):

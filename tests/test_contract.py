@@ -7,11 +7,10 @@ import json
 
 import pytest
 
-from kvviz.c2c.fuser import new_fuser
 from kvviz.engine import run_handoff
 from kvviz.handoffs import registry
 from kvviz.results import STAGES, HandoffResult
-from tests.conftest import tiny_pair
+from tests.conftest import tiny_pair, untrained_checkpoints
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -25,12 +24,9 @@ def pair():
 @pytest.fixture(scope="module")
 def request_for_all(pair, tmp_path_factory):
     """A private-context request with every handoff's options at their defaults, and an untrained
-    fuser pair (C2C and its control) saved for the tiny pair so that C2C runs too."""
-    folder = tmp_path_factory.mktemp("fusers")
-    for kind in ("c2c", "control"):
-        new_fuser(pair.sharer.facts, pair.receiver.facts, width=8, pair=pair.name, control=kind == "control").save(folder / kind)
+    fuser pair (C2C and its control) and KV translator saved for the tiny pair so that they run too."""
     return registry.build_request("What is the secret code word?", "The secret code word is pineapple.", 4,
-                                  options={"c2c": {"fuser": str(folder / "c2c")}})
+                                  options=untrained_checkpoints(pair, tmp_path_factory.mktemp("fusers")))
 
 
 @pytest.mark.parametrize("name", [handoff.name for handoff in registry.all_handoffs()])

@@ -25,7 +25,7 @@ from kvviz.facts import facts_from_config
 from kvviz.handoffs import registry
 from kvviz.models import LoadedModel, LoadedPair, PairSpec
 from kvviz.results import GenerationSettings, HandoffRequest
-from tests.conftest import tiny_pair
+from tests.conftest import tiny_pair, untrained_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -166,18 +166,15 @@ def dispatched(loaded: LoadedModel) -> LoadedModel:
 
 @pytest.mark.parametrize("kind", ["llama", "gemma"])
 def test_every_handoff_runs_the_same_through_accelerate_hooks(kind, tmp_path, monkeypatch, one_thread):
-    from kvviz.c2c.fuser import new_fuser
     from kvviz.paths import cache_dir
 
     plain = tiny_pair(kind)
     model = dispatched(plain.receiver)
     spread = LoadedPair(spec=plain.spec, sharer=model, receiver=model, kvcomm_sender=model)
     monkeypatch.setenv("KVVIZ_CACHE_DIR", str(tmp_path))
-    fusers = cache_dir() / "fusers" / "tiny"
-    for control in (False, True):  # an untrained fuser: C2C's path, not its quality
-        new_fuser(plain.sharer.facts, plain.receiver.facts, pair=plain.name, control=control).save(
-            fusers / ("control" if control else "c2c"))
-    given = dataclasses.replace(request(), options={**request().options, "c2c": {"fuser": str(fusers / "c2c")}})
+    # untrained checkpoints (C2C's and the translation's paths, not their quality) where fusers may come from
+    given = dataclasses.replace(request(), options={**request().options,
+                                                    **untrained_checkpoints(plain, cache_dir() / "fusers" / "tiny", None)})
     for handoff in registry.all_handoffs():
         a = engine.run_handoff(handoff.name, plain, given)
         b = engine.run_handoff(handoff.name, spread, given)

@@ -521,21 +521,27 @@ def load_fuser(
     folder: str | Path, sharer_facts=None, receiver_facts=None, pair_name: str = "", device="cpu", dtype: torch.dtype = torch.float32
 ) -> C2CFuser:
     """Load a checkpoint; with facts given, refuse a fuser made for another pair (naming both)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     config = read_config(folder)
     if sharer_facts is not None and receiver_facts is not None:
         check_pair(config, folder, sharer_facts, receiver_facts, pair_name)
-    path = folder / WEIGHTS_FILE
-    if not path.is_file():
-        raise FuserError(f"The fuser at {folder} has no weights file {WEIGHTS_FILE}.")
-    try:
-        tensors = load_file(str(path), device="cpu")
-    except (SafetensorError, OSError, ValueError) as error:
-        raise FuserError(f"The fuser weights {path} are corrupt or not a safetensors file: {error}") from error
+    tensors = read_weights(folder, WEIGHTS_FILE, "fuser", FuserError)
     return build_from_tensors(config, tensors, folder, dtype).to(device)
+
+
+def read_weights(folder: Path, name: str, kind: str, error: type[Exception]) -> dict:
+    """The tensors of ``folder/name`` (safetensors, on the CPU; never unpickled), or ``error``
+    saying in words that the file is missing or corrupt (``kind``: "fuser", "translator")."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(folder) / name
+    if not path.is_file():
+        raise error(f"The {kind} at {folder} has no weights file {name}.")
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as failure:
+        raise error(f"The {kind} weights {path} are corrupt or not a safetensors file: {failure}") from failure
 
 
 def new_fuser(

@@ -25,6 +25,7 @@ HANDOFF_MODULES = (
     "kvviz.handoffs.cipher",
     "kvviz.handoffs.latent_relay",
     "kvviz.handoffs.kv_steering",
+    "kvviz.handoffs.translate",
 )
 
 for _module in HANDOFF_MODULES:
