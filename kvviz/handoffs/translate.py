@@ -309,7 +309,7 @@ HANDOFFS = (
         no_receiver_prompt=NO_LIKELIHOOD.format(name=NAME),
         figure=gates_figure,
         notes=notes,
-        page=None,  # the lead wires the page's column (issue 19)
+        page=27,  # beside C2C and its control; ticked from the column chips (not a default column)
     ),
     Handoff(
         name=CONTROL,
@@ -328,6 +328,6 @@ HANDOFFS = (
         no_receiver_prompt=NO_LIKELIHOOD.format(name=CONTROL),
         figure=gates_figure,
         notes=notes,
-        page=None,
+        page=28,
     ),
 )
