@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
-for dataset in countries hotpotqa; do
+for dataset in ${STEER_DATASETS:-countries hotpotqa}; do
   out="runs/steer-$dataset"
   "$PY" -m kvviz bench --pair embedded --dataset "$dataset" --limit 100 --threads 1 --quiet \
     --handoffs receiver,skyline,kvcomm,latent_relay,kv_steering --ratios 1 --strategies kvcomm \
