@@ -56,6 +56,8 @@ from torch import nn
 from kvviz import cache as kv
 from kvviz.c2c.fuser import FuserError, fingerprints_match, model_fingerprint, read_weights
 from kvviz.c2c.rope import apply_rotation, rotary_tables, undo_rotation
+from kvviz.c2c.scoring import output_logits
+from kvviz.decode import forward_kwargs, prefill
 from kvviz.prompts import encode_with_offsets, render, unmark
 
 FORMAT = "kvviz-kv-translator"
@@ -402,7 +404,6 @@ def own_kv(receiver, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     positions 0..), computed once per receiver and token ids."""
     key = (id(receiver.model), tuple(ids))
     if key not in _own_kv:
-        from kvviz.decode import prefill
 
         state = kv.KVState()
         prefill(receiver, state, ids, need_logits=False)
@@ -485,7 +486,6 @@ def kv_bytes(facts, tokens: int, dtype) -> int:
 def oracle_prefix(pair, alignment: TranslationAlignment, gates=None) -> Prefix:
     """The receiver's own KV of the context in the translated slots (it reads the context: a check
     of the splice, equal to Skyline when every gate is open)."""
-    from kvviz.decode import prefill
 
     state = kv.KVState()
     prefill(pair.receiver, state, alignment.receiver_ids, need_logits=False)
@@ -651,8 +651,6 @@ def r_squared(translator: KVTranslator, x: torch.Tensor, y: torch.Tensor, layers
 def nll_after(receiver, state: kv.KVState, query_ids: list[int], answer_ids: list[int]) -> torch.Tensor:
     """Summed NLL of ``answer_ids`` after the receiver reads ``query_ids`` on ``state``
     (differentiable in whatever built the state)."""
-    from kvviz.decode import forward_kwargs
-    from kvviz.c2c.scoring import output_logits
 
     tokens = query_ids + answer_ids[:-1]
     kwargs = forward_kwargs(receiver, state, len(tokens))

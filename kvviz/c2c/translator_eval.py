@@ -24,32 +24,37 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from kvviz import cache as kv
+from kvviz.c2c import translator as tr
+from kvviz.c2c.communication import bootstrap_ratio, derangement
+from kvviz.c2c.examples import response_ids
+from kvviz.cache import KVState
+from kvviz.data import contains_answer, load_dataset, recall, wilson_interval
+from kvviz.data.metrics import mcnemar_exact
+from kvviz.decode import generate, prefill
+from kvviz.engine import load_pair
+from kvviz.handoffs.translate import shipped_translator
+from kvviz.prompts import build_segments
+from kvviz.results import GenerationSettings
+
 ROWS = ("receiver", "skyline", "oracle", "translator", "control", "closed")
 CHECKS = {"oracle": "skyline", "closed": "receiver"}  # rows that must equal another: run on the first records only
 
 
 def sign_test(wins: int, losses: int) -> float:
-    """Two-sided exact sign test p-value (ties dropped)."""
-    n = wins + losses
-    if n == 0:
-        return 1.0
-    k = min(wins, losses)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
-    return min(1.0, 2 * tail)
+    """Two-sided exact sign test p-value (ties dropped): McNemar's exact test on the two counts."""
+    return mcnemar_exact(wins, losses)
 
 
 def heldout_sets(recall_n: int, countries_n: int, seed: int = 0) -> dict:
     """The held-out records: recall's held-out entities (seed + 1, as eval-fuser draws them) and
     the first ``countries_n`` of Countries shuffled with ``seed`` (eval-fuser's sample)."""
-    from kvviz.data import recall
-    from kvviz.data import load_dataset
 
     sets = {}
     if recall_n:
@@ -63,16 +68,11 @@ class Runner:
     """Builds each row's receiver state for a record and answers / scores from it."""
 
     def __init__(self, pair, translator, max_new_tokens: int = 12):
-        from kvviz.results import GenerationSettings
 
         self.pair, self.translator = pair, translator
         self.settings = GenerationSettings(max_new_tokens=max_new_tokens)
 
     def state(self, row: str, record, other=None):
-        from kvviz.c2c import translator as tr
-        from kvviz.cache import KVState
-        from kvviz.decode import prefill
-        from kvviz.prompts import build_segments
 
         receiver, sharer = self.pair.receiver, self.pair.sharer
         alone = build_segments(receiver.tokenizer, record.question)
@@ -93,10 +93,6 @@ class Runner:
     @torch.no_grad()
     def answer(self, row: str, record, other=None) -> tuple[str, float, int]:
         """(greedy answer, summed gold NLL, gold tokens)."""
-        from kvviz.c2c import translator as tr
-        from kvviz.cache import KVState
-        from kvviz.decode import generate, prefill
-        from kvviz.c2c.examples import response_ids
 
         receiver = self.pair.receiver
         state, query_ids = self.state(row, record, other)
@@ -110,19 +106,16 @@ class Runner:
 
 
 def _copy(cache):
-    from kvviz import cache as kv
 
     return kv.copy_cache(cache)
 
 
 def bootstrap(diffs: list[float], tokens: list[int], seed: int) -> list[float]:
-    from kvviz.c2c.communication import bootstrap_ratio
 
     return bootstrap_ratio(diffs, tokens, seed)
 
 
 def summarise(rows: dict, records, seed: int) -> dict:
-    from kvviz.data import contains_answer, wilson_interval
 
     table = {}
     for name, results in rows.items():
@@ -160,7 +153,6 @@ def evaluate(pair, translator, sets: dict, rows=ROWS, seed: int = 0, max_new_tok
              examples: int = 6, checks: int = 10) -> dict:
     """Every row on every record, except the checks (``CHECKS``: oracle = Skyline, closed gates =
     receiver alone), which run on the first ``checks`` records and are compared with their twin."""
-    from kvviz.c2c.communication import derangement
 
     runner = Runner(pair, translator, max_new_tokens)
     report = {}
@@ -257,9 +249,6 @@ def configure_parser(parser) -> None:
 
 
 def main(args) -> int:
-    from kvviz.c2c import translator as tr
-    from kvviz.engine import load_pair
-    from kvviz.handoffs.translate import shipped_translator
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import torch
 
 from kvviz import cache as kv
-from kvviz.c2c import translator as tr
 from kvviz.attention import AttentionPlan
+from kvviz.c2c import translator as tr
+from kvviz.prompts import build_segments
 
 
 @dataclass
@@ -64,7 +65,6 @@ class TeacherExample:
 def teacher_example(pair, translator_config, context: str, question: str, answer_ids: list[int]) -> TeacherExample:
     """Run the receiver once over Skyline's prompt plus the gold answer, and the sharer over the
     context; keep what the attention-output loss needs."""
-    from kvviz.prompts import build_segments
 
     receiver, sharer = pair.receiver, pair.sharer
     alignment = tr.align_context(receiver.tokenizer, sharer.tokenizer, context, translator_config.sharer_start)
@@ -144,7 +144,6 @@ class AttentionLoss:
 def answer_nll(pair, translator: tr.KVTranslator, context: str, question: str, answer_ids: list[int]):
     """(summed gold-answer NLL, tokens) with the translated prefix and soft gates, differentiable
     in the translator (the receiver is frozen; its graph carries the gradient to the prefix)."""
-    from kvviz.prompts import build_segments
 
     receiver = pair.receiver
     alignment = tr.align_context(receiver.tokenizer, pair.sharer.tokenizer, context, translator.config.sharer_start)
