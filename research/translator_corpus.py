@@ -1,6 +1,6 @@
 """The KV translator's training text: generated private-context facts plus text from ../shared/data.
 
-    python research/translator_corpus.py --out /work/translator-runs/corpus [--generated 24000]
+    python research/translator_corpus.py --out DATA/corpus [--generated 24000]
 
 Writes ``corpus.jsonl`` (one text per line: id, source, split, text) and ``summary.json``.
 ``split`` is ``fit`` (stage 1 fits on these) or ``check`` (a seeded 3% of the same kinds of text,

@@ -1,11 +1,11 @@
 """Aligned sharer / receiver KV of the translator corpus: ridge sums (stage 1) or raw samples.
 
     # ridge sums over the corpus's fit texts, resumable, saved every few minutes
-    python research/translator_extract.py stats --corpus /work/translator-runs/corpus/corpus.jsonl \\
-        --out /work/translator-runs/stats-n1 --neighbours 1 --tokens 1000000
+    python research/translator_extract.py stats --corpus DATA/corpus/corpus.jsonl \\
+        --out DATA/stats-n1 --neighbours 1 --tokens 1000000
     # raw features and targets of a few texts (pilot comparisons, held-out R^2)
-    python research/translator_extract.py raw --corpus ... --split check --out /work/translator-runs/raw/check.safetensors
-    python research/translator_extract.py raw --heldout-entities --out /work/translator-runs/raw/unseen.safetensors
+    python research/translator_extract.py raw --corpus ... --split check --out DATA/raw/check.safetensors
+    python research/translator_extract.py raw --heldout-entities --out DATA/raw/unseen.safetensors
 
 Both models read ``Context: <text>\\n\\n`` exactly as the translation handoff lays it out
 (``kvviz.c2c.translator.align_context``); the receiver reads it here in training only. Features are
@@ -157,7 +157,7 @@ def run_raw(args, pair) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("mode", choices=("stats", "raw"))
-    parser.add_argument("--corpus", default="/work/translator-runs/corpus/corpus.jsonl")
+    parser.add_argument("--corpus", default="runs/translator/corpus/corpus.jsonl")
     parser.add_argument("--out", required=True)
     parser.add_argument("--layers", default=",".join(map(str, tr.DEFAULT_SHARER_LAYERS)))
     parser.add_argument("--neighbours", type=int, default=0)

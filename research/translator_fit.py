@@ -1,10 +1,10 @@
 """Stage 1 of the KV translator: closed-form ridge, its comparisons and its held-out R^2.
 
     # which features: sharer layers, the token before, the alignment numbers (raw pilot samples)
-    python research/translator_fit.py pilot --raw /work/translator-runs/raw --out /work/translator-runs/pilot.json
+    python research/translator_fit.py pilot --raw DATA/raw --out DATA/pilot.json
     # the map from the corpus's ridge sums: lambda chosen on held-out text, full and reduced rank
-    python research/translator_fit.py fit --stats /work/translator-runs/stats-n1 --raw /work/translator-runs/raw \\
-        --ranks 256,512,768 --out /work/translator-runs/ridge-n1
+    python research/translator_fit.py fit --stats DATA/stats-n1 --raw DATA/raw \\
+        --ranks 256,512,768 --out DATA/ridge-n1
 
 R^2 is pooled over the z-scored target dimensions of all receiver layers, apart for keys and
 values, on two held-out sets: ``check`` (corpus text never fitted: text like the training text)
@@ -298,7 +298,7 @@ def main() -> int:
     parser.add_argument("mode", choices=("pilot", "fit", "stats"))
     parser.add_argument("--layers", default=",".join(map(str, tr.DEFAULT_SHARER_LAYERS)), help="stats: feature layers")
     parser.add_argument("--neighbours", type=int, default=1, help="stats: feature layout")
-    parser.add_argument("--raw", default="/work/translator-runs/raw")
+    parser.add_argument("--raw", default="runs/translator/raw")
     parser.add_argument("--stats", default=None)
     parser.add_argument("--merge", nargs="*", help="fit: more stats folders (other shards) to add")
     parser.add_argument("--lambdas", default=",".join(map(str, LAMBDAS)))

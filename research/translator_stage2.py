@@ -1,11 +1,11 @@
 """Stage 2 of the KV translator: training through the frozen receiver (``kvviz.c2c.translator_train``).
 
     # the teacher's tensors of private-context examples (once; the receiver reads them in training only)
-    python research/translator_stage2.py teacher --init /work/translator-runs/ridge/rank768 \\
-        --out /work/translator-runs/teacher --recall 1200 --dolly 300
+    python research/translator_stage2.py teacher --init DATA/ridge/rank768 \\
+        --out DATA/teacher --recall 1200 --dolly 300
     # train from the ridge warm start on the attention-output loss (and, optionally, answer NLL)
-    python research/translator_stage2.py train --init /work/translator-runs/ridge/rank768 \\
-        --teacher /work/translator-runs/teacher --out /work/translator-runs/stage2 --epochs 4
+    python research/translator_stage2.py train --init DATA/ridge/rank768 \\
+        --teacher DATA/teacher --out DATA/stage2 --epochs 4
 
 Training examples: ``kvviz.recall`` train-split records (names and values of the train pools
 only), the Countries records outside the evaluators' 100, and Dolly records with an input (the

@@ -26,6 +26,7 @@ import torch
 
 from kvviz import crossed, policy
 from kvviz.c2c import translator as tr
+from kvviz.c2c.fuser import checkpoint_label
 from kvviz.decode import generate, prefill
 from kvviz.handoffs.common import TokenCallback
 from kvviz.handoffs.registry import Handoff, Option, all_of, needs_context, option_values
@@ -174,7 +175,7 @@ def run_details(pair, translator, folder, alignment, prefix, control: bool) -> d
     """``HandoffResult.details`` of a run (but ``stopped_by``)."""
     receiver, sharer = pair.receiver, pair.sharer
     return {
-        "translator_path": str(folder),
+        "translator_path": checkpoint_label(folder),
         "control": control,
         "control_context": CONTROL_CONTEXT if control else None,
         "open_gates": sum(g > 0 for g in prefix.gates),
