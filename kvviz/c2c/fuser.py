@@ -464,17 +464,26 @@ def read_config(folder: str | Path) -> FuserConfig:
     return config
 
 
-def check_pair(config: FuserConfig, folder, sharer_facts, receiver_facts, pair_name: str = "") -> None:
-    """Raise FuserError naming both pairs when a fuser was made for another pair."""
+def pair_differences(saved_sharer: dict, saved_receiver: dict, sharer_facts, receiver_facts) -> list[str]:
+    """What differs between the pair a checkpoint (fuser or translator) was made for and the loaded
+    pair, as "role key saved != loaded" lines; empty when the fingerprints match."""
     wanted_s, wanted_r = model_fingerprint(sharer_facts), model_fingerprint(receiver_facts)
-    if fingerprints_match(config.sharer, wanted_s) and fingerprints_match(config.receiver, wanted_r):
-        return
+    if fingerprints_match(saved_sharer, wanted_s) and fingerprints_match(saved_receiver, wanted_r):
+        return []
     differ = [
         f"{role} {key} {saved.get(key)!r} != {wanted.get(key)!r}"
-        for role, saved, wanted in (("sharer", config.sharer, wanted_s), ("receiver", config.receiver, wanted_r))
+        for role, saved, wanted in (("sharer", saved_sharer, wanted_s), ("receiver", saved_receiver, wanted_r))
         for key in _FINGERPRINT_KEYS
         if saved.get(key) != wanted.get(key)
     ]
+    return differ or ["their fingerprints"]
+
+
+def check_pair(config: FuserConfig, folder, sharer_facts, receiver_facts, pair_name: str = "") -> None:
+    """Raise FuserError naming both pairs when a fuser was made for another pair."""
+    differ = pair_differences(config.sharer, config.receiver, sharer_facts, receiver_facts)
+    if not differ:
+        return
     raise FuserError(
         f"The fuser at {folder} was trained for pair {config.pair_label()}, "
         f"but the loaded pair is '{pair_name or '?'}' (sharer {sharer_facts.name} -> receiver {receiver_facts.name}); "

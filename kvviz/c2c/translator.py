@@ -54,7 +54,7 @@ import torch
 from torch import nn
 
 from kvviz import cache as kv
-from kvviz.c2c.fuser import FuserError, fingerprints_match, model_fingerprint, read_weights
+from kvviz.c2c.fuser import FuserError, model_fingerprint, pair_differences, read_weights
 from kvviz.c2c.rope import apply_rotation, rotary_tables, undo_rotation
 from kvviz.c2c.scoring import output_logits
 from kvviz.decode import forward_kwargs, prefill
@@ -351,13 +351,14 @@ def read_config(folder: str | Path) -> TranslatorConfig:
 
 
 def check_pair(config: TranslatorConfig, folder, sharer_facts, receiver_facts, pair_name: str = "") -> None:
-    wanted_s, wanted_r = model_fingerprint(sharer_facts), model_fingerprint(receiver_facts)
-    if fingerprints_match(config.sharer, wanted_s) and fingerprints_match(config.receiver, wanted_r):
+    """Raise TranslatorError naming both pairs when a translator was made for another pair."""
+    differ = pair_differences(config.sharer, config.receiver, sharer_facts, receiver_facts)
+    if not differ:
         return
     raise TranslatorError(
         f"The translator at {folder} was trained for pair {config.pair_label()}, but the loaded pair is "
         f"'{pair_name or '?'}' (sharer {sharer_facts.name} -> receiver {receiver_facts.name}): their models, KV "
-        "shapes or tokenizers differ. A translator maps one sharer's KV into one receiver's."
+        f"shapes or tokenizers differ ({'; '.join(differ[:3])}). A translator maps one sharer's KV into one receiver's."
     )
 
 
