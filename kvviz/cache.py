@@ -168,6 +168,13 @@ class KVState:
     def positions(self, count: int, device) -> torch.Tensor:
         return torch.arange(self.next_position, self.next_position + count, device=device)[None]
 
+    def copy(self) -> "KVState":
+        """The same state with its own cache (what a forward appends to the copy leaves this one
+        as it was); no recorded rows."""
+        return KVState(cache=copy_cache(self.cache), next_position=self.next_position,
+                       prefix_positions=self.prefix_positions, reference_mask=self.reference_mask,
+                       prefix_bias=self.prefix_bias)
+
 
 def splice_prefix(sender_cache: DynamicCache, num_receiver_layers: int, selected: set[int], sink_tokens: int = 1) -> KVState:
     """KVComm's handoff: the receiver's starting state built from the sender's context cache.

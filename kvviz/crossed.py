@@ -23,6 +23,10 @@ scheme for every handoff:
   attention      [answer token][layer][head][sent position]: attention probability (0 to 1) of
                  that head's query on that key; 0 where the layer does not hold the key
   other          [answer token][layer][head]: the rest of the row's mass (the receiver's own keys)
+``token_change`` (when the handoff's control, ``Handoff.control``, ran in the same run)
+  measured_on, control (its name), control_title, tokens (this answer's first ``MAX_CHANGE_TOKENS``),
+  ids, logprob (each token's log-probability under this handoff's receiver state, teacher-forced),
+  control_logprob (the same tokens under the control's state), change (logprob - control_logprob)
 ``logit_lens``
   measured_on, layers (0..L-1, the output of each receiver layer through the receiver's own final
   norm and output head), answer_token / answer_probability (the first answer token's probability
@@ -38,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 MAX_TOKENS = 16  # answer tokens whose attention rows are kept (the first ones)
+MAX_CHANGE_TOKENS = 32  # answer tokens scored against the control (the first ones)
 DIGITS = 3  # decimals of the stored attention probabilities (JSON size)
 
 _current: contextvars.ContextVar["Inspection | None"] = contextvars.ContextVar("kvviz_inspection", default=None)
@@ -58,6 +63,9 @@ class Inspection:
     lens_hidden: torch.Tensor | None = None  # [layers, hidden], each layer's output after the final norm
     answer_ids: list[int] = field(default_factory=list)
     model: object = None  # the receiver (LoadedModel) that wrote the answer
+    # the receiver's state after its prompt and the final hidden state there (KVState, tensor): what
+    # ``kvviz.engine`` scores this answer and its control's on (``token_change``), then drops
+    prompt: tuple | None = None
     receiver: object = None  # the model whose prompts are recorded (None: every model's)
 
     def records(self, loaded) -> bool:
@@ -111,9 +119,10 @@ def record_answer(loaded, first_inspected, rows, token_ids: list[int]) -> None:
     inspection = active()
     if inspection is None or first_inspected is None:
         return
-    first_row, hidden = first_inspected
+    first_row, hidden, prompt_state, prompt_hidden = first_inspected
     inspection.model = loaded
     inspection.lens_hidden = hidden
+    inspection.prompt = (prompt_state, prompt_hidden)
     inspection.rows = ([first_row] if first_row else []) + list(rows)
     inspection.answer_ids = list(token_ids)
 
@@ -208,6 +217,29 @@ def gold_first_token(tokenizer, gold: str, last_layer: torch.Tensor) -> int:
         if ids:
             candidates.append(int(ids[0]))
     return max(candidates, key=lambda token: float(last_layer[token]))
+
+
+def change_record(inspection: Inspection, control: str, control_title: str, own: list[float],
+                  under_control: list[float]) -> dict:
+    """The ``token_change`` field: this answer's tokens, their log-probabilities here and under the
+    control, and the change (nats; positive: this handoff made the token likelier)."""
+    tokenizer = inspection.model.tokenizer
+    ids = inspection.answer_ids[: len(own)]
+    return {
+        "measured_on": (
+            f"this query, in this run: each answer token's log-probability (natural log, temperature 1), given the "
+            f"prompt and the answer's earlier tokens, under this handoff's receiver state and under its control's "
+            f"({control_title}); the control's is teacher-forced (one extra forward of the answer's tokens on the "
+            "control's prompt), as is this handoff's own, so that a token scored twice on one state changes by 0"
+        ),
+        "control": control,
+        "control_title": control_title,
+        "tokens": [_token_text(tokenizer, t) for t in ids],
+        "ids": list(ids),
+        "logprob": [round(float(v), 4) for v in own],
+        "control_logprob": [round(float(v), 4) for v in under_control],
+        "change": [round(float(a) - float(b), 4) for a, b in zip(own, under_control)],
+    }
 
 
 @contextmanager

@@ -233,6 +233,25 @@ def full_logits(loaded: LoadedModel, state: KVState, token_ids: list[int]) -> to
     return output.logits[0].float()
 
 
+@torch.no_grad()
+def answer_logprobs(loaded: LoadedModel, state: KVState, first_hidden: torch.Tensor, token_ids: list[int]) -> list[float]:
+    """The log-probability (natural log, temperature 1) of each of ``token_ids`` given the prompt
+    that left ``state`` and ``first_hidden`` (the final hidden state that chooses the first answer
+    token) and the tokens before it: teacher forcing, one forward of the tokens but the last on a
+    copy of ``state`` (which is left as it was)."""
+    if not token_ids:
+        return []
+    hidden = [first_hidden.reshape(1, -1)]
+    if len(token_ids) > 1:
+        copy = state.copy()
+        input_ids = torch.tensor([token_ids[:-1]], device=loaded.device)
+        output = loaded.model.model(input_ids=input_ids, **forward_kwargs(loaded, copy, len(token_ids) - 1))
+        hidden.append(output.last_hidden_state[0])
+    logits = loaded.head.logits(torch.cat(hidden))
+    chosen = torch.tensor(token_ids, device=logits.device)[:, None]
+    return torch.log_softmax(logits, dim=-1).gather(1, chosen)[:, 0].tolist()
+
+
 @dataclass
 class DecodeOutput:
     token_ids: list[int]
@@ -349,6 +368,8 @@ def generate(
     # came from the prompt's prefill; each later token's from its decode step)
     inspected = first.inspected if timer is not None and crossed.active() is not None else None
     if inspected is not None:
+        # the prompt as the answer found it, for scoring answers on it (kvviz.crossed: token_change)
+        inspected = (*inspected, state.copy(), first.hidden.detach().clone())
         state.token_rows = AttentionRows(limit=crossed.MAX_TOKENS - 1)
     answer_rows = state.token_rows
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import traceback
 
 from kvviz import crossed, limits
-from kvviz.decode import record_decodes, shared_prompts
+from kvviz.decode import answer_logprobs, record_decodes, shared_prompts
 from kvviz.handoffs import get, parse_handoffs, registry
 from kvviz.handoffs.common import TokenCallback
 from kvviz.measure import PeakGpuMemory
@@ -92,11 +92,44 @@ def check_fits(pair: LoadedPair, request: HandoffRequest) -> None:
 
 
 def run_handoffs(names, pair: LoadedPair, request: HandoffRequest) -> list[HandoffResult]:
-    """The handoffs one after another, as one run (a prompt that several read is read once; the
-    logit lenses of what crossed take one pass of the receiver's head, ``kvviz.crossed``)."""
+    """The handoffs one after another, as one run (a prompt that several read is read once; what
+    crossed is finished once for the run, ``finish_crossed``)."""
     names = parse_handoffs(names)
     check_fits(pair, request)
-    with shared_prompts(), crossed.one_lens_pass() as lenses:
+    with shared_prompts(), crossed.one_lens_pass() as pending:
         results = [run_handoff(name, pair, request) for name in names]
-        crossed.finish_lenses(lenses)
+        finish_crossed(pending)
     return results
+
+
+def finish_crossed(pending: list) -> list[tuple[str, str, dict]]:
+    """After every handoff of a run that recorded what crossed (``crossed.one_lens_pass``): each
+    answer scored against its control where both ran (``token_changes``), then the logit lenses
+    in one pass of each receiver's head. Writes the fields on the results; returns the events
+    ``("change", handoff, token_change)`` and ``("lens", handoff, logit_lens)``."""
+    events = [("change", name, change) for name, change in token_changes(pending)]
+    return events + [("lens", name, lens) for name, lens in crossed.finish_lenses(pending)]
+
+
+def token_changes(pending: list) -> list[tuple[str, dict]]:
+    """For each recorded result whose control (``Handoff.control``) was recorded in the same run on
+    the same receiver: its answer's first tokens scored on its own prompt and on the control's
+    (``decode.answer_logprobs``), written as ``result.token_change``. The prompts kept for this are
+    dropped afterwards. Returns (handoff, token_change) for each."""
+    recorded = {result.handoff: (result, inspection) for result, inspection in pending if inspection.prompt is not None}
+    done = []
+    for name, (result, inspection) in recorded.items():
+        control = registry.control_of(name)
+        if control not in recorded or not inspection.answer_ids:
+            continue
+        other = recorded[control][1]
+        if other.model is not inspection.model:
+            continue
+        ids = inspection.answer_ids[: crossed.MAX_CHANGE_TOKENS]
+        own = answer_logprobs(inspection.model, *inspection.prompt, ids)
+        under_control = answer_logprobs(inspection.model, *other.prompt, ids)
+        result.token_change = crossed.change_record(inspection, control, registry.title_of(control), own, under_control)
+        done.append((name, result.token_change))
+    for _, inspection in pending:
+        inspection.prompt = None
+    return done

@@ -104,6 +104,8 @@ class HandoffResult:
     # What crossed (kvviz.crossed), one naming scheme for every handoff; empty when not recorded
     token_attention: dict = field(default_factory=dict)
     logit_lens: dict = field(default_factory=dict)
+    # this answer's tokens scored under this handoff and under its control (Handoff.control), when both ran
+    token_change: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)

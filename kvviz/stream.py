@@ -86,8 +86,8 @@ def run_events(
     ``(kind, name, data)`` events: ``status`` (a progress line), ``start``, ``message`` (the message
     so far, from a handoff that writes one before its answer), ``token`` (answer so far), ``done`` (result
     dict), ``stopped`` (the run reached ``max_seconds``: why; the handoffs not done did not run),
-    ``error`` (a message: the run could not start), ``lens`` (a result's ``logit_lens``, after every
-    handoff is done: the run's lenses take one pass of the receiver's head, ``kvviz.crossed``).
+    ``error`` (a message: the run could not start), ``lens`` (a result's ``logit_lens``) and ``change`` (its ``token_change``), after every
+    handoff is done (``engine.finish_crossed``).
 
     Handoffs that cannot run on this pair or request are ``done`` at once, before any model runs,
     so that their columns never wait behind the others.
@@ -151,8 +151,8 @@ def run_events(
                 futures = [pool.submit(contextvars.copy_context().run, run_one, name) for name in runnable]
                 for future in futures:
                     future.result()  # re-raises a handoff's unexpected error (or a stop) here
-                for name, lens in crossed.finish_lenses(lenses):
-                    events.put(("lens", name, lens))
+                for event in engine.finish_crossed(lenses):
+                    events.put(event)
         except Cancelled:
             if out_of_time_now():
                 events.put(("stopped", None, out_of_time))

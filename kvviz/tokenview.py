@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 
 import plotly.graph_objects as go
 
@@ -48,6 +49,60 @@ def without_arrays(result: dict) -> dict:
     return {**result, "token_attention": {**data, "attention": shape, "other": "in the JSON export"}}
 
 
+CHANGE_FULL = 4.0  # nats of change drawn at the full shade
+CHANGE_MARKED = 1.0  # nats: a change counted as "changed" in the summary line
+
+
+def change_shade(change: float) -> str:
+    """A chip's background for a change in log-probability: bluish green where this handoff made the
+    token likelier than its control did, vermillion where less likely (at most 0.55 of the colour,
+    so that the dark text stays readable)."""
+    weight = min(1.0, abs(change) / CHANGE_FULL) * 0.55
+    rgb = "0, 158, 115" if change >= 0 else "213, 94, 0"
+    return f"rgba({rgb}, {weight:.3f})"
+
+
+def change_row_html(result: dict) -> str:
+    """The answer's tokens coloured by the change in their log-probability against the handoff's
+    control (``token_change``); where the control did not run, which column to tick; "" for a
+    handoff that has no control."""
+    name = result.get("handoff", "")
+    control = registry.control_of(name)
+    change = result.get("token_change") or {}
+    if not control:
+        users = [registry.label_of(other) for other in registry.controlled_by(name)]
+        if not users:
+            return ""
+        return (f'<div class="kv-tv-change-note">This column is the control of {html.escape(", ".join(users))}: '
+                "pick one of those to see its answer coloured against this one.</div>")
+    label, control_label = registry.label_of(name), registry.label_of(control)
+    if not change.get("change"):
+        return (f'<div class="kv-tv-change-note">Tick <b>{html.escape(control_label)}</b> beside {html.escape(label)} and '
+                f"run live to colour {html.escape(label)}'s answer tokens by how much likelier (or less likely) "
+                "each one is than under its control.</div>")
+    chips = "".join(
+        f'<span class="kv-tv-chg" data-i="{i}" data-change="{value:.4f}" style="background:{change_shade(value)}" '
+        f'title="{html.escape(change_title(token, own, other, value, control_label))}">{_chip_text(token)}</span>'
+        for i, (token, own, other, value) in enumerate(zip(change["tokens"], change["logprob"], change["control_logprob"],
+                                                           change["change"]))
+    )
+    values = change["change"]
+    marked = sum(1 for value in values if abs(value) >= CHANGE_MARKED)
+    top = max(range(len(values)), key=lambda i: abs(values[i]))
+    summary = (f"{marked} of {len(values)} tokens changed by {CHANGE_MARKED:g} nat or more against "
+               f"{html.escape(control_label)}; the largest: {html.escape(repr(change['tokens'][top]))} "
+               f"{values[top]:+.2f} nats. Green: likelier here than under the control; vermillion: less likely "
+               f"(full shade at {CHANGE_FULL:g} nats).")
+    note = html.escape(change.get("measured_on", ""))
+    return (f'<div class="kv-tv-row"><span class="kv-tv-label" title="{note}">vs {html.escape(control_label)}</span>'
+            f'{chips}</div><div class="kv-tv-change-note" title="{note}">{summary}</div>')
+
+
+def change_title(token: str, own: float, other: float, change: float, control_label: str) -> str:
+    return (f"{token!r}: log-probability {own:.2f} here, {other:.2f} under {control_label}: {change:+.2f} nats "
+            f"(x{math.exp(change):.3g} as likely; teacher-forced, this query, in this run)")
+
+
 def token_view_html(result: dict | None, run_hint: str = "press Run live to record it") -> str:
     """One column's token view (an empty note when the result has none)."""
     if result is None:
@@ -69,9 +124,10 @@ def token_view_html(result: dict | None, run_hint: str = "press Run live to reco
     )
     head = (f'<div class="kv-tv-title" style="--kv-ink:{ink(hue)}">{html.escape(label)}: '
             "what each answer token read</div>")
+    changes = change_row_html(result)
     if data.get("nothing_sent"):
         return (f'<div class="kv-tv" data-handoff="{html.escape(result["handoff"])}">{head}'
-                f'<div class="kv-tv-row"><span class="kv-tv-label">answer</span>{chips}</div>'
+                f'<div class="kv-tv-row"><span class="kv-tv-label">answer</span>{chips}</div>{changes}'
                 f'<div class="kv-tv-nothing">{html.escape(str(data["nothing_sent"]).capitalize())}.</div></div>')
     layers, heads = int(data["layers"]), int(data["heads"])
     sent_layers = set(data.get("sent_layers") or range(layers))
@@ -106,7 +162,7 @@ def token_view_html(result: dict | None, run_hint: str = "press Run live to reco
         f'<div class="kv-tv" data-handoff="{html.escape(result["handoff"])}" data-layers="{layers}" '
         f'data-heads="{heads}" data-attention="{html.escape(json.dumps(payload, separators=(",", ":")))}">{head}'
         f'<div class="kv-tv-note" title="{hover}">{hover}</div>'
-        f'<div class="kv-tv-row"><span class="kv-tv-label">answer</span>{chips}</div>'
+        f'<div class="kv-tv-row"><span class="kv-tv-label">answer</span>{chips}</div>{changes}'
         f'<div class="kv-tv-row"><span class="kv-tv-label">sent: {kind}</span>{sent}</div>'
         '<div class="kv-tv-controls"><label><input type="checkbox" class="kv-tv-sink" checked> leave out the '
         "first sent token (the attention sink, which every layer keeps and most heads rest on)</label> "
@@ -242,4 +298,7 @@ TOKEN_VIEW_CSS = """
 .kv-tv-sinklayer th {color: #475569}
 .kv-tv-mark {font-size: 10.5px}
 .kv-tv-empty {color: #334155; font-style: italic}
+.kv-tv-chg {font-family: ui-monospace, monospace; padding: 1px 4px; border-radius: 4px; border: 1px solid #cbd5e1;
+  white-space: pre; cursor: help}
+.kv-tv-change-note {font-size: 12.5px; color: #334155; margin: 2px 0 6px 0}
 """

@@ -332,6 +332,7 @@ HANDOFFS = (
             "two models must share a hidden size."
         ),
         run=run,
+        control="receiver",
         needs=("a private context", "a sender with the receiver's hidden size"),
         applicable=all_of(needs_context(CONTEXT_REASON), requirements),
         options=OPTIONS,

@@ -97,6 +97,7 @@ HANDOFFS = (
             "Skyline on one dataset), because another model's cache can help more than the receiver's own reading."
         ),
         run=skyline,
+        control="receiver",
         needs=("a private context",),
         applicable=needs_context("Skyline needs a private context; without one it is the receiver alone."),
         receiver_prompt=_skyline_prompt,

@@ -412,6 +412,7 @@ HANDOFFS = (
             "measured evidence that the sharer's cache helps."
         ),
         run=run,
+        control=CONTROL,
         needs=("a trained fuser for the pair",),
         applicable=fuser_found(control=False),
         options=OPTIONS,

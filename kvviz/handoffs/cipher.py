@@ -325,6 +325,7 @@ HANDOFFS = (
             "*What each model saw* reads each vector back as its nearest token."
         ),
         run=run,
+        control="receiver",
         needs=("a sharer with the receiver's tokenizer and embedding width",),
         applicable=shared_embedding_space,
         options=OPTIONS,

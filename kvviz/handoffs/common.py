@@ -14,6 +14,10 @@ from kvviz.results import GenerationSettings, HandoffRequest, HandoffResult
 
 TokenCallback = Callable[[str], None]
 
+# What a control handoff's sender reads instead of the private context: a fixed sentence that shares
+# nothing with any preset or dataset record (the translation's and KVComm's controls).
+UNRELATED_CONTEXT = "Mira keeps her red bicycle in the garden shed behind the old library in Lisbon."
+
 
 def answer(
     model: LoadedModel,

@@ -450,6 +450,7 @@ HANDOFFS = (
             "answer token moved against the receiver alone."
         ),
         run=run,
+        control="receiver",
         needs=(),
         applicable=requirements,
         options=OPTIONS,

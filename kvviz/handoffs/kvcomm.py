@@ -64,6 +64,7 @@ query_attention over layers; None without calibration), stopped_by.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -72,7 +73,7 @@ import plotly.graph_objects as go
 from kvviz import cache as kv
 from kvviz import crossed
 from kvviz.decode import generate, prefill, read_prompt_once
-from kvviz.handoffs.common import TokenCallback, read_prompt
+from kvviz.handoffs.common import UNRELATED_CONTEXT, TokenCallback, read_prompt
 from kvviz.handoffs.kvcomm_layers import (
     CALIBRATION_CONTEXT, CALIBRATION_QUERY, NAME, STRATEGIES, attention_importance, calibrate,
     calibrate_on_sample, calibration_texts, configure, forced_layers, layer_records, layer_scores, options_of,
@@ -152,6 +153,19 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
         receiver_first_token_seconds=timer.receiver_first_token_seconds,
         details={**run_details(pair, options, alpha, alpha_source, sent), "stopped_by": output.stopped_by},
     )
+
+
+CONTROL = "kvcomm_control"
+
+
+def run_control(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+    """KVComm with the same options (so, calibrated on the built-in sample, the same layers) whose
+    sender reads a fixed unrelated sentence instead of the private context: what the receiver
+    answers when the splice carries nothing about the question."""
+    if not request.has_context:
+        return HandoffResult.not_applicable(CONTROL, pair.name, "The KVComm control needs a request with a private context.")
+    result = run(pair, dataclasses.replace(request, context=UNRELATED_CONTEXT), on_token)
+    return dataclasses.replace(result, handoff=CONTROL, details={**result.details, "control_context": UNRELATED_CONTEXT})
 
 
 def send_and_answer(pair, request, options, alpha, segments, timer: StageTimer, on_token):
@@ -520,6 +534,7 @@ HANDOFFS = (
             f"The built-in calibration sample: *{CALIBRATION_CONTEXT}* / *{CALIBRATION_QUERY}*"
         ),
         run=run,
+        control=CONTROL,
         needs=("a private context", "a sender with the receiver's architecture, KV shape and tokenizer"),
         applicable=all_of(
             needs_context("KVComm shares the KV of a private context; this request has none."),
@@ -580,5 +595,28 @@ HANDOFFS = (
             count_detail="num_selected",
             count_name="layers",
         ),
+    ),
+    Handoff(
+        name=CONTROL,
+        title="KVComm control: another context",
+        label="KVComm control",
+        color="#44AA99",  # teal, beside KVComm's green
+        summary="KVComm's splice with the sender reading an unrelated sentence: what the receiver answers without the note",
+        explanation=(
+            "The same KVComm (same options, so with the built-in calibration the same layers are sent), but the "
+            f"sender reads a fixed unrelated sentence (*{UNRELATED_CONTEXT}*) instead of the private context. "
+            "What KVComm answers and this does not came through the context's KV; what both answer, the splice "
+            "alone (or the question) gave. Tick it beside KVComm: the What crossed tab then colours KVComm's answer "
+            "tokens by how much likelier the real context made each one."
+        ),
+        run=run_control,
+        needs=("a private context", "a sender with the receiver's architecture, KV shape and tokenizer"),
+        applicable=all_of(
+            needs_context("The KVComm control needs a request with a private context."),
+            lambda pair, request: applicability(pair),
+        ),
+        no_receiver_prompt="not scored: the control is for comparing KVComm token by token on the page",
+        notes=notes,
+        page=41,
     ),
 )

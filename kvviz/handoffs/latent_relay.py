@@ -485,6 +485,7 @@ HANDOFFS = (
             "near, not words the sender wrote."
         ),
         run=run,
+        control="receiver",
         needs=("a private context", "a sender with the receiver's architecture, KV shape and tokenizer"),
         applicable=all_of(needs_context(CONTEXT_REASON), same_shape_sender),
         options=OPTIONS,

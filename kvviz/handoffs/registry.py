@@ -248,6 +248,10 @@ class Handoff:
     # its run takes ``on_message``: called with the message so far after every token (or vector) the
     # sharer writes before the answer, so that a page can show the message as it is written
     streams_message: bool = False
+    # the handoff that is this one's control (the same receiver without what this one sends, or fed an
+    # unrelated context): when both ran in one run that recorded what crossed, this one's answer
+    # tokens are scored under the control's prompt too (``token_change``, kvviz.engine)
+    control: str = ""
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -331,6 +335,16 @@ def with_role(role: str) -> list[Handoff]:
 
 def with_sweep() -> list[Handoff]:
     return [h for h in HANDOFFS.values() if h.sweep is not None]
+
+
+def control_of(name: str) -> str:
+    """The handoff that is ``name``'s control ("" when it has none)."""
+    return HANDOFFS[name].control if name in HANDOFFS else ""
+
+
+def controlled_by(name: str) -> list[str]:
+    """The handoffs whose control is ``name``, in registration order."""
+    return [h.name for h in HANDOFFS.values() if h.control == name]
 
 
 def color_of(name: str) -> str:

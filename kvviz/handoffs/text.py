@@ -126,6 +126,7 @@ HANDOFFS = (
             "leaves out is lost."
         ),
         run=run,
+        control="receiver",
         options=OPTIONS,
         message_tokens=message_tokens,
         streams_message=True,

@@ -6,7 +6,7 @@ as a prefix in front of its question (its own one-token sink and context-free ``
 first, as KVComm keeps a sink) and answers. The receiver never reads the context: no text of it
 reaches the receiver, only the translated KV.
 
-``c2c_translate_control`` runs the same translator on a fixed unrelated context (``CONTROL_CONTEXT``):
+``c2c_translate_control`` runs the same translator on a fixed unrelated context (``UNRELATED_CONTEXT``):
 whatever it answers comes from the receiver and the question,
 not from this request's context.
 
@@ -28,7 +28,7 @@ from kvviz import crossed, policy
 from kvviz.c2c import translator as tr
 from kvviz.c2c.fuser import checkpoint_label
 from kvviz.decode import generate, prefill
-from kvviz.handoffs.common import TokenCallback
+from kvviz.handoffs.common import UNRELATED_CONTEXT, TokenCallback
 from kvviz.handoffs.registry import Handoff, Option, all_of, needs_context, option_values
 from kvviz.measure import StageTimer, decode_flops, forward_flops
 from kvviz.models import LoadedPair
@@ -39,7 +39,6 @@ from kvviz.results import HandoffRequest, HandoffResult
 
 ASSETS_DIR = ASSETS / "translators"
 MEASURED_FILE = "measured.json"  # the translator evaluator's held-out numbers, beside the weights
-CONTROL_CONTEXT = "Mira keeps her red bicycle in the garden shed behind the old library in Lisbon."
 NAME, CONTROL = "c2c_translate", "c2c_translate_control"
 
 
@@ -107,7 +106,7 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     except tr.TranslatorError as error:
         return HandoffResult.not_applicable(name, pair.name, str(error))
     receiver, sharer = pair.receiver, pair.sharer
-    context = CONTROL_CONTEXT if control else request.context
+    context = UNRELATED_CONTEXT if control else request.context
     timer = StageTimer()
     alignment = tr.align_context(receiver.tokenizer, sharer.tokenizer, context, translator.config.sharer_start)
     with torch.no_grad():
@@ -177,7 +176,7 @@ def run_details(pair, translator, folder, alignment, prefix, control: bool) -> d
     return {
         "translator_path": checkpoint_label(folder),
         "control": control,
-        "control_context": CONTROL_CONTEXT if control else None,
+        "control_context": UNRELATED_CONTEXT if control else None,
         "open_gates": sum(g > 0 for g in prefix.gates),
         "layers": len(prefix.gates),
         "applied_gates": [int(g > 0) for g in prefix.gates],
@@ -304,6 +303,7 @@ HANDOFFS = (
             "alone does), and a weight per translated token how much attention it may get."
         ),
         run=run,
+        control=CONTROL,
         needs=NEEDS,
         applicable=all_of(needs_context("The translation carries a private context; this request has none."), translator_found),
         options=OPTIONS,
@@ -320,7 +320,7 @@ HANDOFFS = (
         summary="the same translator fed an unrelated context: what the receiver answers without this note",
         explanation=(
             "The same translator and receiver, but the sharer reads a fixed unrelated sentence instead of the note "
-            f"(*{CONTROL_CONTEXT}*). If the translation column gives the note's fact and this one does not, the "
+            f"(*{UNRELATED_CONTEXT}*). If the translation column gives the note's fact and this one does not, the "
             "fact crossed in the translated KV."
         ),
         run=run_control,

@@ -90,6 +90,10 @@ class LiveRun:
         return views.verdict(payload, self.names, self.answers, self.subject, states)
 
 
+# the events that finish a result after every handoff is done, and the field each one writes
+FINISHED_FIELDS = {"lens": "logit_lens", "change": "token_change"}
+
+
 def stream_run(run: LiveRun, workers: int, stop: threading.Event,
                events: Callable[..., Iterator] = stream_handoffs) -> Iterator[dict]:
     """The run's updates, from the first (every column waiting) to the last (with ``results``)."""
@@ -125,8 +129,8 @@ def stream_run(run: LiveRun, workers: int, stop: threading.Event,
             run.states.pop(name, None)
             run.partial.pop(name, None)
             yield {**run.status(), **views.card(name, data, run.answers), **run.verdict()}
-        elif kind == "lens" and name in run.results:  # the run's logit lenses, after every handoff
-            run.results[name] = {**run.results[name], "logit_lens": data}
+        elif kind in FINISHED_FIELDS and name in run.results:  # what crossed, after every handoff
+            run.results[name] = {**run.results[name], FINISHED_FIELDS[kind]: data}
         elif kind == "stopped":
             stopped_early = str(data)
         elif kind == "error":
