@@ -23,7 +23,7 @@ LENS_HEIGHT = 420
 SENT_MARK, SINK_MARK = "\u25b2", "\u2013"  # the grid's marks: a layer KVComm sent, one that kept the sink
 
 
-def _chip_text(token: str) -> str:
+def chip_text(token: str) -> str:
     """A token as a chip shows it: spaces and line breaks made visible."""
     shown = token.replace(" ", "\u2423").replace("\n", "\u21b5")
     return html.escape(shown or "\u2205")
@@ -82,7 +82,7 @@ def change_row_html(result: dict) -> str:
                 "each one is than under its control.</div>")
     chips = "".join(
         f'<span class="kv-tv-chg" data-i="{i}" data-change="{value:.4f}" style="background:{change_shade(value)}" '
-        f'title="{html.escape(change_title(token, own, other, value, control_label))}">{_chip_text(token)}</span>'
+        f'title="{html.escape(change_title(token, own, other, value, control_label))}">{chip_text(token)}</span>'
         for i, (token, own, other, value) in enumerate(zip(change["tokens"], change["logprob"], change["control_logprob"],
                                                            change["change"]))
     )
@@ -119,7 +119,7 @@ def token_view_html(result: dict | None, run_hint: str = "press Run live to reco
     captured = int(data.get("captured") or 0)
     chips = "".join(
         f'<span class="kv-tv-ans{"" if i < captured else " kv-tv-off"}" data-i="{i}" tabindex="0" '
-        f'title="answer token {i + 1}: {html.escape(repr(token))}">{_chip_text(token)}</span>'
+        f'title="answer token {i + 1}: {html.escape(repr(token))}">{chip_text(token)}</span>'
         for i, token in enumerate(answers)
     )
     head = (f'<div class="kv-tv-title" style="--kv-ink:{ink(hue)}">{html.escape(label)}: '
@@ -132,7 +132,7 @@ def token_view_html(result: dict | None, run_hint: str = "press Run live to reco
     layers, heads = int(data["layers"]), int(data["heads"])
     sent_layers = set(data.get("sent_layers") or range(layers))
     sent = "".join(
-        f'<span class="kv-tv-sent-tok" data-s="{s}" data-p="{position}" data-mass="0">{_chip_text(token)}</span>'
+        f'<span class="kv-tv-sent-tok" data-s="{s}" data-p="{position}" data-mass="0">{chip_text(token)}</span>'
         for s, (position, token) in enumerate(zip(data["sent_positions"], data["sent_tokens"]))
     )
     partial = len(sent_layers) < layers

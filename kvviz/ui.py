@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from kvviz import policy
+from kvviz import compare, policy
 from kvviz.page import views
 from kvviz.page.events import Lab, wire_all
 from kvviz.page.layout import Page, build_ask, build_cards, build_columns, build_sidebar, build_tabs, build_top, build_walk
@@ -73,6 +73,7 @@ def build_demo(
         page.add("results", gr.State(payload))
         page.add("view", gr.State({"tab": DEFAULT_TAB, "compact": False, "drawn": {}, "ready": False}))
         page.add("walk_step", gr.State(0))
+        page.add("history", gr.State(compare.remember([], payload)))  # this session's last runs (Compare two)
         page.add("viewport", gr.Number(0, visible=False))
         build_sidebar(page, default_pair, default_max_new_tokens)
         build_top(page)

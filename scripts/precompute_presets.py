@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvviz.engine import load_pair, run_handoff  # noqa: E402
+from kvviz.engine import load_pair, run_handoffs  # noqa: E402
 from kvviz.handoffs.registry import build_request, page_handoffs  # noqa: E402
 from kvviz.lessons import failures  # noqa: E402
 from kvviz.presets import PRECOMPUTED_PATH, PRECOMPUTED_SWEEP_PATH, PRESETS  # noqa: E402
@@ -37,12 +37,11 @@ def precomputed_run(pair, key: str, query: str, context: str | None, max_new_tok
     (with what crossed, ``kvviz.crossed``, when ``inspect`` is given: the page's token view and lens)."""
     request = build_request(query, context, max_new_tokens=max_new_tokens, options=options, inspect=inspect)
     results = []
-    for name in names:
-        started = time.perf_counter()
-        result = run_handoff(name, pair, request).to_dict()
-        result["precomputed"] = True
+    # one run, as the page's: each answer is also scored against its control where both ran (token_change)
+    for handoff in run_handoffs(names, pair, request):
+        result = {**handoff.to_dict(), "precomputed": True}
         results.append(result)
-        print(f"{key:<10} {name:<11} {time.perf_counter() - started:6.2f} s  {result['answer'] or result['reason']!r}")
+        print(f"{key:<10} {handoff.handoff:<11} {handoff.total_seconds:6.2f} s  {result['answer'] or result['reason']!r}")
     return {"request": request.to_dict(), "results": results}
 
 

@@ -118,3 +118,44 @@ def test_a_permalink_restores_every_field_and_copy_link_gives_it_back(page, app_
         assert copied.get(name) == given[name], name
     assert set(copied) <= set(spec.LINK_FIELDS) | set(spec.option_link_names(spec.page_options()))
     assert not page.errors
+
+
+def test_the_answer_is_coloured_by_its_change_against_the_control_as_stored(page, app_url):
+    result = stored_result("locker", "kvcomm")
+    change = result.get("token_change") or {}
+    if change.get("control") != "kvcomm_control":
+        pytest.fail("the locker preset holds no KVComm token_change: run python scripts/precompute_presets.py")
+    page.goto(f"{app_url}/?preset=locker&tab=tokens&column=kvcomm", wait_until="domcontentloaded")
+    view = page.locator('#kv-tokens .kv-tv[data-handoff="kvcomm"]')
+    view.wait_for(timeout=60_000)
+    chips = view.locator(".kv-tv-chg")
+    assert chips.count() == len(change["change"])
+    shown = [float(chips.nth(i).get_attribute("data-change")) for i in range(chips.count())]
+    assert shown == pytest.approx(change["change"], abs=1e-3)
+    top = max(range(len(shown)), key=lambda i: abs(shown[i]))
+    assert "KVComm control" in chips.nth(top).get_attribute("title")
+    assert "vs KVComm control" in view.inner_text()
+    assert not page.errors
+
+
+def test_compare_two_shows_a_column_beside_its_control_then_beside_the_run_before(page, app_url):
+    page.goto(f"{app_url}/?preset=locker&tab=compare", wait_until="domcontentloaded")
+    diff = page.locator("#kv-compare .kv-cmp-view")
+    diff.wait_for(timeout=60_000)
+    assert "same run" in diff.inner_text()
+    page.locator("#kv-plot-compare .main-svg").first.wait_for(timeout=30_000)
+    # the opening preset is run 1 of the session, another preset run 2: the tab shows it, and "the run
+    # before" compares across the two
+    page.locator("#kv-presets input").click()
+    page.get_by_role("option", name=preset("fuji").label).click()
+    page.wait_for_function("() => (document.querySelector('#kv-compare-a input') || {}).value?.startsWith('run 2')",
+                           timeout=30_000)
+    page.locator("#kv-compare-previous").click()
+    page.wait_for_function("() => (document.querySelector('#kv-compare-b input') || {}).value?.startsWith('run 1')",
+                           timeout=30_000)
+    assert "the question differs" in page.locator("#kv-compare .kv-cmp-view").inner_text()
+    page.locator("#kv-compare-control").click()
+    page.wait_for_function("() => (document.querySelector('#kv-compare-b input') || {}).value?.startsWith('run 2')",
+                           timeout=30_000)
+    page.locator("#kv-inside").screenshot(path=str(artifacts_dir() / "compare.png"))
+    assert not page.errors

@@ -485,6 +485,11 @@ def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffRe
     return read_prompt(pair.receiver, segments.query_ids, state)
 
 
+def control_receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult):
+    """The control's prompt: the unrelated sentence's KV in the layers its run selected, then the query."""
+    return receiver_prompt(pair, dataclasses.replace(request, context=UNRELATED_CONTEXT), result)
+
+
 def notes(result: dict) -> list[str]:
     """Under the answer: the layers sent (layer 0 by rule), the calibration sample in full and how
     well its importance ranks this query's."""
@@ -615,7 +620,7 @@ HANDOFFS = (
             needs_context("The KVComm control needs a request with a private context."),
             lambda pair, request: applicability(pair),
         ),
-        no_receiver_prompt="not scored: the control is for comparing KVComm token by token on the page",
+        receiver_prompt=control_receiver_prompt,
         notes=notes,
         page=41,
     ),

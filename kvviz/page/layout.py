@@ -234,6 +234,8 @@ def build_tabs(page: Page, shown: list[str], sweep: dict | None) -> None:
         with tab(page, "lens"):
             page.figures[spec.LENS_PLOT] = gr.Plot(page.value(f"figure:{spec.LENS_PLOT}"), show_label=False,
                                                    elem_id=f"kv-plot-{spec.LENS_PLOT}")
+        with tab(page, "compare"):
+            build_compare(page)
         with tab(page, "cost"):
             with gr.Row():
                 for name in spec.FIXED_PLOTS:
@@ -256,6 +258,24 @@ def tab(page: Page, tab_id: str):
     title = dict(spec.TABS)[tab_id]
     page.tabs[tab_id] = gr.Tab(title, id=tab_id, elem_id=f"kv-tab-{tab_id}")
     return page.tabs[tab_id]
+
+
+def build_compare(page: Page) -> None:
+    """Two columns of this session's runs side by side (``kvviz.compare``): pickers, two shortcuts,
+    the diff and its per-layer figure."""
+    gr.Markdown("Pick any two columns of this session's last runs (presets and live runs, newest first). "
+                "**A's control** puts beside A the column it is measured against in the same run (C2C against its "
+                "control fuser, KVComm against KVComm with another context, text against the receiver alone); "
+                "**the run before** puts A's column from the previous run (change a setting, run again, compare).",
+                elem_id="kv-compare-intro")
+    with gr.Row(equal_height=True):
+        page.add("compare_a", gr.Dropdown(choices=[], value=None, label="A", scale=3, elem_id="kv-compare-a"))
+        page.add("compare_b", gr.Dropdown(choices=[], value=None, label="B", scale=3, elem_id="kv-compare-b"))
+        with gr.Column(scale=1, min_width=170):
+            page.add("compare_control", gr.Button("B = A's control", size="sm", elem_id="kv-compare-control"))
+            page.add("compare_previous", gr.Button("B = A in the run before", size="sm", elem_id="kv-compare-previous"))
+    page.add("compare_html", gr.HTML(page.value("compare_html", ""), elem_id="kv-compare", js_on_load=None))
+    page.add("compare_plot", gr.Plot(None, show_label=False, elem_id="kv-plot-compare"))
 
 
 def build_details(page: Page, shown: list[str]) -> None:

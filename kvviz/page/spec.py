@@ -28,6 +28,7 @@ TABS = (
     ("layers", "Layers"),
     ("tokens", "What crossed"),
     ("lens", "Depth"),
+    ("compare", "Compare two"),
     ("cost", "Time and bytes"),
     ("seen", "What each model saw"),
     ("sweep", "Sweep"),

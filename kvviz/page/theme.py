@@ -13,6 +13,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from kvviz.compare import COMPARE_CSS
 from kvviz.tokenview import TOKEN_VIEW_CSS, TOKEN_VIEW_JS
 
 BLUE_TEXT = "#1e40af"  # 8.7:1 on white, 7.2:1 on the label's pale blue
@@ -126,4 +127,4 @@ def plot_script_preload() -> str:
 
 def launch_kwargs() -> dict:
     """theme, css and head belong to launch() in Gradio 6."""
-    return {"theme": theme(), "css": CSS + TOKEN_VIEW_CSS, "head": plot_script_preload() + TOKEN_VIEW_JS}
+    return {"theme": theme(), "css": CSS + TOKEN_VIEW_CSS + COMPARE_CSS, "head": plot_script_preload() + TOKEN_VIEW_JS}
