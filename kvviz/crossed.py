@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 MAX_TOKENS = 16  # answer tokens whose attention rows are kept (the first ones)
-MAX_CHANGE_TOKENS = 32  # answer tokens scored against the control (the first ones)
+MAX_CHANGE_TOKENS = 16  # answer tokens scored against the control (the first ones, as the attention rows)
 DIGITS = 3  # decimals of the stored attention probabilities (JSON size)
 
 _current: contextvars.ContextVar["Inspection | None"] = contextvars.ContextVar("kvviz_inspection", default=None)
@@ -66,6 +66,7 @@ class Inspection:
     # the receiver's state after its prompt and the final hidden state there (KVState, tensor): what
     # ``kvviz.engine`` scores this answer and its control's on (``token_change``), then drops
     prompt: tuple | None = None
+    chose: torch.Tensor | None = None  # [tokens, hidden]: the final hidden state that chose each answer token
     receiver: object = None  # the model whose prompts are recorded (None: every model's)
 
     def records(self, loaded) -> bool:
@@ -113,9 +114,10 @@ def layer_outputs(loaded, output) -> torch.Tensor:
     return torch.cat(states).detach()
 
 
-def record_answer(loaded, first_inspected, rows, token_ids: list[int]) -> None:
+def record_answer(loaded, first_inspected, rows, token_ids: list[int], chose: torch.Tensor | None = None) -> None:
     """Called by the answer's decode loop: the first token's row and layer states (from the
-    prompt's prefill), the later tokens' rows, and the answer."""
+    prompt's prefill), the later tokens' rows, the answer, and the final hidden state that chose
+    each of its first ``MAX_CHANGE_TOKENS`` tokens (``chose``)."""
     inspection = active()
     if inspection is None or first_inspected is None:
         return
@@ -123,6 +125,7 @@ def record_answer(loaded, first_inspected, rows, token_ids: list[int]) -> None:
     inspection.model = loaded
     inspection.lens_hidden = hidden
     inspection.prompt = (prompt_state, prompt_hidden)
+    inspection.chose = chose
     inspection.rows = ([first_row] if first_row else []) + list(rows)
     inspection.answer_ids = list(token_ids)
 
@@ -176,19 +179,32 @@ def token_attention(inspection: Inspection, nothing_sent: str) -> dict:
     return data
 
 
+def lens_tokens(inspection: Inspection) -> list[int]:
+    """The tokens the lens follows: the answer's first, then the gold answer's first as the receiver
+    might write it (``gold_candidates``); at least one token."""
+    tokens = list(inspection.answer_ids[:1])
+    if inspection.gold and inspection.gold.strip():
+        tokens += [t for t in gold_candidates(inspection.model.tokenizer, inspection.gold) if t not in tokens]
+    return tokens or [0]
+
+
 def logit_lens(inspection: Inspection) -> dict:
-    probabilities = torch.softmax(inspection.model.head.logits(inspection.lens_hidden), dim=-1)  # [layers, vocabulary]
-    return lens_record(inspection, probabilities)
+    tokens = lens_tokens(inspection)
+    table = inspection.model.head.log_probability_table(
+        inspection.lens_hidden, torch.tensor(tokens)[None].expand(inspection.lens_hidden.shape[0], -1))
+    return lens_record(inspection, tokens, table.exp())
 
 
-def lens_record(inspection: Inspection, probabilities: torch.Tensor) -> dict:
-    """The ``logit_lens`` field from the lens's probabilities [layers, vocabulary]."""
+def lens_record(inspection: Inspection, tokens: list[int], probabilities: torch.Tensor) -> dict:
+    """The ``logit_lens`` field from the probabilities [layers, tokens] of ``lens_tokens``."""
     tokenizer = inspection.model.tokenizer
+    column = {token: probabilities[:, i] for i, token in enumerate(tokens)}
     data = {
         "measured_on": (
             "this query, in this run: at the prompt's last position (where the first answer token is chosen), "
             "the output of each receiver layer put through the receiver's own final norm and output head "
-            "(a logit lens: a probability, 0 to 1, not what the model 'thinks')"
+            "(a logit lens: a probability, 0 to 1, not what the model 'thinks'); the softmax's normaliser takes the "
+            "likeliest tokens exact and the vocabulary's tail from the head's bfloat16 copy where the CPU has one"
         ),
         "layers": list(range(probabilities.shape[0])),
         "answer_token": None,
@@ -200,23 +216,24 @@ def lens_record(inspection: Inspection, probabilities: torch.Tensor) -> dict:
     if inspection.answer_ids:
         first = inspection.answer_ids[0]
         data["answer_token"] = _token_text(tokenizer, first)
-        data["answer_probability"] = probabilities[:, first].round(decimals=6).tolist()
-    if inspection.gold and inspection.gold.strip():
-        gold = gold_first_token(tokenizer, inspection.gold, probabilities[-1])
+        data["answer_probability"] = column[first].round(decimals=6).tolist()
+    candidates = gold_candidates(tokenizer, inspection.gold) if inspection.gold and inspection.gold.strip() else []
+    if candidates:
+        # the gold's first token as the receiver would write it: whichever its last layer finds likelier
+        gold = max(candidates, key=lambda token: float(column[token][-1]))
         data["gold_token"] = _token_text(tokenizer, gold)
-        data["gold_probability"] = probabilities[:, gold].round(decimals=6).tolist()
+        data["gold_probability"] = column[gold].round(decimals=6).tolist()
     return data
 
 
-def gold_first_token(tokenizer, gold: str, last_layer: torch.Tensor) -> int:
-    """The gold answer's first token as the receiver would write it: with or without a leading
-    space (whichever its last layer finds likelier)."""
-    candidates = []
+def gold_candidates(tokenizer, gold: str) -> list[int]:
+    """The gold answer's first token with and without a leading space (distinct ones)."""
+    candidates: list[int] = []
     for text in (gold.strip(), " " + gold.strip()):
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if ids:
+        if ids and int(ids[0]) not in candidates:
             candidates.append(int(ids[0]))
-    return max(candidates, key=lambda token: float(last_layer[token]))
+    return candidates
 
 
 def change_record(inspection: Inspection, control: str, control_title: str, own: list[float],
@@ -265,11 +282,15 @@ def finish_lenses(pending: list) -> list[tuple[str, dict]]:
         by_model.setdefault(id(inspection.model), []).append((result, inspection))
     for group in by_model.values():
         head = group[0][1].model.head
-        probabilities = torch.softmax(head.logits(torch.cat([inspection.lens_hidden for _, inspection in group])), dim=-1)
+        tokens = [lens_tokens(inspection) for _, inspection in group]
+        width = max(len(t) for t in tokens)
+        table = torch.cat([torch.tensor(t + [t[0]] * (width - len(t)))[None].expand(inspection.lens_hidden.shape[0], -1)
+                           for t, (_, inspection) in zip(tokens, group)])
+        probabilities = head.log_probability_table(torch.cat([i.lens_hidden for _, i in group]), table).exp()
         start = 0
-        for result, inspection in group:
+        for (result, inspection), own in zip(group, tokens):
             rows = inspection.lens_hidden.shape[0]
-            result.logit_lens = lens_record(inspection, probabilities[start : start + rows])
+            result.logit_lens = lens_record(inspection, own, probabilities[start : start + rows, : len(own)])
             start += rows
             done.append((result.handoff, result.logit_lens))
     pending.clear()

@@ -238,7 +238,7 @@ def answer_logprobs(loaded: LoadedModel, state: KVState, first_hidden: torch.Ten
     """The log-probability (natural log, temperature 1) of each of ``token_ids`` given the prompt
     that left ``state`` and ``first_hidden`` (the final hidden state that chooses the first answer
     token) and the tokens before it: teacher forcing, one forward of the tokens but the last on a
-    copy of ``state`` (which is left as it was)."""
+    copy of ``state`` (which is left as it was); the head's ``log_probabilities``."""
     if not token_ids:
         return []
     hidden = [first_hidden.reshape(1, -1)]
@@ -247,9 +247,7 @@ def answer_logprobs(loaded: LoadedModel, state: KVState, first_hidden: torch.Ten
         input_ids = torch.tensor([token_ids[:-1]], device=loaded.device)
         output = loaded.model.model(input_ids=input_ids, **forward_kwargs(loaded, copy, len(token_ids) - 1))
         hidden.append(output.last_hidden_state[0])
-    logits = loaded.head.logits(torch.cat(hidden))
-    chosen = torch.tensor(token_ids, device=logits.device)[:, None]
-    return torch.log_softmax(logits, dim=-1).gather(1, chosen)[:, 0].tolist()
+    return loaded.head.log_probabilities(torch.cat(hidden), token_ids)
 
 
 @dataclass
@@ -372,8 +370,11 @@ def generate(
         inspected = (*inspected, state.copy(), first.hidden.detach().clone())
         state.token_rows = AttentionRows(limit=crossed.MAX_TOKENS - 1)
     answer_rows = state.token_rows
+    hidden_rows: list[torch.Tensor] = []  # the final hidden state that chose each answer token (recorded)
     try:
         while True:
+            if inspected is not None and len(hidden_rows) < crossed.MAX_CHANGE_TOKENS:
+                hidden_rows.append(next_token.hidden.detach().reshape(1, -1))
             token = choose_token(next_token, settings, generator)
             if not token_ids:
                 first_token_seconds = clock() - started
@@ -414,7 +415,8 @@ def generate(
         batch_sizes=None if batch is None else (list(sequence.sizes) if sequence is not None else []),
     )
     if inspected is not None:
-        crossed.record_answer(loaded, inspected, answer_rows.rows, token_ids)
+        chose = torch.cat(hidden_rows[: len(token_ids)]) if token_ids else None
+        crossed.record_answer(loaded, inspected, answer_rows.rows, token_ids, chose)
     if getattr(_decode_log, "outputs", None) is not None:
         _decode_log.outputs.append(output)
     return output

@@ -113,8 +113,8 @@ def finish_crossed(pending: list) -> list[tuple[str, str, dict]]:
 
 def token_changes(pending: list) -> list[tuple[str, dict]]:
     """For each recorded result whose control (``Handoff.control``) was recorded in the same run on
-    the same receiver: its answer's first tokens scored on its own prompt and on the control's
-    (``decode.answer_logprobs``), written as ``result.token_change``. The prompts kept for this are
+    the same receiver: its answer's first tokens scored as its decode chose them and, teacher-forced,
+    on the control's prompt (``decode.answer_logprobs``), written as ``result.token_change``. The prompts kept for this are
     dropped afterwards. Returns (handoff, token_change) for each."""
     recorded = {result.handoff: (result, inspection) for result, inspection in pending if inspection.prompt is not None}
     done = []
@@ -126,10 +126,10 @@ def token_changes(pending: list) -> list[tuple[str, dict]]:
         if other.model is not inspection.model:
             continue
         ids = inspection.answer_ids[: crossed.MAX_CHANGE_TOKENS]
-        own = answer_logprobs(inspection.model, *inspection.prompt, ids)
+        own = inspection.model.head.log_probabilities(inspection.chose[: len(ids)], ids)  # as the answer chose them
         under_control = answer_logprobs(inspection.model, *other.prompt, ids)
         result.token_change = crossed.change_record(inspection, control, registry.title_of(control), own, under_control)
         done.append((name, result.token_change))
     for _, inspection in pending:
-        inspection.prompt = None
+        inspection.prompt = inspection.chose = None
     return done

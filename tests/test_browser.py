@@ -290,6 +290,13 @@ def test_a_preset_runs_live_with_marks_its_message_as_written_and_its_figures(pa
     assert len(stages) == 5 and set(stages.values()) == {applicable}  # the columns on the page, no hidden one
     assert page.locator("#kv-status").get_by_text("precomputed").count() == 0
     page.screenshot(path=str(artifacts_dir() / "browser-live-run.png"), full_page=True)
+    # the live run joined the session's runs: Compare two shows C2C beside its control, in that run
+    open_tab(page, "Compare two")
+    page.wait_for_function("() => ((document.querySelector('#kv-compare-a input') || {}).value || '').includes('(live)')",
+                           timeout=30_000)
+    assert page.locator("#kv-compare-a input").input_value().endswith("· C2C")
+    assert page.locator("#kv-compare-b input").input_value().endswith("· C2C control")
+    assert "scored against its control" in page.locator("#kv-compare .kv-cmp-view").inner_text()
     assert not page.errors, page.errors
 
 

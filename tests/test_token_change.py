@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from kvviz import stream, tokenview
+from kvviz import crossed, stream, tokenview
 from kvviz.cache import KVState
 from kvviz.decode import answer_logprobs, prefill
 from kvviz.engine import run_handoff, run_handoffs
@@ -60,7 +60,7 @@ def test_a_method_is_scored_against_its_control_in_the_same_run(pair):
     text, receiver = run_handoffs(["text", "receiver"], pair, request({}))
     change = text.token_change
     assert change["control"] == "receiver" == registry.control_of("text")
-    count = min(len(text.answer_ids), 32)
+    count = min(len(text.answer_ids), crossed.MAX_CHANGE_TOKENS)
     assert change["ids"] == text.answer_ids[:count] and len(change["change"]) == count
     assert change["change"] == pytest.approx([a - b for a, b in zip(change["logprob"], change["control_logprob"])], abs=2e-4)
     # the control's scores are the text answer's tokens read by the receiver alone
@@ -82,7 +82,8 @@ def test_a_handoff_beside_a_control_that_reads_the_same_prompt_changes_by_zero(p
     ran, twin_result = run_handoffs(["skyline", "skyline_twin"], pair, request({}))
     change = twin_result.token_change
     assert change["control"] == "skyline" and change["ids"] == ran.answer_ids[: len(change["ids"])]
-    assert change["change"] and all(value == 0 for value in change["change"])
+    # the twin scores as its decode chose, skyline teacher-forced: equal up to float rounding
+    assert change["change"] and all(abs(value) < 2e-3 for value in change["change"])
     assert ran.token_change == {}  # its own control (the receiver) did not run
 
 

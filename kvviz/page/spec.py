@@ -227,7 +227,8 @@ def walkthrough_steps() -> list[WalkStep]:
         WalkStep(
             "Your turn",
             "Press **Run live** to run the ticked handoffs on this machine. Tick more handoffs in the row under "
-            "the question, open *Settings* (the panel on the left), change a handoff's options, and run again."
+            "the question, open *Settings* (the panel on the left), change a handoff's options, and run again: "
+            "**Compare two** then puts a column beside the run before, or beside its control."
             + (f" Finally, in the **Sweep** tab, press **Run sweep** (*{sweeps[0].sweep.title}*)." if sweeps else ""),
             None, None, "kv-run",
         ),
