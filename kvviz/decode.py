@@ -323,6 +323,36 @@ def choose_token(next_token: NextToken, settings: GenerationSettings, generator:
     return int(sorted_ids[int(choice)])
 
 
+class _AnswerRecord:
+    """What ``kvviz.crossed`` records of one answer while it is decoded: each token's attention rows
+    (the first token's came from the prompt's prefill, ``NextToken.inspected``), the prompt's state
+    as the answer found it and the hidden state that chose each token (``token_change``)."""
+
+    def __init__(self, loaded: LoadedModel, state: KVState, first: NextToken):
+        self.loaded, self.state = loaded, state
+        self.inspected = (*first.inspected, state.copy(), first.hidden.detach().clone())
+        self.rows = state.token_rows = AttentionRows(limit=crossed.MAX_TOKENS - 1)
+        self.hidden_rows: list[torch.Tensor] = []
+
+    @classmethod
+    def start(cls, loaded: LoadedModel, state: KVState, first: NextToken, timer: StageTimer | None):
+        """A record when this decode is a recorded handoff's answer (its ``timer`` given), else None."""
+        if timer is None or crossed.active() is None or first.inspected is None:
+            return None
+        return cls(loaded, state, first)
+
+    def choosing(self, next_token: NextToken) -> None:
+        if len(self.hidden_rows) < crossed.MAX_CHANGE_TOKENS:
+            self.hidden_rows.append(next_token.hidden.detach().reshape(1, -1))
+
+    def stop(self) -> None:
+        self.state.token_rows = None
+
+    def finish(self, token_ids: list[int]) -> None:
+        chose = torch.cat(self.hidden_rows[: len(token_ids)]) if token_ids else None
+        crossed.record_answer(self.loaded, self.inspected, self.rows.rows, token_ids, chose)
+
+
 @torch.no_grad()
 def generate(
     loaded: LoadedModel,
@@ -351,30 +381,18 @@ def generate(
     stop_ids = stop_token_ids(tokenizer)
     if stop_at_newline is None:
         stop_at_newline = not has_chat_template(tokenizer)
-    generator = None
-    if not settings.greedy:
-        generator = torch.Generator().manual_seed(settings.seed)
+    generator = None if settings.greedy else torch.Generator().manual_seed(settings.seed)
     started = clock()
     first_token_seconds = 0.0
     token_ids: list[int] = []
-    next_token = first
-    stopped_by = "length"
-    text = ""
+    next_token, stopped_by, text = first, "length", ""
     batch = decode_batch(loaded)
     sequence: Sequence | None = None
-    # the answer's attention rows, when kvviz.crossed records this handoff (the first token's row
-    # came from the prompt's prefill; each later token's from its decode step)
-    inspected = first.inspected if timer is not None and crossed.active() is not None else None
-    if inspected is not None:
-        # the prompt as the answer found it, for scoring answers on it (kvviz.crossed: token_change)
-        inspected = (*inspected, state.copy(), first.hidden.detach().clone())
-        state.token_rows = AttentionRows(limit=crossed.MAX_TOKENS - 1)
-    answer_rows = state.token_rows
-    hidden_rows: list[torch.Tensor] = []  # the final hidden state that chose each answer token (recorded)
+    record = _AnswerRecord.start(loaded, state, first, timer)
     try:
         while True:
-            if inspected is not None and len(hidden_rows) < crossed.MAX_CHANGE_TOKENS:
-                hidden_rows.append(next_token.hidden.detach().reshape(1, -1))
+            if record is not None:
+                record.choosing(next_token)
             token = choose_token(next_token, settings, generator)
             if not token_ids:
                 first_token_seconds = clock() - started
@@ -386,8 +404,7 @@ def generate(
             token_ids.append(token)
             text = tokenizer.decode(token_ids, skip_special_tokens=True)
             if stop_at_newline and "\n" in text.lstrip():
-                text = text.lstrip().split("\n", 1)[0]
-                stopped_by = "newline"
+                text, stopped_by = text.lstrip().split("\n", 1)[0], "newline"
                 break
             if on_token is not None:
                 on_token(text)
@@ -404,19 +421,14 @@ def generate(
     finally:
         if sequence is not None:
             batch.leave(sequence)
-        if inspected is not None:
-            state.token_rows = None
+        if record is not None:
+            record.stop()
     output = DecodeOutput(
-        token_ids=token_ids,
-        text=text.strip(),
-        seconds=clock() - started,
-        first_token_seconds=first_token_seconds,
-        stopped_by=stopped_by,
-        batch_sizes=None if batch is None else (list(sequence.sizes) if sequence is not None else []),
+        token_ids=token_ids, text=text.strip(), seconds=clock() - started, first_token_seconds=first_token_seconds,
+        stopped_by=stopped_by, batch_sizes=None if batch is None else (list(sequence.sizes) if sequence is not None else []),
     )
-    if inspected is not None:
-        chose = torch.cat(hidden_rows[: len(token_ids)]) if token_ids else None
-        crossed.record_answer(loaded, inspected, answer_rows.rows, token_ids, chose)
+    if record is not None:
+        record.finish(token_ids)
     if getattr(_decode_log, "outputs", None) is not None:
         _decode_log.outputs.append(output)
     return output
