@@ -3,7 +3,8 @@
 Hovering an answer token in the What crossed tab lights the sent tokens that the stored attention
 says (the precomputed locker preset: no model runs); a permalink restores every field of the page,
 and "Copy link" puts the same state back in the address bar. The token view's screenshot on the
-locker preset is ``tokens-locker.png`` in $KVVIZ_TEST_ARTIFACTS (docs/tokens.png is a copy).
+locker preset is ``tokens-locker.png`` in $KVVIZ_TEST_ARTIFACTS (docs/tokens.png is a copy), and Compare
+two's on the fuji preset ``compare.png`` (docs/compare.png).
 """
 
 from __future__ import annotations
