@@ -1,8 +1,9 @@
 """Each method beside its control, token by token (issue 22): ``token_change``, on the tiny models.
 
-The scoring is teacher forcing on a copy of a handoff's prompt state (``decode.answer_logprobs``):
-it must equal the log-softmax of a full forward over prompt + answer, leave the state it scores on
-as it was, and give a change of exactly 0 where a handoff and its control read the same prompt."""
+The control's side is teacher forcing on a copy of its prompt state (``decode.answer_logprobs``): it
+must equal the log-softmax of a full forward over prompt + answer and leave the state it scores on as
+it was; the method's side is scored on the states its decode chose the tokens from, so a handoff
+beside a control that reads the same prompt changes by 0 (up to float rounding)."""
 
 from __future__ import annotations
 
@@ -17,22 +18,9 @@ from kvviz.decode import answer_logprobs, prefill
 from kvviz.engine import run_handoff, run_handoffs
 from kvviz.handoffs import registry
 from kvviz.prompts import build_segments
-from kvviz.results import GenerationSettings, HandoffRequest
-from tests.conftest import tiny_pair
+from tests.test_crossed import CONTEXT, QUERY, pair, request  # noqa: F401 (pair: the tiny pairs' fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-CONTEXT = "The secret code word is pineapple."
-QUERY = "What is the secret code word?"
-
-
-def request(inspect: dict | None = None, tokens: int = 8) -> HandoffRequest:
-    return HandoffRequest(query=QUERY, context=CONTEXT, generation=GenerationSettings(max_new_tokens=tokens), inspect=inspect)
-
-
-@pytest.fixture(scope="module", params=["llama", "gemma"])
-def pair(request):
-    return tiny_pair(request.param)
 
 
 def full_forward_logprobs(loaded, prompt: list[int], answer: list[int]) -> list[float]:
