@@ -63,17 +63,18 @@ class Lab:
         return {**figures, "view": view, "tab": tab}
 
 
-def resolved(page: Page, handler):
+def resolved(page: Page, handler, said_in: str = "status"):
     """A handler that returns roles, as one that returns components. An unexpected error is said in
-    the status line and nowhere else (an error raised to Gradio would mark every output)."""
+    the status line (or the role ``said_in``, one of the event's outputs) and nowhere else (an error
+    raised to Gradio would mark every output)."""
 
     def run(*args):
         try:
-            return page.resolve(handler(*args)) or {page["status"]: gr.skip()}  # an empty dict would be read as a value
+            return page.resolve(handler(*args)) or {page[said_in]: gr.skip()}  # an empty dict would be read as a value
         except Exception as error:  # noqa: BLE001 (shown to the learner; the page keeps what it showed)
             LOG.exception("page event %s failed", handler.__name__)
-            return page.resolve({"status": present.refused_status(f"the page could not do that ({type(error).__name__}: "
-                                                                  f"{error})")})
+            return page.resolve({said_in: present.refused_status(f"the page could not do that ({type(error).__name__}: "
+                                                                 f"{error})")})
 
     run.__name__ = handler.__name__
     return run
@@ -499,39 +500,44 @@ def wire_compare(lab: Lab) -> None:
     pickers and the two shortcuts redraw the diff."""
     page = lab.page
     sides = [page["history"], page["compare_a"], page["compare_b"]]
+    # these events write the tab's own components only (a page-wide output list would put a progress
+    # tracker on every component while one waits in the queue)
+    outputs = [*sides, page["compare_html"], page["compare_plot"]]
+
+    def quiet(handler):
+        return resolved(page, handler, said_in="compare_html")
 
     def on_results(payload, history, side_a, side_b):
         newest = history[-1]["number"] if history else 0
         history = compare.remember(history, payload)
-        if history and history[-1]["number"] != newest:  # a new run: show it beside its control
-            side_a, side_b = compare.default_sides(history)
-        return {"history": history, **compare_updates(history, side_a, side_b)}
+        if not history or history[-1]["number"] == newest:  # not a new run: nothing changes
+            return {}
+        return {"history": history, **compare_updates(history, *compare.default_sides(history))}
 
-    page["results"].change(resolved(page, on_results), inputs=[page["results"], *sides], outputs=page.outputs(),
-                           api_name="remember_run", **PRIVATE)
+    page["results"].change(quiet(on_results), inputs=[page["results"], *sides], outputs=outputs, api_name="remember_run",
+                           **PRIVATE)
 
     def on_open(history, side_a, side_b):  # the opening preset has no change event: draw when the tab opens
         if side_a is None and side_b is None:
             side_a, side_b = compare.default_sides(history)
         return compare_updates(history, side_a, side_b)
 
-    page.tabs["compare"].select(resolved(page, on_open), inputs=sides, outputs=page.outputs(), api_name="open_compare_sides",
-                                **PRIVATE)
+    page.tabs["compare"].select(quiet(on_open), inputs=sides, outputs=outputs, api_name="open_compare_sides", **PRIVATE)
 
     def link_sides(history, side_a, side_b, params):
         return on_open(history, side_a, side_b) if params.get("tab") == "compare" else {}
 
     def on_link(history, side_a, side_b, request: gr.Request):  # a permalink that opens this tab
         params = dict(request.query_params) if request is not None else {}
-        return resolved(page, link_sides)(history, side_a, side_b, params)
+        return quiet(link_sides)(history, side_a, side_b, params)
 
-    page.demo.load(on_link, inputs=sides, outputs=page.outputs(), api_name="compare_on_load", **PRIVATE)
+    page.demo.load(on_link, inputs=sides, outputs=outputs, api_name="compare_on_load", **PRIVATE)
 
     def on_pick(history, side_a, side_b):
         return compare_updates(history, side_a, side_b)
 
     for role in ("compare_a", "compare_b"):
-        page[role].input(resolved(page, on_pick), inputs=sides, outputs=page.outputs(), api_name=f"pick_{role}", **PRIVATE)
+        page[role].input(quiet(on_pick), inputs=sides, outputs=outputs, api_name=f"pick_{role}", **PRIVATE)
 
     def shortcut(find, missing: str):
         def handler(history, side_a, side_b):
@@ -546,10 +552,10 @@ def wire_compare(lab: Lab) -> None:
     with_control.__name__ = "compare_with_control"
     with_previous = shortcut(compare.previous_side, "A's column did not run in an earlier run of this session.")
     with_previous.__name__ = "compare_with_previous"
-    page["compare_control"].click(resolved(page, with_control), inputs=sides, outputs=page.outputs(),
-                                  api_name="compare_with_control", **PRIVATE)
-    page["compare_previous"].click(resolved(page, with_previous), inputs=sides, outputs=page.outputs(),
-                                   api_name="compare_with_previous", **PRIVATE)
+    page["compare_control"].click(quiet(with_control), inputs=sides, outputs=outputs, api_name="compare_with_control",
+                                  **PRIVATE)
+    page["compare_previous"].click(quiet(with_previous), inputs=sides, outputs=outputs, api_name="compare_with_previous",
+                                   **PRIVATE)
 
 
 def wire_all(lab: Lab) -> None:
