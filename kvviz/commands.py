@@ -89,7 +89,8 @@ def configure_run(parser):
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--gold", default=None, help="the gold answer: the logit lens also follows its first token")
     parser.add_argument("--no-inspect", action="store_true",
-                        help="do not record what crossed (token_attention, logit_lens in the JSON)")
+                        help="do not record what crossed (token_attention, logit_lens and, for a handoff run beside "
+                             "its control, token_change in the JSON)")
 
 
 def request_from_args(args):
