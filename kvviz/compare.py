@@ -19,6 +19,7 @@ from kvviz.plotkit import layout
 from kvviz.tokenview import change_row_html, chip_text
 
 HISTORY_SIZE = 6  # runs kept per session (the oldest goes first)
+HISTORY_SECONDS = 3600  # a session's history is dropped this long after it last changed
 TOP_SENT = 8  # sent tokens listed per side when the two read different ones
 A_COLOR, B_COLOR = "#0072B2", "#D55E00"
 
@@ -309,8 +310,8 @@ def compare_figure(history: list[dict], key_a: str | None, key_b: str | None) ->
         if mass:
             fig.add_trace(go.Scatter(x=list(range(len(mass))), y=mass, mode="lines+markers", name=f"{label}, attention",
                                      line=dict(color=color), meta={"side": side, "series": "attention"},
-                                     hovertemplate="layer %{x}: %{y:.3f} of each head's attention on the sent tokens"
-                                                   "<extra>" + html.escape(label) + "</extra>"), row=1, col=1)
+                                     hovertemplate="layer %{x}: %{y:.3f} of each head's attention on the sent tokens "
+                                                   "(this run's recorded rows)<extra>" + html.escape(label) + "</extra>"), row=1, col=1)
             drawn += 1
         lens = result.get("logit_lens") or {}
         if lens.get("answer_probability"):

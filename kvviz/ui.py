@@ -73,7 +73,8 @@ def build_demo(
         page.add("results", gr.State(payload))
         page.add("view", gr.State({"tab": DEFAULT_TAB, "compact": False, "drawn": {}, "ready": False}))
         page.add("walk_step", gr.State(0))
-        page.add("history", gr.State(compare.remember([], payload)))  # this session's last runs (Compare two)
+        # this session's last runs (Compare two), up to a few MB: dropped an hour after its last change
+        page.add("history", gr.State(compare.remember([], payload), time_to_live=compare.HISTORY_SECONDS))
         page.add("viewport", gr.Number(0, visible=False))
         build_sidebar(page, default_pair, default_max_new_tokens)
         build_top(page)
