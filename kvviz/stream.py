@@ -78,6 +78,19 @@ def stream_handoffs(
         yield from run_events(pair_name, request, names, workers, max_seconds, stop)
 
 
+def stream_handoff_batches(
+    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
+    stop: threading.Event | None = None, idle: float | None = None,
+) -> Iterator[list[tuple[str, str | None, object]]]:
+    """``stream_handoffs`` in batches (``run_event_batches``); on a Space one event a batch (the
+    events cross from the GPU worker one by one)."""
+    if zerogpu.available():
+        for event in gpu_run_events(pair_name, request.to_dict(), list(names), workers, max_seconds):
+            yield [event]
+    else:
+        yield from run_event_batches(pair_name, request, names, workers, max_seconds, stop, idle=idle)
+
+
 def run_events(
     pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
     stop: threading.Event | None = None, loaded: LoadedPair | None = None,
@@ -97,6 +110,24 @@ def run_events(
     ``STOP_POLL_SECONDS`` even while no handoff is producing tokens.
     ``max_seconds`` defaults to the policy's cap (``kvviz.policy``; none locally). ``loaded``: the
     pair already loaded (the speed report), instead of loading ``pair_name``.
+    """
+    batches = run_event_batches(pair_name, request, names, workers, max_seconds, stop, loaded)
+    try:
+        for batch in batches:
+            yield from batch
+    finally:
+        batches.close()  # the workers stop at their next token
+
+
+def run_event_batches(
+    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
+    stop: threading.Event | None = None, loaded: LoadedPair | None = None, idle: float | None = None,
+) -> Iterator[list[tuple[str, str | None, object]]]:
+    """``run_events``'s events in batches, in the same order: each batch holds every event that was
+    waiting when the consumer asked (at least one), so that a consumer that is slower than the
+    models (a page: each update it sends costs the server's event loop) sends one update for many
+    events. ``idle``: also an empty batch after ``idle`` seconds without events (a page sends what
+    it held back). Stopping and closing as ``run_events``.
     """
     names = list(names)
     events: queue.Queue = queue.Queue()
@@ -164,17 +195,34 @@ def run_events(
 
     thread = threading.Thread(target=worker, name="kvviz-run", daemon=True)
     thread.start()
+    waits = [wait for wait in (None if stop is None else STOP_POLL_SECONDS, idle) if wait is not None]
+    quiet_since = time.monotonic()
     try:
         while True:
             try:
-                event = events.get(timeout=None if stop is None else STOP_POLL_SECONDS)
+                batch = [events.get(timeout=min(waits) if waits else None)]
             except queue.Empty:
-                if stop.is_set():
+                if stop is not None and stop.is_set():
                     return
+                if idle is not None and time.monotonic() - quiet_since >= idle:
+                    quiet_since = time.monotonic()
+                    yield []
                 continue
-            if event[0] == "end" or (stop is not None and stop.is_set()):
+            while batch[-1][0] != "end":
+                try:
+                    batch.append(events.get_nowait())
+                except queue.Empty:
+                    break
+            if stop is not None and stop.is_set():
                 return
-            yield event
+            ended = batch[-1][0] == "end"
+            if ended:
+                batch.pop()
+            if batch:
+                yield batch
+            if ended:
+                return
+            quiet_since = time.monotonic()
     finally:
         cancel.set()
 

@@ -39,11 +39,18 @@ def fake_events(script):
     return events
 
 
+def columns_of(update: dict) -> set[str]:
+    return {role.split(":", 1)[1] for role in update if ":" in role}
+
+
 def live_run() -> LiveRun:
     return LiveRun("embedded", HandoffRequest(query="What is the code?", context="It is 4471."), NAMES, ["4471"], "The code")
 
 
-def test_each_event_updates_only_what_it_changed_and_no_figure_is_built_during_the_run():
+def test_each_event_updates_only_what_it_changed_and_no_figure_is_built_during_the_run(monkeypatch):
+    from kvviz.page import run as page_run
+
+    monkeypatch.setattr(page_run, "STREAM_INTERVAL", 0.0)  # streamed text goes with each event
     script = [("start", "receiver", None), ("token", "receiver", "12"), ("start", "text", None),
               ("message", "text", "The code is"), ("done", "receiver", fake_result("receiver", "12")),
               ("token", "text", "4471"), ("done", "text", fake_result("text", "4471")),
@@ -53,8 +60,7 @@ def test_each_event_updates_only_what_it_changed_and_no_figure_is_built_during_t
     first, *middle, last = updates
     assert {f"head:{name}" for name in NAMES} <= set(first)  # every column says it waits
     for update in middle:
-        columns = {role.split(":", 1)[1] for role in update if ":" in role}
-        assert len(columns) <= 1, update.keys()  # an event touches its own column only
+        assert len(columns_of(update)) <= 1, update.keys()  # an event touches its own column only
     token = next(u for u in middle if "answer:receiver" in u and "head:receiver" not in u)
     assert set(token) == {"status", "answer:receiver"}
     message = next(u for u in middle if "stats:text" in u and "head:text" not in u)
@@ -63,6 +69,42 @@ def test_each_event_updates_only_what_it_changed_and_no_figure_is_built_during_t
     assert {"verdict", "status", "answer:receiver"} <= set(done)
     assert [r["handoff"] for r in last["results"]["results"]] == NAMES
     assert "finished" in last["status"] and "got through by: <b>Text, KVComm</b>" in last["verdict"]
+
+
+def test_events_that_wait_together_give_one_update_and_streamed_text_is_throttled(monkeypatch):
+    """A batch of events (``kvviz.stream.run_event_batches``) gives one update with what they
+    changed; streamed text goes at most every ``STREAM_INTERVAL`` (a start or a finish sends what
+    was held back, as does an idle batch); the last update is the one a run of single events gives."""
+    from kvviz.page import run as page_run
+
+    monkeypatch.setattr(page_run, "STREAM_INTERVAL", 3600.0)  # no streamed text goes for the time alone
+    script = [
+        [("start", "receiver", None), ("start", "text", None), ("start", "kvcomm", None)],
+        [("token", "receiver", "1"), ("message", "text", "The"), ("token", "kvcomm", "4")],  # held back
+        [("token", "receiver", "12"), ("message", "text", "The code")],  # held back, the latest wins
+        [("done", "receiver", fake_result("receiver", "12"))],  # finished: goes at once, with what was held
+        [("token", "kvcomm", "44")],
+        [],  # idle: what was held goes
+        [("done", "text", fake_result("text", "4471")), ("done", "kvcomm", fake_result("kvcomm", "4471"))],
+    ]
+
+    def batches(pair, request, names, workers, stop=None, idle=None):
+        assert idle == page_run.STREAM_INTERVAL
+        yield from script
+
+    first, *middle, last = list(stream_run(live_run(), 1, threading.Event(), batches=batches))
+    starts, finished_receiver, idle, finished_two = middle  # the two batches held back gave no update
+    assert columns_of(starts) == set(NAMES) and all('data-verdict="running"' in starts[f"head:{n}"] for n in NAMES)
+    assert columns_of(finished_receiver) == set(NAMES) and finished_receiver["answer:receiver"] == "12"
+    assert finished_receiver["answer:kvcomm"] == "4" and "The code" in finished_receiver["stats:text"]
+    assert "head:text" not in finished_receiver and "head:kvcomm" not in finished_receiver  # only their text
+    assert set(idle) == {"status", "answer:kvcomm"} and idle["answer:kvcomm"] == "44"
+    assert columns_of(finished_two) == {"text", "kvcomm"} and "verdict" in finished_two
+    one_by_one = [event for batch in script for event in batch]
+    *_, single_last = stream_run(live_run(), 1, threading.Event(), events=fake_events(one_by_one))
+    assert last["verdict"] == single_last["verdict"] and "finished" in last["status"]
+    assert {k: v for k, v in last["results"].items() if k != "stamp"} == {
+        k: v for k, v in single_last["results"].items() if k != "stamp"}
 
 
 def test_stop_marks_each_column_finished_stopped_or_not_started():
