@@ -16,6 +16,9 @@ Measures, with the app served on 127.0.0.1 (random free port) in this process:
    measured total). With ``--crossed both`` the timed runs alternate between recording what crossed
    (``kvviz.crossed``: the page's default) and not (``KVVIZ_RECORD_CROSSED=0``), after a warm-up run
    each way, and the report gives the ratio of their median wall times (issue 22's capture cost).
+   Each timed run also says where this process's CPU went (``cpu``): the threads alive before and
+   after it by name (the server's event loop, Gradio's worker threads, the client's) and the rest,
+   the run's own model threads (issue 20: what the page costs beside the models).
 
     python scripts/bench_app.py --no-page-loads --crossed both --runs 3   # the capture's cost
 """
@@ -28,6 +31,7 @@ import os
 import socket
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -62,15 +66,46 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of this process alive now, by thread name (Linux
+    ``/proc/self/task``; empty elsewhere). The server's event loop is the thread uvicorn runs in."""
+    names = {thread.native_id: thread.name for thread in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[str, float] = {}
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            fields = Path(f"/proc/self/task/{task}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = names.get(int(task), f"native {task}")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def cpu_during(before: dict[str, float], after: dict[str, float], process_seconds: float) -> dict:
+    """Where the process's CPU went during a run: the threads alive at both ends (by name, the
+    busiest first) and the rest (threads that came and went: the run's model threads)."""
+    threads = {name: after[name] - before[name] for name in after if name in before and after[name] - before[name] >= 0.01}
+    threads = dict(sorted(threads.items(), key=lambda item: -item[1]))
+    return {"process_seconds": process_seconds, "threads": threads,
+            "threads_that_came_and_went_seconds": max(0.0, process_seconds - sum(threads.values()))}
+
+
 def timed_run(client, pair: str, preset, max_new_tokens: int) -> dict:
-    started = time.perf_counter()
+    started, cpu_started, threads_before = time.perf_counter(), time.process_time(), thread_cpu_seconds()
     outputs = client.predict(  # every other setting at the page's defaults
         pair=pair, query=preset.query, context=preset.context or "", max_new_tokens=max_new_tokens, api_name="/run"
     )
     wall = time.perf_counter() - started
+    cpu = cpu_during(threads_before, thread_cpu_seconds(), time.process_time() - cpu_started)
     data = outputs[-1]
     return {
         "wall_seconds": wall,
+        "cpu": cpu,
         "handoffs": {
             r["handoff"]: {
                 "applicable": r["applicable"],
@@ -268,6 +303,10 @@ def finish(report: dict, args) -> int:
     walls = [run["wall_seconds"] for run in report["warm_runs"]]
     print(f"warm run of all handoffs through the app: median {statistics.median(walls):.2f} s (runs: "
           + ", ".join(f"{w:.2f}" for w in walls) + ")")
+    cpu = report["warm_runs"][-1]["cpu"]
+    busiest = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in list(cpu["threads"].items())[:3])
+    print(f"  CPU in the last run: {cpu['process_seconds']:.2f} s in all (this process: server and client); "
+          f"{cpu['threads_that_came_and_went_seconds']:.2f} s in the run's own threads (the models); {busiest}")
     last = report["warm_runs"][-1]["handoffs"]
     for name, row in last.items():
         if row["applicable"]:

@@ -395,19 +395,25 @@ def wire_run_api(lab: Lab, form: list) -> None:
 
     def run(pair, query, context, *rest):
         """Run the ticked handoffs live and stream the answers; the last update holds the
-        structured results (the JSON output: pair, request, one result per handoff)."""
+        structured results (the JSON output: pair, request, one result per handoff). Each update
+        before it holds every output: the status and the answers so far, and None for an output
+        the run has not set yet (``kvviz.page.run.stream_run``: at most every ``STREAM_INTERVAL``
+        seconds, and when a handoff starts or finishes)."""
         *settings, ticked = rest
         try:
             request, names = request_from_form(lab, pair, query, context, settings, ticked if ticked is not None else spec.default_columns())
         except ValueError as error:
             raise gr.Error(str(error)) from error
         live = LiveRun(pair, request, names, [], "The answer")
+        streamed = {output: None for output in outputs}  # what each output holds so far (None: nothing yet)
         for update in stream_run(live, lab.workers, threading.Event()):  # an API call stops when its client leaves
             if update.get("error"):
                 raise gr.Error(f"The run failed: {update['error']}")
             if "results" not in update:
-                yield {page.cards[name].answer: update[f"answer:{name}"] for name in names if f"answer:{name}" in update} | (
+                changed = {page.cards[name].answer: update[f"answer:{name}"] for name in names if f"answer:{name}" in update} | (
                     {page["status"]: update["status"]} if "status" in update else {})
+                streamed.update(changed)
+                yield list(streamed.values())  # a value for every output: Gradio builds a component per skipped one
                 continue
             payload = update["results"]
             found, figures = views.results_by_name(payload), plots.all_figures(payload["results"], spec.column_names())
