@@ -246,3 +246,30 @@ def test_each_preset_paints_its_columns_marks_and_lesson(key):
     for name in names:
         assert f'id="kv-mark-{name}"' in updates[f"head:{name}"]
     assert updates["verdict"].count("got through by") == 1 and picked.subject in updates["verdict"]
+
+
+def test_every_component_a_live_run_on_the_page_may_change_is_among_its_outputs():
+    """``run_on_page`` names fewer outputs than the page has (each streamed update costs the server
+    a fresh component per output it skips): every update a run sends, and what any tab draws at its
+    end, still lands on one of them."""
+    from kvviz.page.events import page_run_outputs
+
+    demo = ui.build_demo()
+    page = demo.kvviz_page
+    outputs = page_run_outputs(page)
+    wired = next(fn for fn in (demo.fns.values() if isinstance(demo.fns, dict) else demo.fns) if fn.name == "run_on_page")
+    assert list(wired.outputs) == outputs and len(outputs) < len(page.outputs())
+    allowed = set(outputs)
+    stop = threading.Event()
+    script = [("start", "receiver", None), ("message", "text", "The"), ("token", "receiver", "1"),
+              ("done", "receiver", fake_result("receiver", "12")), ("start", "text", None), stop.set]
+    updates = list(stream_run(live_run(), 1, stop, events=fake_events(script)))
+    updates += list(stream_run(live_run(), 1, threading.Event(), events=fake_events([("error", None, "no such model")])))
+    payload, _ = views.precomputed_payload(PRECOMPUTED, DEFAULT_PRESET, "embedded")
+    for tab, _title in spec.TABS:
+        drawn, view = views.tab_updates(tab, payload, spec.default_columns(), {"compact": False, "drawn": {}},
+                                        views.FigureCache())
+        updates.append({**drawn, "view": view, "run_button": False, "lesson": views.lesson_of(payload)})
+    for update in updates:
+        update.pop("error", None)
+        assert set(page.resolve(update)) <= allowed, sorted(update)

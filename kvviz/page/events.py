@@ -366,7 +366,7 @@ def wire_run(lab: Lab) -> None:
     page["run_button"].click(begin, outputs=[page["run_button"]], queue=False, api_name="begin_run", **PRIVATE).then(
         run_on_page, inputs=[page["pair"], page["query"], page["context"], page["expected"], page["view"], page["chosen"],
                              *page.settings_inputs],
-        outputs=page.outputs(), api_name="run_on_page", concurrency_id=spec.MODEL_QUEUE,
+        outputs=page_run_outputs(page), api_name="run_on_page", concurrency_id=spec.MODEL_QUEUE,
         concurrency_limit=lab.concurrency, **PRIVATE).then(
         finish, outputs=[page["run_button"]], queue=False, api_name="end_run", **PRIVATE)
 
@@ -377,6 +377,26 @@ def wire_run(lab: Lab) -> None:
     page["stop_button"].click(stop_run, api_name="stop", queue=False,
                               cancels=[sweep_event] if sweep_event is not None else None)
     wire_run_api(lab, form)
+
+
+# Every role a live run on the page may send (``page_run_updates``): the run's own, and what any
+# tab draws when it ends (``views.tab_updates``).
+PAGE_RUN_ROLES = ("status", "verdict", "results", "view", "run_button", "lesson", "sweep_plot", "tokens_column", "tokens",
+                  "how", "table", "json")
+
+
+def page_run_outputs(page: Page) -> list:
+    """``run_on_page``'s outputs, in page order: the components a live run may change (its status
+    and strip, every column's card and details, the results, the lesson, the run button, every
+    figure and what a tab draws), not the whole page: each update the run streams costs the
+    server's event loop a fresh component for every output it leaves as it was (Gradio's skip)."""
+    roles: dict = {role: None for role in PAGE_RUN_ROLES}
+    roles.update({"run_button": False, "lesson": "", "tokens_column": {"choices": [], "value": None}})
+    for name in spec.column_names():
+        roles.update({f"{kind}:{name}": "" for kind in ("head", "answer", "stats", "notes", "seen")})
+    roles.update({f"figure:{name}": None for name in page.figures})
+    wanted = set(page.resolve(roles))
+    return [component for component in page.outputs() if component in wanted]
 
 
 def api_outputs(page: Page) -> list:
