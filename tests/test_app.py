@@ -168,6 +168,7 @@ def test_the_run_endpoint_streams_every_output_and_ends_with_the_results(client,
     for outputs in streamed:
         assert len(outputs) == 1 + 3 * len(columns) + len(ui.plot_names()) + 2 and outputs[0]
         assert outputs[1 + 3 * columns.index("kvcomm")] is None and outputs[-1] is None  # not set by this run
+        assert outputs[1 + 3 * len(columns)] is None and outputs[-2]["data"] == []  # no figure, an empty table
     assert final["columns"]["receiver"] == {"answer": "4471", "stats": present.stats_markdown(fake),
                                             "seen": present.seen_text(fake)}
     assert [r["handoff"] for r in final["json"]["results"]] == ["receiver"] and "finished" in final["status"]

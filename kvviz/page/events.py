@@ -417,8 +417,8 @@ def wire_run_api(lab: Lab, form: list) -> None:
         """Run the ticked handoffs live and stream the answers; the last update holds the
         structured results (the JSON output: pair, request, one result per handoff). Each update
         before it holds every output: the status and the answers so far, and None for an output
-        the run has not set yet (``kvviz.page.run.stream_run``: at most every ``STREAM_INTERVAL``
-        seconds, and when a handoff starts or finishes)."""
+        the run has not set yet (the table: an empty one) (``kvviz.page.run.stream_run``: at most
+        every ``STREAM_INTERVAL`` seconds, and when a handoff starts or finishes)."""
         *settings, ticked = rest
         try:
             request, names = request_from_form(lab, pair, query, context, settings, ticked if ticked is not None else spec.default_columns())
