@@ -100,6 +100,10 @@ def test_events_that_wait_together_give_one_update_and_streamed_text_is_throttle
     assert "head:text" not in finished_receiver and "head:kvcomm" not in finished_receiver  # only their text
     assert set(idle) == {"status", "answer:kvcomm"} and idle["answer:kvcomm"] == "44"
     assert columns_of(finished_two) == {"text", "kvcomm"} and "verdict" in finished_two
+    asked = []
+    list(stream_run(live_run(), 1, threading.Event(), batches=lambda *a, idle=None, **k: asked.append(idle) or iter(()),
+                    interval=spec.PAGE_STREAM_INTERVAL))
+    assert asked == [spec.PAGE_STREAM_INTERVAL]  # the page's own run: its own interval
     one_by_one = [event for batch in script for event in batch]
     *_, single_last = stream_run(live_run(), 1, threading.Event(), events=fake_events(one_by_one))
     assert last["verdict"] == single_last["verdict"] and "finished" in last["status"]

@@ -350,7 +350,7 @@ def wire_run(lab: Lab) -> None:
         key = views.preset_matching(query, context)
         run = LiveRun(pair, handoff_request, names, spec.expected_answers(expected),
                       preset(key).subject if key else "The expected answer", key)
-        for update in stream_run(run, lab.workers, stop):
+        for update in stream_run(run, lab.workers, stop, interval=spec.PAGE_STREAM_INTERVAL):
             update.pop("error", None)
             if "results" in update:
                 payload = update["results"]

@@ -103,7 +103,8 @@ def one_event_a_batch(events: Callable[..., Iterator]) -> Callable[..., Iterator
 
 
 def stream_run(run: LiveRun, workers: int, stop: threading.Event, events: Callable[..., Iterator] | None = None,
-               batches: Callable[..., Iterator[list]] = stream_handoff_batches) -> Iterator[dict]:
+               batches: Callable[..., Iterator[list]] = stream_handoff_batches,
+               interval: float | None = None) -> Iterator[dict]:
     """The run's updates, from the first (every column waiting) to the last (with ``results``).
 
     Events come in batches (``kvviz.stream.run_event_batches``: all that waited), and each batch
@@ -111,9 +112,11 @@ def stream_run(run: LiveRun, workers: int, stop: threading.Event, events: Callab
     starts or finishes updates its own card and the strip at once; streamed text (answers, and the
     message a handoff writes first) is sent at most every ``STREAM_INTERVAL`` seconds for all the
     columns together, the latest text of each column that changed (an idle batch sends what was
-    held back). ``events``: a source of single events instead (tests)."""
+    held back). ``interval``: instead of ``STREAM_INTERVAL`` (the page's own run sends less often:
+    each of its updates costs more). ``events``: a source of single events instead (tests)."""
     if events is not None:
         batches = one_event_a_batch(events)
+    interval = STREAM_INTERVAL if interval is None else interval
     run.states = {name: "waiting" for name in run.names}
     first = {**run.status(), **run.verdict()}
     for name in run.names:
@@ -122,7 +125,7 @@ def stream_run(run: LiveRun, workers: int, stop: threading.Event, events: Callab
     held: dict[str, str | None] = {}  # column -> its latest message (None: an answer token), not yet sent
     last_sent = time.perf_counter()
     stopped_early = failed = ""
-    for batch in batches(run.pair, run.request, run.names, workers, stop=stop, idle=STREAM_INTERVAL):
+    for batch in batches(run.pair, run.request, run.names, workers, stop=stop, idle=interval):
         if stop.is_set():
             break
         update: dict = {}
@@ -153,7 +156,7 @@ def stream_run(run: LiveRun, workers: int, stop: threading.Event, events: Callab
                 stopped_early = str(data)
             elif kind == "error":
                 failed = str(data)
-        if held and (now or not batch or time.perf_counter() - last_sent >= STREAM_INTERVAL):  # an idle batch sends
+        if held and (now or not batch or time.perf_counter() - last_sent >= interval):  # an idle batch sends
             for name, message in held.items():
                 update[f"answer:{name}"] = run.partial.get(name, "")
                 if message is not None:
