@@ -1,7 +1,10 @@
 """Run handoffs in worker threads and stream what happens: the engine, for a page.
 
 ``stream_handoffs`` yields events as they happen so that a page can show each answer token by
-token while the handoffs run on a shared pair of models, ``workers`` at a time.
+token while the handoffs run on a shared pair of models, ``workers`` at a time;
+``run_event_batches`` gives the same events in batches, all that waited together (the page sends
+one update per batch: each update costs the server's event loop, which shares the interpreter with
+the model threads).
 
 By default every handoff of a run starts at once (``ALL_AT_ONCE``): the handoffs that decode with
 the same model then share its decode steps (``kvviz.decode``: one batched step streams the weights
