@@ -9,6 +9,7 @@ colour per handoff in every figure.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterable
 
@@ -336,10 +337,21 @@ def layer_figure_handoffs(names: Iterable[str] | None = None) -> list[str]:
     return [handoff.name for handoff in chosen if handoff.figure is not None]
 
 
+@functools.lru_cache(maxsize=None)
+def figure_without_result(handoff: str) -> go.Figure:
+    """A handoff's own figure when it has no result (it says how to get one): the same for every
+    run, so built once per process and shared (do not change it in place; ~20 ms to build each)."""
+    return registry.get(handoff).figure(None)
+
+
 def all_figures(results, names: Iterable[str] | None = None) -> dict[str, go.Figure]:
-    """Each handoff's own figure (keyed by its name) and the latency and bytes figures."""
+    """Each handoff's own figure (keyed by its name) and the latency and bytes figures. A handoff
+    without a result gets ``figure_without_result``, the one object every call shares."""
     results = as_dicts(results)
-    figures = {name: registry.get(name).figure(find(results, name)) for name in layer_figure_handoffs(names)}
+    figures = {}
+    for name in layer_figure_handoffs(names):
+        result = find(results, name)
+        figures[name] = figure_without_result(name) if result is None else registry.get(name).figure(result)
     figures["latency"] = latency_figure(results)
     figures["bytes"] = bytes_figure(results)
     return figures

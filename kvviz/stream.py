@@ -1,7 +1,10 @@
 """Run handoffs in worker threads and stream what happens: the engine, for a page.
 
 ``stream_handoffs`` yields events as they happen so that a page can show each answer token by
-token while the handoffs run on a shared pair of models, ``workers`` at a time.
+token while the handoffs run on a shared pair of models, ``workers`` at a time;
+``run_event_batches`` gives the same events in batches, all that waited together (the page sends
+one update per batch: each update costs the server's event loop, which shares the interpreter with
+the model threads).
 
 By default every handoff of a run starts at once (``ALL_AT_ONCE``): the handoffs that decode with
 the same model then share its decode steps (``kvviz.decode``: one batched step streams the weights
@@ -78,6 +81,19 @@ def stream_handoffs(
         yield from run_events(pair_name, request, names, workers, max_seconds, stop)
 
 
+def stream_handoff_batches(
+    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
+    stop: threading.Event | None = None, idle: float | None = None,
+) -> Iterator[list[tuple[str, str | None, object]]]:
+    """``stream_handoffs`` in batches (``run_event_batches``); on a Space one event a batch (the
+    events cross from the GPU worker one by one)."""
+    if zerogpu.available():
+        for event in gpu_run_events(pair_name, request.to_dict(), list(names), workers, max_seconds):
+            yield [event]
+    else:
+        yield from run_event_batches(pair_name, request, names, workers, max_seconds, stop, idle=idle)
+
+
 def run_events(
     pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
     stop: threading.Event | None = None, loaded: LoadedPair | None = None,
@@ -97,6 +113,24 @@ def run_events(
     ``STOP_POLL_SECONDS`` even while no handoff is producing tokens.
     ``max_seconds`` defaults to the policy's cap (``kvviz.policy``; none locally). ``loaded``: the
     pair already loaded (the speed report), instead of loading ``pair_name``.
+    """
+    batches = run_event_batches(pair_name, request, names, workers, max_seconds, stop, loaded)
+    try:
+        for batch in batches:
+            yield from batch
+    finally:
+        batches.close()  # the workers stop at their next token
+
+
+def run_event_batches(
+    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
+    stop: threading.Event | None = None, loaded: LoadedPair | None = None, idle: float | None = None,
+) -> Iterator[list[tuple[str, str | None, object]]]:
+    """``run_events``'s events in batches, in the same order: each batch holds every event that was
+    waiting when the consumer asked (at least one), so that a consumer that is slower than the
+    models (a page: each update it sends costs the server's event loop) sends one update for many
+    events. ``idle``: also an empty batch after ``idle`` seconds without events (a page sends what
+    it held back). Stopping and closing as ``run_events``.
     """
     names = list(names)
     events: queue.Queue = queue.Queue()
@@ -164,17 +198,34 @@ def run_events(
 
     thread = threading.Thread(target=worker, name="kvviz-run", daemon=True)
     thread.start()
+    waits = [wait for wait in (None if stop is None else STOP_POLL_SECONDS, idle) if wait is not None]
+    quiet_since = time.monotonic()
     try:
         while True:
             try:
-                event = events.get(timeout=None if stop is None else STOP_POLL_SECONDS)
+                batch = [events.get(timeout=min(waits) if waits else None)]
             except queue.Empty:
-                if stop.is_set():
+                if stop is not None and stop.is_set():
                     return
+                if idle is not None and time.monotonic() - quiet_since >= idle:
+                    quiet_since = time.monotonic()
+                    yield []
                 continue
-            if event[0] == "end" or (stop is not None and stop.is_set()):
+            while batch[-1][0] != "end":
+                try:
+                    batch.append(events.get_nowait())
+                except queue.Empty:
+                    break
+            if stop is not None and stop.is_set():
                 return
-            yield event
+            ended = batch[-1][0] == "end"
+            if ended:
+                batch.pop()
+            if batch:
+                yield batch
+            if ended:
+                return
+            quiet_since = time.monotonic()
     finally:
         cancel.set()
 

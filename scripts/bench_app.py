@@ -16,6 +16,13 @@ Measures, with the app served on 127.0.0.1 (random free port) in this process:
    measured total). With ``--crossed both`` the timed runs alternate between recording what crossed
    (``kvviz.crossed``: the page's default) and not (``KVVIZ_RECORD_CROSSED=0``), after a warm-up run
    each way, and the report gives the ratio of their median wall times (issue 22's capture cost).
+   Each timed run also says where this process's CPU went (``cpu``): the threads alive before and
+   after it by name (the server's event loop, Gradio's worker threads, the client's) and the rest,
+   the run's own model threads (issue 20: what the page costs beside the models). ``--stacks N``
+   samples every thread's stack during the timed runs and prints the N busiest; ``--update-costs``
+   times one streamed update in the server's event loop, with no model running.
+
+    python scripts/bench_app.py --no-page-loads --runs 2 --stacks 15 --update-costs   # where the page's time goes
 
     python scripts/bench_app.py --no-page-loads --crossed both --runs 3   # the capture's cost
 """
@@ -28,6 +35,7 @@ import os
 import socket
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -62,15 +70,132 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of this process alive now, by thread name (Linux
+    ``/proc/self/task``; empty elsewhere). The server's event loop is the thread uvicorn runs in."""
+    names = {thread.native_id: thread.name for thread in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[str, float] = {}
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            fields = Path(f"/proc/self/task/{task}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = names.get(int(task), f"native {task}")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def cpu_during(before: dict[str, float], after: dict[str, float], process_seconds: float) -> dict:
+    """Where the process's CPU went during a run: the threads alive at both ends (by name, the
+    busiest first) and the rest (threads that came and went: the run's model threads)."""
+    threads = {name: after[name] - before[name] for name in after if name in before and after[name] - before[name] >= 0.01}
+    threads = dict(sorted(threads.items(), key=lambda item: -item[1]))
+    return {"process_seconds": process_seconds, "threads": threads,
+            "threads_that_came_and_went_seconds": max(0.0, process_seconds - sum(threads.values()))}
+
+
+class StackSampler:
+    """Samples every thread's Python stack (``sys._current_frames``) every ``interval`` seconds
+    while on (``with sampler:``): per thread name, how often it was busy (not waiting on a lock, a
+    queue, a socket or a sleep) and its busiest stacks, each cut to this project's and Gradio's
+    frames (``--stacks``). A thread waiting for the interpreter lock counts as busy where it waits."""
+
+    IDLE = ("wait", "select", "_worker", "get", "acquire", "sleep", "poll", "_wait_for_tstate_lock", "read", "recv",
+            "run_forever", "accept", "readinto")
+
+    def __init__(self, interval: float = 0.005):
+        import collections
+
+        self.interval, self.busy, self.seen = interval, collections.Counter(), collections.Counter()
+        self.stacks = collections.Counter()
+        self.on = threading.Event()
+        threading.Thread(target=self._sample, name="bench-sampler", daemon=True).start()
+
+    def __enter__(self):
+        self.on.set()
+
+    def __exit__(self, *exc):
+        self.on.clear()
+
+    def _sample(self):
+        me = threading.get_ident()
+        while True:
+            self.on.wait()
+            names = {thread.ident: thread.name for thread in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                name = names.get(ident, "?").rstrip("0123456789-_")
+                self.seen[name] += 1
+                if frame.f_code.co_name in self.IDLE:
+                    continue
+                self.busy[name] += 1
+                ours = []
+                while frame is not None:
+                    where = "/".join(frame.f_code.co_filename.split("/")[-2:])
+                    if "kvviz" in where or "gradio" in where or "page/" in where or "scripts/" in where:
+                        ours.append(f"{where}:{frame.f_code.co_name}")
+                    frame = frame.f_back
+                self.stacks[(name, " < ".join(ours[:8]))] += 1
+            time.sleep(self.interval)
+
+    def report(self, top: int) -> dict:
+        return {"busy_samples_by_thread": {name: [self.busy[name], self.seen[name]] for name in self.seen},
+                "top_stacks": [{"thread": name, "samples": count, "stack": stack}
+                               for (name, stack), count in self.stacks.most_common(top)]}
+
+
+def update_costs(demo, repeats: int = 20) -> dict:
+    """Milliseconds the server's event loop spends on one streamed update (``Blocks.postprocess_data``,
+    no model, this process idle otherwise): ``/run`` with 2 of its outputs set and the rest left as
+    they were (Gradio's skip: it builds a fresh component for each), ``/run`` with every output given a
+    value, and the page's run (``run_on_page``) with one output set."""
+    import asyncio
+
+    from gradio.state_holder import SessionState
+
+    fns = {fn.name: fn for fn in (demo.fns.values() if isinstance(demo.fns, dict) else demo.fns)}
+    api, page = fns["run"], fns["run_on_page"]
+    state = SessionState(demo)
+
+    async def timed(fn, update) -> float:
+        started = time.perf_counter()
+        for index in range(repeats):
+            await demo.postprocess_data(fn, update(index), state)
+        return (time.perf_counter() - started) / repeats * 1000
+
+    def every_output(index):
+        values = [None if type(output).__name__ not in ("Textbox", "Markdown", "HTML") else "" for output in api.outputs]
+        values[0] = f"status {index}"
+        return values
+
+    async def measure():
+        return {
+            "run_outputs": len(api.outputs), "page_run_outputs": len(page.outputs),
+            "run_two_set_rest_skipped_ms": await timed(api, lambda i: {api.outputs[0]: f"s{i}", api.outputs[1]: "a" * i}),
+            "run_every_output_given_ms": await timed(api, every_output),
+            "page_run_one_set_rest_skipped_ms": await timed(page, lambda i: {page.outputs[0]: f"s{i}"}),
+        }
+
+    return asyncio.run(measure())
+
+
 def timed_run(client, pair: str, preset, max_new_tokens: int) -> dict:
-    started = time.perf_counter()
+    started, cpu_started, threads_before = time.perf_counter(), time.process_time(), thread_cpu_seconds()
     outputs = client.predict(  # every other setting at the page's defaults
         pair=pair, query=preset.query, context=preset.context or "", max_new_tokens=max_new_tokens, api_name="/run"
     )
     wall = time.perf_counter() - started
+    cpu = cpu_during(threads_before, thread_cpu_seconds(), time.process_time() - cpu_started)
     data = outputs[-1]
     return {
         "wall_seconds": wall,
+        "cpu": cpu,
         "handoffs": {
             r["handoff"]: {
                 "applicable": r["applicable"],
@@ -184,6 +309,10 @@ def main(argv=None) -> int:
     parser.add_argument("--screenshot", default=None, help="after the benchmark, run the page live and save a screenshot here")
     parser.add_argument("--page-only", action="store_true", help="time page loads only (no model is loaded or run)")
     parser.add_argument("--no-page-loads", action="store_true", help="skip the page-load timings (runs only)")
+    parser.add_argument("--stacks", type=int, default=0, metavar="N",
+                        help="sample every thread's stack during the timed runs; print the N busiest stacks")
+    parser.add_argument("--update-costs", action="store_true",
+                        help="time one streamed update in the server's event loop (no model), before the runs")
     parser.add_argument("--crossed", choices=("on", "off", "both"), default="on",
                         help="record what crossed in the timed runs (the page's default), not, or alternate both ways")
     args = parser.parse_args(argv)
@@ -210,6 +339,8 @@ def main(argv=None) -> int:
             report.update(page_load_times(url, args.loads))
         if args.page_only:
             return finish(report, args)
+        if args.update_costs:
+            report["update_costs"] = update_costs(demo)
         client = Client(url, verbose=False)
         preset = PRESETS[0]  # private context: every handoff applies
         ways = ["on", "off"] if args.crossed == "both" else [args.crossed]
@@ -217,10 +348,17 @@ def main(argv=None) -> int:
             with recording(way):
                 timed_run(client, args.pair, preset, args.max_new_tokens)
         runs = {way: [] for way in ways}
+        sampler = StackSampler() if args.stacks else None
         for _ in range(args.runs):  # interleaved, so that the machine's load falls on both alike
             for way in ways:
                 with recording(way):
+                    if sampler is not None:
+                        sampler.on.set()
                     runs[way].append(timed_run(client, args.pair, preset, args.max_new_tokens))
+                    if sampler is not None:
+                        sampler.on.clear()
+        if sampler is not None:
+            report["stacks"] = sampler.report(args.stacks)
         report["warm_runs"] = runs[ways[0]]
         if args.crossed == "both":
             report["crossed_off_runs"] = runs["off"]
@@ -268,12 +406,26 @@ def finish(report: dict, args) -> int:
     walls = [run["wall_seconds"] for run in report["warm_runs"]]
     print(f"warm run of all handoffs through the app: median {statistics.median(walls):.2f} s (runs: "
           + ", ".join(f"{w:.2f}" for w in walls) + ")")
+    cpu = report["warm_runs"][-1]["cpu"]
+    busiest = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in list(cpu["threads"].items())[:3])
+    print(f"  CPU in the last run: {cpu['process_seconds']:.2f} s in all (this process: server and client); "
+          f"{cpu['threads_that_came_and_went_seconds']:.2f} s in the run's own threads (the models); {busiest}")
     last = report["warm_runs"][-1]["handoffs"]
     for name, row in last.items():
         if row["applicable"]:
             print(f"  {name:<9} {row['total_seconds']:.2f} s, {row['generated_tokens']} tokens")
         else:
             print(f"  {name:<9} not applicable: {row['reason'][:90]}")
+    if "update_costs" in report:
+        costs = report["update_costs"]
+        print(f"one streamed update in the event loop: /run ({costs['run_outputs']} outputs) 2 set, the rest skipped "
+              f"{costs['run_two_set_rest_skipped_ms']:.1f} ms; every output given {costs['run_every_output_given_ms']:.1f} ms; "
+              f"the page's run ({costs['page_run_outputs']} outputs) 1 set {costs['page_run_one_set_rest_skipped_ms']:.1f} ms")
+    if "stacks" in report:
+        busy = report["stacks"]["busy_samples_by_thread"]
+        print("busy samples by thread (busy / sampled): " + ", ".join(f"{name} {b}/{n}" for name, (b, n) in busy.items() if b))
+        for row in report["stacks"]["top_stacks"]:
+            print(f"  {row['samples']:6d} {row['thread']}: {row['stack'][:300]}")
     if "crossed_cost" in report:
         cost = report["crossed_cost"]
         offs = [run["wall_seconds"] for run in report["crossed_off_runs"]]

@@ -141,6 +141,40 @@ def test_pair_facts_lists_the_models(client):
     assert "smollm2-135m" in text and "gemma3-270m" in text
 
 
+def test_the_run_endpoint_streams_every_output_and_ends_with_the_results(client, monkeypatch):
+    """``/run`` without a model (a scripted run through the page's ``stream_run``): each update
+    before the last holds every output, the status and the answers so far, None where the run set
+    nothing yet; the last holds every column's answer, stats and seen, every figure and the JSON."""
+    from kvviz.page import events, run as page_run
+
+    monkeypatch.setattr(page_run, "STREAM_INTERVAL", 0.0)
+    fake = {"handoff": "receiver", "applicable": True, "answer": "4471", "timings": {"total": 0.5},
+            "bytes_communicated": 0, "tokens": {"generated": 2}, "seen": {"receiver": "the prompt"}}
+    script = [("start", "receiver", None), ("token", "receiver", "44"), ("token", "receiver", "4471"),
+              ("done", "receiver", fake)]
+
+    def scripted(live, workers, stop):
+        return page_run.stream_run(live, workers, stop, events=lambda *args, **kwargs: iter(script))
+
+    monkeypatch.setattr(events, "stream_run", scripted)
+    job = client.submit(pair="embedded", query="What is the code?", context="It is 4471.", handoffs=["receiver"],
+                        api_name="/run")
+    final = split_run_outputs(job.result(timeout=60))
+    *streamed, _ = job.outputs()
+    columns = ui.column_names()
+    answers = [outputs[1 + 3 * columns.index("receiver")] for outputs in streamed]
+    shown = [answer for answer in answers if answer]
+    assert shown[0] == "44" and shown[-1] == "4471" and set(shown) == {"44", "4471"}  # the answer so far, kept
+    for outputs in streamed:
+        assert len(outputs) == 1 + 3 * len(columns) + len(ui.plot_names()) + 2 and outputs[0]
+        assert outputs[1 + 3 * columns.index("kvcomm")] is None and outputs[-1] is None  # not set by this run
+        assert outputs[1 + 3 * len(columns)] is None and outputs[-2]["data"] == []  # no figure, an empty table
+    assert final["columns"]["receiver"] == {"answer": "4471", "stats": present.stats_markdown(fake),
+                                            "seen": present.seen_text(fake)}
+    assert [r["handoff"] for r in final["json"]["results"]] == ["receiver"] and "finished" in final["status"]
+    assert set(final["plots"]) == set(ui.plot_names())
+
+
 @pytest.mark.integration
 def test_bad_input_gets_a_clear_error(client):
     from gradio_client.exceptions import AppError

@@ -39,11 +39,18 @@ def fake_events(script):
     return events
 
 
+def columns_of(update: dict) -> set[str]:
+    return {role.split(":", 1)[1] for role in update if ":" in role}
+
+
 def live_run() -> LiveRun:
     return LiveRun("embedded", HandoffRequest(query="What is the code?", context="It is 4471."), NAMES, ["4471"], "The code")
 
 
-def test_each_event_updates_only_what_it_changed_and_no_figure_is_built_during_the_run():
+def test_each_event_updates_only_what_it_changed_and_no_figure_is_built_during_the_run(monkeypatch):
+    from kvviz.page import run as page_run
+
+    monkeypatch.setattr(page_run, "STREAM_INTERVAL", 0.0)  # streamed text goes with each event
     script = [("start", "receiver", None), ("token", "receiver", "12"), ("start", "text", None),
               ("message", "text", "The code is"), ("done", "receiver", fake_result("receiver", "12")),
               ("token", "text", "4471"), ("done", "text", fake_result("text", "4471")),
@@ -53,8 +60,7 @@ def test_each_event_updates_only_what_it_changed_and_no_figure_is_built_during_t
     first, *middle, last = updates
     assert {f"head:{name}" for name in NAMES} <= set(first)  # every column says it waits
     for update in middle:
-        columns = {role.split(":", 1)[1] for role in update if ":" in role}
-        assert len(columns) <= 1, update.keys()  # an event touches its own column only
+        assert len(columns_of(update)) <= 1, update.keys()  # an event touches its own column only
     token = next(u for u in middle if "answer:receiver" in u and "head:receiver" not in u)
     assert set(token) == {"status", "answer:receiver"}
     message = next(u for u in middle if "stats:text" in u and "head:text" not in u)
@@ -63,6 +69,46 @@ def test_each_event_updates_only_what_it_changed_and_no_figure_is_built_during_t
     assert {"verdict", "status", "answer:receiver"} <= set(done)
     assert [r["handoff"] for r in last["results"]["results"]] == NAMES
     assert "finished" in last["status"] and "got through by: <b>Text, KVComm</b>" in last["verdict"]
+
+
+def test_events_that_wait_together_give_one_update_and_streamed_text_is_throttled(monkeypatch):
+    """A batch of events (``kvviz.stream.run_event_batches``) gives one update with what they
+    changed; streamed text goes at most every ``STREAM_INTERVAL`` (a start or a finish sends what
+    was held back, as does an idle batch); the last update is the one a run of single events gives."""
+    from kvviz.page import run as page_run
+
+    monkeypatch.setattr(page_run, "STREAM_INTERVAL", 3600.0)  # no streamed text goes for the time alone
+    script = [
+        [("start", "receiver", None), ("start", "text", None), ("start", "kvcomm", None)],
+        [("token", "receiver", "1"), ("message", "text", "The"), ("token", "kvcomm", "4")],  # held back
+        [("token", "receiver", "12"), ("message", "text", "The code")],  # held back, the latest wins
+        [("done", "receiver", fake_result("receiver", "12"))],  # finished: goes at once, with what was held
+        [("token", "kvcomm", "44")],
+        [],  # idle: what was held goes
+        [("done", "text", fake_result("text", "4471")), ("done", "kvcomm", fake_result("kvcomm", "4471"))],
+    ]
+
+    def batches(pair, request, names, workers, stop=None, idle=None):
+        assert idle == page_run.STREAM_INTERVAL
+        yield from script
+
+    first, *middle, last = list(stream_run(live_run(), 1, threading.Event(), batches=batches))
+    starts, finished_receiver, idle, finished_two = middle  # the two batches held back gave no update
+    assert columns_of(starts) == set(NAMES) and all('data-verdict="running"' in starts[f"head:{n}"] for n in NAMES)
+    assert columns_of(finished_receiver) == set(NAMES) and finished_receiver["answer:receiver"] == "12"
+    assert finished_receiver["answer:kvcomm"] == "4" and "The code" in finished_receiver["stats:text"]
+    assert "head:text" not in finished_receiver and "head:kvcomm" not in finished_receiver  # only their text
+    assert set(idle) == {"status", "answer:kvcomm"} and idle["answer:kvcomm"] == "44"
+    assert columns_of(finished_two) == {"text", "kvcomm"} and "verdict" in finished_two
+    asked = []
+    list(stream_run(live_run(), 1, threading.Event(), batches=lambda *a, idle=None, **k: asked.append(idle) or iter(()),
+                    interval=spec.PAGE_STREAM_INTERVAL))
+    assert asked == [spec.PAGE_STREAM_INTERVAL]  # the page's own run: its own interval
+    one_by_one = [event for batch in script for event in batch]
+    *_, single_last = stream_run(live_run(), 1, threading.Event(), events=fake_events(one_by_one))
+    assert last["verdict"] == single_last["verdict"] and "finished" in last["status"]
+    assert {k: v for k, v in last["results"].items() if k != "stamp"} == {
+        k: v for k, v in single_last["results"].items() if k != "stamp"}
 
 
 def test_stop_marks_each_column_finished_stopped_or_not_started():
@@ -204,3 +250,30 @@ def test_each_preset_paints_its_columns_marks_and_lesson(key):
     for name in names:
         assert f'id="kv-mark-{name}"' in updates[f"head:{name}"]
     assert updates["verdict"].count("got through by") == 1 and picked.subject in updates["verdict"]
+
+
+def test_every_component_a_live_run_on_the_page_may_change_is_among_its_outputs():
+    """``run_on_page`` names fewer outputs than the page has (each streamed update costs the server
+    a fresh component per output it skips): every update a run sends, and what any tab draws at its
+    end, still lands on one of them."""
+    from kvviz.page.events import page_run_outputs
+
+    demo = ui.build_demo()
+    page = demo.kvviz_page
+    outputs = page_run_outputs(page)
+    wired = next(fn for fn in (demo.fns.values() if isinstance(demo.fns, dict) else demo.fns) if fn.name == "run_on_page")
+    assert list(wired.outputs) == outputs and len(outputs) < len(page.outputs())
+    allowed = set(outputs)
+    stop = threading.Event()
+    script = [("start", "receiver", None), ("message", "text", "The"), ("token", "receiver", "1"),
+              ("done", "receiver", fake_result("receiver", "12")), ("start", "text", None), stop.set]
+    updates = list(stream_run(live_run(), 1, stop, events=fake_events(script)))
+    updates += list(stream_run(live_run(), 1, threading.Event(), events=fake_events([("error", None, "no such model")])))
+    payload, _ = views.precomputed_payload(PRECOMPUTED, DEFAULT_PRESET, "embedded")
+    for tab, _title in spec.TABS:
+        drawn, view = views.tab_updates(tab, payload, spec.default_columns(), {"compact": False, "drawn": {}},
+                                        views.FigureCache())
+        updates.append({**drawn, "view": view, "run_button": False, "lesson": views.lesson_of(payload)})
+    for update in updates:
+        update.pop("error", None)
+        assert set(page.resolve(update)) <= allowed, sorted(update)

@@ -202,3 +202,13 @@ def test_all_figures_has_each_handoffs_own_figure_and_the_shared_ones():
     assert {"kvcomm", "c2c"} <= set(figures)
     only = plots.all_figures(all_results(), ["receiver", "kvcomm"])
     assert set(only) == {"kvcomm", "latency", "bytes"}
+
+
+def test_a_handoff_without_a_result_gets_the_same_not_run_figure_every_time():
+    """Built once per process (the ``/run`` endpoint sends every column's figure at the end of
+    each run): the figure equals a fresh one and is the same object on the next call."""
+    without_kvcomm = [r for r in all_results() if r["handoff"] != "kvcomm"]
+    first, again = plots.all_figures(without_kvcomm), plots.all_figures([])
+    assert first["kvcomm"] is again["kvcomm"] is plots.figure_without_result("kvcomm")
+    assert first["kvcomm"].to_dict() == registry.get("kvcomm").figure(None).to_dict()
+    assert plots.all_figures(all_results())["kvcomm"] is not first["kvcomm"]  # with a result: its own figure

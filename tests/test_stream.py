@@ -85,3 +85,28 @@ def test_a_handoff_that_writes_a_message_streams_it_before_its_answer(monkeypatc
         if "token" in kinds:
             assert max(i for i, kind in enumerate(kinds) if kind == "message") < kinds.index("token")
     assert not [data for kind, who, data in events if who == "receiver" and kind == "message"]
+
+
+def test_batches_hold_the_same_events_in_order_and_idle_batches_are_empty(monkeypatch):
+    """``run_event_batches`` (what the page reads): the events of ``run_events`` grouped as they
+    waited, each batch non-empty but for the idle ones asked for, every handoff's answer the same."""
+    from kvviz.stream import run_event_batches
+
+    pair = tiny_pair("gemma")
+    monkeypatch.setattr(engine, "load_pair", lambda name, progress=None: pair)
+    request = HandoffRequest(
+        query="What is the secret code word?", context="The secret code word is pineapple.",
+        generation=GenerationSettings(max_new_tokens=6),
+    )
+    names = ["receiver", "text", "skyline"]
+    batches = list(run_event_batches("tiny", request, names, ALL_AT_ONCE, idle=0.001))
+    events = [event for batch in batches for event in batch]
+    assert all(batch for batch in batches[:1]) and not [e for e in events if e[0] in ("end", "error")]
+    done = {name: data["answer"] for kind, name, data in events if kind == "done"}
+    alone = {name: data["answer"] for kind, name, data in stream_handoffs("tiny", request, names, 1) if kind == "done"}
+    assert done == alone and sorted(done) == sorted(names)
+    for name in names:  # each handoff's own events in order: start, then tokens, then done
+        kinds = [kind for kind, who, _ in events if who == name]
+        assert kinds[0] == "start" and kinds.index("done") == len(kinds) - 1 - kinds[::-1].index("done")
+    without_idle = list(run_event_batches("tiny", request, names, ALL_AT_ONCE))
+    assert all(without_idle)  # no empty batch unless asked for

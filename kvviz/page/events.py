@@ -351,7 +351,7 @@ def wire_run(lab: Lab) -> None:
         key = views.preset_matching(query, context)
         run = LiveRun(pair, handoff_request, names, spec.expected_answers(expected),
                       preset(key).subject if key else "The expected answer", key)
-        for update in stream_run(run, lab.workers, stop):
+        for update in stream_run(run, lab.workers, stop, interval=spec.PAGE_STREAM_INTERVAL):
             update.pop("error", None)
             if "results" in update:
                 payload = update["results"]
@@ -367,7 +367,7 @@ def wire_run(lab: Lab) -> None:
     page["run_button"].click(begin, outputs=[page["run_button"]], queue=False, api_name="begin_run", **PRIVATE).then(
         run_on_page, inputs=[page["pair"], page["query"], page["context"], page["expected"], page["view"], page["chosen"],
                              *page.settings_inputs],
-        outputs=page.outputs(), api_name="run_on_page", concurrency_id=spec.MODEL_QUEUE,
+        outputs=page_run_outputs(page), api_name="run_on_page", concurrency_id=spec.MODEL_QUEUE,
         concurrency_limit=lab.concurrency, **PRIVATE).then(
         finish, outputs=[page["run_button"]], queue=False, api_name="end_run", **PRIVATE)
 
@@ -378,6 +378,26 @@ def wire_run(lab: Lab) -> None:
     page["stop_button"].click(stop_run, api_name="stop", queue=False,
                               cancels=[sweep_event] if sweep_event is not None else None)
     wire_run_api(lab, form)
+
+
+# Every role a live run on the page may send (``page_run_updates``): the run's own, and what any
+# tab draws when it ends (``views.tab_updates``).
+PAGE_RUN_ROLES = ("status", "verdict", "results", "view", "run_button", "lesson", "sweep_plot", "tokens_column", "tokens",
+                  "how", "table", "json")
+
+
+def page_run_outputs(page: Page) -> list:
+    """``run_on_page``'s outputs, in page order: the components a live run may change (its status
+    and strip, every column's card and details, the results, the lesson, the run button, every
+    figure and what a tab draws), not the whole page: each update the run streams costs the
+    server's event loop a fresh component for every output it leaves as it was (Gradio's skip)."""
+    roles: dict = {role: None for role in PAGE_RUN_ROLES}
+    roles.update({"run_button": False, "lesson": "", "tokens_column": {"choices": [], "value": None}})
+    for name in spec.column_names():
+        roles.update({f"{kind}:{name}": "" for kind in ("head", "answer", "stats", "notes", "seen")})
+    roles.update({f"figure:{name}": None for name in page.figures})
+    wanted = set(page.resolve(roles))
+    return [component for component in page.outputs() if component in wanted]
 
 
 def api_outputs(page: Page) -> list:
@@ -396,19 +416,25 @@ def wire_run_api(lab: Lab, form: list) -> None:
 
     def run(pair, query, context, *rest):
         """Run the ticked handoffs live and stream the answers; the last update holds the
-        structured results (the JSON output: pair, request, one result per handoff)."""
+        structured results (the JSON output: pair, request, one result per handoff). Each update
+        before it holds every output: the status and the answers so far, and None for an output
+        the run has not set yet (the table: an empty one) (``kvviz.page.run.stream_run``: at most
+        every ``STREAM_INTERVAL`` seconds, and when a handoff starts or finishes)."""
         *settings, ticked = rest
         try:
             request, names = request_from_form(lab, pair, query, context, settings, ticked if ticked is not None else spec.default_columns())
         except ValueError as error:
             raise gr.Error(str(error)) from error
         live = LiveRun(pair, request, names, [], "The answer")
+        streamed = {output: None for output in outputs}  # what each output holds so far (None: nothing yet)
         for update in stream_run(live, lab.workers, threading.Event()):  # an API call stops when its client leaves
             if update.get("error"):
                 raise gr.Error(f"The run failed: {update['error']}")
             if "results" not in update:
-                yield {page.cards[name].answer: update[f"answer:{name}"] for name in names if f"answer:{name}" in update} | (
+                changed = {page.cards[name].answer: update[f"answer:{name}"] for name in names if f"answer:{name}" in update} | (
                     {page["status"]: update["status"]} if "status" in update else {})
+                streamed.update(changed)
+                yield list(streamed.values())  # a value for every output: Gradio builds a component per skipped one
                 continue
             payload = update["results"]
             found, figures = views.results_by_name(payload), plots.all_figures(payload["results"], spec.column_names())

@@ -3,7 +3,9 @@
 
 What each event of ``kvviz.stream`` changes, and nothing more (issue 20): a token updates its
 column's answer and the status line; a message being written updates its column's line; a
-finished handoff updates its own card and the verdict strip; figures are not built here at all
+finished handoff updates its own card and the verdict strip. The events that waited together give
+one update (each update the server sends costs its event loop, which shares the interpreter with
+the models), and streamed text goes at most every ``STREAM_INTERVAL``; figures are not built here at all
 (the page builds the tab in view from the final results). The last update holds ``results`` (the
 payload) and says how the run ended: finished, stopped by the user (each column finished, stopped
 or not started), out of time, or failed.
@@ -21,7 +23,7 @@ from kvviz.handoffs import registry
 from kvviz.page import views
 from kvviz.page.spec import STREAM_INTERVAL
 from kvviz.results import HandoffRequest
-from kvviz.stream import stream_handoffs
+from kvviz.stream import stream_handoff_batches
 
 
 class StopFlags:
@@ -94,47 +96,81 @@ class LiveRun:
 FINISHED_FIELDS = {"lens": "logit_lens", "change": "token_change"}
 
 
-def stream_run(run: LiveRun, workers: int, stop: threading.Event,
-               events: Callable[..., Iterator] = stream_handoffs) -> Iterator[dict]:
-    """The run's updates, from the first (every column waiting) to the last (with ``results``)."""
+def one_event_a_batch(events: Callable[..., Iterator]) -> Callable[..., Iterator[list]]:
+    """A source of single events (``kvviz.stream.stream_handoffs``'s form) as one of batches."""
+
+    def batches(pair, request, names, workers, stop=None, idle=None):
+        for event in events(pair, request, names, workers, stop=stop):
+            yield [event]
+
+    return batches
+
+
+def stream_run(run: LiveRun, workers: int, stop: threading.Event, events: Callable[..., Iterator] | None = None,
+               batches: Callable[..., Iterator[list]] = stream_handoff_batches,
+               interval: float | None = None) -> Iterator[dict]:
+    """The run's updates, from the first (every column waiting) to the last (with ``results``).
+
+    Events come in batches (``kvviz.stream.run_event_batches``: all that waited), and each batch
+    gives at most one update, holding what its events changed and nothing else: a column that
+    starts or finishes updates its own card and the strip at once; streamed text (answers, and the
+    message a handoff writes first) is sent at most every ``STREAM_INTERVAL`` seconds for all the
+    columns together, the latest text of each column that changed (an idle batch sends what was
+    held back). ``interval``: instead of ``STREAM_INTERVAL`` (the page's own run sends less often:
+    each of its updates costs more). ``events``: a source of single events instead (tests)."""
+    if events is not None:
+        batches = one_event_a_batch(events)
+    interval = STREAM_INTERVAL if interval is None else interval
     run.states = {name: "waiting" for name in run.names}
     first = {**run.status(), **run.verdict()}
     for name in run.names:
         first.update(views.card(name, None, run.answers, "waiting"))
     yield first
-    last_sent: dict[str, float] = {}  # per column: each streams at most every STREAM_INTERVAL
+    held: dict[str, str | None] = {}  # column -> its latest message (None: an answer token), not yet sent
+    last_sent = time.perf_counter()
     stopped_early = failed = ""
-    for kind, name, data in events(run.pair, run.request, run.names, workers, stop=stop):
+    for batch in batches(run.pair, run.request, run.names, workers, stop=stop, idle=interval):
         if stop.is_set():
             break
-        if kind == "status":
-            run.log = str(data)
-            yield run.status()
-        elif kind == "start":
-            run.states[name] = "running"
-            run.partial[name] = ""
-            run.log = f"running {registry.title_of(name)} …"
-            yield {**run.status(), **views.card(name, None, run.answers, "running", ""), **run.verdict()}
-        elif kind in ("token", "message"):
-            if kind == "token":
+        update: dict = {}
+        now = False  # whether this batch's update goes at once (a column started or finished, a status line)
+        for kind, name, data in batch:
+            if kind == "status":
+                run.log, now = str(data), True
+            elif kind == "start":
+                run.states[name] = "running"
+                run.partial[name] = ""
+                run.log, now = f"running {registry.title_of(name)} …", True
+                update.update(views.card(name, None, run.answers, "running", ""))
+            elif kind == "token":
                 run.partial[name] = data
-            if time.perf_counter() - last_sent.get(name, 0.0) >= STREAM_INTERVAL:
-                last_sent[name] = time.perf_counter()
-                update = {**run.status(), f"answer:{name}": run.partial.get(name, "")}
-                if kind == "message":
-                    update[f"stats:{name}"] = present.card_stats(None, message=data)
-                yield update
-        elif kind == "done":
-            run.results[name] = data
-            run.states.pop(name, None)
-            run.partial.pop(name, None)
-            yield {**run.status(), **views.card(name, data, run.answers), **run.verdict()}
-        elif kind in FINISHED_FIELDS and name in run.results:  # what crossed, after every handoff
-            run.results[name] = {**run.results[name], FINISHED_FIELDS[kind]: data}
-        elif kind == "stopped":
-            stopped_early = str(data)
-        elif kind == "error":
-            failed = str(data)
+                held.setdefault(name, None)
+            elif kind == "message":
+                held[name] = str(data)
+            elif kind == "done":
+                run.results[name] = data
+                run.states.pop(name, None)
+                run.partial.pop(name, None)
+                held.pop(name, None)
+                now = True
+                update.update(views.card(name, data, run.answers))
+            elif kind in FINISHED_FIELDS and name in run.results:  # what crossed, after every handoff
+                run.results[name] = {**run.results[name], FINISHED_FIELDS[kind]: data}
+            elif kind == "stopped":
+                stopped_early = str(data)
+            elif kind == "error":
+                failed = str(data)
+        if held and (now or not batch or time.perf_counter() - last_sent >= interval):  # an idle batch sends
+            for name, message in held.items():
+                update[f"answer:{name}"] = run.partial.get(name, "")
+                if message is not None:
+                    update[f"stats:{name}"] = present.card_stats(None, message=message)
+            held.clear()
+            last_sent = time.perf_counter()
+        if now:
+            update.update(run.verdict())
+        if update or now:
+            yield {**run.status(), **update}
     yield final_update(run, workers, stopped_by_user=stop.is_set(), out_of_time=stopped_early, failed=failed)
 
 
