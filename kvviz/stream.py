@@ -102,8 +102,8 @@ def run_events(
     ``(kind, name, data)`` events: ``status`` (a progress line), ``start``, ``message`` (the message
     so far, from a handoff that writes one before its answer), ``token`` (answer so far), ``done`` (result
     dict), ``stopped`` (the run reached ``max_seconds``: why; the handoffs not done did not run),
-    ``error`` (a message: the run could not start), ``lens`` (a result's ``logit_lens``) and ``change`` (its ``token_change``), after every
-    handoff is done (``engine.finish_crossed``).
+    ``error`` (a message: the run could not start), ``lens`` (a result's ``logit_lens``) and ``change``
+    (its ``token_change``), after every handoff is done (``engine.finish_crossed``).
 
     Handoffs that cannot run on this pair or request are ``done`` at once, before any model runs,
     so that their columns never wait behind the others.
@@ -122,6 +122,79 @@ def run_events(
         batches.close()  # the workers stop at their next token
 
 
+class _RunWorker:
+    """One run's worker thread (``run_event_batches``): it loads the pair, runs the handoffs in a
+    pool, finishes what crossed, and puts every event on ``events``, then ``("end", None, None)``."""
+
+    def __init__(self, pair_name: str, request: HandoffRequest, names: list[str], workers: int,
+                 max_seconds: float | None, loaded: LoadedPair | None):
+        self.pair_name, self.request, self.names, self.workers, self.loaded = pair_name, request, names, workers, loaded
+        self.events: queue.Queue = queue.Queue()
+        self.cancel = threading.Event()
+        self.max_seconds = policy.caps().max_run_seconds if max_seconds is None else max_seconds
+        self.deadline = None if self.max_seconds is None else time.monotonic() + self.max_seconds
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def check_stop(self) -> None:
+        if self.out_of_time():
+            self.cancel.set()  # the handoffs still waiting do not start
+        if self.cancel.is_set():
+            raise Cancelled()
+
+    def put(self, kind: str, name: str | None, data) -> None:
+        self.events.put((kind, name, data))
+
+    def run(self) -> None:
+        try:
+            pair = self.loaded
+            if pair is None:
+                self.put("status", None, f"Loading the pair '{self.pair_name}' (once per server) ...")
+                pair = engine.load_pair(self.pair_name, progress=lambda message: self.put("status", None, str(message)))
+            engine.check_fits(pair, self.request)
+            runnable = []
+            for name in self.names:
+                refused = engine.not_applicable(name, pair, self.request)
+                if refused is None:
+                    runnable.append(name)
+                else:
+                    self.put("done", name, refused.to_dict())
+            size = len(runnable) if self.workers <= ALL_AT_ONCE else self.workers
+            # one run: a prompt that several handoffs read is read once (each thread gets the run's context)
+            with (shared_prompts(), crossed.one_lens_pass() as lenses,
+                  ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix="kvviz-handoff") as pool):
+                futures = [pool.submit(contextvars.copy_context().run, self.run_one, pair, name) for name in runnable]
+                for future in futures:
+                    future.result()  # re-raises a handoff's unexpected error (or a stop) here
+                for event in engine.finish_crossed(lenses):
+                    self.events.put(event)
+        except Cancelled:
+            if self.out_of_time():
+                self.put("stopped", None, f"Stopped: this server allows {self.max_seconds or 0:g} s per run; the "
+                                          "handoffs not finished did not run.")
+        except Exception as error:  # shown to the user; the server keeps running
+            said = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+            self.put("error", None, said)
+        finally:
+            self.put("end", None, None)
+
+    def run_one(self, pair: LoadedPair, name: str) -> None:
+        self.check_stop()
+        self.put("start", name, None)
+
+        def on_token(text):
+            self.check_stop()
+            self.put("token", name, text)
+
+        def on_message(text):
+            self.check_stop()
+            self.put("message", name, text)
+
+        result = engine.run_handoff(name, pair, self.request, on_token=on_token, on_message=on_message)
+        self.put("done", name, result.to_dict())
+
+
 def run_event_batches(
     pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
     stop: threading.Event | None = None, loaded: LoadedPair | None = None, idle: float | None = None,
@@ -132,72 +205,9 @@ def run_event_batches(
     events. ``idle``: also an empty batch after ``idle`` seconds without events (a page sends what
     it held back). Stopping and closing as ``run_events``.
     """
-    names = list(names)
-    events: queue.Queue = queue.Queue()
-    cancel = threading.Event()
-    max_seconds = policy.caps().max_run_seconds if max_seconds is None else max_seconds
-    deadline = None if max_seconds is None else time.monotonic() + max_seconds
-    out_of_time = f"Stopped: this server allows {max_seconds or 0:g} s per run; the handoffs not finished did not run."
-
-    def out_of_time_now() -> bool:
-        return deadline is not None and time.monotonic() > deadline
-
-    def check_stop():
-        if out_of_time_now():
-            cancel.set()  # the handoffs still waiting do not start
-        if cancel.is_set():
-            raise Cancelled()
-
-    def worker():
-        try:
-            pair = loaded
-            if pair is None:
-                events.put(("status", None, f"Loading the pair '{pair_name}' (once per server) ..."))
-                pair = engine.load_pair(pair_name, progress=lambda message: events.put(("status", None, str(message))))
-            engine.check_fits(pair, request)
-            runnable = []
-            for name in names:
-                refused = engine.not_applicable(name, pair, request)
-                if refused is None:
-                    runnable.append(name)
-                else:
-                    events.put(("done", name, refused.to_dict()))
-
-            def run_one(name):
-                check_stop()
-                events.put(("start", name, None))
-
-                def on_token(text):
-                    check_stop()
-                    events.put(("token", name, text))
-
-                def on_message(text):
-                    check_stop()
-                    events.put(("message", name, text))
-
-                result = engine.run_handoff(name, pair, request, on_token=on_token, on_message=on_message)
-                events.put(("done", name, result.to_dict()))
-
-            size = len(runnable) if workers <= ALL_AT_ONCE else workers
-            # one run: a prompt that several handoffs read is read once (each thread gets the run's context)
-            with (shared_prompts(), crossed.one_lens_pass() as lenses,
-                  ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix="kvviz-handoff") as pool):
-                futures = [pool.submit(contextvars.copy_context().run, run_one, name) for name in runnable]
-                for future in futures:
-                    future.result()  # re-raises a handoff's unexpected error (or a stop) here
-                for event in engine.finish_crossed(lenses):
-                    events.put(event)
-        except Cancelled:
-            if out_of_time_now():
-                events.put(("stopped", None, out_of_time))
-        except Exception as error:  # shown to the user; the server keeps running
-            said = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
-            events.put(("error", None, said))
-        finally:
-            events.put(("end", None, None))
-
-    thread = threading.Thread(target=worker, name="kvviz-run", daemon=True)
-    thread.start()
+    run = _RunWorker(pair_name, request, list(names), workers, max_seconds, loaded)
+    events = run.events
+    threading.Thread(target=run.run, name="kvviz-run", daemon=True).start()
     waits = [wait for wait in (None if stop is None else STOP_POLL_SECONDS, idle) if wait is not None]
     quiet_since = time.monotonic()
     try:
@@ -227,7 +237,7 @@ def run_event_batches(
                 return
             quiet_since = time.monotonic()
     finally:
-        cancel.set()
+        run.cancel.set()
 
 
 # --- on a ZeroGPU Space: the same run inside @spaces.GPU, plain data in and out ------------------
