@@ -144,7 +144,16 @@ def run_and_wait(page) -> None:
         ) from None
 
 
+# Gradio's status tracker while an event of the page is queued or running ("queue: 1/1 | 0.8s",
+# "processing | 0.5s", "0.1s"): transparent with show_progress="hidden", and gone when it is done.
+EVENTS_PENDING_JS = r"""() => [...document.querySelectorAll('body *')].some(e => e.childElementCount === 0
+  && /^(queue:|processing\b|\d+(\.\d+)?(\/\d+(\.\d+)?)?s$)/.test((e.textContent || '').trim()))"""
+
+
 def low_contrast(page) -> list[dict]:
+    """The texts under MIN_CONTRAST once the page's events are done (a pending event's tracker is not
+    text a learner reads)."""
+    page.wait_for_function(f"() => !({EVENTS_PENDING_JS})()", timeout=30_000)
     return [t for t in page.evaluate(CONTRAST_JS) if t["ratio"] < MIN_CONTRAST]
 
 
