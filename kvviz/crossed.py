@@ -36,6 +36,7 @@ scheme for every handoff:
 from __future__ import annotations
 
 import contextvars
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -46,8 +47,8 @@ MAX_CHANGE_TOKENS = 16  # answer tokens scored against the control (the first on
 DIGITS = 3  # decimals of the stored attention probabilities (JSON size)
 
 _current: contextvars.ContextVar["Inspection | None"] = contextvars.ContextVar("kvviz_inspection", default=None)
-# Inside ``one_lens_pass`` (one run of several handoffs): the lenses waiting for their head pass.
-_pending: contextvars.ContextVar["list | None"] = contextvars.ContextVar("kvviz_pending_lenses", default=None)
+# Inside ``one_run`` (one run of several handoffs): what the run recorded (``RunRecords``).
+_run: contextvars.ContextVar["RunRecords | None"] = contextvars.ContextVar("kvviz_run_records", default=None)
 
 
 @dataclass
@@ -259,48 +260,42 @@ def change_record(inspection: Inspection, control: str, control_title: str, own:
     }
 
 
+class RunRecords:
+    """What one run of several handoffs recorded (``one_run``): (result, inspection) for each
+    recorded result, added as each handoff finishes (from its own thread)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.entries: list[tuple] = []
+
+    def add(self, result, inspection: Inspection) -> list[tuple]:
+        """Add a finished result; returns every entry so far, this one included (under one lock, so
+        that of two handoffs finishing together exactly one sees the other)."""
+        with self._lock:
+            self.entries.append((result, inspection))
+            return list(self.entries)
+
+
 @contextmanager
-def one_lens_pass():
-    """One run of several handoffs: inside it, each result's logit lens waits, and ``finish_lenses``
-    computes them all with one pass of each receiver's output head (the lens is one pass of the
-    head per handoff otherwise: most of what recording costs, ``research/crossed_cost.py``)."""
-    token = _pending.set([])
+def one_run():
+    """One run of several handoffs (their threads started with a copy of this context): inside it,
+    each recorded result joins the run's ``RunRecords`` (``kvviz.engine`` scores a handoff against its
+    control as soon as both have finished, in the thread that finished second)."""
+    token = _run.set(RunRecords())
     try:
-        yield _pending.get()
+        yield _run.get()
     finally:
-        _pending.reset(token)
+        _run.reset(token)
 
 
-def finish_lenses(pending: list) -> list[tuple[str, dict]]:
-    """Compute the waiting lenses (``one_lens_pass``), writing each on its result; returns
-    (handoff, logit_lens) for each. The rows of all the results that one model wrote go through
-    its head together (the same products as alone, up to float rounding: a kernel's last bits
-    depend on how many rows it is given)."""
-    done = []
-    by_model: dict[int, list] = {}
-    for result, inspection in pending:
-        by_model.setdefault(id(inspection.model), []).append((result, inspection))
-    for group in by_model.values():
-        head = group[0][1].model.head
-        tokens = [lens_tokens(inspection) for _, inspection in group]
-        width = max(len(t) for t in tokens)
-        table = torch.cat([torch.tensor(t + [t[0]] * (width - len(t)))[None].expand(inspection.lens_hidden.shape[0], -1)
-                           for t, (_, inspection) in zip(tokens, group)])
-        probabilities = head.log_probability_table(torch.cat([i.lens_hidden for _, i in group]), table).exp()
-        start = 0
-        for (result, inspection), own in zip(group, tokens):
-            rows = inspection.lens_hidden.shape[0]
-            result.logit_lens = lens_record(inspection, own, probabilities[start : start + rows, : len(own)])
-            start += rows
-            done.append((result.handoff, result.logit_lens))
-    pending.clear()
-    return done
+def this_run() -> RunRecords | None:
+    return _run.get()
 
 
 def attach(result, inspection: Inspection | None, nothing_sent: str) -> None:
-    """Write ``token_attention`` and ``logit_lens`` on a result (an applicable one); where no
-    receiver's answer was recorded, only a ``token_attention`` that says nothing was sent. Inside
-    ``one_lens_pass`` the lens is left for ``finish_lenses``."""
+    """Write ``token_attention`` and ``logit_lens`` on a result (an applicable one), in the thread
+    that ran it; where no receiver's answer was recorded, only a ``token_attention`` that says
+    nothing was sent."""
     if inspection is None or not result.applicable:
         return
     if inspection.model is None:  # no receiver wrote this answer (the sharer alone)
@@ -308,8 +303,4 @@ def attach(result, inspection: Inspection | None, nothing_sent: str) -> None:
                                   "alone; its own prompt is not recorded)", "answer_tokens": [], "attention": []}
         return
     result.token_attention = token_attention(inspection, nothing_sent)
-    pending = _pending.get()
-    if pending is None:
-        result.logit_lens = logit_lens(inspection)
-    else:
-        pending.append((result, inspection))
+    result.logit_lens = logit_lens(inspection)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import traceback
 
 from kvviz import crossed, limits
@@ -11,6 +12,8 @@ from kvviz.handoffs.common import TokenCallback
 from kvviz.measure import PeakGpuMemory
 from kvviz.models import LoadedPair, load_model, resolve_pair
 from kvviz.results import HandoffRequest, HandoffResult
+
+LOG = logging.getLogger("kvviz.engine")
 
 
 def load_pair(pair_name, device: str | None = None, dtype=None, progress=print) -> LoadedPair:
@@ -63,6 +66,10 @@ def run_handoff(
             streams = {"on_message": on_message} if handoff.streams_message and on_message is not None else {}
             result = handoff.run(pair, request, on_token=on_token, **streams)
         crossed.attach(result, inspection, NOTHING_SENT)
+        try:
+            score_against_controls(result, inspection)
+        except Exception:  # noqa: BLE001 (the answer stands without its token-by-token comparison)
+            LOG.exception("scoring %s against its control failed", name)
         if memory.peak_bytes:
             result.details["peak_gpu_memory_bytes"] = memory.peak_bytes
         if result.applicable:
@@ -92,44 +99,45 @@ def check_fits(pair: LoadedPair, request: HandoffRequest) -> None:
 
 
 def run_handoffs(names, pair: LoadedPair, request: HandoffRequest) -> list[HandoffResult]:
-    """The handoffs one after another, as one run (a prompt that several read is read once; what
-    crossed is finished once for the run, ``finish_crossed``)."""
+    """The handoffs one after another, as one run (a prompt that several read is read once; each
+    answer is scored against its control where both ran, ``score_against_controls``)."""
     names = parse_handoffs(names)
     check_fits(pair, request)
-    with shared_prompts(), crossed.one_lens_pass() as pending:
+    with shared_prompts(), crossed.one_run() as records:
         results = [run_handoff(name, pair, request) for name in names]
-        finish_crossed(pending)
+        finish_crossed(records)
     return results
 
 
-def finish_crossed(pending: list) -> list[tuple[str, str, dict]]:
-    """After every handoff of a run that recorded what crossed (``crossed.one_lens_pass``): each
-    answer scored against its control where both ran (``token_changes``), then the logit lenses
-    in one pass of each receiver's head. Writes the fields on the results; returns the events
-    ``("change", handoff, token_change)`` and ``("lens", handoff, logit_lens)``."""
-    events = [("change", name, change) for name, change in token_changes(pending)]
-    return events + [("lens", name, lens) for name, lens in crossed.finish_lenses(pending)]
+def score_against_controls(result: HandoffResult, inspection) -> None:
+    """Inside a run that records what crossed (``crossed.one_run``), as ``result`` finishes: every
+    pair it completes (it and its control, or a handoff it is the control of, both recorded on one
+    receiver) gets its ``token_change``, in this thread: the method's answer scored as its decode
+    chose it and, teacher-forced, on the control's prompt (``decode.answer_logprobs``)."""
+    records = crossed.this_run()
+    if records is None or inspection is None or inspection.prompt is None:
+        return
+    recorded = {r.handoff: (r, i) for r, i in records.add(result, inspection)}
+    name = result.handoff
+    for method, control in [(name, registry.control_of(name)), *((m, name) for m in registry.controlled_by(name))]:
+        if method not in recorded or control not in recorded:
+            continue
+        (method_result, mine), (_, theirs) = recorded[method], recorded[control]
+        if not mine.answer_ids or theirs.model is not mine.model:
+            continue
+        ids = mine.answer_ids[: crossed.MAX_CHANGE_TOKENS]
+        own = mine.model.head.log_probabilities(mine.chose[: len(ids)], ids)
+        under_control = answer_logprobs(mine.model, *theirs.prompt, ids)
+        method_result.token_change = crossed.change_record(mine, control, registry.title_of(control), own, under_control)
 
 
-def token_changes(pending: list) -> list[tuple[str, dict]]:
-    """For each recorded result whose control (``Handoff.control``) was recorded in the same run on
-    the same receiver: its answer's first tokens scored as its decode chose them and, teacher-forced,
-    on the control's prompt (``decode.answer_logprobs``), written as ``result.token_change``. The prompts kept for this are
-    dropped afterwards. Returns (handoff, token_change) for each."""
-    recorded = {result.handoff: (result, inspection) for result, inspection in pending if inspection.prompt is not None}
-    done = []
-    for name, (result, inspection) in recorded.items():
-        control = registry.control_of(name)
-        if control not in recorded or not inspection.answer_ids:
-            continue
-        other = recorded[control][1]
-        if other.model is not inspection.model:
-            continue
-        ids = inspection.answer_ids[: crossed.MAX_CHANGE_TOKENS]
-        own = inspection.model.head.log_probabilities(inspection.chose[: len(ids)], ids)  # as the answer chose them
-        under_control = answer_logprobs(inspection.model, *other.prompt, ids)
-        result.token_change = crossed.change_record(inspection, control, registry.title_of(control), own, under_control)
-        done.append((name, result.token_change))
-    for _, inspection in pending:
+def finish_crossed(records: crossed.RunRecords) -> list[tuple[str, str, dict]]:
+    """After every handoff of a run that recorded what crossed: the events ``("change", handoff,
+    token_change)`` for each scored answer (a method that finished before its control got its
+    score after its ``done``) and ``("lens", handoff, logit_lens)`` for each recorded result; the
+    prompts kept for scoring are dropped."""
+    events = [("change", r.handoff, r.token_change) for r, _ in records.entries if r.token_change]
+    events += [("lens", r.handoff, r.logit_lens) for r, _ in records.entries if r.logit_lens]
+    for _, inspection in records.entries:
         inspection.prompt = inspection.chose = None
-    return done
+    return events

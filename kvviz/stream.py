@@ -162,12 +162,12 @@ class _RunWorker:
                     self.put("done", name, refused.to_dict())
             size = len(runnable) if self.workers <= ALL_AT_ONCE else self.workers
             # one run: a prompt that several handoffs read is read once (each thread gets the run's context)
-            with (shared_prompts(), crossed.one_lens_pass() as lenses,
+            with (shared_prompts(), crossed.one_run() as records,
                   ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix="kvviz-handoff") as pool):
                 futures = [pool.submit(contextvars.copy_context().run, self.run_one, pair, name) for name in runnable]
                 for future in futures:
                     future.result()  # re-raises a handoff's unexpected error (or a stop) here
-                for event in engine.finish_crossed(lenses):
+                for event in engine.finish_crossed(records):
                     self.events.put(event)
         except Cancelled:
             if self.out_of_time():

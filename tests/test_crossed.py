@@ -145,7 +145,7 @@ def test_the_sharer_alone_says_nothing_was_sent(pair):
     assert result.token_attention["nothing_sent"] and result.token_attention["attention"] == []
 
 
-def test_a_runs_lenses_in_one_head_pass_equal_each_handoffs_own(pair):
+def test_a_runs_lenses_equal_each_handoffs_own(pair):
     from kvviz.engine import run_handoffs
 
     together = run_handoffs(["skyline", "kvcomm", "receiver"], pair, request({"gold": "pineapple"}))
