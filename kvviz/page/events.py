@@ -15,7 +15,7 @@ import json
 import logging
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gradio as gr
 
@@ -44,6 +44,10 @@ class Lab:
     steps: list[spec.WalkStep]
     cache: views.FigureCache
     flags: StopFlags
+    # the events after which the page may show other results (a preset, a live run, a link): Compare
+    # two remembers the results after each (``wire_compare``; a change listener on the results would
+    # make Gradio hash them before and after every streamed update)
+    result_events: list = field(default_factory=list)
 
     def preset_view(self, key: str, view: dict) -> dict:
         """Everything a preset changes: the form, the ticks, the cards, the strip, the lesson, the
@@ -102,9 +106,10 @@ def wire_load(lab: Lab) -> None:
         return resolved(page, on_load)(width, payload, names, view, params)
 
     # a permalink may set the handoffs' options too: only this event writes their widgets
-    page.demo.load(load_with_link, inputs=[page["viewport"], page["results"], page["chosen"], page["view"]],
-                   outputs=page.outputs() + list(page.option_inputs), js="(width, ...rest) => [window.innerWidth, ...rest]", api_name="on_load",
-                   **PRIVATE)
+    loaded = page.demo.load(load_with_link, inputs=[page["viewport"], page["results"], page["chosen"], page["view"]],
+                            outputs=page.outputs() + list(page.option_inputs),
+                            js="(width, ...rest) => [window.innerWidth, ...rest]", api_name="on_load", **PRIVATE)
+    lab.result_events.append(loaded)
 
 
 def restored(lab: Lab, link: dict, payload: dict, names: list[str], view: dict) -> tuple[dict, dict, list[str], dict]:
@@ -175,8 +180,9 @@ COPY_LINK_JS = """
 
 def wire_presets(lab: Lab) -> None:
     page = lab.page
-    page["presets"].input(resolved(page, lab.preset_view), inputs=[page["presets"], page["view"]],
-                          outputs=page.outputs(), api_name="choose_preset", **PRIVATE)
+    chosen = page["presets"].input(resolved(page, lab.preset_view), inputs=[page["presets"], page["view"]],
+                                   outputs=page.outputs(), api_name="choose_preset", **PRIVATE)
+    lab.result_events.append(chosen)
 
     def load_preset(key: str) -> dict:
         """A preset's question and its precomputed results: ``{"query", "context", "expected",
@@ -300,7 +306,9 @@ def wire_walkthrough(lab: Lab) -> None:
             return walk(move(int(index or 0)), view, payload, names)
 
         handler.__name__ = name
-        page[role].click(resolved(page, handler), inputs=inputs, outputs=page.outputs(), api_name=name, **PRIVATE).then(
+        step = page[role].click(resolved(page, handler), inputs=inputs, outputs=page.outputs(), api_name=name, **PRIVATE)
+        lab.result_events.append(step)
+        step.then(
             None, js=highlight_js([step.target for step in steps]))
     page["walk_close"].click(lambda: gr.update(visible=False), outputs=[page["walk"]], api_name="walkthrough_close",
                              **PRIVATE)
@@ -364,12 +372,13 @@ def wire_run(lab: Lab) -> None:
         lab.flags.end(request.session_hash)
         return page.resolve({"run_button": False})
 
-    page["run_button"].click(begin, outputs=[page["run_button"]], queue=False, api_name="begin_run", **PRIVATE).then(
+    live = page["run_button"].click(begin, outputs=[page["run_button"]], queue=False, api_name="begin_run", **PRIVATE).then(
         run_on_page, inputs=[page["pair"], page["query"], page["context"], page["expected"], page["view"], page["chosen"],
                              *page.settings_inputs],
         outputs=page_run_outputs(page), api_name="run_on_page", concurrency_id=spec.MODEL_QUEUE,
-        concurrency_limit=lab.concurrency, **PRIVATE).then(
-        finish, outputs=[page["run_button"]], queue=False, api_name="end_run", **PRIVATE)
+        concurrency_limit=lab.concurrency, **PRIVATE)
+    live.then(finish, outputs=[page["run_button"]], queue=False, api_name="end_run", **PRIVATE)
+    lab.result_events.append(live)
 
     def stop_run(request: gr.Request):
         lab.flags.stop(request.session_hash)
@@ -540,8 +549,9 @@ def wire_compare(lab: Lab) -> None:
             return {}
         return {"history": history, **compare_updates(history, *compare.default_sides(history))}
 
-    page["results"].change(quiet(on_results), inputs=[page["results"], *sides], outputs=outputs, api_name="remember_run",
-                           **PRIVATE)
+    for number, event in enumerate(lab.result_events):
+        event.then(quiet(on_results), inputs=[page["results"], *sides], outputs=outputs,
+                   api_name="remember_run" if number == 0 else f"remember_run_{number}", **PRIVATE)
 
     def on_open(history, side_a, side_b):  # the opening preset has no change event: draw when the tab opens
         if side_a is None and side_b is None:
@@ -590,9 +600,9 @@ def wire_all(lab: Lab) -> None:
     wire_ticks_and_expected(lab)
     wire_tabs(lab)
     wire_tokens(lab)
-    wire_compare(lab)
     wire_permalink(lab)
     wire_lesson(lab)
     wire_walkthrough(lab)
     wire_run(lab)
     wire_export_and_pair(lab)
+    wire_compare(lab)  # last: it follows the events above that show other results
