@@ -25,8 +25,8 @@ scheme for every handoff:
   other          [answer token][layer][head]: the rest of the row's mass (the receiver's own keys)
 ``token_change`` (when the handoff's control, ``Handoff.control``, ran in the same run)
   measured_on, control (its name), control_title, tokens (this answer's first ``MAX_CHANGE_TOKENS``),
-  ids, logprob (each token's log-probability under this handoff's receiver state, teacher-forced),
-  control_logprob (the same tokens under the control's state), change (logprob - control_logprob)
+  ids, logprob (each token's log-probability as this handoff's decode chose it), control_logprob
+  (the same tokens teacher-forced on the control's prompt), change (logprob - control_logprob)
 ``logit_lens``
   measured_on, layers (0..L-1, the output of each receiver layer through the receiver's own final
   norm and output head), answer_token / answer_probability (the first answer token's probability
@@ -247,8 +247,10 @@ def change_record(inspection: Inspection, control: str, control_title: str, own:
         "measured_on": (
             f"this query, in this run: each answer token's log-probability (natural log, temperature 1), given the "
             f"prompt and the answer's earlier tokens, under this handoff's receiver state and under its control's "
-            f"({control_title}); the control's is teacher-forced (one extra forward of the answer's tokens on the "
-            "control's prompt), as is this handoff's own, so that a token scored twice on one state changes by 0"
+            f"({control_title}): this handoff's from the states its decoding chose them from, the control's "
+            "teacher-forced (one extra forward of the answer's tokens on the control's prompt); the log-sum-exp over "
+            "the vocabulary exact for the likeliest tokens and from the head's bfloat16 copy for the rest where the "
+            "CPU has one (within 0.01 nat of fp32)"
         ),
         "control": control,
         "control_title": control_title,

@@ -65,10 +65,7 @@ class OutputHead:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Exact float32 logits [rows, vocabulary], as the model's own forward computes them."""
-        logits = self.linear(hidden)
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits.float()
+        return self._capped(self.linear(hidden)).float()
 
     def log_probabilities(self, hidden: torch.Tensor, token_ids: list[int]) -> list[float]:
         """``log_softmax(logits(row))[token]`` for each row of ``hidden`` [rows, width] and its token
@@ -90,8 +87,7 @@ class OutputHead:
             return torch.log_softmax(self.logits(hidden), dim=-1).gather(1, chosen)
         weight = self.linear.weight
         own = self._capped(torch.einsum("rh,rkh->rk", hidden.to(weight.dtype), weight[chosen]).float())
-        logits = self._capped(torch.ops.mkldnn._linear_pointwise(hidden.to(torch.bfloat16), wide, None, "none", [],
-                                                                 "").float())
+        logits = self._capped(self._wide_product(hidden, wide).float())
         # the likeliest tokens hold nearly all the mass: their logits exact, the tail's from bfloat16
         best = torch.topk(logits, CANDIDATES, dim=-1).indices
         exact = torch.stack([F.linear(row[None].to(weight.dtype), weight.index_select(0, top))[0]
@@ -130,9 +126,14 @@ class OutputHead:
         if hidden.shape[0] > INT4_ROWS:
             wide = self._wide_scan()
             if wide is not None:
-                return torch.ops.mkldnn._linear_pointwise(hidden.to(torch.bfloat16), wide, None, "none", [], "")
+                return self._wide_product(hidden, wide)
         packed, scales_and_zeros = index
         return torch.ops.aten._weight_int4pack_mm_for_cpu(hidden.to(torch.bfloat16), packed, GROUP_SIZE, scales_and_zeros)
+
+    @staticmethod
+    def _wide_product(hidden: torch.Tensor, wide) -> torch.Tensor:
+        """Logits [rows, vocabulary] in bfloat16 from the packed copy (``_wide_scan``), no softcap."""
+        return torch.ops.mkldnn._linear_pointwise(hidden.to(torch.bfloat16), wide, None, "none", [], "")
 
     def _wide_scan(self):
         """The bfloat16 copy of the head, packed for oneDNN (made on the first step with many rows),
