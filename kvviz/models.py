@@ -21,6 +21,7 @@ benchmark and concurrent users all reuse the same weights.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -425,6 +426,11 @@ def load_model(name: str, device: str | None = None, dtype=None, progress=print)
             return _loaded[cache_key]
         loaded = _load_uncached(name, device, torch_dtype, progress)
         _loaded[cache_key] = loaded
+        # The model, its libraries and the app around it are hundreds of thousands of Python objects
+        # that live as long as the process. Python's full garbage collection walks every one of them
+        # (0.3 s on the embedded pair, holding the interpreter lock every thread of a run needs);
+        # freezing what is alive now takes them out of its walks (issue 20).
+        gc.freeze()
         return loaded
 
 
