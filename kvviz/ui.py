@@ -73,6 +73,7 @@ def build_demo(
         page.add("results", gr.State(payload))
         page.add("view", gr.State({"tab": DEFAULT_TAB, "compact": False, "drawn": {}, "ready": False}))
         page.add("walk_step", gr.State(0))
+        page.add("finished_run", gr.State(None))  # a live run's results, from its stream to the tabs that draw them
         # this session's last runs (Compare two), up to a few MB: dropped an hour after its last change
         page.add("history", gr.State(compare.remember([], payload), time_to_live=compare.HISTORY_SECONDS))
         page.add("viewport", gr.Number(0, visible=False))

@@ -8,11 +8,13 @@ import ast
 import threading
 from pathlib import Path
 
+import gradio as gr
 import pytest
 
 from kvviz import present, ui
 from kvviz.handoffs import registry
 from kvviz.page import spec, views
+from kvviz.page.events import page_stream_roles
 from kvviz.page.run import LiveRun, StopFlags, stream_run
 from kvviz.presets import DEFAULT_PRESET, PRESETS, load_precomputed, preset
 from kvviz.results import HandoffRequest
@@ -101,9 +103,8 @@ def test_events_that_wait_together_give_one_update_and_streamed_text_is_throttle
     assert set(idle) == {"status", "answer:kvcomm"} and idle["answer:kvcomm"] == "44"
     assert columns_of(finished_two) == {"text", "kvcomm"} and "verdict" in finished_two
     asked = []
-    list(stream_run(live_run(), 1, threading.Event(), batches=lambda *a, idle=None, **k: asked.append(idle) or iter(()),
-                    interval=spec.PAGE_STREAM_INTERVAL))
-    assert asked == [spec.PAGE_STREAM_INTERVAL]  # the page's own run: its own interval
+    list(stream_run(live_run(), 1, threading.Event(), batches=lambda *a, idle=None, **k: asked.append(idle) or iter(())))
+    assert asked == [page_run.STREAM_INTERVAL]  # an idle batch comes after one interval without events
     one_by_one = [event for batch in script for event in batch]
     *_, single_last = stream_run(live_run(), 1, threading.Event(), events=fake_events(one_by_one))
     assert last["verdict"] == single_last["verdict"] and "finished" in last["status"]
@@ -180,11 +181,13 @@ def test_a_refused_request_changes_the_status_line_and_nothing_else():
     view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
     request = type("Request", (), {"session_hash": "s"})()
     settings = [4, False, 0.7, 0] + [spec_default(option) for option in page.specs for _ in range(option.inputs)]
-    updates = list(handler("embedded", "   ", "ctx", "4471", view, spec.default_columns(), request, *settings))
+    shown = [f"shown {index}" for index, _ in enumerate(page_stream_roles())]  # what the streamed outputs show now
+    updates = list(handler("embedded", "   ", "ctx", "4471", view, spec.default_columns(), request, *settings, *shown))
     assert len(updates) == 1
     (update,) = updates
-    assert set(update) == {page["status"], page["run_button"]}
-    assert "Not run" in update[page["status"]] and "query is empty" in update[page["status"]]
+    status, *rest, finished = update  # every streamed output gets a value: what it showed, but the status
+    assert "Not run" in status and "query is empty" in status
+    assert rest == shown[1:] and finished == gr.skip()  # no results: nothing is drawn after the stream
 
 
 def spec_default(option):
@@ -257,14 +260,16 @@ def test_every_component_a_live_run_on_the_page_may_change_is_among_its_outputs(
     """``run_on_page`` names fewer outputs than the page has (each streamed update costs the server
     a fresh component per output it skips): every update a run sends, and what any tab draws at its
     end, still lands on one of them."""
-    from kvviz.page.events import page_run_outputs
+    from kvviz.page.events import page_run_outputs, page_stream_outputs
 
     demo = ui.build_demo()
     page = demo.kvviz_page
-    outputs = page_run_outputs(page)
-    wired = next(fn for fn in (demo.fns.values() if isinstance(demo.fns, dict) else demo.fns) if fn.name == "run_on_page")
-    assert list(wired.outputs) == outputs and len(outputs) < len(page.outputs())
-    allowed = set(outputs)
+    functions = {fn.name: fn for fn in (demo.fns.values() if isinstance(demo.fns, dict) else demo.fns)}
+    streamed, drawn_after = page_stream_outputs(page), page_run_outputs(page)
+    assert list(functions["run_on_page"].outputs) == [*streamed, page["finished_run"]]
+    assert list(functions["run_on_page"].inputs)[-len(streamed):] == streamed  # it reads what they show
+    assert list(functions["show_finished_run"].outputs) == drawn_after and len(drawn_after) < len(page.outputs())
+    streamed_roles = set(page_stream_roles())
     stop = threading.Event()
     script = [("start", "receiver", None), ("message", "text", "The"), ("token", "receiver", "1"),
               ("done", "receiver", fake_result("receiver", "12")), ("start", "text", None), stop.set]
@@ -274,7 +279,7 @@ def test_every_component_a_live_run_on_the_page_may_change_is_among_its_outputs(
     for tab, _title in spec.TABS:
         drawn, view = views.tab_updates(tab, payload, spec.default_columns(), {"compact": False, "drawn": {}},
                                         views.FigureCache())
-        updates.append({**drawn, "view": view, "run_button": False, "lesson": views.lesson_of(payload)})
+        assert set(page.resolve({**drawn, "view": view, "lesson": views.lesson_of(payload)})) <= set(drawn_after), tab
     for update in updates:
         update.pop("error", None)
-        assert set(page.resolve(update)) <= allowed, sorted(update)
+        assert set(update) - {"results"} <= streamed_roles, sorted(update)

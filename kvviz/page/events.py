@@ -341,32 +341,45 @@ def wire_run(lab: Lab) -> None:
         lab.flags.begin(request.session_hash)
         return page.resolve({"run_button": True})
 
-    def run_on_page(pair, query, context, expected, view, ticked, request: gr.Request, *settings):
+    streamed = page_stream_roles()
+    streamed_components = page_stream_outputs(page)
+
+    def run_on_page(pair, query, context, expected, view, ticked, request: gr.Request, *rest):
+        settings, shown = rest[: len(page.settings_inputs)], dict(zip(streamed, rest[len(page.settings_inputs):]))
+
+        def every_output(update: dict) -> list:  # what the update sets, else what the output shows now
+            shown.update({role: value for role, value in update.items() if role in shown})
+            return [shown[role] for role in streamed] + [update.get("results", gr.skip())]
+
         try:
-            yield from page_run_updates(pair, query, context, expected, view, ticked, settings, request.session_hash)
+            for update in page_run_updates(pair, query, context, expected, ticked, settings, request.session_hash):
+                yield every_output(update)
         except Exception as error:  # noqa: BLE001 (said in the status line; an error raised would mark every output)
             LOG.exception("the page's run failed")
-            yield page.resolve({"status": present.refused_status(f"the run failed ({type(error).__name__}: {error})"),
-                                "run_button": False})
+            yield every_output({"status": present.refused_status(f"the run failed ({type(error).__name__}: {error})")})
 
-    def page_run_updates(pair, query, context, expected, view, ticked, settings, session):
+    def page_run_updates(pair, query, context, expected, ticked, settings, session):
         stop = lab.flags.current(session)
         try:
             handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked, expected)
         except ValueError as error:  # one message, in the status line; nothing else changes
-            yield page.resolve({"status": present.refused_status(str(error)), "run_button": False})
+            yield {"status": present.refused_status(str(error))}
             return
         key = views.preset_matching(query, context)
         run = LiveRun(pair, handoff_request, names, spec.expected_answers(expected),
                       preset(key).subject if key else "The expected answer", key)
-        for update in stream_run(run, lab.workers, stop, interval=spec.PAGE_STREAM_INTERVAL):
+        for update in stream_run(run, lab.workers, stop):
             update.pop("error", None)
-            if "results" in update:
-                payload = update["results"]
-                update.update(lab.tab_view(view.get("tab", spec.DEFAULT_TAB), payload, names, view))
-                update.pop("tab")
-                update.update({"run_button": False, "lesson": views.lesson_of(payload)})
-            yield page.resolve(update)
+            yield update
+
+    def show_finished_run(payload, view, names):
+        """After the stream: the run's results on the page, and the tab in view drawn from them."""
+        if payload is None:  # refused or failed: the status line said why
+            return {}
+        update = {**lab.tab_view(view.get("tab", spec.DEFAULT_TAB), payload, names, view), "results": payload,
+                  "finished_run": None, "lesson": views.lesson_of(payload)}
+        update.pop("tab")
+        return update
 
     def finish(request: gr.Request):
         lab.flags.end(request.session_hash)
@@ -374,11 +387,13 @@ def wire_run(lab: Lab) -> None:
 
     live = page["run_button"].click(begin, outputs=[page["run_button"]], queue=False, api_name="begin_run", **PRIVATE).then(
         run_on_page, inputs=[page["pair"], page["query"], page["context"], page["expected"], page["view"], page["chosen"],
-                             *page.settings_inputs],
-        outputs=page_run_outputs(page), api_name="run_on_page", concurrency_id=spec.MODEL_QUEUE,
+                             *page.settings_inputs, *streamed_components],
+        outputs=[*streamed_components, page["finished_run"]], api_name="run_on_page", concurrency_id=spec.MODEL_QUEUE,
         concurrency_limit=lab.concurrency, **PRIVATE)
-    live.then(finish, outputs=[page["run_button"]], queue=False, api_name="end_run", **PRIVATE)
-    lab.result_events.append(live)
+    shown = live.then(resolved(page, show_finished_run), inputs=[page["finished_run"], page["view"], page["chosen"]],
+                      outputs=page_run_outputs(page), api_name="show_finished_run", **PRIVATE)
+    shown.then(finish, outputs=[page["run_button"]], queue=False, api_name="end_run", **PRIVATE)
+    lab.result_events.append(shown)
 
     def stop_run(request: gr.Request):
         lab.flags.stop(request.session_hash)
@@ -389,21 +404,32 @@ def wire_run(lab: Lab) -> None:
     wire_run_api(lab, form)
 
 
-# Every role a live run on the page may send (``page_run_updates``): the run's own, and what any
-# tab draws when it ends (``views.tab_updates``).
-PAGE_RUN_ROLES = ("status", "verdict", "results", "view", "run_button", "lesson", "sweep_plot", "tokens_column", "tokens",
-                  "how", "table", "json")
+# What a live run streams on the page (``run_on_page``): the status, the strip, and every column's
+# card and details. The run reads what each of them shows and gives every one a value in every
+# update: an output an update leaves as it was costs Gradio a fresh component (~0.5 ms each, in the
+# event loop that shares the interpreter with the models). What the tabs draw from the results
+# comes once, after the stream (``show_finished_run``).
+CARD_PARTS = ("head", "answer", "stats", "notes", "seen")
+# what ``show_finished_run`` may change: the results, what any tab draws (``views.tab_updates``), and
+# the status line (where it says what failed, if drawing does)
+FINISHED_RUN_ROLES = ("status", "results", "view", "finished_run", "lesson", "sweep_plot", "tokens_column", "tokens",
+                      "how", "table", "json")
+
+
+def page_stream_roles() -> list[str]:
+    return ["status", "verdict"] + [f"{part}:{name}" for name in spec.column_names() for part in CARD_PARTS]
+
+
+def page_stream_outputs(page: Page) -> list:
+    """The components of ``page_stream_roles``, in that order."""
+    return list(page.resolve(dict.fromkeys(page_stream_roles(), "")))
 
 
 def page_run_outputs(page: Page) -> list:
-    """``run_on_page``'s outputs, in page order: the components a live run may change (its status
-    and strip, every column's card and details, the results, the lesson, the run button, every
-    figure and what a tab draws), not the whole page: each update the run streams costs the
-    server's event loop a fresh component for every output it leaves as it was (Gradio's skip)."""
-    roles: dict = {role: None for role in PAGE_RUN_ROLES}
-    roles.update({"run_button": False, "lesson": "", "tokens_column": {"choices": [], "value": None}})
-    for name in spec.column_names():
-        roles.update({f"{kind}:{name}": "" for kind in ("head", "answer", "stats", "notes", "seen")})
+    """``show_finished_run``'s outputs, in page order: the results, the lesson, every figure and what
+    a tab draws; not the whole page (each output it leaves as it was costs a fresh component)."""
+    roles: dict = {role: None for role in FINISHED_RUN_ROLES}
+    roles.update({"lesson": "", "tokens_column": {"choices": [], "value": None}})
     roles.update({f"figure:{name}": None for name in page.figures})
     wanted = set(page.resolve(roles))
     return [component for component in page.outputs() if component in wanted]

@@ -107,8 +107,7 @@ def one_event_a_batch(events: Callable[..., Iterator]) -> Callable[..., Iterator
 
 
 def stream_run(run: LiveRun, workers: int, stop: threading.Event, events: Callable[..., Iterator] | None = None,
-               batches: Callable[..., Iterator[list]] = stream_handoff_batches,
-               interval: float | None = None) -> Iterator[dict]:
+               batches: Callable[..., Iterator[list]] = stream_handoff_batches) -> Iterator[dict]:
     """The run's updates, from the first (every column waiting) to the last (with ``results``).
 
     Events come in batches (``kvviz.stream.run_event_batches``: all that waited), and each batch
@@ -116,11 +115,10 @@ def stream_run(run: LiveRun, workers: int, stop: threading.Event, events: Callab
     starts or finishes updates its own card and the strip at once; streamed text (answers, and the
     message a handoff writes first) is sent at most every ``STREAM_INTERVAL`` seconds for all the
     columns together, the latest text of each column that changed (an idle batch sends what was
-    held back). ``interval``: instead of ``STREAM_INTERVAL`` (the page's own run sends less often:
-    each of its updates costs more). ``events``: a source of single events instead (tests)."""
+    held back). ``events``: a source of single events instead (tests)."""
     if events is not None:
         batches = one_event_a_batch(events)
-    interval = STREAM_INTERVAL if interval is None else interval
+    interval = STREAM_INTERVAL
     run.states = {name: "waiting" for name in run.names}
     first = {**run.status(), **run.verdict()}
     for name in run.names:

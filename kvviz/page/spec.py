@@ -16,10 +16,10 @@ from kvviz.presets import DEFAULT_PRESET, Preset, preset
 
 MODEL_QUEUE = "models"
 MAX_UI_NEW_TOKENS = 256  # the slider's end (the server's cap, kvviz.limits, may be lower)
-STREAM_INTERVAL = 0.12  # seconds between a run's streamed updates of its answers (all columns together)
-# The same on the page: each update of its run costs the server more (~60 ms: Gradio builds a fresh component for
-# each of the ~90 outputs an update leaves as they were; ``python scripts/bench_app.py --update-costs``)
-PAGE_STREAM_INTERVAL = 0.25
+# Seconds between a run's streamed updates of its answers (all columns together), on the page and through /run.
+# Each update costs the server's event loop, which shares the interpreter with the models (~10 ms for /run's
+# 55 outputs; ``python scripts/bench_app.py --update-costs``): four a second still reads as streaming.
+STREAM_INTERVAL = 0.25
 FIXED_PLOTS = ("latency", "bytes")
 LENS_PLOT = "lens"  # the Depth tab's logit lens, over the ticked columns
 RUN_LABEL = "Run live"
