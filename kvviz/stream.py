@@ -131,6 +131,7 @@ class _RunWorker:
         self.pair_name, self.request, self.names, self.workers, self.loaded = pair_name, request, names, workers, loaded
         self.events: queue.Queue = queue.Queue()
         self.cancel = threading.Event()
+        self.submitted = threading.Event()  # every handoff of the run is in the pool
         self.max_seconds = policy.caps().max_run_seconds if max_seconds is None else max_seconds
         self.deadline = None if self.max_seconds is None else time.monotonic() + self.max_seconds
 
@@ -165,6 +166,7 @@ class _RunWorker:
             with (shared_prompts(), crossed.one_run() as records,
                   ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix="kvviz-handoff") as pool):
                 futures = [pool.submit(contextvars.copy_context().run, self.run_one, pair, name) for name in runnable]
+                self.submitted.set()
                 for future in futures:
                     future.result()  # re-raises a handoff's unexpected error (or a stop) here
                 for event in engine.finish_crossed(records):
@@ -180,6 +182,10 @@ class _RunWorker:
             self.put("end", None, None)
 
     def run_one(self, pair: LoadedPair, name: str) -> None:
+        # The pool starts a thread per handoff as it is submitted; a handoff that began at once would
+        # hold the interpreter lock in its prompt pass while the next threads start (0.25 s for five
+        # through the page). They all begin once every one is submitted.
+        self.submitted.wait()
         self.check_stop()
         self.put("start", name, None)
 
