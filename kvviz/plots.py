@@ -344,14 +344,19 @@ def figure_without_result(handoff: str) -> go.Figure:
     return registry.get(handoff).figure(None)
 
 
-def all_figures(results, names: Iterable[str] | None = None) -> dict[str, go.Figure]:
+def all_figures(results, names: Iterable[str] | None = None, built: dict[str, go.Figure] | None = None) -> dict[str, go.Figure]:
     """Each handoff's own figure (keyed by its name) and the latency and bytes figures. A handoff
-    without a result gets ``figure_without_result``, the one object every call shares."""
-    results = as_dicts(results)
+    without a result gets ``figure_without_result``, the one object every call shares. ``built``:
+    handoffs' own figures already drawn from these results (a live run draws each as its handoff
+    finishes, while the others still run)."""
+    results, built = as_dicts(results), built or {}
     figures = {}
     for name in layer_figure_handoffs(names):
         result = find(results, name)
-        figures[name] = figure_without_result(name) if result is None else registry.get(name).figure(result)
+        if result is None:
+            figures[name] = figure_without_result(name)
+        else:
+            figures[name] = built[name] if name in built else registry.get(name).figure(result)
     figures["latency"] = latency_figure(results)
     figures["bytes"] = bytes_figure(results)
     return figures

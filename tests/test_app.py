@@ -14,7 +14,7 @@ import pytest
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from kvviz import present, ui  # noqa: E402
+from kvviz import plots, present, ui  # noqa: E402
 from kvviz.handoffs import kvcomm as kvcomm_handoff, registry  # noqa: E402
 from kvviz.handoffs.kvcomm_layers import options_of  # noqa: E402
 from kvviz.plotkit import bar_counts  # noqa: E402
@@ -281,6 +281,9 @@ def test_run_a_preset_live_gets_every_column_and_every_plot(client, embedded_pai
         assert bar_counts(c2c_plot) == {"gate_k": num_layers, "gate_v": num_layers}
     else:
         assert c2c_plot["layout"]["annotations"]
+    # each handoff's own figure, drawn as it finished, is the one its final result draws
+    for name in plots.layer_figure_handoffs(results):
+        assert view["plots"][name] == json.loads(registry.get(name).figure(results[name]).to_json()), name
     # intermediate updates streamed before the final one
     assert len(job.outputs()) > 2
 

@@ -391,7 +391,7 @@ def wire_run(lab: Lab) -> None:
         outputs=[*streamed_components, page["finished_run"]], api_name="run_on_page", concurrency_id=spec.MODEL_QUEUE,
         concurrency_limit=lab.concurrency, **PRIVATE)
     shown = live.then(resolved(page, show_finished_run), inputs=[page["finished_run"], page["view"], page["chosen"]],
-                      outputs=page_run_outputs(page), api_name="show_finished_run", **PRIVATE)
+                      outputs=finished_run_outputs(page), api_name="show_finished_run", **PRIVATE)
     shown.then(finish, outputs=[page["run_button"]], queue=False, api_name="end_run", **PRIVATE)
     lab.result_events.append(shown)
 
@@ -425,7 +425,7 @@ def page_stream_outputs(page: Page) -> list:
     return list(page.resolve(dict.fromkeys(page_stream_roles(), "")))
 
 
-def page_run_outputs(page: Page) -> list:
+def finished_run_outputs(page: Page) -> list:
     """``show_finished_run``'s outputs, in page order: the results, the lesson, every figure and what
     a tab draws; not the whole page (each output it leaves as it was costs a fresh component)."""
     roles: dict = {role: None for role in FINISHED_RUN_ROLES}
@@ -462,9 +462,12 @@ def wire_run_api(lab: Lab, form: list) -> None:
             raise gr.Error(str(error)) from error
         live = LiveRun(pair, request, names, [], "The answer")
         streamed = {output: None for output in outputs}  # what each output holds so far (None: nothing yet)
+        drawn: dict = {}  # each finished handoff's own figure, drawn while the others still run
         for update in stream_run(live, lab.workers, threading.Event()):  # an API call stops when its client leaves
             if update.get("error"):
                 raise gr.Error(f"The run failed: {update['error']}")
+            for name in plots.layer_figure_handoffs(set(live.results) - set(drawn)):
+                drawn[name] = registry.get(name).figure(live.results[name])
             if "results" not in update:
                 changed = {page.cards[name].answer: update[f"answer:{name}"] for name in names if f"answer:{name}" in update} | (
                     {page["status"]: update["status"]} if "status" in update else {})
@@ -472,7 +475,8 @@ def wire_run_api(lab: Lab, form: list) -> None:
                 yield list(streamed.values())  # a value for every output: Gradio builds a component per skipped one
                 continue
             payload = update["results"]
-            found, figures = views.results_by_name(payload), plots.all_figures(payload["results"], spec.column_names())
+            found = views.results_by_name(payload)
+            figures = plots.all_figures(payload["results"], spec.column_names(), built=drawn)
             values = [update["status"]]
             for name in spec.column_names():
                 values += [present.answer_text(found.get(name)), present.stats_markdown(found.get(name)),
