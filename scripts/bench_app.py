@@ -25,6 +25,8 @@ Measures, with the app served on 127.0.0.1 (random free port) in this process:
     python scripts/bench_app.py --no-page-loads --runs 2 --stacks 15 --update-costs   # where the page's time goes
 
     python scripts/bench_app.py --no-page-loads --crossed both --runs 3   # the capture's cost
+
+    python scripts/bench_app.py --no-page-loads --runs 3 --browser-runs 3   # and the page's own run, in Chromium
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ def update_costs(demo, repeats: int = 20) -> dict:
     from gradio.state_holder import SessionState
 
     fns = {fn.name: fn for fn in (demo.fns.values() if isinstance(demo.fns, dict) else demo.fns)}
-    api, page = fns["run"], fns["run_on_page"]
+    api, page, drawn = fns["run"], fns["run_on_page"], fns["show_finished_run"]
     state = SessionState(demo)
 
     async def timed(fn, update) -> float:
@@ -169,17 +171,21 @@ def update_costs(demo, repeats: int = 20) -> dict:
             await demo.postprocess_data(fn, update(index), state)
         return (time.perf_counter() - started) / repeats * 1000
 
-    def every_output(index):
-        values = [None if type(output).__name__ not in ("Textbox", "Markdown", "HTML") else "" for output in api.outputs]
-        values[0] = f"status {index}"
+    def every_output(fn):
+        def values(index):
+            given = [None if type(output).__name__ not in ("Textbox", "Markdown", "HTML") else "" for output in fn.outputs]
+            given[0] = f"status {index}"
+            return given
         return values
 
     async def measure():
         return {
             "run_outputs": len(api.outputs), "page_run_outputs": len(page.outputs),
             "run_two_set_rest_skipped_ms": await timed(api, lambda i: {api.outputs[0]: f"s{i}", api.outputs[1]: "a" * i}),
-            "run_every_output_given_ms": await timed(api, every_output),
-            "page_run_one_set_rest_skipped_ms": await timed(page, lambda i: {page.outputs[0]: f"s{i}"}),
+            "run_every_output_given_ms": await timed(api, every_output(api)),
+            "page_run_every_output_given_ms": await timed(page, every_output(page)),
+            # what the page's run cost per update before it gave every output a value (its tabs now draw once, after)
+            "page_tabs_one_set_rest_skipped_ms": await timed(drawn, lambda i: {drawn.outputs[0]: f"s{i}"}),
         }
 
     return asyncio.run(measure())
@@ -275,6 +281,39 @@ def median_line(label: str, times, control, control_label: str) -> str:
     return line
 
 
+FINISHED = "Live run finished"  # the status line at a live run's end
+
+
+def browser_runs(url: str, runs: int) -> list[dict]:
+    """The page's own live run in Chromium (1280x800), as a visitor runs it: press Run on the opening
+    preset, then seconds to the status line's "Live run finished" (the stream's end: every answer
+    shown) and to the Run button's return (the tab in view drawn from the results); one run first
+    to warm the page, then ``runs`` timed."""
+    from playwright.sync_api import sync_playwright
+
+    timed = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(url)
+        page.locator("#kv-answer-receiver textarea").first.wait_for(timeout=120_000)
+        for run in range(runs + 1):
+            started = time.perf_counter()
+            page.locator("#kv-run").click()
+            page.wait_for_function(f"() => !document.querySelector('#kv-status').innerText.includes({FINISHED!r})",
+                                   timeout=600_000, polling=20)  # the run before said so too
+            page.wait_for_function(f"() => document.querySelector('#kv-status').innerText.includes({FINISHED!r})",
+                                   timeout=600_000, polling=20)
+            streamed = time.perf_counter() - started
+            page.wait_for_function("() => document.querySelector('#kv-run').innerText.trim() === 'Run live'",
+                                   timeout=600_000, polling=20)
+            if run:
+                timed.append({"stream_seconds": streamed, "done_seconds": time.perf_counter() - started})
+            page.wait_for_timeout(500)
+        browser.close()
+    return timed
+
+
 def live_screenshot(url: str, path: str, preset_label: str | None = None) -> float:
     """Open the page, (optionally) click a preset, run it live, save a full-page screenshot."""
     from playwright.sync_api import sync_playwright
@@ -307,6 +346,8 @@ def main(argv=None) -> int:
     parser.add_argument("--loads", type=int, default=3, help="page loads to time")
     parser.add_argument("--out", default=None, help="write the numbers as JSON here")
     parser.add_argument("--screenshot", default=None, help="after the benchmark, run the page live and save a screenshot here")
+    parser.add_argument("--browser-runs", type=int, default=0, metavar="N",
+                        help="also time N warm live runs of the page itself, pressing Run in Chromium")
     parser.add_argument("--page-only", action="store_true", help="time page loads only (no model is loaded or run)")
     parser.add_argument("--no-page-loads", action="store_true", help="skip the page-load timings (runs only)")
     parser.add_argument("--stacks", type=int, default=0, metavar="N",
@@ -365,6 +406,8 @@ def main(argv=None) -> int:
             on = statistics.median(run["wall_seconds"] for run in runs["on"])
             off = statistics.median(run["wall_seconds"] for run in runs["off"])
             report["crossed_cost"] = {"median_on_seconds": on, "median_off_seconds": off, "ratio": on / off}
+        if args.browser_runs and Path(CHROMIUM).exists():
+            report["browser_runs"] = browser_runs(url, args.browser_runs)
         if args.screenshot and Path(CHROMIUM).exists():
             report["screenshot_run_seconds"] = live_screenshot(url, args.screenshot)
     finally:
@@ -420,7 +463,9 @@ def finish(report: dict, args) -> int:
         costs = report["update_costs"]
         print(f"one streamed update in the event loop: /run ({costs['run_outputs']} outputs) 2 set, the rest skipped "
               f"{costs['run_two_set_rest_skipped_ms']:.1f} ms; every output given {costs['run_every_output_given_ms']:.1f} ms; "
-              f"the page's run ({costs['page_run_outputs']} outputs) 1 set {costs['page_run_one_set_rest_skipped_ms']:.1f} ms")
+              f"the page's run ({costs['page_run_outputs']} outputs) every output given "
+              f"{costs['page_run_every_output_given_ms']:.1f} ms; its tabs drawn after it, 1 set, the rest skipped "
+              f"{costs['page_tabs_one_set_rest_skipped_ms']:.1f} ms")
     if "stacks" in report:
         busy = report["stacks"]["busy_samples_by_thread"]
         print("busy samples by thread (busy / sampled): " + ", ".join(f"{name} {b}/{n}" for name, (b, n) in busy.items() if b))
@@ -431,6 +476,11 @@ def finish(report: dict, args) -> int:
         offs = [run["wall_seconds"] for run in report["crossed_off_runs"]]
         print(f"the same run without recording what crossed: median {cost['median_off_seconds']:.2f} s (runs: "
               + ", ".join(f"{w:.2f}" for w in offs) + f"); recording costs x{cost['ratio']:.3f} (target <= 1.2)")
+    if "browser_runs" in report:
+        streams = [run["stream_seconds"] for run in report["browser_runs"]]
+        dones = [run["done_seconds"] for run in report["browser_runs"]]
+        print(f"warm live run of the page in Chromium (Run pressed): stream ends, median {statistics.median(streams):.2f} s "
+              f"(runs: {', '.join(f'{w:.2f}' for w in streams)}); Run back, median {statistics.median(dones):.2f} s")
     if "screenshot_run_seconds" in report:
         print(f"live run in the browser for the screenshot: {report['screenshot_run_seconds']:.1f} s -> {args.screenshot}")
     return write_report(report, args)
