@@ -260,12 +260,12 @@ def test_every_component_a_live_run_on_the_page_may_change_is_among_its_outputs(
     """``run_on_page`` names fewer outputs than the page has (each streamed update costs the server
     a fresh component per output it skips): every update a run sends, and what any tab draws at its
     end, still lands on one of them."""
-    from kvviz.page.events import page_run_outputs, page_stream_outputs
+    from kvviz.page.events import finished_run_outputs, page_stream_outputs
 
     demo = ui.build_demo()
     page = demo.kvviz_page
     functions = {fn.name: fn for fn in (demo.fns.values() if isinstance(demo.fns, dict) else demo.fns)}
-    streamed, drawn_after = page_stream_outputs(page), page_run_outputs(page)
+    streamed, drawn_after = page_stream_outputs(page), finished_run_outputs(page)
     assert list(functions["run_on_page"].outputs) == [*streamed, page["finished_run"]]
     assert list(functions["run_on_page"].inputs)[-len(streamed):] == streamed  # it reads what they show
     assert list(functions["show_finished_run"].outputs) == drawn_after and len(drawn_after) < len(page.outputs())
