@@ -178,11 +178,10 @@ def test_a_refused_request_changes_the_status_line_and_nothing_else():
     demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
     page = demo.kvviz_page
     handler = next(fn for fn in demo.fns.values() if fn.api_name == "run_on_page").fn
-    view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
     request = type("Request", (), {"session_hash": "s"})()
     settings = [4, False, 0.7, 0] + [spec_default(option) for option in page.specs for _ in range(option.inputs)]
     shown = [f"shown {index}" for index, _ in enumerate(page_stream_roles())]  # what the streamed outputs show now
-    updates = list(handler("embedded", "   ", "ctx", "4471", view, spec.default_columns(), request, *settings, *shown))
+    updates = list(handler("embedded", "   ", "ctx", "4471", spec.default_columns(), request, *settings, *shown))
     assert len(updates) == 1
     (update,) = updates
     status, *rest, finished = update  # every streamed output gets a value: what it showed, but the status

@@ -344,7 +344,7 @@ def wire_run(lab: Lab) -> None:
     streamed = page_stream_roles()
     streamed_components = page_stream_outputs(page)
 
-    def run_on_page(pair, query, context, expected, view, ticked, request: gr.Request, *rest):
+    def run_on_page(pair, query, context, expected, ticked, request: gr.Request, *rest):
         settings, shown = rest[: len(page.settings_inputs)], dict(zip(streamed, rest[len(page.settings_inputs):]))
 
         def every_output(update: dict) -> list:  # what the update sets, else what the output shows now
@@ -386,7 +386,7 @@ def wire_run(lab: Lab) -> None:
         return page.resolve({"run_button": False})
 
     live = page["run_button"].click(begin, outputs=[page["run_button"]], queue=False, api_name="begin_run", **PRIVATE).then(
-        run_on_page, inputs=[page["pair"], page["query"], page["context"], page["expected"], page["view"], page["chosen"],
+        run_on_page, inputs=[page["pair"], page["query"], page["context"], page["expected"], page["chosen"],
                              *page.settings_inputs, *streamed_components],
         outputs=[*streamed_components, page["finished_run"]], api_name="run_on_page", concurrency_id=spec.MODEL_QUEUE,
         concurrency_limit=lab.concurrency, **PRIVATE)
