@@ -43,6 +43,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import torch
 
@@ -243,32 +244,55 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+class PageNotServed(RuntimeError):
+    """``python app.py`` exited, or did not answer in time (the message says which)."""
+
+
+def serve_page(pair_name: str, checkout: Path = paths.PROJECT_ROOT) -> tuple[subprocess.Popen, str]:
+    """``python app.py`` of ``checkout`` (importing that checkout's kvviz) served on a free loopback
+    port, once it answers: (the server, its URL). Stop it with ``stop_page``."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/"
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")])))
+    server = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--host", "127.0.0.1", "--pair", pair_name],
+                              cwd=checkout, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + PAGE_START_SECONDS
+    while True:
+        if server.poll() is not None:
+            raise PageNotServed(f"python app.py exited with code {server.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=2).read(64)
+            return server, url
+        except OSError:
+            if time.monotonic() > deadline:
+                stop_page(server)
+                raise PageNotServed(f"the page did not answer within {PAGE_START_SECONDS} s") from None
+            time.sleep(1)
+
+
+def stop_page(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
 def page_run(pair_name: str, repeats: int) -> dict:
     """The same warm run through the page: ``python app.py`` served on a free loopback port (one
-    torch thread per handoff, as it serves), its ``/run`` endpoint called with ``gradio_client``
-    once to warm up, then ``repeats`` times; wall seconds of each call."""
+    torch thread per handoff, as it serves; ``serve_page``), its ``/run`` endpoint called with
+    ``gradio_client`` once to warm up, then ``repeats`` times; wall seconds of each call."""
     app = paths.PROJECT_ROOT / "app.py"
     if not app.is_file():
         return {"warm_page_run_seconds": spread([]), "skipped": f"{app} is not here (an installed package)"}
     from gradio_client import Client
 
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}/"
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
-    server = subprocess.Popen([sys.executable, str(app), "--port", str(port), "--host", "127.0.0.1", "--pair", pair_name],
-                              cwd=paths.PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + PAGE_START_SECONDS
-        while True:
-            if server.poll() is not None:
-                return {"warm_page_run_seconds": spread([]), "skipped": f"python app.py exited with code {server.returncode}"}
-            try:
-                urllib.request.urlopen(url, timeout=2).read(64)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    return {"warm_page_run_seconds": spread([]), "skipped": f"the page did not answer within {PAGE_START_SECONDS} s"}
-                time.sleep(1)
+        server, url = serve_page(pair_name)
+    except PageNotServed as error:
+        return {"warm_page_run_seconds": spread([]), "skipped": str(error)}
+    try:
         client = Client(url, verbose=False)
         walls = []
         for repeat in range(repeats + 1):
@@ -282,11 +306,7 @@ def page_run(pair_name: str, repeats: int) -> dict:
                 walls.append(time.perf_counter() - started)
         return {"warm_page_run_seconds": spread(walls), "how": "python app.py, /run through gradio_client"}
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_page(server)
 
 
 def measure(pair, repeats: int, progress=None, page: bool = False) -> dict:

@@ -15,39 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_app import CHROMIUM, CHROMIUM_FLAGS, FINISHED, free_port  # noqa: E402
+from bench_app import CHROMIUM, CHROMIUM_FLAGS, press_run  # noqa: E402
 
 HERE = Path(__file__).resolve().parent.parent
-START_SECONDS = 300
-
-
-def serve(checkout: Path, pair: str) -> tuple[subprocess.Popen, str]:
-    """``python app.py`` of ``checkout``, importing that checkout's kvviz; its URL once it answers."""
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(checkout), GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
-    server = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--pair", pair], cwd=checkout, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + START_SECONDS
-    while True:
-        if server.poll() is not None:
-            raise SystemExit(f"{checkout}: python app.py exited with code {server.returncode}")
-        try:
-            urllib.request.urlopen(url, timeout=2).read(64)
-            return server, url
-        except OSError:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{checkout}: the page did not answer within {START_SECONDS} s")
-            time.sleep(1)
 
 
 def api_run(client, pair: str, preset, max_new_tokens: int) -> float:
@@ -59,13 +35,7 @@ def api_run(client, pair: str, preset, max_new_tokens: int) -> float:
 
 def page_run(page) -> float:
     """Press Run on an open page; seconds until the Run button is back (the results drawn)."""
-    started = time.perf_counter()
-    page.locator("#kv-run").click()
-    page.wait_for_function(f"() => !document.querySelector('#kv-status').innerText.includes({FINISHED!r})",
-                           timeout=600_000, polling=20)
-    page.wait_for_function(f"() => document.querySelector('#kv-status').innerText.includes({FINISHED!r}) && "
-                           "document.querySelector('#kv-run').innerText.trim() === 'Run live'", timeout=600_000, polling=20)
-    return time.perf_counter() - started
+    return press_run(page)[1]
 
 
 def paired(samples: dict[str, list[float]]) -> dict:
@@ -90,9 +60,17 @@ def main(argv=None) -> int:
     from gradio_client import Client
 
     from kvviz.presets import PRESETS
+    from kvviz.speed import PageNotServed, serve_page, stop_page
 
     preset = PRESETS[0]  # the locker preset: every default handoff applies
-    servers = {side: serve(checkout, args.pair) for side, checkout in (("this", HERE), ("other", other))}
+    servers = {}
+    try:
+        for side, checkout in (("this", HERE), ("other", other)):
+            servers[side] = serve_page(args.pair, checkout)
+    except PageNotServed as error:
+        for server, _ in servers.values():
+            stop_page(server)
+        raise SystemExit(f"{checkout}: {error}") from None
     report: dict = {"this": str(HERE), "other": str(other), "pair": args.pair, "preset": preset.key}
     try:
         clients = {side: Client(url, verbose=False) for side, (_, url) in servers.items()}
@@ -127,8 +105,7 @@ def main(argv=None) -> int:
             report["page_run_seconds"] = paired(runs)
     finally:
         for server, _ in servers.values():
-            server.terminate()
-            server.wait(timeout=30)
+            stop_page(server)
     for key, title in (("api_run_seconds", "warm /run"), ("page_run_seconds", "warm live run on the page (Chromium)")):
         if key in report:
             row = report[key]

@@ -284,11 +284,24 @@ def median_line(label: str, times, control, control_label: str) -> str:
 FINISHED = "Live run finished"  # the status line at a live run's end
 
 
+def press_run(page) -> tuple[float, float]:
+    """Press Run on an open page; seconds to the status line's "Live run finished" (the stream's
+    end: every answer shown) and to the Run button's return (the tab in view drawn from the results)."""
+    started = time.perf_counter()
+    page.locator("#kv-run").click()
+    page.wait_for_function(f"() => !document.querySelector('#kv-status').innerText.includes({FINISHED!r})",
+                           timeout=600_000, polling=20)  # the run before said so too
+    page.wait_for_function(f"() => document.querySelector('#kv-status').innerText.includes({FINISHED!r})",
+                           timeout=600_000, polling=20)
+    streamed = time.perf_counter() - started
+    page.wait_for_function("() => document.querySelector('#kv-run').innerText.trim() === 'Run live'",
+                           timeout=600_000, polling=20)
+    return streamed, time.perf_counter() - started
+
+
 def browser_runs(url: str, runs: int) -> list[dict]:
-    """The page's own live run in Chromium (1280x800), as a visitor runs it: press Run on the opening
-    preset, then seconds to the status line's "Live run finished" (the stream's end: every answer
-    shown) and to the Run button's return (the tab in view drawn from the results); one run first
-    to warm the page, then ``runs`` timed."""
+    """The page's own live run in Chromium (1280x800), as a visitor runs it: ``press_run`` on the
+    opening preset, one run first to warm the page, then ``runs`` timed."""
     from playwright.sync_api import sync_playwright
 
     timed = []
@@ -298,17 +311,9 @@ def browser_runs(url: str, runs: int) -> list[dict]:
         page.goto(url)
         page.locator("#kv-answer-receiver textarea").first.wait_for(timeout=120_000)
         for run in range(runs + 1):
-            started = time.perf_counter()
-            page.locator("#kv-run").click()
-            page.wait_for_function(f"() => !document.querySelector('#kv-status').innerText.includes({FINISHED!r})",
-                                   timeout=600_000, polling=20)  # the run before said so too
-            page.wait_for_function(f"() => document.querySelector('#kv-status').innerText.includes({FINISHED!r})",
-                                   timeout=600_000, polling=20)
-            streamed = time.perf_counter() - started
-            page.wait_for_function("() => document.querySelector('#kv-run').innerText.trim() === 'Run live'",
-                                   timeout=600_000, polling=20)
+            streamed, done = press_run(page)
             if run:
-                timed.append({"stream_seconds": streamed, "done_seconds": time.perf_counter() - started})
+                timed.append({"stream_seconds": streamed, "done_seconds": done})
             page.wait_for_timeout(500)
         browser.close()
     return timed
