@@ -118,7 +118,6 @@ def stream_run(run: LiveRun, workers: int, stop: threading.Event, events: Callab
     held back). ``events``: a source of single events instead (tests)."""
     if events is not None:
         batches = one_event_a_batch(events)
-    interval = STREAM_INTERVAL
     run.states = {name: "waiting" for name in run.names}
     first = {**run.status(), **run.verdict()}
     for name in run.names:
@@ -127,7 +126,7 @@ def stream_run(run: LiveRun, workers: int, stop: threading.Event, events: Callab
     held: dict[str, str | None] = {}  # column -> its latest message (None: an answer token), not yet sent
     last_sent = time.perf_counter()
     stopped_early = failed = ""
-    for batch in batches(run.pair, run.request, run.names, workers, stop=stop, idle=interval):
+    for batch in batches(run.pair, run.request, run.names, workers, stop=stop, idle=STREAM_INTERVAL):
         if stop.is_set():
             break
         update: dict = {}
@@ -158,7 +157,7 @@ def stream_run(run: LiveRun, workers: int, stop: threading.Event, events: Callab
                 stopped_early = str(data)
             elif kind == "error":
                 failed = str(data)
-        if held and (now or not batch or time.perf_counter() - last_sent >= interval):  # an idle batch sends
+        if held and (now or not batch or time.perf_counter() - last_sent >= STREAM_INTERVAL):  # an idle batch sends
             for name, message in held.items():
                 update[f"answer:{name}"] = run.partial.get(name, "")
                 if message is not None:
