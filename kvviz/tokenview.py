@@ -100,7 +100,8 @@ def change_row_html(result: dict) -> str:
 
 def change_title(token: str, own: float, other: float, change: float, control_label: str) -> str:
     return (f"{token!r}: log-probability {own:.2f} here, {other:.2f} under {control_label}: {change:+.2f} nats "
-            f"(x{math.exp(change):.3g} as likely; teacher-forced, this query, in this run)")
+            f"(x{math.exp(change):.3g} as likely; here as this answer's decoding chose it, under the control "
+            "teacher-forced; this query, in this run)")
 
 
 def token_view_html(result: dict | None, run_hint: str = "press Run live to record it") -> str:
