@@ -53,7 +53,6 @@ def parse_layers(text: str, count: int) -> list[int]:
 def answer_nll(pair, state, last_ids, answer: str) -> tuple[float, int]:
     """Summed NLL of the bare answer (" shed") after the prompt, teacher-forced."""
     from kvviz.c2c.examples import response_ids
-    from kvviz.c2c.scoring import output_logits
 
     targets = response_ids(pair.receiver.tokenizer, answer, 16)
     tokens = last_ids + targets[:-1]
@@ -61,7 +60,7 @@ def answer_nll(pair, state, last_ids, answer: str) -> tuple[float, int]:
         input_ids=torch.tensor([tokens]), cache=kv.copy_cache(state.cache),
         position_ids=state.positions(len(tokens), pair.receiver.device), use_cache=True,
     ).last_hidden_state[0]
-    logits = output_logits(pair.receiver, hidden).float()
+    logits = pair.receiver.head.logits(hidden)
     return float(torch.nn.functional.cross_entropy(logits, torch.tensor(targets), reduction="sum")), len(targets)
 
 

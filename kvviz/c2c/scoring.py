@@ -19,16 +19,6 @@ from kvviz.c2c.fusion import fuse_prompt, receiver_prefix
 from kvviz.decode import forward_kwargs
 
 
-def output_logits(loaded, hidden: torch.Tensor) -> torch.Tensor:
-    """The causal-LM head on given hidden states (with Gemma's final soft-capping)."""
-    model = loaded.model
-    logits = model.lm_head(hidden)
-    cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
-
-
 def answer_nll(receiver, state, example: Example) -> tuple[torch.Tensor, int]:
     """(summed cross-entropy over the response tokens, token count): the receiver, on ``state``
     (its prompt minus the last token), reads the last prompt token and the response.
@@ -37,7 +27,7 @@ def answer_nll(receiver, state, example: Example) -> tuple[torch.Tensor, int]:
     targets = torch.tensor(example.response_ids, device=receiver.device)
     input_ids = torch.tensor([tokens], device=receiver.device)
     hidden = receiver.model.model(input_ids=input_ids, **forward_kwargs(receiver, state, len(tokens))).last_hidden_state[0]
-    logits = output_logits(receiver, hidden).float()
+    logits = receiver.head.logits(hidden)
     loss = torch.nn.functional.cross_entropy(logits, targets, reduction="sum")
     return loss, len(example.response_ids)
 

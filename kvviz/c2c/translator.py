@@ -56,7 +56,6 @@ from torch import nn
 from kvviz import cache as kv
 from kvviz.c2c.fuser import FuserError, model_fingerprint, pair_differences, read_weights
 from kvviz.c2c.rope import apply_rotation, rotary_tables, undo_rotation
-from kvviz.c2c.scoring import output_logits
 from kvviz.decode import forward_kwargs, prefill
 from kvviz.prompts import encode_with_offsets, render, unmark
 
@@ -657,5 +656,5 @@ def nll_after(receiver, state: kv.KVState, query_ids: list[int], answer_ids: lis
     kwargs = forward_kwargs(receiver, state, len(tokens))
     hidden = receiver.model.model(input_ids=torch.tensor([tokens], device=receiver.device), **kwargs).last_hidden_state[0]
     state.next_position += len(tokens)
-    logits = output_logits(receiver, hidden[len(query_ids) - 1:]).float()
+    logits = receiver.head.logits(hidden[len(query_ids) - 1:])
     return torch.nn.functional.cross_entropy(logits, torch.tensor(answer_ids, device=logits.device), reduction="sum")
