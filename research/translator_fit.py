@@ -245,7 +245,7 @@ def pilot_stats(raw_dir: Path, layers, neighbours: int, tokens: int = 25000) -> 
 
 
 def fit(args) -> int:
-    from kvviz.c2c.fuser import model_fingerprint
+    from kvviz.checkpoints import model_fingerprint
 
     if args.stats == "pilot":
         stats, progress = pilot_stats(Path(args.raw), [int(x) for x in args.layers.split(",")], args.neighbours)

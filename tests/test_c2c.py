@@ -403,7 +403,7 @@ def test_fuser_requirement_is_checked_at_once_and_the_option_sets_the_request(pa
 def test_the_communication_measure_stored_beside_the_fusers_reaches_both_columns(tmp_path):
     import json
 
-    from kvviz.c2c.fuser import checkpoint_label
+    from kvviz.checkpoints import checkpoint_label
 
     pair_folder = tmp_path / "sharer__receiver"
     (pair_folder / "c2c").mkdir(parents=True)

@@ -226,7 +226,7 @@ def test_gradients_reach_the_fuser_only_and_training_lowers_the_loss():
 
 
 def test_checkpoint_label_names_no_machine_folder(tmp_path):
-    from kvviz.c2c.fuser import checkpoint_label
+    from kvviz.checkpoints import checkpoint_label
     from kvviz.paths import PROJECT_ROOT
 
     shipped = PROJECT_ROOT / "assets" / "fusers" / "some-pair" / "c2c"

@@ -34,7 +34,7 @@ from kvviz import engine, flags
 from kvviz.bench.scoring import best_option, choice_likelihoods, option_scores
 from kvviz.c2c.communication import communication_measure, derangement, other_prompt_sharer, paired_comparison
 from kvviz.c2c.examples import heldout_examples
-from kvviz.c2c.fuser import checkpoint_label
+from kvviz.checkpoints import checkpoint_label
 from kvviz.c2c.locate import get_fuser, resolve_fuser
 from kvviz.c2c.scoring import mean_nll
 from kvviz.data import LETTERS, choice_query, contains_answer, extract_choice_letter, f1_match, load_dataset, recall, wilson_interval

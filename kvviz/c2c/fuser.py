@@ -50,7 +50,7 @@ from torch import nn
 
 from kvviz.c2c.align import TOKEN_ALIGNMENTS, terminal_layer_map
 from kvviz.c2c.rope import apply_rotation, undo_rotation
-from kvviz.paths import project_label
+from kvviz.checkpoints import CheckpointError, model_fingerprint, pair_differences, read_weights
 
 WEIGHTS_FILE = "fuser.safetensors"
 CONFIG_FILE = "config.json"
@@ -60,23 +60,8 @@ ROPE_MODES = ("plain", "aware")
 FUSE_MODES = ("kv", "k", "v")
 
 
-class FuserError(ValueError):
+class FuserError(CheckpointError):
     """A fuser checkpoint is missing, corrupt, inconsistent or made for another pair."""
-
-
-def model_fingerprint(facts) -> dict:
-    """What must match for a fuser to fit a model: architecture, KV shape, tokenizer."""
-    return {
-        "name": facts.name,
-        "model_type": facts.model_type,
-        "num_layers": facts.num_layers,
-        "num_kv_heads": facts.num_kv_heads,
-        "head_dim": facts.head_dim,
-        "tokenizer_hash": facts.tokenizer_hash,
-    }
-
-
-_FINGERPRINT_KEYS = ("model_type", "num_layers", "num_kv_heads", "head_dim", "tokenizer_hash")
 
 
 @dataclass
@@ -134,10 +119,6 @@ class FuserConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def fingerprints_match(expected: dict, actual: dict) -> bool:
-    return all(expected.get(key) == actual.get(key) for key in _FINGERPRINT_KEYS)
 
 
 class RMSNorm(nn.Module):
@@ -429,11 +410,6 @@ def is_reference_layout(folder) -> bool:
     return (folder / REFERENCE_CONFIG).is_file() and any(PROJECTOR_WEIGHTS.match(p.name) for p in folder.iterdir())
 
 
-def checkpoint_label(folder: str | Path) -> str:
-    """A checkpoint's path for results and reports (``kvviz.paths.project_label``)."""
-    return project_label(folder)
-
-
 def read_config(folder: str | Path) -> FuserConfig:
     folder = Path(folder)
     path = folder / CONFIG_FILE
@@ -462,21 +438,6 @@ def read_config(folder: str | Path) -> FuserConfig:
     except (TypeError, KeyError) as error:
         raise FuserError(f"The fuser config {path} is incomplete or has unknown fields: {error}") from error
     return config
-
-
-def pair_differences(saved_sharer: dict, saved_receiver: dict, sharer_facts, receiver_facts) -> list[str]:
-    """What differs between the pair a checkpoint (fuser or translator) was made for and the loaded
-    pair, as "role key saved != loaded" lines; empty when the fingerprints match."""
-    wanted_s, wanted_r = model_fingerprint(sharer_facts), model_fingerprint(receiver_facts)
-    if fingerprints_match(saved_sharer, wanted_s) and fingerprints_match(saved_receiver, wanted_r):
-        return []
-    differ = [
-        f"{role} {key} {saved.get(key)!r} != {wanted.get(key)!r}"
-        for role, saved, wanted in (("sharer", saved_sharer, wanted_s), ("receiver", saved_receiver, wanted_r))
-        for key in _FINGERPRINT_KEYS
-        if saved.get(key) != wanted.get(key)
-    ]
-    return differ or ["their fingerprints"]
 
 
 def check_pair(config: FuserConfig, folder, sharer_facts, receiver_facts, pair_name: str = "") -> None:
@@ -536,21 +497,6 @@ def load_fuser(
         check_pair(config, folder, sharer_facts, receiver_facts, pair_name)
     tensors = read_weights(folder, WEIGHTS_FILE, "fuser", FuserError)
     return build_from_tensors(config, tensors, folder, dtype).to(device)
-
-
-def read_weights(folder: Path, name: str, kind: str, error: type[Exception]) -> dict:
-    """The tensors of ``folder/name`` (safetensors, on the CPU; never unpickled), or ``error``
-    saying in words that the file is missing or corrupt (``kind``: "fuser", "translator")."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    path = Path(folder) / name
-    if not path.is_file():
-        raise error(f"The {kind} at {folder} has no weights file {name}.")
-    try:
-        return load_file(str(path), device="cpu")
-    except (SafetensorError, OSError, ValueError) as failure:
-        raise error(f"The {kind} weights {path} are corrupt or not a safetensors file: {failure}") from failure
 
 
 def new_fuser(

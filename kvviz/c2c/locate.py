@@ -22,10 +22,8 @@ import torch
 
 from kvviz import policy
 from kvviz.c2c import reference
-from kvviz.c2c.fuser import (
-    CONFIG_FILE, WEIGHTS_FILE, C2CFuser, FuserError, checkpoint_label, fingerprints_match, is_reference_layout, load_fuser,
-    model_fingerprint, read_config,
-)
+from kvviz.c2c.fuser import CONFIG_FILE, WEIGHTS_FILE, C2CFuser, FuserError, is_reference_layout, load_fuser, read_config
+from kvviz.checkpoints import checkpoint_label, fingerprints_match, model_fingerprint
 from kvviz.models import LoadedPair
 from kvviz.paths import SHIPPED_FUSERS
 

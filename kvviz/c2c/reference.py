@@ -32,9 +32,8 @@ from pathlib import Path
 
 import torch
 
-from kvviz.c2c.fuser import (
-    REFERENCE_CONFIG, C2CFuser, FuserConfig, FuserError, build_from_tensors, is_reference_layout, model_fingerprint,
-)
+from kvviz.c2c.fuser import REFERENCE_CONFIG, C2CFuser, FuserConfig, FuserError, build_from_tensors, is_reference_layout
+from kvviz.checkpoints import model_fingerprint
 from kvviz.paths import cache_dir
 
 SUPPORTED_CLASSES = ("C2CProjector",)

@@ -54,8 +54,8 @@ import torch
 from torch import nn
 
 from kvviz import cache as kv
-from kvviz.c2c.fuser import FuserError, model_fingerprint, pair_differences, read_weights
 from kvviz.c2c.rope import apply_rotation, rotary_tables, undo_rotation
+from kvviz.checkpoints import CheckpointError, model_fingerprint, pair_differences, read_weights
 from kvviz.decode import forward_kwargs, prefill
 from kvviz.prompts import encode_with_offsets, render, unmark
 
@@ -69,7 +69,7 @@ ALIGNMENT_FEATURES = 3  # is the last receiver piece of its sharer token, 1 / pi
 CLOSED = -30.0  # a bias this low hides a key (exp(-30) ~ 1e-13)
 
 
-class TranslatorError(FuserError):
+class TranslatorError(CheckpointError):
     """A translator checkpoint is missing, corrupt, inconsistent or made for another pair."""
 
 
@@ -221,7 +221,7 @@ def targets(receiver_kv: list[tuple[torch.Tensor, torch.Tensor]], alignment: Tra
 
 @dataclass
 class TranslatorConfig:
-    sharer: dict  # kvviz.c2c.fuser.model_fingerprint of the sharer
+    sharer: dict  # kvviz.checkpoints.model_fingerprint of the sharer
     receiver: dict
     pair: str = ""
     sharer_layers: list[int] = field(default_factory=lambda: list(DEFAULT_SHARER_LAYERS))

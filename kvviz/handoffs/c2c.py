@@ -36,8 +36,9 @@ from plotly.subplots import make_subplots
 from kvviz import crossed
 from kvviz import policy
 from kvviz.c2c.align import align_prompt, describe
-from kvviz.c2c.fuser import C2CFuser, FuserError, checkpoint_label
+from kvviz.c2c.fuser import C2CFuser, FuserError
 from kvviz.c2c.fusion import fuse_prompt
+from kvviz.checkpoints import checkpoint_label
 from kvviz.c2c.locate import communication_details, get_fuser, resolve_fuser
 from kvviz.decode import generate, prefill
 from kvviz.handoffs.common import TokenCallback, read_prompt

@@ -26,7 +26,7 @@ import torch
 
 from kvviz import crossed, policy
 from kvviz.c2c import translator as tr
-from kvviz.c2c.fuser import checkpoint_label
+from kvviz.checkpoints import checkpoint_label
 from kvviz.decode import generate, prefill
 from kvviz.handoffs.common import UNRELATED_CONTEXT, TokenCallback
 from kvviz.handoffs.registry import Handoff, Option, all_of, needs_context, option_values
