@@ -1,6 +1,6 @@
 """kvviz lab: `python app.py` serves the page on 127.0.0.1:7860 (see --help for flags).
 
-Thin by design: the page lives in kvviz/ui.py, the figures in kvviz/plots.py. The same file is a
+Thin by design: the page lives in kvviz/app/ui.py, the figures in kvviz/app/plots.py. The same file is a
 Hugging Face Space's app (`python -m kvviz space export DIR`).
 """
 
@@ -11,14 +11,14 @@ import os
 import threading
 
 # First, before anything imports torch: on a ZeroGPU Space the `spaces` package must be imported
-# before CUDA is touched (kvviz.zerogpu imports it where it is installed, and no torch).
-from kvviz import zerogpu
+# before CUDA is touched (kvviz.core.zerogpu imports it where it is installed, and no torch).
+from kvviz.core import zerogpu
 
 
 def _preload(pair: str) -> None:
     """Load the pair in the background so the first live run does not wait for it."""
     try:
-        from kvviz.engine import load_pair
+        from kvviz.engine.runner import load_pair
 
         load_pair(pair, progress=lambda message: print(message, flush=True))
     except Exception as error:  # the page still works (precomputed results); a run will show the error
@@ -39,15 +39,15 @@ def main(argv=None) -> None:
     parser.add_argument("--public", action="store_true",
                         help="public mode (on by itself on a Hugging Face Space): registered pairs only, smaller caps")
     args = parser.parse_args(argv)
-    # every model the page loads (kvviz.models.default_device / parse_dtype) follows these
+    # every model the page loads (kvviz.runtime.models.default_device / parse_dtype) follows these
     if args.device:
         os.environ["KVVIZ_DEVICE"] = args.device
     if args.dtype:
         os.environ["KVVIZ_DTYPE"] = args.dtype
 
-    from kvviz import policy
-    from kvviz.stream import use_one_thread_per_handoff
-    from kvviz.ui import build_demo, launch_kwargs
+    from kvviz.app.ui import build_demo, launch_kwargs
+    from kvviz.core import policy
+    from kvviz.engine.stream import use_one_thread_per_handoff
 
     if args.public:
         policy.set_public_mode()

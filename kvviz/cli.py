@@ -17,11 +17,11 @@ SUBCOMMANDS = {
     "models": ("kvviz.commands:models", "list the model registry: pairs and each model's architecture facts"),
     "prepare": ("kvviz.commands:prepare", "convert and cache a pair's models (idempotent) and print where"),
     "run": ("kvviz.commands:run", "run handoffs on one query and print a table or JSON"),
-    "bench": ("kvviz.bench", "benchmark handoffs on a dataset (accuracy, latency, bytes, FLOPs)"),
-    "train-fuser": ("kvviz.c2c.train", "train a C2C fuser for a pair"),
-    "eval-fuser": ("kvviz.c2c.evaluate", "evaluate a C2C fuser against the receiver and its control"),
-    "eval-translator": ("kvviz.c2c.translator_eval", "evaluate a KV translator (c2c_translate) on held-out private contexts"),
-    "space": ("kvviz.space", "export the lab as a Hugging Face Space folder (space export DIR [--push REPO_ID])"),
+    "bench": ("kvviz.studies.bench", "benchmark handoffs on a dataset (accuracy, latency, bytes, FLOPs)"),
+    "train-fuser": ("kvviz.studies.c2c.train", "train a C2C fuser for a pair"),
+    "eval-fuser": ("kvviz.studies.c2c.evaluate", "evaluate a C2C fuser against the receiver and its control"),
+    "eval-translator": ("kvviz.studies.c2c.translator_eval", "evaluate a KV translator (c2c_translate) on held-out private contexts"),
+    "space": ("kvviz.app.space", "export the lab as a Hugging Face Space folder (space export DIR [--push REPO_ID])"),
 }
 
 

@@ -5,11 +5,18 @@ from __future__ import annotations
 import json
 import sys
 
-from kvviz import engine, flags
+from kvviz.app.present import notes_of
+from kvviz.engine import flags, runner
 from kvviz.handoffs import registry
-from kvviz.models import EMBEDDED_MODELS, PAIRS, converted_dir, describe_model, is_prepared, prepare_embedded, resolve_pair
-from kvviz.present import notes_of
-
+from kvviz.runtime.models import (
+    EMBEDDED_MODELS,
+    PAIRS,
+    converted_dir,
+    describe_model,
+    is_prepared,
+    prepare_embedded,
+    resolve_pair,
+)
 
 # --- models -----------------------------------------------------------------------------------
 
@@ -119,8 +126,8 @@ def main_run(args) -> int:
     flags.apply_threads(args)
     names = registry.parse_handoffs(args.handoffs)
     request = request_from_args(args)
-    pair = engine.load_pair(args.pair, args.device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
-    results = engine.run_handoffs(names, pair, request)
+    pair = runner.load_pair(args.pair, args.device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
+    results = runner.run_handoffs(names, pair, request)
     if args.json:
         print(json.dumps({"pair": pair.name, "request": request.to_dict(), "results": [r.to_dict() for r in results]}, indent=2))
     else:

@@ -4,7 +4,7 @@
 
 The page's six default handoffs on the locker preset, warm, A B C A B C ...:
 (a) one after another, each decode token through the model's own forward (``KVVIZ_BATCHED_DECODE=0``,
-    the engine before issue 20); (b) through ``kvviz.stream.run_events`` two side by side, the same
+    the engine before issue 20); (b) through ``kvviz.engine.stream.run_events`` two side by side, the same
     decode path (the page's engine before issue 20); (c) through ``run_events`` all at once with the
     decode steps shared per model (the page's engine now). Wall seconds and the process's CPU
     seconds (the work done, which another process on the machine does not inflate), the batch sizes each
@@ -28,10 +28,10 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from kvviz.engine import load_pair, run_handoff
+    from kvviz.engine.runner import load_pair, run_handoff
+    from kvviz.engine.stream import ALL_AT_ONCE, run_events
     from kvviz.handoffs.registry import default_handoffs
-    from kvviz.speed import full_run_request
-    from kvviz.stream import ALL_AT_ONCE, run_events
+    from kvviz.studies.speed import full_run_request
 
     pair = load_pair("embedded", "cpu", "float32", progress=lambda *a: None)
     names = default_handoffs()
@@ -50,8 +50,8 @@ def main():
     variants = {
         "before: one after another, the model's own forward": lambda: with_batching(
             False, lambda: {n: run_handoff(n, pair, request).to_dict() for n in names}),
-        "before: kvviz.stream, two side by side": lambda: with_batching(False, lambda: streamed(2)),
-        "now: kvviz.stream, all at once, decode steps shared": lambda: with_batching(True, lambda: streamed(ALL_AT_ONCE)),
+        "before: kvviz.engine.stream, two side by side": lambda: with_batching(False, lambda: streamed(2)),
+        "now: kvviz.engine.stream, all at once, decode steps shared": lambda: with_batching(True, lambda: streamed(ALL_AT_ONCE)),
     }
     results = {label: function() for label, function in variants.items()}  # warm-up
     walls = {label: [] for label in variants}

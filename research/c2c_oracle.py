@@ -29,14 +29,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvviz import cache as kv  # noqa: E402
-from kvviz.c2c.align import align_prompt  # noqa: E402
-from kvviz.c2c.fusion import receiver_prefix, sharer_kv  # noqa: E402
-from kvviz.c2c.rope import RopeTables, apply_rotation, undo_rotation  # noqa: E402
+from kvviz.core.results import GenerationSettings  # noqa: E402
 from kvviz.data import contains_answer, recall  # noqa: E402
-from kvviz.decode import generate, prefill  # noqa: E402
-from kvviz.results import GenerationSettings  # noqa: E402
-
+from kvviz.handoffs.c2c.align import align_prompt  # noqa: E402
+from kvviz.handoffs.c2c.fusion import receiver_prefix, sharer_kv  # noqa: E402
+from kvviz.runtime import cache as kv  # noqa: E402
+from kvviz.runtime.decode import generate, prefill  # noqa: E402
+from kvviz.runtime.rope import RopeTables, apply_rotation, undo_rotation  # noqa: E402
 
 # receiver: the receiver alone (question only); oracle: the sharer's KV copied in at the fused
 # tokens; zero: zeros copied in (the oracle's own control); skyline: the receiver reads the context
@@ -52,7 +51,7 @@ def parse_layers(text: str, count: int) -> list[int]:
 
 def answer_nll(pair, state, last_ids, answer: str) -> tuple[float, int]:
     """Summed NLL of the bare answer (" shed") after the prompt, teacher-forced."""
-    from kvviz.c2c.examples import response_ids
+    from kvviz.studies.c2c.examples import response_ids
 
     targets = response_ids(pair.receiver.tokenizer, answer, 16)
     tokens = last_ids + targets[:-1]
@@ -67,7 +66,7 @@ def answer_nll(pair, state, last_ids, answer: str) -> tuple[float, int]:
 @torch.no_grad()
 def oracle_answer(pair, record, layers, values_only, fuse_template, mode, max_new_tokens=24):
     if mode == "skyline":  # the receiver reads context and question itself
-        from kvviz.prompts import build_segments
+        from kvviz.core.prompts import build_segments
 
         ids = build_segments(pair.receiver.tokenizer, record.question, record.context).input_ids
         state = kv.KVState()
@@ -116,7 +115,7 @@ def main() -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from kvviz.engine import load_pair
+    from kvviz.engine.runner import load_pair
 
     pair = load_pair(f"{args.model}+{args.model}", "cpu", None, progress=lambda *a: None)
     layers = parse_layers(args.layers, pair.receiver.facts.num_layers)

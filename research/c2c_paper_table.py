@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvviz.data import wilson_interval  # noqa: E402
-from kvviz.c2c.communication import paired_comparison  # noqa: E402
-from kvviz.c2c.evaluate import OTHER_QUESTION  # noqa: E402
+from kvviz.studies.c2c.communication import paired_comparison  # noqa: E402
+from kvviz.studies.c2c.evaluate import OTHER_QUESTION  # noqa: E402
 
 # the C2C paper's Table (receiver Qwen3-0.6B, sharer Qwen2.5-0.5B; REFERENCE.md section 1)
 PAPER = {"mmlu_redux": (35.5, 41.0, 42.9), "openbookqa": (39.2, 44.0, 52.6), "arc_challenge": (41.0, 49.5, 54.5)}

@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kvviz import cache as kv
+from kvviz.runtime import cache as kv
 from research.lean_step import GrowingKV, LeanStepper
 from research.speed_prototype import apply_linear, copy_state
 
@@ -62,7 +62,7 @@ class CompiledLean(LeanStepper):
 
     @torch.no_grad()
     def step(self, states, tokens, buffers):
-        from kvviz.attention import AttentionPlan
+        from kvviz.runtime.attention import AttentionPlan
 
         count = len(states)
         rows = max(self.bucket, count)
@@ -102,9 +102,9 @@ class CompiledLean(LeanStepper):
 
 
 def main():
-    from kvviz.decode import prefill
-    from kvviz.models import load_model
-    from kvviz.speed import _prompt_ids
+    from kvviz.runtime.decode import prefill
+    from kvviz.runtime.models import load_model
+    from kvviz.studies.speed import _prompt_ids
 
     torch.set_num_threads(1)
     name = sys.argv[1] if len(sys.argv) > 1 else "gemma3-270m"

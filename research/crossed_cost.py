@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from kvviz import crossed
-from kvviz.engine import load_pair, run_handoff, run_handoffs
+from kvviz.app.presets import PRESETS
+from kvviz.engine.runner import load_pair, run_handoff, run_handoffs
 from kvviz.handoffs.registry import build_request, default_handoffs
-from kvviz.presets import PRESETS
+from kvviz.runtime import crossed
 
 
 def timed(pair, names, inspect):

@@ -1,8 +1,13 @@
 """Dynamic int8 quantisation (fbgemm: int8 weights and per-batch int8 activations) of the stack's
 linears: ms per pass at M rows (thread CPU time, min of 7), beside fp32 oneDNN and the stream time."""
-import time, torch, torch.nn.functional as F
+import time
+
+import torch
+import torch.nn.functional as F
+
 torch.set_num_threads(1)
-from kvviz.models import load_model
+from kvviz.runtime.models import load_model
+
 print(torch.backends.quantized.supported_engines, torch.backends.quantized.engine)
 for name in ("gemma3-270m", "smollm2-135m"):
     loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)

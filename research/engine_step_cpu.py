@@ -1,12 +1,17 @@
-"""The engine's decode step (kvviz.decode: the shared batch's step and head) by batch size, against
+"""The engine's decode step (kvviz.runtime.decode: the shared batch's step and head) by batch size, against
 today's path (KVVIZ_BATCHED_DECODE=0: the model's own forward) and the stack's weight-stream time,
 in thread CPU time (robust to other processes on the machine), one thread, interleaved rounds, min
 of the per-round medians.    PYTHONPATH=. python research/engine_step_cpu.py [--rounds 5]"""
-import argparse, statistics, time, torch
-from kvviz import cache as kv
-from kvviz.decode import decode_batch, prefill
-from kvviz.models import load_model
-from kvviz.speed import DECODE_STEPS, PROMPT_TOKENS, _prompt_ids
+import argparse
+import statistics
+import time
+
+import torch
+
+from kvviz.runtime import cache as kv
+from kvviz.runtime.decode import decode_batch, prefill
+from kvviz.runtime.models import load_model
+from kvviz.studies.speed import DECODE_STEPS, PROMPT_TOKENS, _prompt_ids
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--rounds", type=int, default=5)

@@ -1,9 +1,15 @@
 """Kernel time of one decode step's matrix products, fused (QKV, gate-up) vs separate, M rows, one
 thread, thread CPU time; beside streaming the same fp32 weights once."""
-import sys, time, statistics, torch
+import statistics
+import sys
+import time
+
+import torch
+
 torch.set_num_threads(1)
-from kvviz.models import load_model
+from kvviz.runtime.models import load_model
 from research.speed_prototype import LayerWeights, apply_linear
+
 for name in sys.argv[1].split(","):
     loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
     layers = loaded.model.model.layers

@@ -1,10 +1,10 @@
-"""A cache layer with spare room (phase-A prototype of what kvviz/cache.py gets in phase B).
+"""A cache layer with spare room (phase-A prototype of what kvviz/runtime/cache.py gets in phase B).
 
 transformers' ``DynamicLayer`` appends by ``torch.cat`` of the whole layer, so every decode token
 copies the layer's cache. ``GrowingLayer`` keeps keys and values in buffers with spare room along
 the token axis (grown by doubling) and exposes the filled part as views: appending one token writes
 one slot. Everything that reads ``layer.keys`` / ``layer.values`` keeps working; code that assigns
-them (``kvviz.cache.place`` moving a layer to another device) is noticed at the next append, which
+them (``kvviz.runtime.cache.place`` moving a layer to another device) is noticed at the next append, which
 then rebuilds the buffer from the assigned tensors.
 
     PYTHONPATH=. python research/growing_cache.py        # checks against DynamicLayer and times a step
@@ -59,11 +59,11 @@ def growing_cache() -> DynamicCache:
 
 
 def main():
-    from kvviz import cache as kv
-    from kvviz.decode import prefill
-    from kvviz.models import load_model
-    from kvviz.speed import _prompt_ids
-    from kvviz.step import DecodeStep
+    from kvviz.runtime import cache as kv
+    from kvviz.runtime.decode import prefill
+    from kvviz.runtime.models import load_model
+    from kvviz.runtime.step import DecodeStep
+    from kvviz.studies.speed import _prompt_ids
 
     torch.set_num_threads(1)
     for name in ("gemma3-270m", "smollm2-135m"):
@@ -89,11 +89,11 @@ def main():
 
 def long_context(tokens: int = 1024):
     """The same comparison after a ``tokens``-token prompt (HotpotQA-sized contexts)."""
-    from kvviz import cache as kv
-    from kvviz.decode import prefill
-    from kvviz.models import load_model
-    from kvviz.speed import _prompt_ids
-    from kvviz.step import DecodeStep
+    from kvviz.runtime import cache as kv
+    from kvviz.runtime.decode import prefill
+    from kvviz.runtime.models import load_model
+    from kvviz.runtime.step import DecodeStep
+    from kvviz.studies.speed import _prompt_ids
 
     torch.set_num_threads(1)
     for name in ("gemma3-270m", "smollm2-135m"):

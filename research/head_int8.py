@@ -1,10 +1,15 @@
 """An int8 copy of the output head for the approximate scan (per-row activation scales, torch._int_mm:
 exact integer sums, so a row's scan does not depend on the other rows): ms by rows (thread CPU time,
 min of 5), beside the int4 and bf16 scans; and how often the exact winner is in its top 256."""
-import time, torch, torch.nn.functional as F
+import time
+
+import torch
+import torch.nn.functional as F
+
 torch.set_num_threads(1)
-from kvviz.models import load_model
-from kvviz.head import GROUP_SIZE
+from kvviz.runtime.head import GROUP_SIZE
+from kvviz.runtime.models import load_model
+
 for name in ("gemma3-270m", "smollm2-135m"):
     loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
     head = loaded.head; packed, sz = head.scan_index(); W = head.linear.weight.detach()
@@ -26,8 +31,8 @@ for name in ("gemma3-270m", "smollm2-135m"):
         out[f"bf16 M={M}"] = best(lambda: torch.ops.mkldnn._linear_pointwise(x.bfloat16(), bf, None, "none", [], ""))
     # winner rank on real-ish hidden states: final norm outputs of random prompts
     ranks = []
-    from kvviz import cache as kv
-    from kvviz.decode import prefill
+    from kvviz.runtime import cache as kv
+    from kvviz.runtime.decode import prefill
     for seed in range(20):
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(100, 5000, (12,), generator=g).tolist()

@@ -1,9 +1,15 @@
 """The output head's approximate scan for M rows at once, per kernel (thread CPU ms), one thread."""
-import sys, time, statistics
-import torch, torch.nn.functional as F
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
 torch.set_num_threads(1)
-from kvviz.models import load_model
-from kvviz.head import GROUP_SIZE
+from kvviz.runtime.head import GROUP_SIZE
+from kvviz.runtime.models import load_model
+
 loaded = load_model(sys.argv[1] if len(sys.argv) > 1 else "gemma3-270m", "cpu", "float32", progress=lambda *a: None)
 head = loaded.head
 packed, sz = head.scan_index()

@@ -1,8 +1,13 @@
 """int8 x int8 -> int32 products (torch._int_mm) with per-row activation scales: exact integer
 accumulation, so a row's result cannot depend on the other rows. Speed (thread CPU time, min of 7)."""
-import time, torch, torch.nn.functional as F
+import time
+
+import torch
+import torch.nn.functional as F
+
 torch.set_num_threads(1)
-from kvviz.models import load_model
+from kvviz.runtime.models import load_model
+
 for name in ("gemma3-270m", "smollm2-135m"):
     loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
     mats = [m.weight.detach() for l in loaded.model.model.layers for m in l.modules() if isinstance(m, torch.nn.Linear)]

@@ -2,9 +2,13 @@
 For each kernel and stack matrix: row r of an M-row product vs the same row alone (M=1), vs the same
 row padded into a fixed 8-row block at another position with other rows' content changed."""
 import sys
-import torch, torch.nn.functional as F
+
+import torch
+import torch.nn.functional as F
+
 torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
-from kvviz.models import load_model
+from kvviz.runtime.models import load_model
+
 name = sys.argv[1] if len(sys.argv) > 1 else "gemma3-270m"
 loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
 mats = [m.weight.detach() for l in loaded.model.model.layers[:3] for m in l.modules() if isinstance(m, torch.nn.Linear)]

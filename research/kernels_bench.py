@@ -1,9 +1,15 @@
 """Linear kernels for small-batch decode on this CPU, one thread, over a model's stack matrices.
 Interleaved repeats, median ms per full pass over every stack matrix."""
-import sys, time, statistics
-import torch, torch.nn.functional as F
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
 torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
-from kvviz.models import load_model
+from kvviz.runtime.models import load_model
+
 
 def t(fn, n=5):
     fn(); out = []

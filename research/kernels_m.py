@@ -1,11 +1,18 @@
 """ms per pass over all stack matrices, per kernel and row count M, one thread; interleaved rounds;
 prints median and min over rounds. Also the fp32 stream time (sum of each weight)."""
-import sys, time, statistics
-import torch, torch.nn.functional as F
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
 torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
-from kvviz.models import load_model
+from kvviz.runtime.models import load_model
+
 name = sys.argv[1]
 import os
+
 CLOCK = time.thread_time if os.environ.get("CLOCK", "cpu") == "cpu" else time.perf_counter
 Ms = [int(m) for m in sys.argv[3].split(",")] if len(sys.argv) > 3 else [1, 2, 4, 6, 8]
 loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)

@@ -12,7 +12,7 @@ the measured facts that explain it (KVComm with every layer against Skyline, ans
 rank correlation between the calibration profile and each query's own importance).
 
 The section sits between ``<!-- kvcomm-table:start -->`` and ``<!-- kvcomm-table:end -->``; the
-RESULTS.md writer (kvviz.bench.report, KEPT) keeps it when the rest is regenerated.
+RESULTS.md writer (kvviz.studies.bench.report, KEPT) keeps it when the rest is regenerated.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "research"))
 
-from kvviz.bench.report import replace_section, section_marks  # noqa: E402
-from kvviz.data import wilson_interval  # noqa: E402
 from mcnemar import compare, format_p  # noqa: E402
+
+from kvviz.data import wilson_interval  # noqa: E402
+from kvviz.studies.bench.report import replace_section, section_marks  # noqa: E402
 
 START, END = section_marks("kvcomm-table")
 ORDER = ("receiver", "skyline", "text", "kvcomm@0.3", "kvcomm@0.5", "kvcomm@0.7", "kvcomm-random@0.3",

@@ -6,7 +6,7 @@ Samples: the benchmark's (``python -m kvviz bench --seed S``: a seeded shuffle).
 the *calibration sample*, as in the reference code, which calibrates on the task's first item; it
 is left out of the score, and the next ``--limit`` samples are scored. Every variant answers every
 scored sample (greedy), so the variants can be compared pair by pair (``research/mcnemar.py``).
-Every (sample, variant) pair goes through kvviz's one evaluation loop (``kvviz.evaluation``).
+Every (sample, variant) pair goes through kvviz's one evaluation loop (``kvviz.engine.evaluation``).
 
 Variants: receiver alone, Skyline, text, KVComm at each ratio calibrated on the task's first
 sample (``kvcomm@R``) and on kvviz's built-in sentence (``kvcomm-builtin@R``), and at the control
@@ -59,8 +59,8 @@ def variants(ratios: list[float], control_ratio: float) -> dict[str, dict | None
 
 def reference_count_layers(pair, options: dict, calibration_sample: tuple[str, str]) -> tuple[int, ...]:
     """The reference code's selection: the top ceil(r * L) layers by score, plus layer 0."""
-    from kvviz.handoffs import kvcomm_layers as kvcomm
-    from kvviz.handoffs.kvcomm_layers import KVCommOptions
+    from kvviz.handoffs.kvcomm import layers as kvcomm
+    from kvviz.handoffs.kvcomm.layers import KVCommOptions
 
     num_layers = pair.receiver.facts.num_layers
     attention = kvcomm.calibrate(pair, *calibration_sample)["attention"]
@@ -89,12 +89,12 @@ def main() -> int:
 
     import torch
 
-    from kvviz.bench.scoring import score_answer
     from kvviz.data import choice_query, load_dataset
-    from kvviz.engine import load_pair
-    from kvviz.evaluation import Variant, evaluate
-    from kvviz.handoffs import kvcomm_layers
+    from kvviz.engine.evaluation import Variant, evaluate
+    from kvviz.engine.runner import load_pair
+    from kvviz.handoffs.kvcomm import layers as kvcomm_layers
     from kvviz.handoffs.registry import build_request
+    from kvviz.studies.bench.scoring import score_answer
 
     torch.set_num_threads(args.threads)
     records = load_dataset(args.dataset, limit=args.limit + 1, seed=args.seed)

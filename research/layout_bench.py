@@ -1,6 +1,6 @@
 """Run ``python -m kvviz bench`` with a candidate prompt layout for base (no chat template) models.
 
-The project's prompt (``kvviz.prompts.render``) stays as it is in the code; this script changes it
+The project's prompt (``kvviz.core.prompts.render``) stays as it is in the code; this script changes it
 for its own process only, so that a layout can be measured through the real benchmark before
 anyone decides to adopt it. Every handoff reads its prompt through ``render``, so the change
 reaches the receiver alone, Skyline, KVComm (its calibration sample too: the sender prefills the
@@ -9,7 +9,7 @@ new context segment, worked examples included) and the text handoff's receiver. 
 
 Layouts (the base model's context segment | query segment; today's is ``plain``):
 
-* ``plain``:    ``<bos>Context: C\\n\\n`` | ``Question: Q\\nAnswer:`` (kvviz.prompts, unchanged)
+* ``plain``:    ``<bos>Context: C\\n\\n`` | ``Question: Q\\nAnswer:`` (kvviz.core.prompts, unchanged)
 * ``fewshot3``: ``<bos>`` + three worked examples in the same layout + ``Context: C\\n\\n`` |
   ``Question: Q\\nAnswer:``. The examples (``research/skyline_probe.py``, ``WORKED_EXAMPLES``) are
   part of the context segment: KVComm's sender prefills them with the context and sends them in
@@ -43,7 +43,7 @@ REFUSED = {"c2c", "c2c_control", "ac", "cipher"}
 
 def use_layout(name: str) -> None:
     """Put the layout's prefix after the base model's ``<bos>`` in every prompt of this process."""
-    import kvviz.prompts as prompts
+    import kvviz.core.prompts as prompts
 
     prefix = PREFIXES[name]
     if not prefix:
@@ -75,8 +75,8 @@ def main() -> int:
         names = set(bench_args[bench_args.index("--handoffs") + 1].split(","))
         if names & REFUSED or "all" in names:
             parser.error(f"layout runs take receiver, skyline, kvcomm, text, sharer only (not {sorted(names & REFUSED)})")
-    import kvviz.c2c.align  # noqa: F401  (imported before use_layout, so that it reaches every module
     import kvviz.handoffs  # noqa: F401   that imported render by name)
+    import kvviz.handoffs.c2c.align  # noqa: F401  (imported before use_layout, so that it reaches every module
 
     use_layout(args.layout)
     from kvviz.cli import main as kvviz_main

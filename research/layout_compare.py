@@ -32,8 +32,8 @@ def main(argv=None) -> int:
     parser.add_argument("--show", type=int, default=0, help="print this many answers that changed per variant")
     args = parser.parse_args(argv)
 
-    from kvviz.bench.rows import read_rows
     from kvviz.data import normalize_answer
+    from kvviz.studies.bench.rows import read_rows
 
     first, second = read_rows(args.first), read_rows(args.second)
     merged = first.merge(second, on=["dataset", "sample_id", "variant"], suffixes=("_a", "_b"))

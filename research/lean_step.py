@@ -21,9 +21,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kvviz import cache as kv
-from kvviz.attention import AttentionPlan, positional_mask
-from research.speed_prototype import Stepper, pack, apply_linear, copy_state
+from kvviz.runtime import cache as kv
+from kvviz.runtime.attention import AttentionPlan, positional_mask
+from research.speed_prototype import Stepper, apply_linear, copy_state, pack
 
 
 class GrowingKV:
@@ -147,8 +147,8 @@ class LeanStepper(Stepper):
 def check(loaded, steps=12):
     """The lean step against the first prototype's step (HF modules for norms) and against today's
     HF forward: hidden states over ``steps`` teacher-forced steps from the same prompt."""
-    from kvviz.decode import prefill
-    from kvviz.speed import _prompt_ids
+    from kvviz.runtime.decode import prefill
+    from kvviz.studies.speed import _prompt_ids
 
     base = kv.KVState()
     first, _ = prefill(loaded, base, _prompt_ids(loaded, 32))
@@ -171,9 +171,9 @@ def check(loaded, steps=12):
 
 
 def main():
-    from kvviz.decode import prefill
-    from kvviz.models import load_model
-    from kvviz.speed import _prompt_ids
+    from kvviz.runtime.decode import prefill
+    from kvviz.runtime.models import load_model
+    from kvviz.studies.speed import _prompt_ids
 
     torch.set_num_threads(1)
     for name in (sys.argv[1] if len(sys.argv) > 1 else "gemma3-270m,smollm2-135m").split(","):

@@ -1,9 +1,13 @@
 """Which row counts M give a row the same bits with oneDNN packed fp32 linears (and MKL)?
 Prints, per kernel, the classes of M in 1..16 whose rows agree bitwise with each other."""
 import sys
-import torch, torch.nn.functional as F
+
+import torch
+import torch.nn.functional as F
+
 torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
-from kvviz.models import load_model
+from kvviz.runtime.models import load_model
+
 for name in ("gemma3-270m", "smollm2-135m"):
     loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
     mats = [m.weight.detach() for l in loaded.model.model.layers[:2] for m in l.modules() if isinstance(m, torch.nn.Linear)]

@@ -1,8 +1,14 @@
 """Matrix-vector products of the decoder stacks' weights, one thread: how close to streaming?"""
-import sys, time, statistics
-import torch, torch.nn.functional as F
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
 torch.set_num_threads(1)
-from kvviz.models import load_model
+from kvviz.runtime.models import load_model
+
 
 def t(fn, n=7):
     fn(); out = []

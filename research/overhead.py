@@ -1,12 +1,18 @@
 """The lean step's cost without its matrix products (linears replaced by a preallocated output):
 what the per-layer Python, norms, rotary, cache appends and per-sequence attention cost, by B."""
-import sys, time, statistics, torch
+import statistics
+import sys
+import time
+
+import torch
+
 torch.set_num_threads(1)
 import research.speed_prototype as sp
-from kvviz import cache as kv
-from kvviz.decode import prefill
-from kvviz.models import load_model
-from kvviz.speed import _prompt_ids
+from kvviz.runtime import cache as kv
+from kvviz.runtime.decode import prefill
+from kvviz.runtime.models import load_model
+from kvviz.studies.speed import _prompt_ids
+
 outputs = {}
 def fake_linear(x, packed, bias=None):
     kind, w = packed

@@ -4,11 +4,11 @@
     PYTHONPATH=. python research/page_costs.py figures [--repeats 5]
 
 ``gc``: the page's default handoffs on the locker preset, warm, recording what crossed (as the page
-runs them, ``kvviz.stream.run_events``), with the objects alive after loading frozen out of the
-garbage collector's walks (``gc.freeze``, what ``kvviz.models.load_model`` does) and not
+runs them, ``kvviz.engine.stream.run_events``), with the objects alive after loading frozen out of the
+garbage collector's walks (``gc.freeze``, what ``kvviz.runtime.models.load_model`` does) and not
 (``gc.unfreeze``), alternating within the process: each side's median and the median paired ratio.
 
-``figures``: ``kvviz.plots.all_figures`` on the locker preset's precomputed results (every handoff of
+``figures``: ``kvviz.app.plots.all_figures`` on the locker preset's precomputed results (every handoff of
 the preset, every column's figure): what a run's last update draws. Median seconds.
 """
 
@@ -24,9 +24,9 @@ import torch
 
 
 def gc_pairs(pairs: int) -> None:
-    from kvviz.engine import load_pair
-    from kvviz.speed import default_handoffs, default_workers, full_run_request
-    from kvviz.stream import run_events
+    from kvviz.engine.runner import load_pair
+    from kvviz.engine.stream import run_events
+    from kvviz.studies.speed import default_handoffs, default_workers, full_run_request
 
     torch.set_num_threads(1)
     pair = load_pair("embedded")  # freezes what is alive now
@@ -52,9 +52,9 @@ def gc_pairs(pairs: int) -> None:
 
 
 def figure_seconds(repeats: int) -> None:
-    from kvviz import plots
-    from kvviz.page import spec
-    from kvviz.presets import load_precomputed
+    from kvviz.app import plots
+    from kvviz.app.page import spec
+    from kvviz.app.presets import load_precomputed
 
     results = load_precomputed()["presets"]["locker"]["results"]
     plots.all_figures(results, spec.column_names())  # the figures without a result are built once per process

@@ -1,7 +1,12 @@
 """Can oneDNN run on the model's own fp32 weights (no packed copy)? ms per stack pass (thread time, min of 7)."""
-import time, torch, torch.nn.functional as F
+import time
+
+import torch
+import torch.nn.functional as F
+
 torch.set_num_threads(1)
-from kvviz.models import load_model
+from kvviz.runtime.models import load_model
+
 loaded = load_model("gemma3-270m", "cpu", "float32", progress=lambda *a: None)
 mats = [m.weight.detach() for l in loaded.model.model.layers for m in l.modules() if isinstance(m, torch.nn.Linear)]
 packed = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in mats]

@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def decode_and_prefill_ms(loaded, steps: int = 12) -> tuple[float, float]:
-    from kvviz import cache as kv
-    from kvviz.decode import prefill
-    from kvviz.speed import _prompt_ids
+    from kvviz.runtime import cache as kv
+    from kvviz.runtime.decode import prefill
+    from kvviz.studies.speed import _prompt_ids
 
     prompt = _prompt_ids(loaded, 64)
     state = kv.KVState()
@@ -49,9 +49,9 @@ def decode_and_prefill_ms(loaded, steps: int = 12) -> tuple[float, float]:
 
 def run_presets(pair, names):
     """Every preset through every handoff (kvviz's one evaluation loop), greedy: the answers."""
-    from kvviz.evaluation import Variant, evaluate
-    from kvviz.presets import PRESETS
-    from kvviz.results import GenerationSettings, HandoffRequest
+    from kvviz.app.presets import PRESETS
+    from kvviz.core.results import GenerationSettings, HandoffRequest
+    from kvviz.engine.evaluation import Variant, evaluate
 
     def request_for(preset, variant):
         return HandoffRequest(query=preset.query, context=preset.context, generation=GenerationSettings(max_new_tokens=32))
@@ -72,8 +72,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from kvviz import models
-    from kvviz.engine import load_pair
+    from kvviz.engine.runner import load_pair
+    from kvviz.runtime import models
 
     if args.threads:
         torch.set_num_threads(args.threads)

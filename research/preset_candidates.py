@@ -55,7 +55,7 @@ LAYER_COUNTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 18)
 
 
 def candidates() -> list[dict]:
-    from kvviz.presets import PRESETS
+    from kvviz.app.presets import PRESETS
 
     today = [{"key": p.key, "query": p.query, "context": p.context, "answers": list(p.answers), "today": True} for p in PRESETS]
     new = [{"key": k, "query": q, "context": c, "answers": a, "today": False} for k, q, c, a in NEW_CANDIDATES]
@@ -73,7 +73,7 @@ def marks(answer: str, applicable: bool, answers: list[str]) -> dict:
 
 
 def measure(pair, candidate: dict, max_new_tokens: int, names: list[str] | None = None) -> dict:
-    from kvviz.engine import run_handoff
+    from kvviz.engine.runner import run_handoff
     from kvviz.handoffs.registry import build_request, page_handoffs
 
     request = build_request(candidate["query"], candidate["context"], max_new_tokens=max_new_tokens)
@@ -94,7 +94,7 @@ def measure(pair, candidate: dict, max_new_tokens: int, names: list[str] | None 
 
 def measure_layers(pair, measured: dict, max_new_tokens: int) -> bool:
     """KVComm with each of ``LAYER_COUNTS`` layers sent that ``measured`` lacks; True if any was added."""
-    from kvviz.engine import run_handoff
+    from kvviz.engine.runner import run_handoff
     from kvviz.handoffs.registry import build_request
 
     if not measured["context"]:
@@ -246,15 +246,16 @@ def main(argv=None) -> int:
 
     import torch
 
-    from kvviz.engine import load_pair
+    from kvviz.engine.runner import load_pair
 
     torch.set_num_threads(args.threads)
     names = None
     if args.layout:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import kvviz.c2c.align  # noqa: F401  (before use_layout: it rebinds every module's render)
-        import kvviz.handoffs  # noqa: F401
         from layout_bench import use_layout
+
+        import kvviz.handoffs  # noqa: F401
+        import kvviz.handoffs.c2c.align  # noqa: F401  (before use_layout: it rebinds every module's render)
 
         use_layout(args.layout)
         names = ["receiver", "text", "kvcomm", "skyline", "sharer"]

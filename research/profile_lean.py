@@ -1,11 +1,16 @@
-import sys, torch
+import sys
+
+import torch
+
 torch.set_num_threads(1)
-from torch.profiler import profile, ProfilerActivity
+from torch.profiler import ProfilerActivity, profile
+
+from kvviz.runtime import cache as kv
+from kvviz.runtime.decode import prefill
+from kvviz.runtime.models import load_model
+from kvviz.studies.speed import _prompt_ids
 from research.speed_prototype import Stepper, copy_state
-from kvviz import cache as kv
-from kvviz.decode import prefill
-from kvviz.models import load_model
-from kvviz.speed import _prompt_ids
+
 name, B = sys.argv[1], int(sys.argv[2])
 loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
 base = kv.KVState(); first, _ = prefill(loaded, base, _prompt_ids(loaded, 32)); token = first.greedy_token()

@@ -1,11 +1,15 @@
 """Profile one decode step of each embedded model (phase A research, one thread)."""
-import sys, time, statistics
+import statistics
+import sys
+import time
+
 import torch
+
 torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
-from kvviz.models import load_model
-from kvviz import cache as kv
-from kvviz.decode import prefill
-from kvviz.speed import _prompt_ids
+from kvviz.runtime import cache as kv
+from kvviz.runtime.decode import prefill
+from kvviz.runtime.models import load_model
+from kvviz.studies.speed import _prompt_ids
 
 for name in ("gemma3-270m", "smollm2-135m"):
     loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
@@ -23,7 +27,7 @@ for name in ("gemma3-270m", "smollm2-135m"):
         t = time.perf_counter(); stream(); streams.append(time.perf_counter() - t)
     print(name, "stack bytes MB", sum(p.numel()*4 for p in stack)/1e6, "stack ms", 1000*statistics.median(steps),
           "stream stack ms", 1000*statistics.median(streams))
-    from torch.profiler import profile, ProfilerActivity
+    from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(5):
             prefill(loaded, state, [token])

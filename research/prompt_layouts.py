@@ -2,7 +2,7 @@
 
 For each layout, the receiver answers every sample twice, alone (question only) and as Skyline
 (context and question in one prompt), greedy, with the decode loop every handoff uses; scored by
-the KVComm paper's metric (token F1 > 0.5). Used to choose ``kvviz/prompts.py``'s base layout.
+the KVComm paper's metric (token F1 > 0.5). Used to choose ``kvviz/core/prompts.py``'s base layout.
 
     python research/prompt_layouts.py --dataset countries --limit 100 --threads 1
 
@@ -45,12 +45,12 @@ def main() -> int:
 
     import torch
 
-    from kvviz.cache import KVState
+    from kvviz.core.prompts import encode
+    from kvviz.core.results import GenerationSettings
     from kvviz.data import f1_match, load_dataset
-    from kvviz.decode import generate, prefill
-    from kvviz.models import load_model
-    from kvviz.prompts import encode
-    from kvviz.results import GenerationSettings
+    from kvviz.runtime.cache import KVState
+    from kvviz.runtime.decode import generate, prefill
+    from kvviz.runtime.models import load_model
 
     torch.set_num_threads(args.threads)
     model = load_model(args.model, device="cpu")

@@ -54,7 +54,7 @@ def worked_examples_text(examples=WORKED_EXAMPLES) -> str:
 # (prefix, context part, query part); {C} context, {Q} question. The context part is left out for
 # the receiver alone.
 LAYOUTS = {
-    "plain": ("", "Context: {C}\n\n", "Question: {Q}\nAnswer:"),  # today's base layout (kvviz.prompts)
+    "plain": ("", "Context: {C}\n\n", "Question: {Q}\nAnswer:"),  # today's base layout (kvviz.core.prompts)
     "fewshot3": (worked_examples_text(), "Context: {C}\n\n", "Question: {Q}\nAnswer:"),
     "fewshot3-neutral": (worked_examples_text(NEUTRAL_EXAMPLES), "Context: {C}\n\n", "Question: {Q}\nAnswer:"),
     "instructed": ("", "Context: {C}\n\n", "Question: {Q}\nAnswer briefly.\nAnswer:"),
@@ -77,12 +77,12 @@ def main() -> int:
 
     import torch
 
-    from kvviz.cache import KVState
+    from kvviz.core.prompts import encode
+    from kvviz.core.results import GenerationSettings
     from kvviz.data import contains_answer, f1_match
-    from kvviz.decode import full_logits, generate, prefill
-    from kvviz.models import load_model
-    from kvviz.prompts import encode
-    from kvviz.results import GenerationSettings
+    from kvviz.runtime.cache import KVState
+    from kvviz.runtime.decode import full_logits, generate, prefill
+    from kvviz.runtime.models import load_model
 
     torch.set_num_threads(args.threads)
     model = load_model(args.model, device="cpu")
@@ -152,7 +152,7 @@ def main() -> int:
 
 
 def _stop_ids(tokenizer) -> set[int]:
-    from kvviz.prompts import stop_token_ids
+    from kvviz.core.prompts import stop_token_ids
 
     return stop_token_ids(tokenizer)
 

@@ -4,7 +4,7 @@
 
 1. **The output head** of each model: the product hidden x vocabulary at each precision the CPU
    offers (float32, bfloat16, float16, int8 and int4 weight-only), and kvviz's greedy head (a
-   4-bit scan plus exact rescoring, ``kvviz.head``), on one thread.
+   4-bit scan plus exact rescoring, ``kvviz.runtime.head``), on one thread.
 2. **The decoder stack's matrix-vector products** of each model, once per weight matrix as a decode
    step does them, at each precision, on one thread (the stack's other work is not included).
 3. **Threads and side by side**: the page's default handoffs on the locker preset, warm, each
@@ -45,7 +45,7 @@ def precisions(weight):
     import torch
     import torch.nn.functional as F
 
-    from kvviz.head import GROUP_SIZE, quantize_int4
+    from kvviz.runtime.head import GROUP_SIZE, quantize_int4
 
     weight = weight.detach().float()
     half, brain = weight.half(), weight.bfloat16()
@@ -102,14 +102,14 @@ import json, sys, time, torch
 sys.path.insert(0, {root!r})
 threads, workers, repeats = {threads}, {workers}, {repeats}
 torch.set_num_threads(threads)
-from kvviz.engine import load_pair
-from kvviz.stream import stream_handoffs
-from kvviz.speed import FULL_RUN_QUERY, FULL_RUN_CONTEXT, FULL_RUN_TOKENS
+from kvviz.engine.runner import load_pair
+from kvviz.engine.stream import stream_handoffs
+from kvviz.studies.speed import FULL_RUN_QUERY, FULL_RUN_CONTEXT, FULL_RUN_TOKENS
 from kvviz.handoffs.registry import default_handoffs
-from kvviz.results import GenerationSettings, HandoffRequest
-from kvviz import engine
+from kvviz.core.results import GenerationSettings, HandoffRequest
+from kvviz.engine import runner
 pair = load_pair({pair!r}, progress=lambda *a: None)
-engine.load_pair = lambda name, progress=None: pair
+runner.load_pair = lambda name, progress=None: pair
 request = HandoffRequest(query=FULL_RUN_QUERY, context=FULL_RUN_CONTEXT, generation=GenerationSettings(max_new_tokens=FULL_RUN_TOKENS))
 walls = []
 for repeat in range(repeats + 1):
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from kvviz.engine import load_pair
+    from kvviz.engine.runner import load_pair
 
     pair = load_pair(args.pair, "cpu", "float32", progress=lambda message: print(message, file=sys.stderr))
     threads = torch.get_num_threads()

@@ -16,12 +16,12 @@ What a batched step is here (``Stepper.step``):
 * The linear layers use oneDNN with weights packed once (``torch.ops.mkldnn._linear_pointwise``):
   on this CPU it is faster at M = 6 than MKL's F.linear at M = 1 (research/kernels_m.py).
 * Attention runs per sequence on its own cache (its own keys, positions and, for sliding-window
-  layers that need one, its own mask; kvviz.attention's rules), so no padding enters any softmax.
+  layers that need one, its own mask; kvviz.runtime.attention's rules), so no padding enters any softmax.
   ``--attention padded`` instead left-pads every layer's keys to the longest sequence and runs one
   masked SDPA for the batch (the "pad and mask" design): not bitwise equal to alone.
 * Everything else (norms, rotary, activations, residuals) is row-wise.
 * The head: one approximate scan for all rows, then each row's candidates rescored exactly
-  (kvviz.head's rule: the exact argmax whenever the winner is among the candidates).
+  (kvviz.runtime.head's rule: the exact argmax whenever the winner is among the candidates).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kvviz import cache as kv
-from kvviz.attention import AttentionPlan, positional_mask
+from kvviz.runtime import cache as kv
+from kvviz.runtime.attention import AttentionPlan, positional_mask
 
 BUCKET = 6
 INT4_ROWS = 4  # the head's int4 scan is cheaper than the bf16 one up to this many rows (research/head_m.py)
@@ -262,13 +262,13 @@ class Stepper:
     # --- the head ---
 
     def greedy_tokens(self, hidden: torch.Tensor) -> list[int]:
-        """kvviz.head's greedy rule per row: approximate scan for all rows at once (int4 for up to
+        """kvviz.runtime.head's greedy rule per row: approximate scan for all rows at once (int4 for up to
         ``INT4_ROWS`` rows, else bf16 through oneDNN), then each row's candidates scored exactly."""
         head = self.loaded.head
         index = head.scan_index()
         if index is None or hidden.shape[0] == 1 or self.head_mode != "batched":
             return [head.greedy_token(hidden[b : b + 1]) for b in range(hidden.shape[0])]
-        from kvviz.head import CANDIDATES, GROUP_SIZE
+        from kvviz.runtime.head import CANDIDATES, GROUP_SIZE
 
         if hidden.shape[0] <= INT4_ROWS or self.head_scan is None:
             packed, scales_and_zeros = index
@@ -294,7 +294,7 @@ class Stepper:
 def decode_together(stepper: Stepper, items):
     """items: (state, first token, token limit, stop at newline or None) per sequence. Greedy; stops per sequence at EOS / newline / limit.
     Returns the token ids of each sequence and the seconds of each step."""
-    from kvviz.prompts import has_chat_template, stop_token_ids
+    from kvviz.core.prompts import has_chat_template, stop_token_ids
 
     tokenizer = stepper.loaded.tokenizer
     stop_ids = stop_token_ids(tokenizer)
@@ -334,9 +334,11 @@ def capture_states(pair, request, names):
     """Run each handoff as today and capture, at every call of the decode loop, a copy of the state
     and the first token it decodes from, plus today's tokens. Returns [(label, model, state, first
     token, today's tokens, limit, stop_at_newline)]."""
-    from kvviz import decode
-    from kvviz.engine import run_handoff
-    from kvviz.handoffs import c2c, ac, cipher, common, kvcomm
+    from kvviz.engine.runner import run_handoff
+    from kvviz.handoffs import ac, cipher, common
+    from kvviz.handoffs.c2c import handoff as c2c
+    from kvviz.handoffs.kvcomm import handoff as kvcomm
+    from kvviz.runtime import decode
 
     captured = []
     original = decode.generate
@@ -401,9 +403,9 @@ def copy_state(state):
 def exact(args):
     """Every handoff's decode on the presets: tokens alone (B=1) vs all of one model's sequences batched,
     vs today's generate(); for the fixed-bucket per-sequence design and the alternatives."""
-    from kvviz.engine import load_pair
+    from kvviz.app.presets import PRESETS
+    from kvviz.engine.runner import load_pair
     from kvviz.handoffs.registry import build_request
-    from kvviz.presets import PRESETS
 
     pair = load_pair("embedded", "cpu", "float32", progress=lambda *a: None)
     names = ["receiver", "text", "c2c", "c2c_control", "kvcomm", "skyline", "ac", "cipher", "sharer"]
@@ -457,10 +459,10 @@ def exact(args):
 def speed(args):
     """ms per batched step for B = 1, 2, 4, 6 on each model, on real-length caches (the locker preset's
     receiver state, repeated), interleaved rounds; beside the fp32 stream time of the decoder stack and
-    today's single decode step (kvviz.decode.prefill of one token + the fast head)."""
-    from kvviz.decode import prefill
-    from kvviz.models import load_model
-    from kvviz.speed import PROMPT_TOKENS, _prompt_ids
+    today's single decode step (kvviz.runtime.decode.prefill of one token + the fast head)."""
+    from kvviz.runtime.decode import prefill
+    from kvviz.runtime.models import load_model
+    from kvviz.studies.speed import PROMPT_TOKENS, _prompt_ids
 
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     variants = {

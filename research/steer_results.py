@@ -12,7 +12,7 @@ what a latent step costs, beside a decode step of the receiver in the same rows;
 often it changes the receiver's answer and how often the changed answer is right.
 
 The section sits between ``<!-- steer-table:start -->`` and ``<!-- steer-table:end -->``; the
-RESULTS.md writer (kvviz.bench.report, KEPT) keeps it when the rest is regenerated.
+RESULTS.md writer (kvviz.studies.bench.report, KEPT) keeps it when the rest is regenerated.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "research"))
 
-from kvviz.bench.report import replace_section, section_marks  # noqa: E402
-from kvviz.data import wilson_interval  # noqa: E402
 from mcnemar import compare, format_p  # noqa: E402
+
+from kvviz.data import wilson_interval  # noqa: E402
+from kvviz.studies.bench.report import replace_section, section_marks  # noqa: E402
 
 START, END = section_marks("steer-table")
 STEPS = (2, 4, 8)

@@ -1,11 +1,14 @@
-"""kvviz/step.py's DecodeStep on real decode states of every handoff: batched vs alone bitwise
+"""kvviz/runtime/step.py's DecodeStep on real decode states of every handoff: batched vs alone bitwise
 (teacher-forced), and its greedy tokens vs today's generate(); tiny test models and (with --embedded)
 the embedded pair on the presets."""
-import sys, torch
+import sys
+
+import torch
+
 torch.set_num_threads(1)
-from kvviz.step import DecodeStep
-from research.speed_prototype import capture_states, copy_state, teacher_forced_bits, decode_together
 from kvviz.handoffs.registry import build_request
+from kvviz.runtime.step import DecodeStep
+from research.speed_prototype import capture_states, copy_state, decode_together, teacher_forced_bits
 
 
 class WithHead:
@@ -49,8 +52,8 @@ if __name__ == "__main__":
     from tests.conftest import tiny_pair
     names = ["receiver", "text", "c2c", "c2c_control", "kvcomm", "skyline", "ac", "cipher", "sharer"]
     if "--embedded" in sys.argv:
-        from kvviz.engine import load_pair
-        from kvviz.presets import PRESETS
+        from kvviz.app.presets import PRESETS
+        from kvviz.engine.runner import load_pair
         pair = load_pair("embedded", "cpu", "float32", progress=lambda *a: None)
         print("embedded presets:", check(pair, [build_request(p.query, p.context, max_new_tokens=32) for p in PRESETS], names))
     else:

@@ -1,12 +1,18 @@
-"""The batched step (kvviz/step.py) at 1 and 2 torch threads, wall clock, B = 1 and 6, interleaved
+"""The batched step (kvviz/runtime/step.py) at 1 and 2 torch threads, wall clock, B = 1 and 6, interleaved
 rounds (min of the per-round medians), beside streaming the stack's weights at the same thread count."""
-import statistics, sys, time, torch
-from kvviz import cache as kv
-from kvviz.decode import prefill
-from kvviz.models import load_model
-from kvviz.speed import _prompt_ids
-from kvviz.step import DecodeStep
+import statistics
+import sys
+import time
+
+import torch
+
+from kvviz.runtime import cache as kv
+from kvviz.runtime.decode import prefill
+from kvviz.runtime.models import load_model
+from kvviz.runtime.step import DecodeStep
+from kvviz.studies.speed import _prompt_ids
 from research.speed_prototype import copy_state
+
 name = sys.argv[1] if len(sys.argv) > 1 else "gemma3-270m"
 loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
 torch.set_num_threads(1)

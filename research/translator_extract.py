@@ -8,8 +8,8 @@
     python research/translator_extract.py raw --heldout-entities --out DATA/raw/unseen.safetensors
 
 Both models read ``Context: <text>\\n\\n`` exactly as the translation handoff lays it out
-(``kvviz.c2c.translator.align_context``); the receiver reads it here in training only. Features are
-the sharer's position-free keys and values at the aligned token (``kvviz.c2c.translator.features``),
+(``kvviz.handoffs.translate.translator.align_context``); the receiver reads it here in training only. Features are
+the sharer's position-free keys and values at the aligned token (``kvviz.handoffs.translate.translator.features``),
 targets the receiver's position-free keys and values at every layer.
 
 Raw samples hold a superset of features: the aligned token at every sharer layer, then the token
@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvviz.data import recall  # noqa: E402
-from kvviz.c2c import translator as tr  # noqa: E402
+from kvviz.handoffs.translate import translator as tr  # noqa: E402
 
 MAX_RECEIVER_TOKENS = 256
 BATCH_TOKENS = 1024
@@ -172,7 +172,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from kvviz.engine import load_pair
+    from kvviz.engine.runner import load_pair
 
     pair = load_pair("embedded", "cpu", None, progress=lambda message: None)
     run_stats(args, pair) if args.mode == "stats" else run_raw(args, pair)

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvviz.c2c import translator as tr  # noqa: E402
+from kvviz.handoffs.translate import translator as tr  # noqa: E402
 
 LAMBDAS = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 
@@ -70,7 +70,7 @@ class Raw:
         return self._y
 
     def columns(self, layers, neighbours: int, alignment: bool = True) -> list[int]:
-        """Raw columns in ``kvviz.c2c.translator.features`` order for this configuration."""
+        """Raw columns in ``kvviz.handoffs.translate.translator.features`` order for this configuration."""
         cols = []
         for layer in layers:
             cols += range(layer * self.per, (layer + 1) * self.per)
@@ -224,7 +224,7 @@ def embedded_facts():
     """(sharer facts, receiver facts, sharer tokenizer) of the embedded pair, without loading weights."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from kvviz.models import converted_dir, facts_from_config
+    from kvviz.runtime.models import converted_dir, facts_from_config
 
     out = []
     for key in ("smollm2-135m", "gemma3-270m"):
@@ -245,7 +245,7 @@ def pilot_stats(raw_dir: Path, layers, neighbours: int, tokens: int = 25000) -> 
 
 
 def fit(args) -> int:
-    from kvviz.checkpoints import model_fingerprint
+    from kvviz.runtime.checkpoints import model_fingerprint
 
     if args.stats == "pilot":
         stats, progress = pilot_stats(Path(args.raw), [int(x) for x in args.layers.split(",")], args.neighbours)

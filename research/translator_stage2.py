@@ -1,4 +1,4 @@
-"""Stage 2 of the KV translator: training through the frozen receiver (``kvviz.c2c.translator_train``).
+"""Stage 2 of the KV translator: training through the frozen receiver (``kvviz.studies.c2c.translator_train``).
 
     # the teacher's tensors of private-context examples (once; the receiver reads them in training only)
     python research/translator_stage2.py teacher --init DATA/ridge/rank768 \\
@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvviz.c2c import translator as tr  # noqa: E402
-from kvviz.c2c import translator_train as tt  # noqa: E402
+from kvviz.handoffs.translate import translator as tr  # noqa: E402
+from kvviz.studies.c2c import translator_train as tt  # noqa: E402
 
 SHARD = 50
 ANSWER_TOKENS = 16
@@ -41,8 +41,7 @@ def log(message: str) -> None:
 
 
 def training_records(recall_n: int, dolly_n: int, seed: int):
-    from kvviz.data import recall
-    from kvviz.data import load_dataset
+    from kvviz.data import load_dataset, recall
     from research.translator_corpus import countries_split
 
     records = [("recall", r) for r in recall.generate("train", recall_n, seed=200 + seed)]
@@ -61,7 +60,7 @@ def validation_records(n: int):
 
 
 def answer_ids(tokenizer, record) -> list[int]:
-    from kvviz.c2c.examples import response_ids
+    from kvviz.studies.c2c.examples import response_ids
 
     return response_ids(tokenizer, record.response or record.answers[0], ANSWER_TOKENS)
 
@@ -89,7 +88,7 @@ def write_teacher(args, pair, config, name: str, records) -> list[dict]:
 
 
 def teacher(args) -> int:
-    from kvviz.engine import load_pair
+    from kvviz.engine.runner import load_pair
 
     pair = load_pair("embedded", "cpu", None, progress=lambda message: None)
     config = tr.read_config(args.init)
@@ -127,7 +126,7 @@ def mean_loss(loss_fn, translator, examples) -> tuple[float, list[float]]:
 
 
 def train(args) -> int:
-    from kvviz.engine import load_pair
+    from kvviz.engine.runner import load_pair
 
     torch.manual_seed(args.seed)
     pair = load_pair("embedded", "cpu", None, progress=lambda message: None)
@@ -209,7 +208,7 @@ def validation_nll(pair, translator, records) -> float:
             ids = answer_ids(pair.receiver.tokenizer, record)
             alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, record.context, translator.config.sharer_start)
             prefix, _, _ = tr.translate(pair, translator, alignment)
-            from kvviz.prompts import build_segments
+            from kvviz.core.prompts import build_segments
 
             query_ids = build_segments(pair.receiver.tokenizer, record.question).query_ids
             total += float(tr.nll_after(pair.receiver, prefix.state, query_ids, ids))
@@ -219,7 +218,7 @@ def validation_nll(pair, translator, records) -> float:
 
 def train_nll(args) -> int:
     """End to end: the gold answer's NLL through the frozen receiver, from a stage-2 checkpoint."""
-    from kvviz.engine import load_pair
+    from kvviz.engine.runner import load_pair
 
     torch.manual_seed(args.seed)
     pair = load_pair("embedded", "cpu", None, progress=lambda message: None)

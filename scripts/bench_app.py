@@ -14,7 +14,7 @@ Measures, with the app served on 127.0.0.1 (random free port) in this process:
    endpoint (gradio_client), with ``--max-new-tokens`` per answer: one run first loads and warms the
    models, the next ones are timed (wall clock of the whole endpoint call, and each handoff's own
    measured total). With ``--crossed both`` the timed runs alternate between recording what crossed
-   (``kvviz.crossed``: the page's default) and not (``KVVIZ_RECORD_CROSSED=0``), after a warm-up run
+   (``kvviz.runtime.crossed``: the page's default) and not (``KVVIZ_RECORD_CROSSED=0``), after a warm-up run
    each way, and the report gives the ratio of their median wall times (issue 22's capture cost).
    Each timed run also says where this process's CPU went (``cpu``): the threads alive before and
    after it by name (the server's event loop, Gradio's worker threads, the client's) and the rest,
@@ -244,7 +244,7 @@ def control_page(what: str):
     import gradio as gr
     import plotly.graph_objects as go
 
-    from kvviz.ui import launch_kwargs
+    from kvviz.app.ui import launch_kwargs
 
     with gr.Blocks() as control:
         if what == "answer":
@@ -365,10 +365,10 @@ def main(argv=None) -> int:
 
     from gradio_client import Client
 
-    from kvviz.engine import load_pair
-    from kvviz.presets import PRESETS
-    from kvviz.stream import use_one_thread_per_handoff
-    from kvviz.ui import build_demo, launch_kwargs
+    from kvviz.app.presets import PRESETS
+    from kvviz.app.ui import build_demo, launch_kwargs
+    from kvviz.engine.runner import load_pair
+    from kvviz.engine.stream import use_one_thread_per_handoff
 
     use_one_thread_per_handoff()  # as app.py serves it
     started = time.perf_counter()
@@ -440,7 +440,7 @@ class recording:
 
 def finish(report: dict, args) -> int:
     """Print the report (and write it as JSON with --out)."""
-    from kvviz.presets import PRESETS
+    from kvviz.app.presets import PRESETS
 
     if "first_answer_seconds" in report:
         print(median_line("first answer painted", report["first_answer_seconds"], report["control_first_answer_seconds"],

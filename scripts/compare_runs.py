@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     parser.add_argument("second")
     args = parser.parse_args(argv)
 
-    from kvviz.bench.rows import read_rows
+    from kvviz.studies.bench.rows import read_rows
 
     first, second = read_rows(Path(args.first)), read_rows(Path(args.second))
     merged = first.merge(second, on=["dataset", "sample_index", "variant"], suffixes=("_1", "_2"))

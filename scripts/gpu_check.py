@@ -13,7 +13,7 @@ embedded one: the same ChatML chat format, 49,152 words, the embedding padded to
 400-word tokenizer, trained on the spot, so that it runs anywhere in seconds.
 
 Each pair runs every registered handoff once (a table with tokens per second and peak GPU memory
-per handoff), then ``bench --perf``'s measurement (``kvviz.perf``: the C2C/text/receiver and
+per handoff), then ``bench --perf``'s measurement (``kvviz.studies.perf``: the C2C/text/receiver and
 KVComm/Skyline ratios, bytes, peak memory, decode and prefill speed). C2C runs with a random,
 untrained fuser (and its control), written under the kvviz cache folder. KVComm needs a sender of
 the receiver's architecture: each pair here uses the receiver itself (the ``qwen`` pair's registry
@@ -87,7 +87,7 @@ def tokenizer_for(model_type: str, tiny: bool):
         return tiny_tokenizer(chat=model_type != "gemma3_text")
     from transformers import AutoTokenizer
 
-    from kvviz.models import prepare_embedded
+    from kvviz.runtime.models import prepare_embedded
 
     folder = prepare_embedded(TOKENIZER_FROM[model_type], progress=lambda message: print(message, file=sys.stderr))
     return AutoTokenizer.from_pretrained(folder)
@@ -100,9 +100,9 @@ def build_model(name: str, device: str, dtype, tiny: bool, seed: int = 0):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from kvviz import attention
-    from kvviz.facts import facts_from_config
-    from kvviz.models import LoadedModel
+    from kvviz.core.facts import facts_from_config
+    from kvviz.runtime import attention
+    from kvviz.runtime.models import LoadedModel
 
     started = time.perf_counter()
     config = config_for(name, tiny)
@@ -131,7 +131,7 @@ def build_model(name: str, device: str, dtype, tiny: bool, seed: int = 0):
 
 
 def build_pair(pair_name: str, device: str, dtype, tiny: bool):
-    from kvviz.models import LoadedPair, PairSpec
+    from kvviz.runtime.models import LoadedPair, PairSpec
 
     sharer_name, receiver_name = PAIRS[pair_name]
     receiver = build_model(receiver_name, device, dtype, tiny, seed=1)
@@ -145,9 +145,9 @@ def random_fusers(pair) -> Path:
     """An untrained C2C fuser and its control for the pair, under the kvviz cache folder, and an
     untrained KV translator beside them (``translator``); returns the C2C one (its control sits
     beside it, as the C2C handoff's ``fuser`` option expects)."""
-    from kvviz.c2c.fuser import new_fuser
-    from kvviz.c2c.translator import new_translator
-    from kvviz.paths import cache_dir
+    from kvviz.core.paths import cache_dir
+    from kvviz.handoffs.c2c.fuser import new_fuser
+    from kvviz.handoffs.translate.translator import new_translator
 
     folder = cache_dir() / "fusers" / "gpu-check" / pair.name.replace("/", "--")
     for kind in ("c2c", "control"):
@@ -159,7 +159,7 @@ def random_fusers(pair) -> Path:
 
 def every_handoff(pair, fuser: Path, max_new_tokens: int) -> list[dict]:
     """Each registered handoff once on a context question: what it took and what it held."""
-    from kvviz.engine import run_handoff
+    from kvviz.engine.runner import run_handoff
     from kvviz.handoffs import registry
 
     options = {"text": {"message_tokens": max_new_tokens}, "c2c": {"fuser": str(fuser)},
@@ -211,8 +211,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from kvviz import perf
-    from kvviz.models import default_device, parse_dtype
+    from kvviz.runtime.models import default_device, parse_dtype
+    from kvviz.studies import perf
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -228,7 +228,7 @@ def main() -> int:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from gradio_client import Client
 
-    from kvviz.presets import PRESETS
+    from kvviz.app.presets import PRESETS
 
     presets = [p.key for p in PRESETS]
     pattern = parse_mix(args.mix)

@@ -37,7 +37,7 @@ if [ ! -f "$OUT/perf/perf.json" ]; then
 fi
 
 "$PY" -c "
-from kvviz.bench.report import write_results_markdown
+from kvviz.studies.bench.report import write_results_markdown
 write_results_markdown('docs/RESULTS.md', [
     'Countries=$OUT/countries', 'HotpotQA=$OUT/hotpotqa', 'ARC-Challenge=$OUT/arc_challenge',
     'OpenBookQA+fact=$OUT/openbookqa'], '$OUT/perf', 'bash scripts/make_results.sh')

@@ -2,7 +2,7 @@
 
     python scripts/page_audit.py --url http://127.0.0.1:7860/ [--sizes 1280x800,1400x900,390x844] [--shots DIR]
 
-With no --url it serves the page itself (``kvviz.ui.build_demo``, precomputed results, no model
+With no --url it serves the page itself (``kvviz.app.ui.build_demo``, precomputed results, no model
 runs) on a free loopback port. For each viewport size it loads the page in Debian's Chromium
 (Playwright, never ``playwright install``) and prints:
 
@@ -40,8 +40,8 @@ LANDMARKS = ["kv-run", "kv-stop", "kv-status", "kv-query", "kv-context", "kv-han
 
 def served_page():
     """The page served on a free loopback port, in this process (precomputed results only)."""
+    from kvviz.app import ui
     from tests.conftest import served_on_loopback
-    from kvviz import ui
 
     return served_on_loopback(ui.build_demo())
 

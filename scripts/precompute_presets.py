@@ -5,7 +5,7 @@
 
 Writes assets/precomputed/presets.json (every page column of the registry, shown or not at first,
 and each preset's extra ``runs``; assets/presets.toml) and assets/precomputed/sweep.json, then says
-whether every preset's lesson still holds in the new results (``kvviz.lessons``; the tests check
+whether every preset's lesson still holds in the new results (``kvviz.app.lessons``; the tests check
 the same). The app marks every result from these files as precomputed on
 screen. Rerun after a handoff changes or a new one is registered, so that its column is
 precomputed too.
@@ -24,17 +24,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvviz.engine import load_pair, run_handoffs  # noqa: E402
+from kvviz.app.lessons import failures  # noqa: E402
+from kvviz.app.presets import PRECOMPUTED_PATH, PRECOMPUTED_SWEEP_PATH, PRESETS  # noqa: E402
+from kvviz.app.sweep import default_handoff, run_sweep  # noqa: E402
+from kvviz.engine.runner import load_pair, run_handoffs  # noqa: E402
 from kvviz.handoffs.registry import build_request, page_handoffs  # noqa: E402
-from kvviz.lessons import failures  # noqa: E402
-from kvviz.presets import PRECOMPUTED_PATH, PRECOMPUTED_SWEEP_PATH, PRESETS  # noqa: E402
-from kvviz.sweep import default_handoff, run_sweep  # noqa: E402
 
 
 def precomputed_run(pair, key: str, query: str, context: str | None, max_new_tokens: int, names: list[str],
                     options: dict | None = None, inspect: dict | None = None) -> dict:
     """One run of ``names`` on a preset's question, as the page shows it: the request and the results
-    (with what crossed, ``kvviz.crossed``, when ``inspect`` is given: the page's token view and lens)."""
+    (with what crossed, ``kvviz.runtime.crossed``, when ``inspect`` is given: the page's token view and lens)."""
     request = build_request(query, context, max_new_tokens=max_new_tokens, options=options, inspect=inspect)
     results = []
     # one run, as the page's: each answer is also scored against its control where both ran (token_change)

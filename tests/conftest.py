@@ -17,13 +17,13 @@ from pathlib import Path
 
 # Tests never need the hub: fail fast instead of waiting on network retries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# Tests write fuser checkpoints into temporary folders: let fusers come from there (kvviz.policy).
+# Tests write fuser checkpoints into temporary folders: let fusers come from there (kvviz.core.policy).
 os.environ.setdefault("KVVIZ_FUSER_DIRS", tempfile.gettempdir())
 
 import pytest
 
-from kvviz.handoffs.kvcomm_layers import options_of
-from kvviz.models import LoadedPair, PairSpec
+from kvviz.handoffs.kvcomm.layers import options_of
+from kvviz.runtime.models import LoadedPair, PairSpec
 from tests.tiny_models import tiny_gemma, tiny_llama
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -54,8 +54,8 @@ def untrained_checkpoints(pair: LoadedPair, folder: Path, fuser_width: int | Non
     """An untrained C2C fuser pair (C2C and its control) and an untrained KV translator saved for
     ``pair`` under ``folder``; returns the handoff options that name them (every handoff then runs:
     their paths, not their quality)."""
-    from kvviz.c2c.fuser import new_fuser
-    from kvviz.c2c.translator import new_translator
+    from kvviz.handoffs.c2c.fuser import new_fuser
+    from kvviz.handoffs.translate.translator import new_translator
 
     width = {} if fuser_width is None else {"width": fuser_width}
     for kind in ("c2c", "control"):
@@ -92,7 +92,7 @@ def mixed_tiny_pair() -> LoadedPair:
 @pytest.fixture(scope="session")
 def embedded_pair() -> LoadedPair:
     """The real embedded pair (converted once into the kvviz cache directory)."""
-    from kvviz.engine import load_pair
+    from kvviz.engine.runner import load_pair
 
     return load_pair("embedded", device="cpu")
 
@@ -113,7 +113,7 @@ def shared_data() -> Path:
 @contextlib.contextmanager
 def served_on_loopback(demo):
     """Launch a Gradio demo on a free 127.0.0.1 port; yield its URL; close it afterwards."""
-    from kvviz import ui
+    from kvviz.app import ui
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -131,18 +131,18 @@ def tiny_engine(monkeypatch):
     handoff calls; one torch thread."""
     import torch
 
-    from kvviz import engine
+    from kvviz.engine import runner
 
     pair = tiny_pair("gemma")
-    monkeypatch.setattr(engine, "load_pair", lambda *a, **k: pair)
+    monkeypatch.setattr(runner, "load_pair", lambda *a, **k: pair)
     calls = []
-    real = engine.run_handoff
+    real = runner.run_handoff
 
     def counting(name, loaded, request, on_token=None, on_message=None):
         calls.append((name, request.query, options_of(request).ratio, options_of(request).strategy))
         return real(name, loaded, request, on_token, on_message)
 
-    monkeypatch.setattr(engine, "run_handoff", counting)
+    monkeypatch.setattr(runner, "run_handoff", counting)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: threads only add overhead, badly so on a busy machine
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "ACCELERATE_PROCESS_INDEX", "ACCELERATE_NUM_PROCESSES"):

@@ -10,12 +10,12 @@ import threading
 import pytest
 import torch
 
-from kvviz.engine import run_handoff
+from kvviz.core.plotkit import bar_counts
+from kvviz.core.prompts import build_segments
+from kvviz.core.results import GenerationSettings, HandoffRequest
+from kvviz.engine.runner import run_handoff
 from kvviz.handoffs import ac, registry
 from kvviz.handoffs.common import read_prompt
-from kvviz.plotkit import bar_counts
-from kvviz.prompts import build_segments
-from kvviz.results import GenerationSettings, HandoffRequest
 from tests.conftest import tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -14,11 +14,12 @@ import pytest
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from kvviz import plots, present, ui  # noqa: E402
-from kvviz.handoffs import kvcomm as kvcomm_handoff, registry  # noqa: E402
-from kvviz.handoffs.kvcomm_layers import options_of  # noqa: E402
-from kvviz.plotkit import bar_counts  # noqa: E402
-from kvviz.presets import PRESETS, PRESETS_BY_KEY, load_precomputed  # noqa: E402
+from kvviz.app import plots, present, ui  # noqa: E402
+from kvviz.app.presets import PRESETS, PRESETS_BY_KEY, load_precomputed  # noqa: E402
+from kvviz.core.plotkit import bar_counts  # noqa: E402
+from kvviz.handoffs import registry
+from kvviz.handoffs.kvcomm import handoff as kvcomm_handoff  # noqa: E402
+from kvviz.handoffs.kvcomm.layers import options_of  # noqa: E402
 from tests.conftest import served_on_loopback  # noqa: E402
 
 
@@ -104,7 +105,7 @@ def test_a_preset_gives_its_question_and_precomputed_results(client):
 
 
 def test_a_preset_paints_its_cards_and_its_tab_draws_its_figures():
-    from kvviz.page import views
+    from kvviz.app.page import views
 
     payload, status = views.precomputed_payload(load_precomputed(), PRESETS[0].key, "embedded")
     assert "precomputed" in status and payload["precomputed"] is True
@@ -145,7 +146,8 @@ def test_the_run_endpoint_streams_every_output_and_ends_with_the_results(client,
     """``/run`` without a model (a scripted run through the page's ``stream_run``): each update
     before the last holds every output, the status and the answers so far, None where the run set
     nothing yet; the last holds every column's answer, stats and seen, every figure and the JSON."""
-    from kvviz.page import events, run as page_run
+    from kvviz.app.page import events
+    from kvviz.app.page import run as page_run
 
     monkeypatch.setattr(page_run, "STREAM_INTERVAL", 0.0)
     fake = {"handoff": "receiver", "applicable": True, "answer": "4471", "timings": {"total": 0.5},

@@ -1,5 +1,5 @@
-"""The shared decode: the batch (kvviz.batching) on a fake step (threads that join late, leave early
-or fail), the batched step (kvviz.step) on tiny models, and every handoff decoding in a shared batch
+"""The shared decode: the batch (kvviz.runtime.batching) on a fake step (threads that join late, leave early
+or fail), the batched step (kvviz.runtime.step) on tiny models, and every handoff decoding in a shared batch
 with the tokens it gets alone."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import threading
 import pytest
 import torch
 
-from kvviz import cache as kv
-from kvviz import decode as decoding
-from kvviz.batching import DecodeBatch, Sequence
-from kvviz.cache import KVState
-from kvviz.engine import run_handoff
+from kvviz.engine.runner import run_handoff
 from kvviz.handoffs import registry
-from kvviz.step import DecodeStep, row_floor
+from kvviz.runtime import cache as kv
+from kvviz.runtime import decode as decoding
+from kvviz.runtime.batching import DecodeBatch, Sequence
+from kvviz.runtime.cache import KVState
+from kvviz.runtime.step import DecodeStep, row_floor
 from tests.conftest import tiny_pair, untrained_checkpoints
 
 
@@ -197,9 +197,9 @@ def qwen_like(qk_norms: bool):
     """Tiny Qwen2-like (bias on Q, K, V) or Qwen3-like (Q and K norms) models."""
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 
-    from kvviz import attention
-    from kvviz.facts import facts_from_config
-    from kvviz.models import LoadedModel
+    from kvviz.core.facts import facts_from_config
+    from kvviz.runtime import attention
+    from kvviz.runtime.models import LoadedModel
     from tests.tiny_models import tiny_tokenizer
 
     tokenizer = tiny_tokenizer(chat=True)
@@ -330,7 +330,7 @@ def test_every_handoff_gets_the_same_tokens_in_a_shared_batch_on_the_embedded_pr
     """The embedded pair's presets: every handoff alone, then all of a preset's handoffs at once
     (Gemma-3-270M and SmolLM2-135M each decode in one shared batch): identical answers; and the
     steps were shared. (The bitwise comparison behind it: research/step_check.py --embedded.)"""
-    from kvviz.presets import PRESETS
+    from kvviz.app.presets import PRESETS
 
     names = [handoff.name for handoff in registry.all_handoffs()]
     largest = 0
@@ -345,7 +345,7 @@ def test_every_handoff_gets_the_same_tokens_in_a_shared_batch_on_the_embedded_pr
 
 
 def test_a_prompt_read_by_several_handoffs_of_a_run_is_read_once_and_bitwise_the_same(one_thread):
-    from kvviz.measure import StageTimer
+    from kvviz.runtime.measure import StageTimer
 
     loaded = tiny_pair("gemma").receiver
     ids = list(range(5, 30))

@@ -1,4 +1,4 @@
-"""The benchmark (kvviz.bench): running, rows on disk, scoring, summarising, the RESULTS.md writer.
+"""The benchmark (kvviz.studies.bench): running, rows on disk, scoring, summarising, the RESULTS.md writer.
 
 Unit tests run the real bench loop on the tiny random models of ``tests/tiny_models.py`` (the
 engine's ``load_pair`` is pointed at them) with small JSONL datasets written here: resume after an
@@ -19,12 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvviz import bench, engine, perf
-from kvviz.bench import report, rows as bench_rows, run, scoring, summary
 from kvviz.cli import build_parser
 from kvviz.data import MC_INSTRUCTION, choice_query, load_dataset, wilson_interval
+from kvviz.engine import runner
 from kvviz.handoffs import registry
-from kvviz.handoffs.kvcomm_layers import options_of
+from kvviz.handoffs.kvcomm.layers import options_of
+from kvviz.studies import bench, perf
+from kvviz.studies.bench import report, run, scoring, summary
+from kvviz.studies.bench import rows as bench_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -183,14 +185,14 @@ def test_interrupted_run_resumes_without_redoing_rows(tmp_path, tiny_engine, mon
     pair, calls = tiny_engine
     dataset = write_jsonl(tmp_path / "open.jsonl", OPEN_RECORDS)
     out = tmp_path / "run"
-    counting = engine.run_handoff
+    counting = runner.run_handoff
 
     def dies_after_five(*a, **k):
         if len(calls) >= 5:
             raise KeyboardInterrupt
         return counting(*a, **k)
 
-    monkeypatch.setattr(engine, "run_handoff", dies_after_five)
+    monkeypatch.setattr(runner, "run_handoff", dies_after_five)
     args = bench_args(dataset, out, "--handoffs", "receiver,skyline,kvcomm", "--ratios", "0.5", "--limit", "3")
     with pytest.raises(KeyboardInterrupt):
         bench.main(args)
@@ -198,7 +200,7 @@ def test_interrupted_run_resumes_without_redoing_rows(tmp_path, tiny_engine, mon
     assert not (out / "summary.csv").exists()
     with (out / "rows.csv").open("ab") as handle:  # killed in the middle of writing a row
         handle.write(b"x,tiny,9,q9,receiver,rec")
-    monkeypatch.setattr(engine, "run_handoff", counting)
+    monkeypatch.setattr(runner, "run_handoff", counting)
     assert bench.main(args) == 0
     rows = read_csv(out / "rows.csv")
     # 3 scored samples (KVComm's calibration sample, the first, is not scored) x 3 variants
@@ -291,8 +293,8 @@ def test_multiple_choice_rows_have_letter_and_likelihood(tmp_path, tiny_engine):
 
 
 def test_option_scores_equal_a_direct_forward(tiny_engine):
+    from kvviz.core.prompts import build_segments, encode
     from kvviz.handoffs.common import read_prompt
-    from kvviz.prompts import build_segments, encode
 
     pair, _ = tiny_engine
     model = pair.receiver
@@ -367,7 +369,7 @@ def test_results_markdown_from_runs_and_perf(tmp_path, tiny_engine):
 
 
 def test_regenerating_results_keeps_the_load_test_section(tmp_path):
-    from kvviz.bench.report import kept_sections
+    from kvviz.studies.bench.report import kept_sections
 
     path = tmp_path / "RESULTS.md"
     path.write_text("# old\n\nold numbers\n\n<!-- load-test:start -->\n## Load test\n| a | b |\n<!-- load-test:end -->\n")
@@ -376,7 +378,7 @@ def test_regenerating_results_keeps_the_load_test_section(tmp_path):
 
 
 def test_regenerating_results_keeps_the_kvcomm_table_section(tmp_path):
-    from kvviz.bench.report import kept_sections
+    from kvviz.studies.bench.report import kept_sections
 
     path = tmp_path / "RESULTS.md"
     path.write_text("# old\n<!-- load-test:start -->\nL\n<!-- load-test:end -->\n"
@@ -386,7 +388,7 @@ def test_regenerating_results_keeps_the_kvcomm_table_section(tmp_path):
 
 
 def test_regenerating_results_keeps_the_latent_relay_and_steering_section(tmp_path):
-    from kvviz.bench.report import kept_sections
+    from kvviz.studies.bench.report import kept_sections
 
     path = tmp_path / "RESULTS.md"
     path.write_text("# old\n<!-- steer-table:start -->\nS\n<!-- steer-table:end -->\n")

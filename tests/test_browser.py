@@ -68,7 +68,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def app_url(embedded_pair):
-    from kvviz import ui
+    from kvviz.app import ui
 
     with served_on_loopback(ui.build_demo(default_max_new_tokens=MAX_NEW_TOKENS)) as url:
         yield url
@@ -161,7 +161,7 @@ def low_contrast(page) -> list[dict]:
 
 
 def test_the_first_screen_at_1280x800_holds_run_and_every_default_answer_with_its_mark(page):
-    from kvviz import ui
+    from kvviz.app import ui
 
     page.screenshot(path=str(artifacts_dir() / "page-1280x800.png"))
     fold = LAPTOP["height"]
@@ -181,7 +181,7 @@ def test_the_first_screen_at_1280x800_holds_run_and_every_default_answer_with_it
 
 @pytest.mark.parametrize("viewport", [LAPTOP, PHONE], ids=["1280x800", "390x844"])
 def test_no_text_on_the_page_is_below_4_5_to_1_in_any_tab(browser, app_url, viewport):
-    from kvviz.page.spec import TABS
+    from kvviz.app.page.spec import TABS
 
     context, page = open_page(browser, app_url, viewport)
     try:
@@ -238,7 +238,7 @@ def test_an_empty_query_gives_exactly_one_message_in_the_status_line(page):
 
 
 def test_stop_pressed_mid_run_ends_it_and_marks_each_column(page):
-    from kvviz import ui
+    from kvviz.app import ui
     from kvviz.handoffs import registry
 
     page.locator("#kv-run").click()
@@ -268,8 +268,8 @@ def test_stop_pressed_mid_run_ends_it_and_marks_each_column(page):
 
 
 def test_a_preset_runs_live_with_marks_its_message_as_written_and_its_figures(page, embedded_pair):
-    from kvviz import ui
-    from kvviz.presets import preset
+    from kvviz.app import ui
+    from kvviz.app.presets import preset
 
     target = preset("fuji")
     choose_preset(page, target.label)
@@ -354,8 +354,8 @@ def test_ticking_a_handoff_shows_its_column_with_no_page_code_for_it(page):
 
 
 def test_the_walkthrough_loads_its_preset_and_outlines_what_it_talks_about(page):
-    from kvviz import ui
-    from kvviz.presets import preset
+    from kvviz.app import ui
+    from kvviz.app.presets import preset
 
     steps = ui.walkthrough_steps()
     page.locator("#kv-walkthrough").click()

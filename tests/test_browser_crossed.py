@@ -13,8 +13,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from kvviz.page import spec
-from kvviz.presets import load_precomputed, preset
+from kvviz.app.page import spec
+from kvviz.app.presets import load_precomputed, preset
 from tests.conftest import served_on_loopback
 from tests.test_browser import CHROMIUM_FLAGS, LAPTOP, artifacts_dir, browser  # noqa: F401 (the browser fixture)
 
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.integration]
 
 @pytest.fixture(scope="module")
 def app_url():
-    from kvviz import ui
+    from kvviz.app import ui
 
     with served_on_loopback(ui.build_demo()) as url:
         yield url

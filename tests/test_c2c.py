@@ -17,16 +17,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvviz import cache as kv
-from kvviz.c2c import locate
-from kvviz.c2c.align import align_prompt, describe, map_tokens, message_span
-from kvviz.c2c.fuser import new_fuser
-from kvviz.c2c.fusion import fuse_prompt
-from kvviz.decode import prefill
-from kvviz.engine import run_handoff
-from kvviz.handoffs import HANDOFFS, c2c
-from kvviz.prompts import build_segments
-from kvviz.results import GenerationSettings, HandoffRequest
+from kvviz.core.prompts import build_segments
+from kvviz.core.results import GenerationSettings, HandoffRequest
+from kvviz.engine.runner import run_handoff
+from kvviz.handoffs import HANDOFFS
+from kvviz.handoffs.c2c import handoff as c2c
+from kvviz.handoffs.c2c import locate
+from kvviz.handoffs.c2c.align import align_prompt, describe, map_tokens, message_span
+from kvviz.handoffs.c2c.fuser import new_fuser
+from kvviz.handoffs.c2c.fusion import fuse_prompt
+from kvviz.runtime import cache as kv
+from kvviz.runtime.decode import prefill
 from tests.conftest import embedded_models_missing
 from tests.test_fuser import mixed_pair, trained_like
 
@@ -176,7 +177,7 @@ def real_tokenizers():
 
 @functools.lru_cache(maxsize=1)
 def _real_tokenizers():
-    from kvviz.models import converted_dir, is_prepared
+    from kvviz.runtime.models import converted_dir, is_prepared
 
     if not (is_prepared("smollm2-135m") and is_prepared("gemma3-270m")):
         embedded_models_missing("the embedded models are not prepared (python -m kvviz prepare)")
@@ -250,7 +251,7 @@ def test_embedded_pair_c2c_and_control_run(embedded_pair):
 TRAIN_SCRIPT = """
 import sys, torch
 torch.set_num_threads(1)
-from kvviz.models import register_loaded
+from kvviz.runtime.models import register_loaded
 from tests.tiny_models import tiny_gemma, tiny_llama
 register_loaded(tiny_llama())
 register_loaded(tiny_gemma())
@@ -297,8 +298,8 @@ def test_train_cli_checkpoints_resumes_and_writes_the_curve(tmp_path):
     """Two steps with a checkpoint every step, then resume to four: the curve continues."""
     import argparse
 
-    from kvviz.c2c import train as train_fuser
-    from kvviz.models import register_loaded
+    from kvviz.runtime.models import register_loaded
+    from kvviz.studies.c2c import train as train_fuser
     from tests.tiny_models import tiny_gemma, tiny_llama
 
     register_loaded(tiny_llama())
@@ -380,7 +381,7 @@ def test_c2c_figure_gates_and_head_heatmaps():
 
 
 def test_c2c_figure_off_says_why():
-    from kvviz.results import HandoffResult
+    from kvviz.core.results import HandoffResult
 
     off = HandoffResult.not_applicable("c2c", "hand", "No trained C2C fuser for pair 'hand'.").to_dict()
     figure = c2c.gates_figure(off)
@@ -403,7 +404,7 @@ def test_fuser_requirement_is_checked_at_once_and_the_option_sets_the_request(pa
 def test_the_communication_measure_stored_beside_the_fusers_reaches_both_columns(tmp_path):
     import json
 
-    from kvviz.checkpoints import checkpoint_label
+    from kvviz.runtime.checkpoints import checkpoint_label
 
     pair_folder = tmp_path / "sharer__receiver"
     (pair_folder / "c2c").mkdir(parents=True)
@@ -436,9 +437,9 @@ def test_the_communication_measure_stored_beside_the_fusers_reaches_both_columns
 
 
 def test_the_walkthrough_step_of_the_control_loads_the_preset_where_they_differ_and_asks_for_a_prediction():
-    from kvviz import ui
+    from kvviz.app import ui
+    from kvviz.app.presets import preset
     from kvviz.handoffs import registry
-    from kvviz.presets import preset
 
     steps = {step.title.split(": ", 1)[1]: (step.preset, step.text) for step in ui.walkthrough_steps()}
     key, text = steps[registry.get("c2c_control").title]

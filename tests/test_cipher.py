@@ -9,15 +9,15 @@ import dataclasses
 import pytest
 import torch
 
-from kvviz.cache import KVState
-from kvviz.decode import generate, prefill
-from kvviz.engine import run_handoff
+from kvviz.core.plotkit import bar_counts
+from kvviz.core.prompts import build_segments
+from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
+from kvviz.engine.runner import run_handoff
 from kvviz.handoffs import cipher, registry
 from kvviz.handoffs.common import read_prompt
 from kvviz.handoffs.text import sharer_message_segments
-from kvviz.plotkit import bar_counts
-from kvviz.prompts import build_segments
-from kvviz.results import GenerationSettings, HandoffRequest, HandoffResult
+from kvviz.runtime.cache import KVState
+from kvviz.runtime.decode import generate, prefill
 from tests.conftest import tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,8 +1,8 @@
 """CIPHER's receiver reads its vectors where the text handoff's receiver reads the message, in the
-same prompt (kvviz/handoffs/cipher.py, ``kvviz.prompts.split_at_context``).
+same prompt (kvviz/handoffs/cipher.py, ``kvviz.core.prompts.split_at_context``).
 
 Found by the page audit (issue 21): the slot marker CIPHER split its prompt on was made of U+2063,
-which ``kvviz.prompts.users_words`` removes from user text, so the split ate the ends of the user
+which ``kvviz.core.prompts.users_words`` removes from user text, so the split ate the ends of the user
 marks around it and the receiver read ``kvviz-user`` ... ``kvviz-user-end`` as tokens on both sides
 of its vectors (and "What each model saw" showed them). The prompt is now split on the slot as
 ``render`` marks it.
@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from kvviz.core.prompts import build_segments, split_at_context, unmark
+from kvviz.core.results import HandoffRequest
 from kvviz.handoffs import cipher
-from kvviz.prompts import build_segments, split_at_context, unmark
-from kvviz.results import HandoffRequest
 from tests.tiny_models import tiny_tokenizer
 
 QUERY = "What is the code for locker 12?"

@@ -11,16 +11,16 @@ import json
 import pytest
 import torch
 
-from kvviz.c2c import locate, reference
-from kvviz.c2c.align import align_prompt
-from kvviz.c2c.fuser import FuserError, load_fuser, new_fuser
-from kvviz.c2c.fusion import fuse_prompt, sharer_kv
-from kvviz.c2c.rope import RopeTables, apply_rotation, rotary_tables, undo_rotation
+from kvviz.core.results import GenerationSettings, HandoffRequest
 from kvviz.data import Record, contains_answer, recall
-from kvviz.decode import prefill
-from kvviz.engine import run_handoff
-from kvviz.models import LoadedPair, PairSpec
-from kvviz.results import GenerationSettings, HandoffRequest
+from kvviz.engine.runner import run_handoff
+from kvviz.handoffs.c2c import locate, reference
+from kvviz.handoffs.c2c.align import align_prompt
+from kvviz.handoffs.c2c.fuser import FuserError, load_fuser, new_fuser
+from kvviz.handoffs.c2c.fusion import fuse_prompt, sharer_kv
+from kvviz.runtime.decode import prefill
+from kvviz.runtime.models import LoadedPair, PairSpec
+from kvviz.runtime.rope import RopeTables, apply_rotation, rotary_tables, undo_rotation
 from tests.test_fuser import mixed_pair, trained_like
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -79,14 +79,14 @@ def test_c2c_output_changes_with_the_sharers_context_and_the_controls_does_not(p
 
 
 def tiny_examples(pair, n=4):
-    from kvviz.c2c.examples import make_example
+    from kvviz.studies.c2c.examples import make_example
 
     records = recall.generate("heldout", n, seed=3, max_distractors=0)
     return [make_example(pair, r, 256, 8, receiver_sees_context=False, max_sharer_tokens=512) for r in records]
 
 
 def test_communication_measure_is_zero_for_the_control_and_not_for_c2c(pair):
-    from kvviz.c2c.communication import bootstrap_ratio, communication_measure, derangement
+    from kvviz.studies.c2c.communication import bootstrap_ratio, communication_measure, derangement
 
     examples = tiny_examples(pair)
     assert all(e is not None for e in examples)
@@ -120,8 +120,8 @@ def test_rotation_round_trip_and_per_layer_type_tables(pair):
 @pytest.mark.parametrize("which", ["receiver", "sharer"])
 def test_unrotated_cached_keys_do_not_depend_on_the_position(pair, which):
     """Keys cached at offset 0 and at offset 11 differ by the rotation only: undone, they agree."""
-    from kvviz import cache as kv
-    from kvviz.decode import prefill
+    from kvviz.runtime import cache as kv
+    from kvviz.runtime.decode import prefill
 
     model = getattr(pair, which)
     ids = model.tokenizer("The secret code word is pineapple.", add_special_tokens=False)["input_ids"]
@@ -247,8 +247,8 @@ def test_recall_records_are_seeded_and_split_by_entity():
 def test_recall_and_dolly_mix_and_the_trainer_runs_on_it(tmp_path):
     import argparse
 
-    from kvviz.c2c import train as train_fuser
-    from kvviz.models import register_loaded
+    from kvviz.runtime.models import register_loaded
+    from kvviz.studies.c2c import train as train_fuser
     from tests.tiny_models import tiny_gemma, tiny_llama
 
     register_loaded(tiny_llama())
@@ -481,8 +481,8 @@ def mc_request_for(folder):
 
 @pytest.mark.parametrize("gate", [-2.0, 2.0])
 def test_c2c_choice_likelihood_equals_the_receivers_with_closed_gates_only(pair, tmp_path, gate):
-    from kvviz.bench.scoring import choice_likelihoods
     from kvviz.data import choice_query, load_dataset
+    from kvviz.studies.bench.scoring import choice_likelihoods
 
     folder = save_shared_fusers(pair, tmp_path / "run", gate)
     record = load_dataset(mc_file(tmp_path))[0]
@@ -500,7 +500,7 @@ def test_c2c_choice_likelihood_equals_the_receivers_with_closed_gates_only(pair,
 
 
 def test_mc_likelihood_has_the_other_question_row_and_the_communication_gain(pair, tmp_path):
-    from kvviz.c2c.evaluate import OTHER_QUESTION, mc_likelihood
+    from kvviz.studies.c2c.evaluate import OTHER_QUESTION, mc_likelihood
 
     path = mc_file(tmp_path)
     names = ["receiver", "c2c", "c2c_control"]
@@ -527,7 +527,7 @@ def test_mc_likelihood_has_the_other_question_row_and_the_communication_gain(pai
 
 
 def test_paired_comparison_of_accuracies_and_scores():
-    from kvviz.c2c.communication import paired_comparison
+    from kvviz.studies.c2c.communication import paired_comparison
 
     right = paired_comparison([1, 1, 0, 1, 0], [0, 1, 0, 0, 0], resamples=200)
     assert right["difference"] == pytest.approx(0.4) and right["only_first"] == 2 and right["only_second"] == 0

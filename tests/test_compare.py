@@ -1,12 +1,12 @@
-"""Two runs side by side (kvviz.compare, issue 22): the session's history, the sides the shortcuts
+"""Two runs side by side (kvviz.app.compare, issue 22): the session's history, the sides the shortcuts
 pick, the diff of the answers and of what they read, and the page's Compare two tab wired to it."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvviz import compare, ui
-from kvviz.presets import DEFAULT_PRESET, load_precomputed
+from kvviz.app import compare, ui
+from kvviz.app.presets import DEFAULT_PRESET, load_precomputed
 
 PRECOMPUTED = load_precomputed()
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from kvviz.engine import run_handoff
+from kvviz.core.results import STAGES, HandoffResult
+from kvviz.engine.runner import run_handoff
 from kvviz.handoffs import registry
-from kvviz.results import STAGES, HandoffResult
 from tests.conftest import tiny_pair, untrained_checkpoints
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""What crossed (kvviz.crossed, issue 22): the per-token attention onto the sent tokens and the
+"""What crossed (kvviz.runtime.crossed, issue 22): the per-token attention onto the sent tokens and the
 logit lens, recorded in the run through the one attention capture, on the tiny models.
 
 The attention a run records (prefill for the first answer token, the batched decode step for the
@@ -13,11 +13,11 @@ import copy
 import pytest
 import torch
 
-from kvviz import crossed
-from kvviz.decode import prefill
-from kvviz.engine import run_handoff
-from kvviz.prompts import build_segments
-from kvviz.results import GenerationSettings, HandoffRequest
+from kvviz.core.prompts import build_segments
+from kvviz.core.results import GenerationSettings, HandoffRequest
+from kvviz.engine.runner import run_handoff
+from kvviz.runtime import crossed
+from kvviz.runtime.decode import prefill
 from tests.conftest import tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -68,8 +68,8 @@ def test_recorded_rows_equal_an_eager_forward_and_sum_to_at_most_one(pair):
 
 def test_unrounded_rows_sum_to_one_over_all_keys(pair):
     """The capture itself (before the result rounds it): every head's row sums to 1 over its keys."""
-    from kvviz.attention import AttentionRows
-    from kvviz.cache import KVState
+    from kvviz.runtime.attention import AttentionRows
+    from kvviz.runtime.cache import KVState
 
     state = KVState()
     state.token_rows = AttentionRows(limit=4)
@@ -103,7 +103,7 @@ def test_logit_lens_at_the_last_layer_is_the_models_own_probability(pair):
     lens = result.logit_lens
     receiver = pair.receiver
     prompt = build_segments(receiver.tokenizer, QUERY, CONTEXT).input_ids
-    from kvviz.cache import KVState
+    from kvviz.runtime.cache import KVState
 
     first, _ = prefill(receiver, KVState(), prompt)
     own = torch.softmax(first.logits[0], dim=-1)
@@ -146,7 +146,7 @@ def test_the_sharer_alone_says_nothing_was_sent(pair):
 
 
 def test_a_runs_lenses_equal_each_handoffs_own(pair):
-    from kvviz.engine import run_handoffs
+    from kvviz.engine.runner import run_handoffs
 
     together = run_handoffs(["skyline", "kvcomm", "receiver"], pair, request({"gold": "pineapple"}))
     for result in together:
@@ -157,7 +157,7 @@ def test_a_runs_lenses_equal_each_handoffs_own(pair):
 
 
 def test_a_streamed_run_sends_each_lens_after_the_handoffs(pair, monkeypatch):
-    from kvviz import stream
+    from kvviz.engine import stream
 
     events = list(stream.run_events(pair.name, request({}), ["skyline", "receiver"], loaded=pair))
     kinds = [kind for kind, _, _ in events]

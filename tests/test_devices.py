@@ -19,12 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvviz import cache as kv, engine, measure
-from kvviz.decode import generate, prefill
-from kvviz.facts import facts_from_config
+from kvviz.core.facts import facts_from_config
+from kvviz.core.results import GenerationSettings, HandoffRequest
+from kvviz.engine import runner
 from kvviz.handoffs import registry
-from kvviz.models import LoadedModel, LoadedPair, PairSpec
-from kvviz.results import GenerationSettings, HandoffRequest
+from kvviz.runtime import cache as kv
+from kvviz.runtime import measure
+from kvviz.runtime.decode import generate, prefill
+from kvviz.runtime.models import LoadedModel, LoadedPair, PairSpec
 from tests.conftest import tiny_pair, untrained_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,11 +107,11 @@ def test_peak_gpu_memory_per_cuda_device(fake_cuda):
 
 def test_every_result_has_its_peak_gpu_memory_on_cuda(fake_cuda, monkeypatch, one_thread):
     pair = tiny_pair("gemma")
-    on_cpu = engine.run_handoff("receiver", pair, request())
+    on_cpu = runner.run_handoff("receiver", pair, request())
     assert "peak_gpu_memory_bytes" not in on_cpu.details
-    monkeypatch.setattr(engine, "pair_devices", lambda loaded: {torch.device("cuda", 0)})
+    monkeypatch.setattr(runner, "pair_devices", lambda loaded: {torch.device("cuda", 0)})
     for name in ("receiver", "kvcomm", "text"):
-        result = engine.run_handoff(name, pair, request())
+        result = runner.run_handoff(name, pair, request())
         assert result.details["peak_gpu_memory_bytes"] == {"cuda:0": 1000}, name
 
 
@@ -129,7 +131,7 @@ def test_place_moves_each_layer_to_its_device_and_leaves_the_rest():
 
 def test_a_spliced_cache_moves_to_the_receiver_layers_before_the_forward(monkeypatch):
     """KVComm splices the sender's cache; the receiver's forward places it on its own layers."""
-    import kvviz.decode as decode
+    import kvviz.runtime.decode as decode
 
     pair = tiny_pair("llama")
     sender_state = kv.KVState()
@@ -166,7 +168,7 @@ def dispatched(loaded: LoadedModel) -> LoadedModel:
 
 @pytest.mark.parametrize("kind", ["llama", "gemma"])
 def test_every_handoff_runs_the_same_through_accelerate_hooks(kind, tmp_path, monkeypatch, one_thread):
-    from kvviz.paths import cache_dir
+    from kvviz.core.paths import cache_dir
 
     plain = tiny_pair(kind)
     model = dispatched(plain.receiver)
@@ -176,8 +178,8 @@ def test_every_handoff_runs_the_same_through_accelerate_hooks(kind, tmp_path, mo
     given = dataclasses.replace(request(), options={**request().options,
                                                     **untrained_checkpoints(plain, cache_dir() / "fusers" / "tiny", None)})
     for handoff in registry.all_handoffs():
-        a = engine.run_handoff(handoff.name, plain, given)
-        b = engine.run_handoff(handoff.name, spread, given)
+        a = runner.run_handoff(handoff.name, plain, given)
+        b = runner.run_handoff(handoff.name, spread, given)
         assert a.applicable, (handoff.name, a.reason)
         assert a.answer_ids == b.answer_ids and b.applicable, handoff.name
 
@@ -198,7 +200,7 @@ def test_device_auto_asks_accelerate_for_a_device_map(tmp_path, monkeypatch, one
     is one device, so transformers attaches no hooks) and runs."""
     from transformers import AutoModelForCausalLM
 
-    from kvviz import models
+    from kvviz.runtime import models
 
     tiny = tiny_pair("llama").receiver
     folder = tmp_path / "tiny-llama"
@@ -211,7 +213,7 @@ def test_device_auto_asks_accelerate_for_a_device_map(tmp_path, monkeypatch, one
     assert asked[0]["device_map"] == "auto"
     assert set(loaded.layer_devices) == {torch.device("cpu")}
     spec = PairSpec(name="auto", sharer=loaded.name, receiver=loaded.name, description="tiny, device auto")
-    result = engine.run_handoff("kvcomm", LoadedPair(spec=spec, sharer=loaded, receiver=loaded, kvcomm_sender=loaded), request())
+    result = runner.run_handoff("kvcomm", LoadedPair(spec=spec, sharer=loaded, receiver=loaded, kvcomm_sender=loaded), request())
     assert result.applicable and result.answer_ids
 
 

@@ -11,14 +11,15 @@ import math
 import pytest
 import torch
 
-from kvviz import cache as kv
-from kvviz.attention import AttentionPlan, positional_mask
-from kvviz.decode import full_logits, prefill
-from kvviz.engine import run_handoff
-from kvviz.handoffs import common, kvcomm, text
-from kvviz.handoffs.kvcomm_layers import KVCommOptions, layer_budget, select_layers
-from kvviz.prompts import build_segments
-from kvviz.results import GenerationSettings, HandoffRequest
+from kvviz.core.prompts import build_segments
+from kvviz.core.results import GenerationSettings, HandoffRequest
+from kvviz.engine.runner import run_handoff
+from kvviz.handoffs import common, text
+from kvviz.handoffs.kvcomm import handoff as kvcomm
+from kvviz.handoffs.kvcomm.layers import KVCommOptions, layer_budget, select_layers
+from kvviz.runtime import cache as kv
+from kvviz.runtime.attention import AttentionPlan, positional_mask
+from kvviz.runtime.decode import full_logits, prefill
 from tests.conftest import tiny_pair
 from tests.tiny_models import tiny_llama
 
@@ -503,7 +504,7 @@ def test_request_round_trips_through_plain_data():
 def test_decode_steps_without_a_mask_equal_the_masked_path(tiny, monkeypatch):
     """A decode step under a plan skips the mask when its token may see every key; the logits must
     equal those of the masked path, through and past the tiny Gemma's sliding window of 8."""
-    from kvviz.attention import AttentionPlan
+    from kvviz.runtime.attention import AttentionPlan
 
     model = tiny.receiver
     segments = build_segments(model.tokenizer, QUERY, CONTEXT)
@@ -527,7 +528,7 @@ def test_decode_steps_without_a_mask_equal_the_masked_path(tiny, monkeypatch):
 
 
 def test_sees_every_key_respects_the_sliding_window():
-    from kvviz.attention import AttentionPlan
+    from kvviz.runtime.attention import AttentionPlan
 
     plan = AttentionPlan(prefix_positions={0: torch.arange(5)})
     # layer 0: prefix keys at 0..4, then 3 own keys at 8, 9, 10 (query at 10)
@@ -540,7 +541,7 @@ def test_sees_every_key_respects_the_sliding_window():
 
 def test_prefill_from_vectors_equals_prefill_from_tokens(tiny):
     """Feeding a prompt's own embeddings as vectors is the same forward as feeding its ids."""
-    from kvviz.decode import prefill_vectors
+    from kvviz.runtime.decode import prefill_vectors
 
     model = tiny.receiver
     segments = build_segments(model.tokenizer, "What is the code?", "The code is 4471.")

@@ -14,12 +14,13 @@ import json
 import pytest
 import torch
 
-from kvviz import models, policy
-from kvviz.c2c.fuser import new_fuser
-from kvviz.engine import run_handoff
-from kvviz.results import GenerationSettings, HandoffRequest
+from kvviz.core import policy
+from kvviz.core.results import GenerationSettings, HandoffRequest
+from kvviz.engine.runner import run_handoff
+from kvviz.handoffs.c2c.fuser import new_fuser
+from kvviz.runtime import models
+from kvviz.runtime.models import LoadedPair, PairSpec
 from tests.tiny_models import tiny_gemma, tiny_llama
-from kvviz.models import LoadedPair, PairSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 QUERY = "What is the secret code word?"

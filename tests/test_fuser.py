@@ -10,11 +10,10 @@ import json
 import pytest
 import torch
 
-from kvviz.c2c.align import terminal_layer_map
-from kvviz.c2c.fuser import C2CFuser, FuserError, annealed_temperature, load_fuser, new_fuser
-from kvviz.models import LoadedPair, PairSpec
+from kvviz.handoffs.c2c.align import terminal_layer_map
+from kvviz.handoffs.c2c.fuser import C2CFuser, FuserError, annealed_temperature, load_fuser, new_fuser
+from kvviz.runtime.models import LoadedPair, PairSpec
 from tests.tiny_models import tiny_gemma, tiny_llama
-
 
 # tiny models run fastest on one thread, above all on a busy machine
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -175,8 +174,8 @@ def test_corrupt_and_inconsistent_checkpoints_fail_clearly(tmp_path):
 
 
 def tiny_examples(pair):
-    from kvviz.c2c.examples import make_example
     from kvviz.data import Record
+    from kvviz.studies.c2c.examples import make_example
 
     texts = [
         ("What is the secret code word?", "The secret code word is pineapple.", "pineapple"),
@@ -188,7 +187,7 @@ def tiny_examples(pair):
 
 
 def test_gradients_reach_the_fuser_only_and_training_lowers_the_loss():
-    from kvviz.c2c.scoring import response_nll
+    from kvviz.studies.c2c.scoring import response_nll
 
     torch.manual_seed(0)
     pair = mixed_pair()
@@ -226,8 +225,8 @@ def test_gradients_reach_the_fuser_only_and_training_lowers_the_loss():
 
 
 def test_checkpoint_label_names_no_machine_folder(tmp_path):
-    from kvviz.checkpoints import checkpoint_label
-    from kvviz.paths import PROJECT_ROOT
+    from kvviz.core.paths import PROJECT_ROOT
+    from kvviz.runtime.checkpoints import checkpoint_label
 
     shipped = PROJECT_ROOT / "assets" / "fusers" / "some-pair" / "c2c"
     assert checkpoint_label(shipped) == "assets/fusers/some-pair/c2c"

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from kvviz import head as head_module
-from kvviz.head import GROUP_SIZE, OutputHead, quantize_int4
+from kvviz.runtime import head as head_module
+from kvviz.runtime.head import GROUP_SIZE, OutputHead, quantize_int4
 
 
 def wide_vocabulary_model(vocabulary: int = 20000, hidden: int = 64):
@@ -86,9 +86,9 @@ def test_other_weights_get_their_own_index(tmp_path):
 @pytest.mark.real_model
 def test_fast_greedy_decoding_equals_the_full_head_on_the_embedded_models(embedded_pair):
     """Real decode states of both embedded models: every greedy step picks the full head's token."""
-    from kvviz import cache as kv
-    from kvviz.decode import prefill
-    from kvviz.prompts import build_segments
+    from kvviz.core.prompts import build_segments
+    from kvviz.runtime import cache as kv
+    from kvviz.runtime.decode import prefill
 
     questions = ["What is the capital of France?", "Write one sentence about the sea.", "What is 12 + 30?"]
     for loaded in (embedded_pair.receiver, embedded_pair.sharer):
@@ -122,7 +122,7 @@ def test_log_probabilities_match_the_exact_log_softmax_within_a_hundredth_of_a_n
 def test_log_probabilities_on_the_embedded_models_are_within_a_hundredth_of_a_nat(embedded_pair):
     """The run's log-probabilities (token_change, the logit lens) on real prompt states: the fast
     normaliser against the exact log-softmax, for the likeliest token and for a random one."""
-    from kvviz.prompts import build_segments
+    from kvviz.core.prompts import build_segments
 
     torch.manual_seed(4)
     for loaded in (embedded_pair.receiver, embedded_pair.sharer):

@@ -12,13 +12,13 @@ import sys
 import pytest
 import torch
 
-from kvviz import cache as kv
-from kvviz.decode import full_logits, prefill
-from kvviz.engine import run_handoff
-from kvviz.handoffs.kvcomm_layers import KVCommOptions
-from kvviz.models import converted_dir, is_prepared
-from kvviz.prompts import build_segments
-from kvviz.results import GenerationSettings, HandoffRequest
+from kvviz.core.prompts import build_segments
+from kvviz.core.results import GenerationSettings, HandoffRequest
+from kvviz.engine.runner import run_handoff
+from kvviz.handoffs.kvcomm.layers import KVCommOptions
+from kvviz.runtime import cache as kv
+from kvviz.runtime.decode import full_logits, prefill
+from kvviz.runtime.models import converted_dir, is_prepared
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 

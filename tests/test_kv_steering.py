@@ -9,15 +9,15 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvviz import cache as kv
-from kvviz.bench.run import expand_variants
-from kvviz.decode import prefill
-from kvviz.engine import run_handoff
+from kvviz.core.prompts import build_segments
+from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
+from kvviz.engine.runner import run_handoff
 from kvviz.handoffs import kv_steering, registry
 from kvviz.handoffs.common import read_prompt
 from kvviz.handoffs.kv_steering import Demo
-from kvviz.prompts import build_segments
-from kvviz.results import GenerationSettings, HandoffRequest, HandoffResult
+from kvviz.runtime import cache as kv
+from kvviz.runtime.decode import prefill
+from kvviz.studies.bench.run import expand_variants
 from tests.conftest import tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_thread")

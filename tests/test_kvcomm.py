@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvviz.bench.run import expand_variants
-from kvviz.bench.scoring import option_scores
-from kvviz.engine import run_handoff
-from kvviz.handoffs import kvcomm, registry
-from kvviz.handoffs.kvcomm_layers import KVCommOptions, options_of
-from kvviz.plotkit import SELECTED_OUTLINE, bar_counts
-from kvviz.results import HandoffRequest, HandoffResult
+from kvviz.core.plotkit import SELECTED_OUTLINE, bar_counts
+from kvviz.core.results import HandoffRequest, HandoffResult
+from kvviz.engine.runner import run_handoff
+from kvviz.handoffs import registry
+from kvviz.handoffs.kvcomm import handoff as kvcomm
+from kvviz.handoffs.kvcomm.layers import KVCommOptions, options_of
+from kvviz.studies.bench.run import expand_variants
+from kvviz.studies.bench.scoring import option_scores
 from tests.conftest import tiny_pair
 from tests.test_plots import NUM_LAYERS, SELECTED, kvcomm_result
 
@@ -135,7 +136,7 @@ def test_not_applicable_at_once_without_a_context_or_across_architectures(mixed_
 
 
 def test_page_words_say_what_was_measured_and_no_more():
-    from kvviz import presets, ui
+    from kvviz.app import presets, ui
     from kvviz.handoffs.registry import DIAGRAM_DIR
 
     handoff = registry.get("kvcomm")

@@ -11,13 +11,13 @@ import dataclasses
 import pytest
 import torch
 
-from kvviz import cache as kv
-from kvviz.bench.run import expand_variants
-from kvviz.decode import prefill, prefill_vectors
-from kvviz.engine import run_handoff
+from kvviz.core.prompts import build_segments
+from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
+from kvviz.engine.runner import run_handoff
 from kvviz.handoffs import latent_relay, registry
-from kvviz.prompts import build_segments
-from kvviz.results import GenerationSettings, HandoffRequest, HandoffResult
+from kvviz.runtime import cache as kv
+from kvviz.runtime.decode import prefill, prefill_vectors
+from kvviz.studies.bench.run import expand_variants
 from tests.conftest import tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""Input limits (kvviz.limits) and public mode (kvviz.policy): every refusal says what is allowed.
+"""Input limits (kvviz.core.limits) and public mode (kvviz.core.policy): every refusal says what is allowed.
 
 These are the request-level checks every surface shares; tests/test_reliability.py sends the same
 bad inputs through the real server and checks that the next request still succeeds.
@@ -10,11 +10,13 @@ import os
 
 import pytest
 
-from kvviz import engine, limits, policy
-from kvviz.handoffs import c2c, registry
-from kvviz.models import PAIRS, resolve_pair
-from kvviz.prompts import build_segments
-from kvviz.results import GenerationSettings, HandoffRequest
+from kvviz.core import limits, policy
+from kvviz.core.prompts import build_segments
+from kvviz.core.results import GenerationSettings, HandoffRequest
+from kvviz.engine import runner
+from kvviz.handoffs import registry
+from kvviz.handoffs.c2c import handoff as c2c
+from kvviz.runtime.models import PAIRS, resolve_pair
 from tests.conftest import embedded_models_missing
 from tests.tiny_models import tiny_tokenizer
 
@@ -99,7 +101,7 @@ def test_a_users_special_token_string_never_becomes_the_special_token(chat):
 def test_the_real_tokenizers_read_typed_special_tokens_as_text(model):
     from transformers import AutoTokenizer
 
-    from kvviz.models import converted_dir, is_prepared
+    from kvviz.runtime.models import converted_dir, is_prepared
 
     if not is_prepared(model):
         embedded_models_missing(f"{model} is not prepared (python -m kvviz prepare)")
@@ -157,12 +159,12 @@ def test_a_context_longer_than_the_pairs_budget_is_refused_with_the_limit(local,
     long_context = "The secret code word is pineapple. " * 60
     request = build("What is the secret code word?", context=long_context, max_new_tokens=8, message_tokens=8)
     with pytest.raises(ValueError, match=r"The prompt \(context and question\) is \d+ tokens for tiny-llama; this pair takes at most 496 \(tiny-llama reads 512 positions, less 16 for the answer and message\)\. Shorten it by about \d+ tokens"):
-        engine.check_fits(pair, request)
+        runner.check_fits(pair, request)
     monkeypatch.setattr(policy, "LOCAL", policy.Caps(64, 64, 100, None, 8))
     short = build("What is the secret code word?", context="The secret code word is pineapple. " * 20)
     with pytest.raises(ValueError, match="this pair takes at most 100 .the server's limit is 100 prompt tokens."):
-        engine.check_fits(pair, short)
-    engine.check_fits(pair, build("What is the secret code word?", context="It is pineapple."))
+        runner.check_fits(pair, short)
+    runner.check_fits(pair, build("What is the secret code word?", context="It is pineapple."))
 
 
 # --- public mode --------------------------------------------------------------------------------
@@ -212,7 +214,7 @@ def test_public_mode_caps_the_prompt_in_tokens(public):
 
     request = build("What is the secret code word?", context="pineapple " * 600, max_new_tokens=8)
     with pytest.raises(ValueError, match=r"for tiny-llama; this pair takes at most 440 .* less 72 for the answer"):
-        engine.check_fits(tiny_pair("llama"), request)
+        runner.check_fits(tiny_pair("llama"), request)
     assert policy.PUBLIC.max_prompt_tokens < policy.LOCAL.max_prompt_tokens
 
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvviz.measure import decode_flops, forward_flops, visible_key_pairs
+from kvviz.runtime.measure import decode_flops, forward_flops, visible_key_pairs
 from tests.tiny_models import tiny_gemma
 
 

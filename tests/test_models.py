@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from kvviz import models, paths
-from kvviz.models import ModelLoadError, load_model, resolve_pair
+from kvviz.core import paths
+from kvviz.runtime import models
+from kvviz.runtime.models import ModelLoadError, load_model, resolve_pair
 from tests.tiny_models import tiny_gemma, tiny_llama
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from kvviz import present, ui
+from kvviz.app import present, ui
+from kvviz.app.page import spec, views
+from kvviz.app.page.events import page_stream_roles
+from kvviz.app.page.run import LiveRun, StopFlags, stream_run
+from kvviz.app.presets import DEFAULT_PRESET, PRESETS, load_precomputed, preset
+from kvviz.core.results import HandoffRequest
 from kvviz.handoffs import registry
-from kvviz.page import spec, views
-from kvviz.page.events import page_stream_roles
-from kvviz.page.run import LiveRun, StopFlags, stream_run
-from kvviz.presets import DEFAULT_PRESET, PRESETS, load_precomputed, preset
-from kvviz.results import HandoffRequest
 
 PRECOMPUTED = load_precomputed()
 NAMES = ["receiver", "text", "kvcomm"]
@@ -29,7 +29,7 @@ def fake_result(name: str, answer: str) -> dict:
 
 
 def fake_events(script):
-    """A stand-in for ``kvviz.stream.stream_handoffs`` that plays ``script`` (and can be stopped)."""
+    """A stand-in for ``kvviz.engine.stream.stream_handoffs`` that plays ``script`` (and can be stopped)."""
 
     def events(pair, request, names, workers, stop=None):
         for event in script:
@@ -50,7 +50,7 @@ def live_run() -> LiveRun:
 
 
 def test_each_event_updates_only_what_it_changed_and_no_figure_is_built_during_the_run(monkeypatch):
-    from kvviz.page import run as page_run
+    from kvviz.app.page import run as page_run
 
     monkeypatch.setattr(page_run, "STREAM_INTERVAL", 0.0)  # streamed text goes with each event
     script = [("start", "receiver", None), ("token", "receiver", "12"), ("start", "text", None),
@@ -74,10 +74,10 @@ def test_each_event_updates_only_what_it_changed_and_no_figure_is_built_during_t
 
 
 def test_events_that_wait_together_give_one_update_and_streamed_text_is_throttled(monkeypatch):
-    """A batch of events (``kvviz.stream.run_event_batches``) gives one update with what they
+    """A batch of events (``kvviz.engine.stream.run_event_batches``) gives one update with what they
     changed; streamed text goes at most every ``STREAM_INTERVAL`` (a start or a finish sends what
     was held back, as does an idle batch); the last update is the one a run of single events gives."""
-    from kvviz.page import run as page_run
+    from kvviz.app.page import run as page_run
 
     monkeypatch.setattr(page_run, "STREAM_INTERVAL", 3600.0)  # no streamed text goes for the time alone
     script = [
@@ -234,7 +234,7 @@ def test_the_functions_are_small():
 
 
 def test_each_handoffs_title_ink_reads_on_white_and_on_its_tint():
-    from kvviz.plotkit import contrast_ratio, ink, tint
+    from kvviz.core.plotkit import contrast_ratio, ink, tint
 
     for handoff in registry.all_handoffs():
         shade = ink(handoff.color)
@@ -259,7 +259,7 @@ def test_every_component_a_live_run_on_the_page_may_change_is_among_its_outputs(
     """``run_on_page`` names fewer outputs than the page has (each streamed update costs the server
     a fresh component per output it skips): every update a run sends, and what any tab draws at its
     end, still lands on one of them."""
-    from kvviz.page.events import finished_run_outputs, page_stream_outputs
+    from kvviz.app.page.events import finished_run_outputs, page_stream_outputs
 
     demo = ui.build_demo()
     page = demo.kvviz_page

@@ -1,4 +1,4 @@
-"""The performance study (kvviz.perf) on the tiny pair: exact synthetic context lengths, peak
+"""The performance study (kvviz.studies.perf) on the tiny pair: exact synthetic context lengths, peak
 memory, the report and its markdown, the issue-6 targets."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ import time
 import pytest
 import torch
 
-from kvviz import engine, perf
+from kvviz.engine import runner
+from kvviz.studies import perf
 
 
 @pytest.mark.parametrize("length", [80, 121, 200])
 def test_synthetic_context_has_the_exact_token_length(tiny_engine, length):
-    from kvviz.prompts import build_segments
+    from kvviz.core.prompts import build_segments
 
     pair, _ = tiny_engine
     text, measured = perf.synthetic_context(pair.receiver.tokenizer, length)
@@ -44,7 +45,7 @@ def test_perf_report_on_the_tiny_pair(tiny_engine):
     sent = curve[1]["kvcomm_bytes"]  # read from a run at each ratio
     assert set(sent) == {"kvcomm@0.3", "kvcomm@0.5", "kvcomm@1"} and sent["kvcomm@0.3"] < sent["kvcomm@0.5"] < sent["kvcomm@1"]
     context, _ = perf.synthetic_context(pair.receiver.tokenizer, 120)
-    every_layer = engine.run_handoff("kvcomm", pair, perf.request_for(perf.QUESTION, context, 1, ratio=1.0))
+    every_layer = runner.run_handoff("kvcomm", pair, perf.request_for(perf.QUESTION, context, 1, ratio=1.0))
     assert sent["kvcomm@1"] == every_layer.bytes_communicated  # the same run's result, not a formula
     assert report["shared_question"]["c2c_unavailable"].startswith("c2c not available")
     assert set(report["memory"]["peak_bytes"]) >= {"receiver", "skyline", "text", "kvcomm@0.3"}

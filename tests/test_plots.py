@@ -1,4 +1,4 @@
-"""The figures across handoffs (kvviz.plots) on hand-made results, no models: stages stacked in
+"""The figures across handoffs (kvviz.app.plots) on hand-made results, no models: stages stacked in
 the handoff's colour, bytes on a log scale, the sweep, one colour per handoff everywhere, lists
 not base64 arrays, fixed heights. Each handoff's own figure is tested with its handoff."""
 
@@ -8,9 +8,11 @@ import json
 
 import pytest
 
-from kvviz import plots
-from kvviz.handoffs import c2c, kvcomm, registry
-from kvviz.results import STAGES, HandoffResult
+from kvviz.app import plots
+from kvviz.core.results import STAGES, HandoffResult
+from kvviz.handoffs import registry
+from kvviz.handoffs.c2c import handoff as c2c
+from kvviz.handoffs.kvcomm import handoff as kvcomm
 
 NUM_LAYERS = 6
 SELECTED = {0, 2, 3}

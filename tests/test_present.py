@@ -1,4 +1,4 @@
-"""kvviz.present: results as text and tables for people (no models, no Gradio)."""
+"""kvviz.app.present: results as text and tables for people (no models, no Gradio)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pandas as pd
 
-from kvviz import present
+from kvviz.app import present
+from kvviz.core.results import STAGES, HandoffResult
 from kvviz.handoffs import registry
-from kvviz.results import STAGES, HandoffResult
 
 
 def kvcomm_result() -> dict:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvviz.app.lessons import failures, mark, sent_layers
+from kvviz.app.presets import PRESETS, _preset, load_precomputed, preset
 from kvviz.handoffs import registry
-from kvviz.lessons import failures, mark, sent_layers
-from kvviz.presets import PRESETS, _preset, load_precomputed, preset
 
 PRECOMPUTED = load_precomputed()
 

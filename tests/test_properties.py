@@ -11,10 +11,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvviz import cache as kv
-from kvviz.c2c.align import align_prompt, map_tokens, terminal_layer_map
-from kvviz.handoffs.kvcomm_layers import KVCommOptions, select_layers
-from kvviz.prompts import build_segments, encode, encode_with_offsets, render
+from kvviz.core.prompts import build_segments, encode, encode_with_offsets, render
+from kvviz.handoffs.c2c.align import align_prompt, map_tokens, terminal_layer_map
+from kvviz.handoffs.kvcomm.layers import KVCommOptions, select_layers
+from kvviz.runtime import cache as kv
 from tests.tiny_models import tiny_tokenizer
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -114,7 +114,7 @@ def tokenizers():
     """Two different tokenizers: the tiny one, and the real SmolLM2 one when it is prepared."""
     from transformers import AutoTokenizer
 
-    from kvviz.models import converted_dir, is_prepared
+    from kvviz.runtime.models import converted_dir, is_prepared
 
     other = AutoTokenizer.from_pretrained(converted_dir("smollm2-135m")) if is_prepared("smollm2-135m") else None
     return tiny_tokenizer(chat=False), tiny_tokenizer(chat=True), other

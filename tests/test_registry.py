@@ -11,14 +11,14 @@ import textwrap
 
 import pytest
 
+from kvviz.core.results import HandoffRequest
 from kvviz.handoffs import registry
 from kvviz.handoffs.registry import Handoff, Option, all_of, needs_context, parse_values
-from kvviz.results import HandoffRequest
 
 THROWAWAY = '''
 """A throwaway handoff for the registry test: the receiver answers with the sharer's first words."""
 from kvviz.handoffs.registry import Handoff, Option, option_values
-from kvviz.results import HandoffResult
+from kvviz.core.results import HandoffResult
 
 OPTIONS = (Option("words", "how many words to echo", 2, kind="int", minimum=1, maximum=5,
                   sweep_flag="--echo-words-list", sweep_default="1,3"),)
@@ -73,7 +73,7 @@ def test_a_new_handoff_reaches_the_cli_help(echo):
 
 
 def test_a_new_handoff_becomes_a_page_column_with_its_settings(echo):
-    from kvviz import ui
+    from kvviz.app import ui
 
     assert ui.column_names()[-1] == "echo" and "echo" in ui.default_columns()
     assert any(spec.handoff.name == "echo" and spec.option.name == "words" for spec in ui.page_options())
@@ -84,8 +84,8 @@ def test_a_new_handoff_becomes_a_page_column_with_its_settings(echo):
 
 
 def test_a_new_handoff_gets_bench_variants_and_runs_through_the_engine(echo):
-    from kvviz.bench.run import expand_variants
-    from kvviz.engine import run_handoff
+    from kvviz.engine.runner import run_handoff
+    from kvviz.studies.bench.run import expand_variants
     from tests.conftest import tiny_pair
 
     variants = expand_variants(["receiver", "echo"])

@@ -21,10 +21,12 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-from kvviz import engine, policy, ui  # noqa: E402
-from kvviz.page import events  # noqa: E402
+from kvviz.app import ui
+from kvviz.app.page import events  # noqa: E402
+from kvviz.core import policy
+from kvviz.engine import runner  # noqa: E402
 from kvviz.handoffs import registry  # noqa: E402
-from kvviz.models import LoadedPair, ModelLoadError, PairSpec  # noqa: E402
+from kvviz.runtime.models import LoadedPair, ModelLoadError, PairSpec  # noqa: E402
 from tests.conftest import served_on_loopback  # noqa: E402
 from tests.tiny_models import tiny_gemma, tiny_llama  # noqa: E402
 
@@ -48,8 +50,8 @@ def lab():
     import torch
 
     pair = tiny_lab_pair()
-    real = engine.load_pair
-    engine.load_pair = lambda *args, **kwargs: pair
+    real = runner.load_pair
+    runner.load_pair = lambda *args, **kwargs: pair
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -57,7 +59,7 @@ def lab():
         with served_on_loopback(demo) as url:
             yield Client(url, verbose=False), url, demo
     finally:
-        engine.load_pair = real
+        runner.load_pair = real
         torch.set_num_threads(threads)
 
 
@@ -156,17 +158,17 @@ def test_an_ac_layer_the_model_lacks_fails_in_its_column_only(lab):
 
 def test_a_pair_that_fails_to_load_says_why_then_the_server_answers(lab):
     client, *_ = lab
-    working = engine.load_pair
+    working = runner.load_pair
 
     def broken(*args, **kwargs):
         raise ModelLoadError("Could not load 'broken-model' from /nowhere: weights missing")
 
-    engine.load_pair = broken
+    runner.load_pair = broken
     try:
         with pytest.raises(AppError, match="The run failed: ModelLoadError: Could not load 'broken-model'"):
             run(client)
     finally:
-        engine.load_pair = working
+        runner.load_pair = working
     assert_normal_request_succeeds(client)
 
 
@@ -271,7 +273,7 @@ def test_closing_the_tab_stops_the_run_at_the_next_token(lab, monkeypatch):
 @pytest.mark.parametrize("failing, code", [("write", errno.ENOSPC), ("folder", errno.EROFS)])
 def test_an_export_to_a_full_or_read_only_disk_says_so_then_works(lab, monkeypatch, failing, code):
     client, *_ = lab
-    from kvviz import present
+    from kvviz.app import present
 
     def fail(*args, **kwargs):
         raise OSError(code, os.strerror(code))
@@ -297,7 +299,7 @@ def test_a_full_model_queue_refuses_then_serves(monkeypatch):
     monkeypatch.setattr(policy, "LOCAL", dataclasses.replace(policy.LOCAL, queue_size=2))
     monkeypatch.setenv("KVVIZ_CONCURRENCY", "1")
     pair = tiny_lab_pair()
-    monkeypatch.setattr(engine, "load_pair", lambda *a, **k: pair)
+    monkeypatch.setattr(runner, "load_pair", lambda *a, **k: pair)
     original = registry.HANDOFFS["receiver"]
     release = threading.Event()
 
@@ -353,7 +355,7 @@ def test_the_public_page_offers_registered_pairs_only_and_refuses_typed_ones(mon
     assert demo._queue.max_size == policy.PUBLIC.queue_size
     with served_on_loopback(demo) as url:
         client = Client(url, verbose=False)
-        # the pair box refuses a typed value itself, listing the registered pairs; kvviz.models.resolve_pair
+        # the pair box refuses a typed value itself, listing the registered pairs; kvviz.runtime.models.resolve_pair
         # refuses it again behind it (tests/test_limits.py), for the CLI and any other caller
         allowed = r"is not in the list of choices: \['embedded', 'embedded-gemma'"
         for typed in ("smollm2-135m+gemma3-270m", "./models/llama", "Qwen/Qwen3-0.6B+Qwen/Qwen3-0.6B"):
@@ -375,7 +377,7 @@ def test_concurrent_sessions_get_exactly_their_own_results(monkeypatch):
 
     monkeypatch.setenv("KVVIZ_CONCURRENCY", "3")
     pair = tiny_lab_pair()
-    monkeypatch.setattr(engine, "load_pair", lambda *a, **k: pair)
+    monkeypatch.setattr(runner, "load_pair", lambda *a, **k: pair)
     handoffs = ["receiver", "text", "kvcomm", "ac", "cipher", "skyline"]
     asks = [
         dict(query="What is the secret code word?", context="The secret code word is pineapple.", kvcomm_ratio=0.25, ac_f="sum"),

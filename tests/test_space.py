@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from kvviz import cli, space
-from kvviz.models import CONVERSION_MARKER, EMBEDDED_MODELS
+from kvviz import cli
+from kvviz.app import space
+from kvviz.runtime.models import CONVERSION_MARKER, EMBEDDED_MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIREMENTS = (ROOT / "requirements.txt").read_text()
@@ -54,7 +55,7 @@ def test_the_export_is_a_complete_gradio_space(exported):
     # the repository's own files, the package without caches, the assets the page needs
     assert (exported / "app.py").read_text() == (ROOT / "app.py").read_text()
     assert (exported / "requirements.txt").read_text() == REQUIREMENTS
-    assert (exported / "kvviz" / "ui.py").is_file() and (exported / "kvviz" / "handoffs" / "registry.py").is_file()
+    assert (exported / "kvviz" / "app" / "ui.py").is_file() and (exported / "kvviz" / "handoffs" / "registry.py").is_file()
     assert not list(exported.rglob("__pycache__"))
     assert (exported / "assets" / "precomputed" / "presets.json").is_file()
     assert list((exported / "assets" / "fusers").rglob("fuser.safetensors"))
@@ -155,7 +156,7 @@ def free_port() -> int:
 @pytest.mark.integration
 @pytest.mark.real_model
 def test_the_exported_space_installs_in_a_fresh_venv_and_serves_the_page(exported, tmp_path):
-    from kvviz.models import converted_dir, is_prepared, prepare_embedded
+    from kvviz.runtime.models import converted_dir, is_prepared, prepare_embedded
     from tests.test_browser import CHROMIUM, CHROMIUM_FLAGS, IN_CI, artifacts_dir
 
     if not Path(CHROMIUM).exists():

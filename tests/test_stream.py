@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from kvviz import engine
+from kvviz.core.results import GenerationSettings, HandoffRequest
+from kvviz.engine import runner
+from kvviz.engine.stream import ALL_AT_ONCE, stream_handoffs
 from kvviz.handoffs.registry import request_with_options
-from kvviz.results import GenerationSettings, HandoffRequest
-from kvviz.stream import ALL_AT_ONCE, stream_handoffs
 from tests.conftest import tiny_pair
 
 
 def test_handoffs_that_cannot_run_are_done_before_any_model_runs(monkeypatch):
     pair = tiny_pair("llama")
-    monkeypatch.setattr(engine, "load_pair", lambda name, progress=None: pair)
+    monkeypatch.setattr(runner, "load_pair", lambda name, progress=None: pair)
     # no context: Skyline and KVComm cannot run, the receiver can
     request = HandoffRequest(query="What is the secret code word?", generation=GenerationSettings(max_new_tokens=3))
     events = [(kind, name) for kind, name, _ in stream_handoffs("tiny", request, ["receiver", "skyline", "kvcomm"])]
@@ -25,7 +25,7 @@ def test_side_by_side_runs_give_the_answers_of_one_at_a_time(monkeypatch):
     """Two workers, or all at once, share the models: every handoff's greedy answer equals the
     sequential one, and every handoff starts and finishes exactly once."""
     pair = tiny_pair("gemma")
-    monkeypatch.setattr(engine, "load_pair", lambda name, progress=None: pair)
+    monkeypatch.setattr(runner, "load_pair", lambda name, progress=None: pair)
     request = HandoffRequest(
         query="What is the secret code word?", context="The secret code word is pineapple.",
         generation=GenerationSettings(max_new_tokens=6),
@@ -46,7 +46,7 @@ def test_side_by_side_runs_give_the_answers_of_one_at_a_time(monkeypatch):
 def test_the_serving_default_is_one_thread_per_handoff_on_a_cpu(monkeypatch):
     import torch
 
-    from kvviz import stream
+    from kvviz.engine import stream
 
     threads = torch.get_num_threads()
     try:
@@ -69,7 +69,7 @@ def test_a_handoff_that_writes_a_message_streams_it_before_its_answer(monkeypatc
     """Text and CIPHER send ``message`` events while the sharer writes: the last one is the message
     the result holds, and every one comes before the handoff's first answer token."""
     pair = tiny_pair("gemma")  # sharer and receiver share a tokenizer: CIPHER runs
-    monkeypatch.setattr(engine, "load_pair", lambda name, progress=None: pair)
+    monkeypatch.setattr(runner, "load_pair", lambda name, progress=None: pair)
     request = request_with_options(HandoffRequest(
         query="What is the secret code word?", context="The secret code word is pineapple.",
         generation=GenerationSettings(max_new_tokens=3),
@@ -90,10 +90,10 @@ def test_a_handoff_that_writes_a_message_streams_it_before_its_answer(monkeypatc
 def test_batches_hold_the_same_events_in_order_and_idle_batches_are_empty(monkeypatch):
     """``run_event_batches`` (what the page reads): the events of ``run_events`` grouped as they
     waited, each batch non-empty but for the idle ones asked for, every handoff's answer the same."""
-    from kvviz.stream import run_event_batches
+    from kvviz.engine.stream import run_event_batches
 
     pair = tiny_pair("gemma")
-    monkeypatch.setattr(engine, "load_pair", lambda name, progress=None: pair)
+    monkeypatch.setattr(runner, "load_pair", lambda name, progress=None: pair)
     request = HandoffRequest(
         query="What is the secret code word?", context="The secret code word is pineapple.",
         generation=GenerationSettings(max_new_tokens=6),

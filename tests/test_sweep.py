@@ -1,12 +1,12 @@
-"""kvviz.sweep: one handoff's accuracy against one of its options, on a tiny pair."""
+"""kvviz.app.sweep: one handoff's accuracy against one of its options, on a tiny pair."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvviz import plots
+from kvviz.app import plots
+from kvviz.app.sweep import default_handoff, run_sweep
 from kvviz.handoffs import registry
-from kvviz.sweep import default_handoff, run_sweep
 from tests.conftest import tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_thread")

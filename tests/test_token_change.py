@@ -12,12 +12,14 @@ import dataclasses
 import pytest
 import torch
 
-from kvviz import crossed, stream, tokenview
-from kvviz.cache import KVState
-from kvviz.decode import answer_logprobs, prefill
-from kvviz.engine import run_handoff, run_handoffs
+from kvviz.app import tokenview
+from kvviz.core.prompts import build_segments
+from kvviz.engine import stream
+from kvviz.engine.runner import run_handoff, run_handoffs
 from kvviz.handoffs import registry
-from kvviz.prompts import build_segments
+from kvviz.runtime import crossed
+from kvviz.runtime.cache import KVState
+from kvviz.runtime.decode import answer_logprobs, prefill
 from tests.test_crossed import CONTEXT, QUERY, pair, request  # noqa: F401 (pair: the tiny pairs' fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

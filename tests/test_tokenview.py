@@ -1,4 +1,4 @@
-"""What crossed, drawn (kvviz.tokenview) and on the page's What crossed and Depth tabs, without a
+"""What crossed, drawn (kvviz.app.tokenview) and on the page's What crossed and Depth tabs, without a
 browser: the token view carries the stored attention, says "nothing was sent" where nothing was,
 and the logit lens draws every column on one figure with hovers that say what was measured."""
 
@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from kvviz import tokenview
-from kvviz.engine import run_handoff
-from kvviz.page import spec, views
-from kvviz.results import GenerationSettings, HandoffRequest
+from kvviz.app import tokenview
+from kvviz.app.page import spec, views
+from kvviz.core.results import GenerationSettings, HandoffRequest
+from kvviz.engine.runner import run_handoff
 from tests.conftest import tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -76,7 +76,7 @@ def test_the_tab_shows_kvcomm_first_then_the_chosen_column(results):
 def test_a_live_run_puts_each_lens_that_arrives_after_the_handoffs_on_its_result():
     import threading
 
-    from kvviz.page.run import LiveRun, stream_run
+    from kvviz.app.page.run import LiveRun, stream_run
 
     lens = {"layers": [0, 1], "answer_probability": [0.1, 0.9]}
 

@@ -1,4 +1,4 @@
-"""The KV translator (kvviz.c2c.translator): the splice, its controls, its files, its fitting.
+"""The KV translator (kvviz.handoffs.translate.translator): the splice, its controls, its files, its fitting.
 
 Tiny models: a Llama-like sharer and a Gemma-3-like receiver (one KV head, sliding layers with a
 window of 8, so short prompts already cross it).
@@ -11,10 +11,10 @@ import json
 import pytest
 import torch
 
-from kvviz.c2c import translator as tr
-from kvviz.cache import KVState
-from kvviz.decode import full_logits, prefill
-from kvviz.prompts import build_segments
+from kvviz.core.prompts import build_segments
+from kvviz.handoffs.translate import translator as tr
+from kvviz.runtime.cache import KVState
+from kvviz.runtime.decode import full_logits, prefill
 
 CONTEXT = "Mira keeps her red bicycle in the garden shed behind the old library in Lisbon."
 OTHER = "The secret code word is pineapple."
@@ -122,7 +122,7 @@ def test_per_token_weights_enter_as_score_biases(mixed_tiny_pair, one_thread):
 
 
 def test_soft_gates_and_the_map_get_gradients(mixed_tiny_pair, one_thread):
-    from kvviz.c2c.translator_train import answer_nll
+    from kvviz.studies.c2c.translator_train import answer_nll
 
     pair = mixed_tiny_pair
     translator = random_translator(pair)
@@ -149,7 +149,7 @@ class OwnKV(tr.KVTranslator):
 def test_attention_loss_is_zero_for_the_receivers_own_kv(mixed_tiny_pair, one_thread, tmp_path):
     """The attention-output loss compares with the receiver's own KV: a map that reproduces it
     scores ~0 (the teacher's queries and keys are the receiver's own forward), a random one does not."""
-    from kvviz.c2c import translator_train as tt
+    from kvviz.studies.c2c import translator_train as tt
 
     pair = mixed_tiny_pair
     translator = random_translator(pair)
@@ -264,8 +264,8 @@ def test_ridge_recovers_a_linear_map_and_sums_merge():
 def test_the_evaluator_measures_every_row_and_its_checks_hold(mixed_tiny_pair, one_thread):
     """Receiver, Skyline, translator and control on held-out records; the oracle equals Skyline
     and closed gates equal the receiver alone on the checked records."""
-    from kvviz.c2c import translator_eval
     from kvviz.data import recall
+    from kvviz.studies.c2c import translator_eval
 
     pair = mixed_tiny_pair
     records = recall.generate("heldout", 4, seed=1)
@@ -286,11 +286,11 @@ def test_the_evaluator_measures_every_row_and_its_checks_hold(mixed_tiny_pair, o
     assert "communication gain" in translator_eval.format_report(only)
 
 
-# --- the handoff (kvviz.handoffs.translate) ---------------------------------------------------------
+# --- the handoff (kvviz.handoffs.translate.handoff) ---------------------------------------------------------
 
 
 def run_translation(pair, folder, name="c2c_translate", context=CONTEXT):
-    from kvviz.engine import run_handoff
+    from kvviz.engine.runner import run_handoff
     from kvviz.handoffs import registry
 
     request = registry.build_request(QUERY, context, 4, options={"c2c_translate": {"translator": str(folder)}})
@@ -300,7 +300,7 @@ def run_translation(pair, folder, name="c2c_translate", context=CONTEXT):
 def test_the_handoff_answers_with_its_gates_and_bytes(mixed_tiny_pair, one_thread, tmp_path):
     """The handoff reports its answer, one gate record per receiver layer, the sharer's KV it read
     (what crosses) and the translated size; with every gate closed it answers as the receiver alone."""
-    from kvviz.engine import run_handoff
+    from kvviz.engine.runner import run_handoff
     from kvviz.handoffs import registry
 
     pair = mixed_tiny_pair
@@ -323,7 +323,7 @@ def test_the_handoff_answers_with_its_gates_and_bytes(mixed_tiny_pair, one_threa
 
 def test_the_handoff_without_a_translator_says_why(mixed_tiny_pair, tiny, tmp_path):
     """No translator found, one for another pair, or a corrupt one: "not applicable" with the reason."""
-    from kvviz.handoffs import translate
+    from kvviz.handoffs.translate import handoff as translate
 
     missing = run_translation(mixed_tiny_pair, tmp_path / "nowhere")
     assert not missing.applicable and "No KV translator" in missing.reason
@@ -341,7 +341,7 @@ def test_the_shipped_translator_is_small_and_for_the_embedded_pair():
     its held-out numbers beside it (files only; no model is loaded)."""
     from safetensors import safe_open
 
-    from kvviz.handoffs.translate import ASSETS_DIR, MEASURED_FILE
+    from kvviz.handoffs.translate.handoff import ASSETS_DIR, MEASURED_FILE
 
     folder = ASSETS_DIR / "embedded"
     assert (folder / tr.WEIGHTS_FILE).stat().st_size <= 25 * 1024 * 1024
@@ -354,11 +354,11 @@ def test_the_shipped_translator_is_small_and_for_the_embedded_pair():
 
 
 def test_the_batched_decode_step_keeps_the_translated_tokens_weights(mixed_tiny_pair, one_thread):
-    """A decode step of kvviz.step (the shared batch) applies the prefix's score biases as the
+    """A decode step of kvviz.runtime.step (the shared batch) applies the prefix's score biases as the
     model's own forward does: a translated token's weight holds for generated tokens too."""
-    from kvviz import cache as kv
-    from kvviz.decode import forward_kwargs
-    from kvviz.step import DecodeStep
+    from kvviz.runtime import cache as kv
+    from kvviz.runtime.decode import forward_kwargs
+    from kvviz.runtime.step import DecodeStep
 
     pair = mixed_tiny_pair
     step = DecodeStep(pair.receiver)

@@ -17,8 +17,10 @@ import types
 import pytest
 import torch
 
-from kvviz import engine, stream, sweep, zerogpu
-from kvviz.results import GenerationSettings, HandoffRequest
+from kvviz.app import sweep
+from kvviz.core import zerogpu
+from kvviz.core.results import GenerationSettings, HandoffRequest
+from kvviz.engine import runner, stream
 from tests.conftest import tiny_pair
 
 
@@ -58,7 +60,7 @@ def standin_spaces() -> types.ModuleType:
 
 
 def reload_gpu_entry_points() -> None:
-    """The modules that decorate their GPU functions at import (kvviz.stream, kvviz.sweep)."""
+    """The modules that decorate their GPU functions at import (kvviz.engine.stream, kvviz.app.sweep)."""
     for module in (zerogpu, stream, sweep):
         importlib.reload(module)
 
@@ -84,7 +86,7 @@ NAMES = ["receiver", "text", "kvcomm", "skyline"]
 
 def events(monkeypatch):
     pair = tiny_pair("gemma")
-    monkeypatch.setattr(engine, "load_pair", lambda name, progress=None: pair)
+    monkeypatch.setattr(runner, "load_pair", lambda name, progress=None: pair)
     return list(stream.stream_handoffs("tiny", request(), NAMES))
 
 
@@ -161,7 +163,7 @@ def test_the_sweep_runs_inside_the_gpu_function_and_returns_plain_data(with_spac
 
 
 def test_on_zerogpu_models_default_to_cuda_bfloat16_without_asking_cuda(with_spaces, monkeypatch):
-    from kvviz import models
+    from kvviz.runtime import models
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     assert zerogpu.on_zerogpu()
@@ -174,7 +176,7 @@ def test_on_zerogpu_models_default_to_cuda_bfloat16_without_asking_cuda(with_spa
 def test_app_loads_the_models_on_the_main_thread_on_zerogpu(with_spaces, monkeypatch):
     """ZeroGPU intercepts `.to("cuda")` on the main thread only: the preload must run there, before launch."""
     import app
-    from kvviz import ui
+    from kvviz.app import ui
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     order = []

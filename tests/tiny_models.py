@@ -12,9 +12,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, PreTrainedTokenizerFast
 
-from kvviz import attention
-from kvviz.facts import facts_from_config
-from kvviz.models import LoadedModel
+from kvviz.core.facts import facts_from_config
+from kvviz.runtime import attention
+from kvviz.runtime.models import LoadedModel
 
 CORPUS = [
     "Uma is at the Mahaffie House. Which country is Uma located in? United States.",

@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kvviz.core.paths import SHARED_DATA
 from kvviz.data.record import LoadReport
-from kvviz.paths import SHARED_DATA
 
 #: Environment variable that overrides where the datasets are looked for.
 DATA_DIR_ENV = "KVVIZ_DATA_DIR"
 
-#: <repo>/../shared/data (``kvviz.paths.SHARED_DATA``).
+#: <repo>/../shared/data (``kvviz.core.paths.SHARED_DATA``).
 DEFAULT_DATA_DIR = SHARED_DATA
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import importlib
 
+from kvviz.core.results import HandoffRequest, HandoffResult
 from kvviz.handoffs.registry import HANDOFFS, Handoff, Option, get, parse_handoffs, register, register_module
-from kvviz.models import LoadedPair
-from kvviz.results import HandoffRequest, HandoffResult
+from kvviz.runtime.models import LoadedPair
 
 # One line per handoff file, in the order of every table and of the page's settings.
 HANDOFF_MODULES = (

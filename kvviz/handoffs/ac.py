@@ -30,15 +30,15 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from kvviz.cache import KVState
-from kvviz.decode import generate, prefill, read_prompt_once
+from kvviz.core.plotkit import SELECTED_OUTLINE, layout, not_run_figure
+from kvviz.core.prompts import build_segments
+from kvviz.core.results import HandoffRequest, HandoffResult
 from kvviz.handoffs.common import TokenCallback
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, all_of, needs_context, option_values
-from kvviz.measure import StageTimer, decode_flops, forward_flops
-from kvviz.models import LoadedModel, LoadedPair
-from kvviz.plotkit import SELECTED_OUTLINE, layout, not_run_figure
-from kvviz.prompts import build_segments
-from kvviz.results import HandoffRequest, HandoffResult
+from kvviz.runtime.cache import KVState
+from kvviz.runtime.decode import generate, prefill, read_prompt_once
+from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
+from kvviz.runtime.models import LoadedModel, LoadedPair
 
 NAME = "ac"
 COLOR = "#8C564B"  # brown

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from kvviz import crossed
+from kvviz.core.prompts import build_segments
+from kvviz.core.results import HandoffRequest, HandoffResult
 from kvviz.handoffs.common import TokenCallback, read_prompt, single_model_result
 from kvviz.handoffs.registry import Handoff, needs_context
-from kvviz.models import LoadedPair
-from kvviz.prompts import build_segments
-from kvviz.results import HandoffRequest, HandoffResult
+from kvviz.runtime import crossed
+from kvviz.runtime.models import LoadedPair
 
 
 def receiver_alone(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:

@@ -27,18 +27,18 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from kvviz import crossed
-from kvviz.attention import AttentionPlan
-from kvviz.cache import KVState
-from kvviz.decode import generate, prefill, prefill_vectors
+from kvviz.core.plotkit import as_dict, empty_figure, layout
+from kvviz.core.prompts import build_segments, encode, has_chat_template, split_at_context, stop_token_ids, unmark
+from kvviz.core.results import HandoffRequest, HandoffResult
 from kvviz.handoffs.common import TokenCallback, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, option_values
 from kvviz.handoffs.text import message_tokens, sharer_message_segments
-from kvviz.measure import StageTimer, decode_flops, forward_flops
-from kvviz.models import LoadedModel, LoadedPair
-from kvviz.plotkit import as_dict, empty_figure, layout
-from kvviz.prompts import build_segments, encode, has_chat_template, split_at_context, stop_token_ids, unmark
-from kvviz.results import HandoffRequest, HandoffResult
+from kvviz.runtime import crossed
+from kvviz.runtime.attention import AttentionPlan
+from kvviz.runtime.cache import KVState
+from kvviz.runtime.decode import generate, prefill, prefill_vectors
+from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
+from kvviz.runtime.models import LoadedModel, LoadedPair
 
 NAME = "cipher"
 COLOR = "#332288"  # indigo

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kvviz.cache import KVState
-from kvviz.decode import DecodeOutput, generate, prefill
+from kvviz.core.prompts import PromptSegments
+from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
 from kvviz.handoffs.registry import ReceiverPrompt
-from kvviz.measure import StageTimer, decode_flops, forward_flops
-from kvviz.models import LoadedModel, LoadedPair
-from kvviz.prompts import PromptSegments
-from kvviz.results import GenerationSettings, HandoffRequest, HandoffResult
+from kvviz.runtime.cache import KVState
+from kvviz.runtime.decode import DecodeOutput, generate, prefill
+from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
+from kvviz.runtime.models import LoadedModel, LoadedPair
 
 TokenCallback = Callable[[str], None]
 

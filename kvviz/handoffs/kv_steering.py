@@ -53,16 +53,16 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from kvviz import cache as kv
-from kvviz import limits
-from kvviz.decode import NextToken, generate, prefill
+from kvviz.core import limits
+from kvviz.core.plotkit import as_dict, layout, not_run_figure
+from kvviz.core.prompts import answer_instruction, build_segments, user_message
+from kvviz.core.results import HandoffRequest, HandoffResult
 from kvviz.handoffs.common import TokenCallback
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, option_values
-from kvviz.measure import StageTimer, decode_flops, forward_flops
-from kvviz.models import LoadedModel, LoadedPair
-from kvviz.plotkit import as_dict, layout, not_run_figure
-from kvviz.prompts import answer_instruction, build_segments, user_message
-from kvviz.results import HandoffRequest, HandoffResult
+from kvviz.runtime import cache as kv
+from kvviz.runtime.decode import NextToken, generate, prefill
+from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
+from kvviz.runtime.models import LoadedModel, LoadedPair
 
 NAME = "kv_steering"
 COLOR = "#7A7A1F"  # olive

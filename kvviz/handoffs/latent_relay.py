@@ -39,7 +39,7 @@ embeddings (what the sender "thought" read as the tokens it lies nearest to, not
 the norm of ``h M`` before rescaling, and the cosine with the previous latent vector.
 
 Per-layer records (``HandoffResult.layers``, one per receiver layer), measured after the answer in
-an instrumentation pass (kvviz.attention's capture; never timed in the stages):
+an instrumentation pass (kvviz.runtime.attention's capture; never timed in the stages):
   layer                 receiver layer index
   attention_on_latent   mean over heads and question tokens of the attention mass on the N latent
                         positions
@@ -57,16 +57,16 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from kvviz import cache as kv
-from kvviz import crossed
-from kvviz.decode import forward_kwargs, generate, prefill, prefill_vectors
+from kvviz.core.plotkit import as_dict, layout, not_run_figure
+from kvviz.core.prompts import build_segments
+from kvviz.core.results import HandoffRequest, HandoffResult
 from kvviz.handoffs.common import TokenCallback, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, all_of, needs_context, option_values
-from kvviz.measure import StageTimer, decode_flops, forward_flops
-from kvviz.models import LoadedModel, LoadedPair
-from kvviz.plotkit import as_dict, layout, not_run_figure
-from kvviz.prompts import build_segments
-from kvviz.results import HandoffRequest, HandoffResult
+from kvviz.runtime import cache as kv
+from kvviz.runtime import crossed
+from kvviz.runtime.decode import forward_kwargs, generate, prefill, prefill_vectors
+from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
+from kvviz.runtime.models import LoadedModel, LoadedPair
 
 NAME = "latent_relay"
 COLOR = "#882255"  # wine
@@ -243,7 +243,7 @@ def receiver_state(pair: LoadedPair, thought: Thought) -> kv.KVState:
 @torch.no_grad()
 def attention_mass(receiver: LoadedModel, state: kv.KVState, query_ids: list[int], skip: int) -> list[float]:
     """Per receiver layer, the mean attention mass its question tokens put on the prefix keys from
-    index ``skip`` on (kvviz.attention's capture window). ``state`` is used up: give a fresh one."""
+    index ``skip`` on (kvviz.runtime.attention's capture window). ``state`` is used up: give a fresh one."""
     kwargs = forward_kwargs(receiver, state, len(query_ids), capture=True)
     plan = kwargs["kvviz_plan"]
     plan.capture_skip = skip

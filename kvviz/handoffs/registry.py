@@ -1,7 +1,7 @@
 """The handoff descriptor and the registry every part of kvviz reads.
 
 Each handoff file ends with its descriptor(s) (kvpress style: a small object over the one shared
-pipeline of ``kvviz.decode`` and ``kvviz.cache``): what it is called and how it looks, what it
+pipeline of ``kvviz.runtime.decode`` and ``kvviz.runtime.cache``): what it is called and how it looks, what it
 needs, its options, how it runs, what the benchmark and the page need from it. The page, the
 plots, the benchmark, the CLI help and the presets read descriptors from here and never name a
 handoff. ``kvviz.handoffs`` registers the files' descriptors, one line per file.
@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from kvviz import limits
-from kvviz.paths import DIAGRAMS
-from kvviz.results import GenerationSettings, HandoffRequest, HandoffResult
+from kvviz.core import limits
+from kvviz.core.paths import DIAGRAMS
+from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
 
 if TYPE_CHECKING:  # type names only: the registry imports no model code
-    from kvviz.cache import KVState
-    from kvviz.decode import NextToken
-    from kvviz.models import LoadedModel, LoadedPair
+    from kvviz.runtime.cache import KVState
+    from kvviz.runtime.decode import NextToken
+    from kvviz.runtime.models import LoadedModel, LoadedPair
 
 DIAGRAM_DIR = DIAGRAMS
 
@@ -49,7 +49,7 @@ class Option:
 
     ``auto``: when not empty, the value may be None, meaning what ``auto`` says ("the paper's alpha
     for the model family"); the page shows a checkbox for it and the CLI leaves the flag out.
-    ``limit``: a setting of ``kvviz.limits`` whose range bounds the value (it follows the policy's
+    ``limit``: a setting of ``kvviz.core.limits`` whose range bounds the value (it follows the policy's
     caps, so public mode narrows it). ``check``: raises a ValueError for a value refused here (a
     custom fuser folder on a public server). ``api_name``: the page's and the ``/run`` API's name
     for it (default ``HANDOFF_OPTION``).
@@ -242,7 +242,7 @@ class Handoff:
     # than was measured, e.g. {"transfer": "splice in memory (no network)"}
     stage_labels: dict = field(default_factory=dict)
     # how many tokens it may generate before the answer (a message the receiver waits for): the
-    # prompt budget (kvviz.limits) and ZeroGPU's duration estimate count them; None: none
+    # prompt budget (kvviz.core.limits) and ZeroGPU's duration estimate count them; None: none
     message_tokens: Callable[[HandoffRequest], int] | None = None
     task_calibration: TaskCalibration | None = None  # see TaskCalibration
     # its run takes ``on_message``: called with the message so far after every token (or vector) the
@@ -250,7 +250,7 @@ class Handoff:
     streams_message: bool = False
     # the handoff that is this one's control (the same receiver without what this one sends, or fed an
     # unrelated context): when both ran in one run that recorded what crossed, this one's answer
-    # tokens are scored under the control's prompt too (``token_change``, kvviz.engine)
+    # tokens are scored under the control's prompt too (``token_change``, kvviz.engine.runner)
     control: str = ""
 
     def __post_init__(self):

@@ -9,17 +9,17 @@ the receiver-alone prompt. The message's length bound is this handoff's option
 
 from __future__ import annotations
 
-from kvviz import crossed
+from kvviz.core.prompts import build_segments
+from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
 from kvviz.handoffs.common import TokenCallback, answer, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, option_values
-from kvviz.measure import StageTimer, decode_flops, forward_flops
-from kvviz.models import LoadedPair
-from kvviz.prompts import build_segments
-from kvviz.results import GenerationSettings, HandoffRequest, HandoffResult
+from kvviz.runtime import crossed
+from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
+from kvviz.runtime.models import LoadedPair
 
 NAME = "text"
 OPTIONS = (
-    # the bound follows the policy's caps (kvviz.limits); the page and the /run API call it message_tokens
+    # the bound follows the policy's caps (kvviz.core.limits); the page and the /run API call it message_tokens
     Option("message_tokens", "Message length bound (tokens)", 64, kind="int", limit="message_tokens",
            flag="--message-tokens", api_name="message_tokens"),
 )

@@ -1,0 +1,5 @@
+"""The lab in the browser and its Space: the page (``ui`` puts ``page`` together), results as
+text and tables (``present``), figures across handoffs (``plots``), what crossed drawn
+(``tokenview``), two runs side by side (``compare``), the sweep (``sweep``), the presets and
+their lessons (``presets``, ``lessons``), and the Space export (``space``).
+"""

@@ -1,0 +1,83 @@
+"""Does a preset's precomputed run still show its lesson? Each preset's ``check`` (assets/presets.toml)
+holds claims about its results, column by column; ``failures`` lists the claims its results do not
+show. ``tests/test_presets.py`` runs it over assets/precomputed/presets.json (so a regenerated
+preset that stops showing its lesson fails the tests) and ``scripts/precompute_presets.py`` prints
+it after writing the file.
+
+Verdicts are the page's (``kvviz.data.metrics.verdict``: the answer contains a gold answer), plus
+"na" for a column whose handoff does not apply.
+"""
+
+from __future__ import annotations
+
+from kvviz.app.presets import Preset
+from kvviz.data.metrics import contains_answer, verdict
+
+VERDICT_KINDS = ("right", "wrong", "none", "na")
+
+
+def mark(result: dict, answers) -> str | None:
+    """A result's verdict: right / wrong / none, "na" when its handoff did not apply, None without gold."""
+    if not result.get("applicable", True):
+        return "na"
+    return verdict(result.get("answer", ""), answers)
+
+
+def sent_layers(result: dict) -> list[int]:
+    """The layers a result says it sent (its per-layer records marked ``selected``)."""
+    return sorted(record["layer"] for record in result.get("layers") or [] if record.get("selected"))
+
+
+def claim_failures(check: dict, results: list[dict], answers, where: str) -> list[str]:
+    """The claims of one check that ``results`` (one run's, by handoff) do not show."""
+    by_name = {result.get("handoff"): result for result in results}
+    out = []
+
+    def result_of(name):
+        if name not in by_name:
+            out.append(f"{where}: no result for {name}")
+        return by_name.get(name)
+
+    for kind in VERDICT_KINDS:
+        for name in check.get(kind, []):
+            result = result_of(name)
+            if result is not None and mark(result, answers) != kind:
+                out.append(f"{where}: {name} should be {kind}, is {mark(result, answers)} ({result.get('answer', '')!r})")
+    for name, words in check.get("says", {}).items():
+        result = result_of(name)
+        if result is not None and not contains_answer(result.get("answer", ""), [words]):
+            out.append(f"{where}: {name} should say {words!r}, says {result.get('answer', '')!r}")
+    for name, words in check.get("writes", {}).items():
+        result = result_of(name)
+        message = (result or {}).get("seen", {}).get("message", "")
+        if result is not None and not contains_answer(message, [words]):
+            out.append(f"{where}: {name}'s message should hold {words!r}, is {message!r}")
+    for name, wanted in check.get("sent_layers", {}).items():
+        result = result_of(name)
+        if result is None:
+            continue
+        sent = sent_layers(result)
+        if (len(sent) != wanted) if isinstance(wanted, int) else (sent != sorted(wanted)):
+            out.append(f"{where}: {name} should send {wanted} layer(s), sent {sent}")
+    for name in check.get("gain_spans_zero", []):
+        result = result_of(name)
+        measured = ((result or {}).get("details") or {}).get("communication") or {}
+        low, high = measured.get("ci95", (None, None))
+        if result is not None and not (low is not None and low <= 0 <= high):
+            out.append(f"{where}: {name}'s held-out communication gain interval should hold 0, is {[low, high]}")
+    return out
+
+
+def failures(preset: Preset, entry: dict | None) -> list[str]:
+    """Every claim of ``preset.check`` and of its runs' checks that its precomputed ``entry``
+    (``{"results": [...], "runs": {label: {"results": [...]}}}``) does not show."""
+    if not entry:
+        return [f"{preset.key}: no precomputed results"]
+    out = claim_failures(preset.check, entry.get("results", []), preset.answers, preset.key)
+    for run in preset.runs:
+        stored = (entry.get("runs") or {}).get(run.label)
+        if stored is None:
+            out.append(f"{preset.key}, {run.label}: not precomputed")
+            continue
+        out += claim_failures(run.check, stored.get("results", []), preset.answers, f"{preset.key}, {run.label}")
+    return out

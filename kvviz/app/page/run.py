@@ -1,0 +1,193 @@
+"""A live run as the page shows it: a stream of ``{role: value}`` updates (roles as in
+``kvviz.app.page.views``), and the per-session stop flags behind the Stop button. No Gradio.
+
+What each event of ``kvviz.engine.stream`` changes, and nothing more (issue 20): a token updates its
+column's answer and the status line; a message being written updates its column's line; a
+finished handoff updates its own card and the verdict strip. The events that waited together give
+one update (each update the server sends costs its event loop, which shares the interpreter with
+the models), and streamed text goes at most every ``STREAM_INTERVAL``; figures are not built here at all
+(the page builds the tab in view from the final results). The last update holds ``results`` (the
+payload) and says how the run ended: finished, stopped by the user (each column finished, stopped
+or not started), out of time, or failed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from kvviz.app import present
+from kvviz.app.page import views
+from kvviz.app.page.spec import STREAM_INTERVAL
+from kvviz.core.results import HandoffRequest
+from kvviz.engine.stream import stream_handoff_batches
+from kvviz.handoffs import registry
+
+
+class StopFlags:
+    """One stop flag per browser session: Stop sets it, the session's run checks it between events
+    (and ``kvviz.engine.stream`` between tokens). ``begin`` is called when Run is pressed, before the run
+    waits in the queue, so that a Stop pressed while it waits stops it too."""
+
+    def __init__(self):
+        self._flags: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def begin(self, session: str) -> threading.Event:
+        with self._lock:
+            self._flags[session] = threading.Event()
+            return self._flags[session]
+
+    def current(self, session: str) -> threading.Event:
+        with self._lock:
+            return self._flags.setdefault(session, threading.Event())
+
+    def stop(self, session: str) -> bool:
+        """Stop the session's run; False when it has none."""
+        with self._lock:
+            flag = self._flags.get(session)
+        if flag is None:
+            return False
+        flag.set()
+        return True
+
+    def end(self, session: str) -> None:
+        with self._lock:
+            self._flags.pop(session, None)
+
+
+@dataclass
+class LiveRun:
+    """One run's state while it streams: what each column is doing and what has finished."""
+
+    pair: str
+    request: HandoffRequest
+    names: list[str]
+    answers: list[str]
+    subject: str
+    preset_key: str | None = None
+    states: dict[str, str] = field(default_factory=dict)  # waiting / running, until done
+    partial: dict[str, str] = field(default_factory=dict)
+    results: dict[str, dict] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+    log: str = "starting …"
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+    def payload(self) -> dict:
+        ordered = [self.results[name] for name in self.names if name in self.results]
+        data = present.payload(self.pair, self.request.to_dict(), ordered, False, self.preset_key)
+        return dict(data, stamp=views.live_stamp())
+
+    def status(self) -> dict:
+        return {"status": present.live_status(len(self.results), len(self.names), self.log)}
+
+    def verdict(self) -> dict:
+        states = {name: self.states.get(name, "notrun") for name in self.names}
+        payload = {"results": list(self.results.values())}
+        return views.verdict(payload, self.names, self.answers, self.subject, states)
+
+
+# the events that finish a result after every handoff is done, and the field each one writes
+FINISHED_FIELDS = {"lens": "logit_lens", "change": "token_change"}
+
+
+def one_event_a_batch(events: Callable[..., Iterator]) -> Callable[..., Iterator[list]]:
+    """A source of single events (``kvviz.engine.stream.stream_handoffs``'s form) as one of batches."""
+
+    def batches(pair, request, names, workers, stop=None, idle=None):
+        for event in events(pair, request, names, workers, stop=stop):
+            yield [event]
+
+    return batches
+
+
+def stream_run(run: LiveRun, workers: int, stop: threading.Event, events: Callable[..., Iterator] | None = None,
+               batches: Callable[..., Iterator[list]] = stream_handoff_batches) -> Iterator[dict]:
+    """The run's updates, from the first (every column waiting) to the last (with ``results``).
+
+    Events come in batches (``kvviz.engine.stream.run_event_batches``: all that waited), and each batch
+    gives at most one update, holding what its events changed and nothing else: a column that
+    starts or finishes updates its own card and the strip at once; streamed text (answers, and the
+    message a handoff writes first) is sent at most every ``STREAM_INTERVAL`` seconds for all the
+    columns together, the latest text of each column that changed (an idle batch sends what was
+    held back). ``events``: a source of single events instead (tests)."""
+    if events is not None:
+        batches = one_event_a_batch(events)
+    run.states = {name: "waiting" for name in run.names}
+    first = {**run.status(), **run.verdict()}
+    for name in run.names:
+        first.update(views.card(name, None, run.answers, "waiting"))
+    yield first
+    held: dict[str, str | None] = {}  # column -> its latest message (None: an answer token), not yet sent
+    last_sent = time.perf_counter()
+    stopped_early = failed = ""
+    for batch in batches(run.pair, run.request, run.names, workers, stop=stop, idle=STREAM_INTERVAL):
+        if stop.is_set():
+            break
+        update: dict = {}
+        now = False  # whether this batch's update goes at once (a column started or finished, a status line)
+        for kind, name, data in batch:
+            if kind == "status":
+                run.log, now = str(data), True
+            elif kind == "start":
+                run.states[name] = "running"
+                run.partial[name] = ""
+                run.log, now = f"running {registry.title_of(name)} …", True
+                update.update(views.card(name, None, run.answers, "running", ""))
+            elif kind == "token":
+                run.partial[name] = data
+                held.setdefault(name, None)
+            elif kind == "message":
+                held[name] = str(data)
+            elif kind == "done":
+                run.results[name] = data
+                run.states.pop(name, None)
+                run.partial.pop(name, None)
+                held.pop(name, None)
+                now = True
+                update.update(views.card(name, data, run.answers))
+            elif kind in FINISHED_FIELDS and name in run.results:  # what crossed, after every handoff
+                run.results[name] = {**run.results[name], FINISHED_FIELDS[kind]: data}
+            elif kind == "stopped":
+                stopped_early = str(data)
+            elif kind == "error":
+                failed = str(data)
+        if held and (now or not batch or time.perf_counter() - last_sent >= STREAM_INTERVAL):  # an idle batch sends
+            for name, message in held.items():
+                update[f"answer:{name}"] = run.partial.get(name, "")
+                if message is not None:
+                    update[f"stats:{name}"] = present.card_stats(None, message=message)
+            held.clear()
+            last_sent = time.perf_counter()
+        if now:
+            update.update(run.verdict())
+        if update or now:
+            yield {**run.status(), **update}
+    yield final_update(run, workers, stopped_by_user=stop.is_set(), out_of_time=stopped_early, failed=failed)
+
+
+def final_update(run: LiveRun, workers: int, stopped_by_user: bool, out_of_time: str, failed: str) -> dict:
+    """The last update: every unfinished column's state, the status, the strip and the results."""
+    update: dict = {"results": run.payload()}
+    if failed:
+        update["error"] = failed
+    unfinished = {name: ("stopped" if name in run.partial else "notstarted") for name in run.names if name not in run.results}
+    if stopped_by_user or out_of_time or failed:
+        for name, state in unfinished.items():
+            state = state if stopped_by_user else "notrun"
+            update.update(views.card(name, None, run.answers, state, run.partial.get(name, "")))
+            run.states[name] = state
+    if stopped_by_user:
+        states = {name: unfinished.get(name, "finished") for name in run.names}
+        update["status"] = present.stopped_status(run.seconds, states)
+    elif failed:
+        update["status"] = present.refused_status(f"the run failed: {failed}")
+    else:
+        update["status"] = present.finished_status(run.seconds, workers, out_of_time)
+    update.update(run.verdict())
+    return update

@@ -1,0 +1,130 @@
+"""How the page looks: the theme, its CSS, and what goes in the page's head.
+
+Every text is at least 4.5:1 against what it is drawn on (WCAG AA; tests/test_browser.py measures
+the rendered page). The Soft theme's blue on pale blue (block labels, 3.0:1), white on its primary
+blue (3.7:1) and its subdued slate (2.5:1) are replaced below. Each handoff keeps its registered
+hue for marks (card border, bars, lines) and writes its title in an ink shade of that hue
+(``kvviz.core.plotkit.ink``), never white on the hue nor dark text on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+
+from kvviz.app.compare import COMPARE_CSS
+from kvviz.app.tokenview import TOKEN_VIEW_CSS, TOKEN_VIEW_JS
+
+BLUE_TEXT = "#1e40af"  # 8.7:1 on white, 7.2:1 on the label's pale blue
+BLUE_FILL = "#1d4ed8"  # white on it: 6.7:1
+SUBDUED = "#475569"  # 7.6:1 on white
+
+
+def theme() -> gr.themes.Base:
+    return gr.themes.Soft(primary_hue="blue", neutral_hue="slate").set(
+        block_label_text_color=BLUE_TEXT,
+        block_label_text_color_dark=BLUE_TEXT,
+        block_title_text_color=BLUE_TEXT,
+        button_primary_background_fill=BLUE_FILL,
+        button_primary_background_fill_hover="#1e3a8a",
+        button_primary_text_color="#ffffff",
+        checkbox_background_color_selected=BLUE_FILL,
+        checkbox_border_color_selected=BLUE_FILL,
+        checkbox_label_background_fill_selected=BLUE_FILL,
+        checkbox_label_text_color_selected="#ffffff",
+        body_text_color_subdued=SUBDUED,
+        color_accent=BLUE_FILL,
+        color_accent_soft="#dbeafe",
+        link_text_color=BLUE_FILL,
+        link_text_color_visited=BLUE_FILL,
+    )
+
+
+CSS = """
+.gradio-container {max-width: 1400px !important}
+/* Gradio clips its container with overflow: hidden, which makes it a scroll container and stops the
+   verdict strip from sticking; clip does the same clipping without that */
+.gradio-container {overflow: clip !important}
+.gradio-container footer, .gradio-container footer * {color: #475569 !important}
+#kv-top {align-items: center; gap: 8px; flex-wrap: nowrap}
+#kv-title h1 {font-size: 20px; margin: 0; line-height: 1.2}
+#kv-title {min-width: 0 !important}
+#kv-presets {max-width: 300px}
+#kv-ask {gap: 8px; align-items: stretch}
+#kv-runbox {gap: 6px; justify-content: flex-start}
+#kv-status {font-size: 14px; min-height: 22px}
+#kv-status p {margin: 0}
+.kv-refused {color: #7f1d1d}
+.kv-badge {display: inline-block; padding: 0 7px; border-radius: 9px; font-size: 12px; background: #fef3c7;
+  color: #713f12; border: 1px solid #e6cf7d}
+#kv-verdict {position: sticky; top: 0; z-index: 30}
+.kv-verdict {font-size: 14px; padding: 6px 10px; border-radius: 6px; background: #f1f5f9; color: #0f172a;
+  border: 1px solid #cbd5e1}
+.kv-verdict-rule {color: #334155}
+#kv-answers {gap: 8px; flex-wrap: nowrap; align-items: stretch}
+#kv-answers > .kv-card {background: #ffffff; border-radius: 6px; padding: 0 8px 6px 8px !important; gap: 2px !important;
+  box-shadow: 0 1px 2px rgba(0, 0, 0, .15); min-width: 0 !important; flex: 1 1 0 !important; border: 1px solid #e2e8f0}
+.kv-card-head {display: flex; justify-content: space-between; align-items: baseline; gap: 4px; flex-wrap: nowrap;
+  border-top: 5px solid var(--kv-hue); margin: 0 -8px; padding: 4px 8px 0 8px}
+.kv-card-head .kv-card-title {color: var(--kv-ink) !important; font-weight: 700; font-size: 13.5px; line-height: 1.25;
+  white-space: nowrap; overflow: hidden; text-overflow: ellipsis; min-width: 0}
+.kv-mark {font-size: 12px; font-weight: 700; padding: 0 5px; border-radius: 8px; white-space: nowrap;
+  background: #f1f5f9; color: #334155 !important}
+.kv-mark-right {background: #dcfce7; color: #14532d !important}
+.kv-mark-wrong {background: #fee2e2; color: #7f1d1d !important}
+.kv-mark-none, .kv-mark-failed {background: #e5e7eb; color: #374151 !important}
+.kv-mark-stopped, .kv-mark-notstarted, .kv-mark-notrun {background: #fef3c7; color: #713f12 !important}
+.kv-mark-running, .kv-mark-waiting {background: #dbeafe; color: #1e3a8a !important}
+.kv-card textarea {font-size: 15px !important; color: #0f172a !important; border: none !important; box-shadow: none !important;
+  padding: 2px 0 !important; background: transparent !important}
+.kv-card-stats {min-height: 1.3em}
+.kv-card-stats p {margin: 0; font-size: 12.5px; color: #334155 !important; line-height: 1.3}
+#kv-lesson {font-size: 14px}
+#kv-lesson p {margin: 0}
+#kv-lesson-row {align-items: center; gap: 8px}
+#kv-walk {border-left: 4px solid #0072B2; padding-left: 12px; background: #f8fafc}
+.kv-highlight {outline: 3px solid #1d4ed8 !important; outline-offset: 4px; border-radius: 6px;
+  transition: outline-color 0.3s}
+.kv-details-title {font-weight: 700; color: var(--kv-ink) !important; border-left: 5px solid var(--kv-hue); padding-left: 6px}
+.kv-diagram svg {max-width: 100%; height: auto}
+/* the JSON view's syntax colours, darkened to >= 4.5:1 on white */
+.gradio-container .json-node .punctuation, .gradio-container .punctuation {color: #475569 !important}
+.gradio-container .key {color: #9a3412 !important}
+.gradio-container .value.string {color: #166534 !important}
+.gradio-container .value.number {color: #1e40af !important}
+.gradio-container .value.bool, .gradio-container .value.null {color: #86198f !important}
+.gradio-container .square-bracket {color: #9f1239 !important}
+#kv-columns {align-items: center; gap: 8px}
+#kv-handoffs label {padding: 5px 9px !important}
+@media (max-width: 640px) {
+  #kv-top {flex-wrap: wrap}
+  #kv-title {flex: 1 1 100% !important}
+  #kv-title h1 {font-size: 18px}
+  #kv-columns {order: 1}
+  #kv-lesson-row {order: 2}
+  #kv-inside {order: 3}
+  #kv-presets {max-width: none}
+  #kv-ask {flex-direction: column}
+  #kv-ask > * {min-width: 0 !important; width: 100% !important}
+  #kv-runbox {flex-direction: row !important}
+  #kv-answers {overflow-x: auto; scroll-snap-type: x mandatory; padding-bottom: 4px}
+  #kv-answers > .kv-card {flex: 0 0 78vw !important; scroll-snap-align: start}
+  #kv-layer-plots > * {min-width: 0 !important; flex-basis: 100% !important}
+}
+"""
+
+
+def plot_script_preload() -> str:
+    """A ``<link rel="modulepreload">`` for Gradio's plotly chunk, so the browser fetches it with
+    the page instead of when the first plot mounts (``scripts/bench_app.py``); empty when this
+    Gradio build has no such chunk."""
+    frontend = Path(gr.__file__).parent / "templates" / "frontend" / "assets"
+    chunks = sorted(frontend.glob("PlotlyPlot-*.js"))
+    # relative to the page, so that it also works under a root path (a proxy, a Space)
+    return "".join(f'<link rel="modulepreload" href="assets/{chunk.name}">' for chunk in chunks[:1])
+
+
+def launch_kwargs() -> dict:
+    """theme, css and head belong to launch() in Gradio 6."""
+    return {"theme": theme(), "css": CSS + TOKEN_VIEW_CSS + COMPARE_CSS, "head": plot_script_preload() + TOKEN_VIEW_JS}

@@ -1,0 +1,223 @@
+"""What the page shows for a run's results, as ``{role: value}`` updates (no Gradio).
+
+A *payload* is ``present.payload(...)`` plus a ``stamp`` naming the results it holds ("preset:KEY"
+for a precomputed preset, "run:N" for a live run): figures are built only for the tab in view and
+only when the stamp (and, for time and bytes, the ticked columns) changed since that tab last
+drew them (``tab_updates``); a precomputed preset's figures are built once per process
+(``FigureCache``).
+
+Roles: ``status``, ``verdict``, ``lesson``, and per column ``head:NAME`` (title and mark),
+``answer:NAME``, ``stats:NAME`` (the card's line), ``notes:NAME`` (the long stats, in "What each
+model saw") and ``seen:NAME``; ``figure:NAME`` per figure; ``table`` and ``json`` (the Data tab).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import plotly.graph_objects as go
+
+from kvviz.app import plots, present, tokenview
+from kvviz.app.page.spec import FIXED_PLOTS, LENS_PLOT, column_names, tab_figures, token_view_column
+from kvviz.app.presets import PRESETS, preset
+from kvviz.core.plotkit import compact as compact_figure
+from kvviz.handoffs import registry
+
+_run_numbers = itertools.count(1)
+
+
+def live_stamp() -> str:
+    return f"run:{next(_run_numbers)}"
+
+
+def results_by_name(payload: dict | None) -> dict[str, dict]:
+    return {result["handoff"]: result for result in (payload or {}).get("results", [])}
+
+
+# --- cards, strip, lesson -----------------------------------------------------------------------
+
+
+def card(name: str, result: dict | None, answers, state: str = "", partial: str | None = None) -> dict:
+    """Every role of one column's card (and its "What each model saw" section)."""
+    kind = state if state and result is None else present.mark_of(result, answers)
+    return {
+        f"head:{name}": present.card_head_html(name, kind),
+        f"answer:{name}": present.answer_text(result, partial),
+        f"stats:{name}": present.card_stats(result, state),
+        f"notes:{name}": present.stats_markdown(result, state) if result is not None or state else "",
+        f"seen:{name}": present.seen_text(result),
+    }
+
+
+def marks(payload: dict | None, names: list[str], answers, states: dict[str, str] | None = None) -> dict[str, str]:
+    """Each ticked column's mark, in page order (a state such as "running" for one not finished)."""
+    found, states = results_by_name(payload), states or {}
+    return {name: (present.mark_of(found[name], answers) if name in found else states.get(name, "notrun"))
+            for name in column_names() if name in names}
+
+
+def verdict(payload: dict | None, names: list[str], answers, subject: str, states: dict | None = None) -> dict:
+    return {"verdict": present.verdict_strip_html(subject, marks(payload, names, answers, states), answers)}
+
+
+def cards_and_verdict(payload: dict | None, names: list[str], answers, subject: str) -> dict:
+    """Every column's card (ticked or not, so that ticking one shows it at once) and the strip."""
+    found = results_by_name(payload)
+    updates = {}
+    for name in column_names():
+        updates.update(card(name, found.get(name), answers))
+    updates.update(verdict(payload, names, answers, subject))
+    return updates
+
+
+def lesson_of(payload: dict | None) -> str:
+    """The lesson line for results that answer a preset's question (empty otherwise). A live run
+    may use other settings than the precomputed one that shows the lesson: then the line says so."""
+    key = (payload or {}).get("preset")
+    if not key:
+        return ""
+    if payload.get("precomputed", True):
+        return f"**Lesson:** {present.md(preset(key).lesson)}"
+    return f"**The preset's lesson** (its precomputed run, at the page's defaults): {present.md(preset(key).lesson)}"
+
+
+def subject_of(payload: dict | None) -> str:
+    key = (payload or {}).get("preset")
+    return preset(key).subject if key else "The expected answer"
+
+
+def preset_matching(query: str, context: str | None) -> str | None:
+    """The preset whose question this is (same query and context), if any."""
+    for candidate in PRESETS:
+        if candidate.query.strip() == (query or "").strip() and (candidate.context or "") == (context or "").strip():
+            return candidate.key
+    return None
+
+
+# --- precomputed payloads -----------------------------------------------------------------------
+
+
+def precomputed_payload(precomputed: dict, key: str, default_pair: str) -> tuple[dict, str]:
+    """A preset's precomputed results as a payload, and its status line (or an empty payload that
+    says how to get results)."""
+    entry = (precomputed.get("presets") or {}).get(key)
+    title = preset(key).title
+    if not entry:
+        payload = dict(present.payload(default_pair, None, [], True, key), stamp=f"preset:{key}")
+        return payload, (f"No precomputed results for **{present.md(title)}**: press **Run live** to compute them "
+                         "on this machine.")
+    results = [dict(r, precomputed=True) for r in entry["results"] if r.get("handoff") in registry.HANDOFFS]
+    pair = precomputed.get("pair", default_pair)
+    payload = dict(present.payload(pair, entry.get("request"), results, True, key), stamp=f"preset:{key}")
+    return payload, present.precomputed_status(title, pair, precomputed.get("generated", ""))
+
+
+# --- figures, per tab ---------------------------------------------------------------------------
+
+
+class FigureCache:
+    """Figures of precomputed presets and of the precomputed sweep, built once per process and
+    shared by every session (a live run's figures are built for its session only)."""
+
+    def __init__(self, sweep: dict | None = None):
+        self._figures: dict[tuple, go.Figure] = {}
+        self._lock = threading.Lock()
+        self.sweep = sweep
+
+    def sweep_figure(self, compact: bool) -> go.Figure:
+        key = ("sweep", compact)
+        with self._lock:
+            if key not in self._figures:
+                self._figures[key] = sweep_figure(self.sweep, compact)
+            return self._figures[key]
+
+    def figure(self, name: str, payload: dict, names: list[str], compact: bool) -> go.Figure:
+        key = (payload.get("stamp"), name, tuple(names) if name in (*FIXED_PLOTS, LENS_PLOT) else (), compact)
+        shared = str(key[0]).startswith("preset:")
+        if shared:
+            with self._lock:
+                if key in self._figures:
+                    return self._figures[key]
+        figure = build_figure(name, payload, names, compact)
+        if shared:
+            with self._lock:
+                self._figures[key] = figure
+        return figure
+
+
+def build_figure(name: str, payload: dict, names: list[str], compact: bool) -> go.Figure:
+    """One figure of a payload: a handoff's own figure, or latency / bytes over the ticked columns."""
+    results = [r for r in payload.get("results", []) if r.get("handoff") in names]
+    if name == "latency":
+        figure = plots.latency_figure(results)
+    elif name == "bytes":
+        figure = plots.bytes_figure(results)
+    elif name == LENS_PLOT:
+        figure = tokenview.lens_figure(results)
+    else:
+        figure = registry.get(name).figure(results_by_name(payload).get(name))
+    return compact_figure(figure) if compact else figure
+
+
+def sweep_figure(data: dict | None, compact: bool) -> go.Figure:
+    figure = plots.sweep_figure(data)
+    return compact_figure(figure) if compact else figure
+
+
+def figure_key(name: str, payload: dict, names: list[str], compact: bool) -> str:
+    """What a drawn figure shows: when it is unchanged, the figure is not sent again."""
+    ticked = ",".join(names) if name in (*FIXED_PLOTS, LENS_PLOT) else ""
+    return f"{payload.get('stamp')}|{ticked}|{int(compact)}"
+
+
+def token_view_updates(payload: dict, names: list[str], view: dict, chosen: str | None = None) -> tuple[dict, dict]:
+    """The What crossed tab: its column picker (``tokens_column``: the ticked columns that hold a
+    token view, and the one shown) and the view of that column (``tokens``), when either changed."""
+    found = results_by_name(payload)
+    with_view = [name for name in names if tokenview.has_view(found.get(name))]
+    column = token_view_column(names, with_view, chosen or view.get("tokens_column"))
+    drawn = dict(view.get("drawn") or {})
+    key = f"{payload.get('stamp')}|{column}|{','.join(with_view)}"
+    updates = {}
+    if drawn.get("tokens") != key:
+        labels = [(registry.get(name).label, name) for name in with_view]
+        updates["tokens_column"] = {"choices": labels, "value": column}
+        if column is not None:
+            updates["tokens"] = tokenview.token_view_html(found[column])
+        elif found:
+            updates["tokens"] = ('<div class="kv-tv-empty">None of the ticked columns holds what crossed: these results '
+                                 "were computed without recording it. Press <b>Run live</b> to record it.</div>")
+        else:
+            updates["tokens"] = '<div class="kv-tv-empty">No results yet: press <b>Run live</b>.</div>'
+        drawn["tokens"] = key
+    return updates, {**view, "tokens_column": column, "drawn": drawn}
+
+
+def tab_updates(tab: str, payload: dict, names: list[str], view: dict, cache: FigureCache) -> tuple[dict, dict]:
+    """The figure updates a tab needs now (only those whose content changed since it drew them)
+    and the view state after them. ``view``: ``{"tab": ..., "compact": bool, "drawn": {role: key}}``."""
+    drawn = dict(view.get("drawn") or {})
+    compact = bool(view.get("compact"))
+    updates = {}
+    for name in tab_figures(tab, names):
+        key = figure_key(name, payload, names, compact)
+        if drawn.get(f"figure:{name}") != key:
+            updates[f"figure:{name}"] = cache.figure(name, payload, names, compact)
+            drawn[f"figure:{name}"] = key
+    if tab == "sweep" and not str(drawn.get("sweep_plot", "")).startswith("live") \
+            and drawn.get("sweep_plot") != f"precomputed|{int(compact)}":
+        updates["sweep_plot"] = cache.sweep_figure(compact)  # a live sweep's figure stays until the next one
+        drawn["sweep_plot"] = f"precomputed|{int(compact)}"
+    if tab == "tokens":
+        column_updates, view = token_view_updates(payload, names, {**view, "drawn": drawn})
+        updates.update(column_updates)
+        drawn = view["drawn"]
+    if tab == "how" and not drawn.get("how"):
+        updates["how"] = present.how_it_works_page(column_names())
+        drawn["how"] = True
+    if tab == "data" and drawn.get("data") != payload.get("stamp"):
+        updates["table"] = present.results_frame(payload)
+        updates["json"] = {**payload, "results": [tokenview.without_arrays(r) for r in payload.get("results", [])]}
+        drawn["data"] = payload.get("stamp")
+    return updates, {**view, "tab": tab, "drawn": drawn}

@@ -1,0 +1,382 @@
+"""Results as text and tables for people: the page's answer cards (mark, stats line), verdict strip
+and status lines, what each model saw, the pair's facts, and the structured results as a DataFrame
+and as JSON/CSV downloads.
+
+Pure functions over result dicts (``HandoffResult.to_dict()``) and the registry; no Gradio, no
+models. User text (queries, contexts, answers, prompts) only ever goes out escaped (``md``) or
+into plain text boxes: it is shown as text, never run as HTML.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from kvviz.app.lessons import mark
+from kvviz.core.facts import facts_from_config
+from kvviz.core.plotkit import human_bytes, ink
+from kvviz.core.results import STAGES
+from kvviz.engine.stream import ALL_AT_ONCE
+from kvviz.handoffs import registry
+from kvviz.runtime import models
+from kvviz.runtime.models import EMBEDDED_MODELS, resolve_pair
+
+
+def md(text) -> str:
+    """Escape text for a markdown cell: HTML and the markdown characters that change layout."""
+    escaped = str(text)
+    for char in "\\`*_[]#|~<>&":
+        escaped = escaped.replace(char, "\\" + char)
+    return escaped
+
+
+def format_seconds(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def notes_of(result: dict) -> list[str]:
+    """The handoff's own facts about a run (layers sent, gates open, the message ...)."""
+    handoff = registry.HANDOFFS.get(result.get("handoff"))
+    if handoff is None or handoff.notes is None or not result.get("applicable", True):
+        return []
+    return handoff.notes(result)
+
+
+def stats_markdown(result: dict | None, state: str = "") -> str:
+    """The small block under each answer: latency, bytes, tokens; or why it does not apply."""
+    if result is None:
+        return {"running": "*running ...*", "waiting": "*waiting for its turn*"}.get(state, "*not run yet*")
+    if not result.get("applicable", True):
+        return f"**Not applicable:** {md(result.get('reason', ''))}"
+    timings = result.get("timings", {})
+    parts = [f"**{format_seconds(float(timings.get('total', 0.0)))}** total"]
+    if result.get("first_token_seconds") is not None:
+        parts.append(f"first token {format_seconds(float(result['first_token_seconds']))}")
+    if result.get("receiver_first_token_seconds") is not None and result.get("receiver_first_token_seconds") != result.get(
+        "first_token_seconds"
+    ):
+        parts.append(f"receiver side {format_seconds(float(result['receiver_first_token_seconds']))}")
+    sent = int(result.get("bytes_communicated", 0))
+    kind = result.get("communication") or "none"
+    sent_text = "nothing sent" if sent == 0 else f"**{human_bytes(sent)}** sent as {md(kind)}"
+    lines = [" · ".join(parts), sent_text + f" · {int(result.get('tokens', {}).get('generated', 0))} tokens answered"]
+    lines += [md(note) for note in notes_of(result)]
+    if result.get("precomputed"):
+        lines.append('<span class="kv-badge">precomputed</span>')
+    return "\n\n".join(lines)
+
+
+def answer_text(result: dict | None, partial: str | None = None) -> str:
+    if partial is not None:
+        return partial
+    if result is None:
+        return ""
+    if not result.get("applicable", True):
+        return "(not applicable)"
+    return result.get("answer", "")
+
+
+SEEN_TITLES = {
+    "sharer": "What the sharer read",
+    "sender": "What KVComm's sender (a copy of the receiver's model, not the sharer) read",
+    "message": "The message it wrote",
+    "receiver": "What the receiver read",
+    "alignment": "How the sharer's tokens line up with the receiver's",
+}
+
+
+def seen_text(result: dict | None) -> str:
+    """What each model saw, as plain text (prompt templates included)."""
+    if not result or not result.get("seen"):
+        return ""
+    blocks = []
+    for key in SEEN_TITLES:
+        if key in result["seen"]:
+            blocks.append(f"--- {SEEN_TITLES[key]} ---\n{result['seen'][key]}")
+    for key, value in result["seen"].items():
+        if key not in SEEN_TITLES:
+            blocks.append(f"--- {key} ---\n{value}")
+    return "\n\n".join(blocks)
+
+
+def payload(pair: str, request: dict | None, results: list[dict], precomputed: bool, preset_key: str | None = None) -> dict:
+    """The structured results of one run: what the JSON box shows and the export writes."""
+    return {"pair": pair, "preset": preset_key, "precomputed": precomputed, "request": request, "results": results}
+
+
+RESULT_COLUMNS = (
+    ["handoff", "title", "applicable", "reason", "answer", "bytes_communicated", "communication"]
+    + [f"{stage}_s" for stage in STAGES]
+    + ["total_s", "first_token_s", "receiver_first_token_s", "generated_tokens", "message_tokens", "notes", "precomputed"]
+)
+
+
+def results_frame(data: dict) -> pd.DataFrame:
+    """One row per handoff of a payload: the page's "Results as data" table and the CSV export."""
+    rows = []
+    for result in data.get("results", []):
+        timings, tokens = result.get("timings", {}), result.get("tokens", {})
+        row = {
+            "handoff": result.get("handoff"),
+            "title": registry.title_of(result.get("handoff", "")),
+            "applicable": result.get("applicable", True),
+            "reason": result.get("reason", ""),
+            "answer": result.get("answer", ""),
+            "bytes_communicated": result.get("bytes_communicated", 0),
+            "communication": result.get("communication", ""),
+            "total_s": timings.get("total"),
+            "first_token_s": result.get("first_token_seconds"),
+            "receiver_first_token_s": result.get("receiver_first_token_seconds"),
+            "generated_tokens": tokens.get("generated"),
+            "message_tokens": tokens.get("message"),
+            "notes": "; ".join(notes_of(result)),
+            "precomputed": result.get("precomputed", False),
+        }
+        row.update({f"{stage}_s": timings.get(stage) for stage in STAGES})
+        rows.append(row)
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+def write_exports(data: dict, folder: str | Path) -> list[str]:
+    """The payload as a JSON file and its table as a CSV file, in ``folder``; returns both paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    json_path = folder / f"kvviz-results-{stamp}.json"
+    csv_path = folder / f"kvviz-results-{stamp}.csv"
+    json_path.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
+    results_frame(data).to_csv(csv_path, index=False)
+    return [str(json_path), str(csv_path)]
+
+
+@functools.lru_cache(maxsize=32)
+def model_facts_row(name: str) -> dict:
+    """Architecture facts of a model without loading its weights or its (large) tokenizer: the
+    loaded model's facts when this process has it, else the converted folder's config.json."""
+    loaded = models.loaded_facts(name)
+    if loaded is not None:
+        return loaded.to_dict()
+    if name not in EMBEDDED_MODELS:
+        return {"status": "loads from the Hugging Face hub when run (needs network or a warm hub cache)"}
+    if not models.is_prepared(name):
+        return {"status": "not prepared yet: python -m kvviz prepare (or the first run converts it)"}
+    from transformers import AutoConfig
+
+    folder = models.converted_dir(name)
+    facts = facts_from_config(name, AutoConfig.from_pretrained(folder)).to_dict()
+    template = (folder / "chat_template.jinja").exists()
+    try:
+        template = template or "chat_template" in json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        pass
+    facts["has_chat_template"] = template
+    return facts
+
+
+def pair_facts_markdown(pair_name: str) -> str:
+    """The pair's models and their architecture facts, without loading weights."""
+    try:
+        spec = resolve_pair(pair_name)
+    except ValueError as error:
+        return f"**{md(error)}**"
+    roles = [("sharer", spec.sharer), ("receiver", spec.receiver)]
+    if spec.kvcomm_sender_name != spec.sharer:
+        roles.append(("same-shape sender", spec.kvcomm_sender_name))
+    lines = [
+        md(spec.description),
+        "",
+        "| role | model | architecture | layers | hidden | heads | KV heads | head dim | vocabulary | chat template |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for role, name in roles:
+        try:
+            row = model_facts_row(name)
+        except Exception as error:  # a listing must not break the page
+            row = {"status": f"unavailable ({type(error).__name__}: {error})"}
+        if "num_layers" in row:
+            lines.append(
+                f"| {role} | {md(name)} | {md(row['architecture'])} | {row['num_layers']} | {row['hidden_size']} | "
+                f"{row['num_heads']} | {row['num_kv_heads']} | {row['head_dim']} | {row['vocab_size']:,} | "
+                f"{'yes' if row['has_chat_template'] else 'no'} |"
+            )
+        else:
+            lines.append(f"| {role} | {md(name)} | {md(row.get('status', '?'))} | | | | | | | |")
+    if spec.needs_network:
+        lines.append("\nThis pair needs network access (or models already in the hub cache).")
+    return "\n".join(lines)
+
+
+# --- the answer cards and the verdict strip -------------------------------------------------------
+
+# A card's mark: a symbol and a word (never colour alone), and ``data-verdict`` for tests and CSS.
+MARK_WORDS = {
+    "right": "✓ right",
+    "wrong": "✗ wrong",
+    "none": "∅ no answer",
+    "na": "n/a",
+    "failed": "⚠ failed",
+    "unmarked": "unmarked",
+    "waiting": "waiting",
+    "running": "running…",
+    "stopped": "■ stopped",
+    "notstarted": "not started",
+    "notrun": "not run",
+}
+MARK_HINTS = {
+    "right": "the answer contains an expected answer",
+    "wrong": "the answer does not contain an expected answer",
+    "none": "the answer is empty",
+    "na": "this handoff does not apply to this pair or question",
+    "failed": "the handoff failed: its details say why",
+    "unmarked": "no expected answer to mark it by: type one beside the question",
+    "stopped": "stopped by you before it finished",
+    "notstarted": "the run was stopped before this handoff started",
+    "notrun": "the run did not reach this handoff",
+}
+
+
+def mark_of(result: dict | None, answers) -> str:
+    """A finished result's mark: right / wrong / none by ``kvviz.data.metrics.verdict``, "na" when
+    the handoff does not apply, "failed" when it raised, "unmarked" with no expected answer."""
+    if result is None:
+        return "notrun"
+    if not result.get("applicable", True):
+        return "failed" if "traceback" in (result.get("details") or {}) else "na"
+    return mark(result, answers) or "unmarked"
+
+
+def card_head_html(name: str, kind: str) -> str:
+    """A card's head: the handoff's title in its ink shade (>= 4.5:1), its summary on hover, and the
+    mark (project text only, no user input)."""
+    handoff = registry.get(name)
+    word, hint = MARK_WORDS[kind], MARK_HINTS.get(kind, "")
+    return (
+        f'<div class="kv-card-head" style="--kv-hue:{handoff.color};--kv-ink:{ink(handoff.color)}">'
+        f'<span class="kv-card-title" title="{html.escape(handoff.title)}: {html.escape(handoff.summary)}">'
+        f"{html.escape(handoff.label)}</span>"
+        f'<span class="kv-mark kv-mark-{kind}" id="kv-mark-{name}" data-verdict="{kind}" title="{html.escape(hint)}">'
+        f"{html.escape(word)}</span></div>"
+    )
+
+
+def card_stats(result: dict | None, state: str = "", message: str | None = None) -> str:
+    """The card's one line under the answer: time, first token and bytes; while it runs, what it
+    is doing (the message as its sharer writes it); why it does not apply."""
+    if message is not None:
+        return f"✎ the sharer writes: “{md(message)}”"
+    if result is None:
+        return {"running": "*running …*", "waiting": "*waiting for its turn*", "stopped": "*stopped before it finished*",
+                "notstarted": "*not started*"}.get(state, "")
+    if not result.get("applicable", True):
+        return md(result.get("reason", ""))
+    timings = result.get("timings", {})
+    parts = [f"{format_seconds(float(timings.get('total', 0.0)))} total"]
+    if result.get("first_token_seconds") is not None:
+        parts.append(f"first token {format_seconds(float(result['first_token_seconds']))}")
+    sent = int(result.get("bytes_communicated", 0))
+    parts.append("nothing sent" if sent == 0 else f"{human_bytes(sent)} sent")
+    return " · ".join(parts)
+
+
+def verdict_strip_html(subject: str, marks: dict[str, str], answers) -> str:
+    """One line: which columns got the answer through and which did not (``marks``: column -> mark,
+    in page order), and what "right" means here. Expected answers may be user text: escaped."""
+    if not answers:
+        return ('<div class="kv-verdict">No expected answer: type one beside the question to mark the columns '
+                "(alternatives split by ;).</div>")
+    label = lambda kinds: ", ".join(registry.label_of(n) for n, k in marks.items() if k in kinds)  # noqa: E731
+    finished = [k for k in marks.values() if k in ("right", "wrong", "none")]
+    parts = []
+    if finished:
+        parts = [f"{html.escape(subject)} got through by: <b>{label({'right'}) or 'none'}</b>",
+                 f"not by: <b>{label({'wrong', 'none'}) or 'none'}</b>"]
+    pending = label({"waiting", "running"})
+    if pending:
+        parts.append(("still running: " if finished else "Running: each card gets its mark when it finishes: ") + pending)
+    cut = label({"stopped", "notstarted", "notrun", "failed"})
+    if cut:
+        parts.append(f"unfinished: {cut}")
+    gold = " or ".join(f"“{html.escape(answer)}”" for answer in answers)
+    sentence = "; ".join(parts)
+    return (f'<div class="kv-verdict">{sentence[:1].upper() + sentence[1:]}. <span class="kv-verdict-rule">Right means the answer '
+            f"contains {gold}.</span></div>")
+
+
+# --- the status line ------------------------------------------------------------------------------
+
+
+def precomputed_status(title: str, pair: str, when: str = "") -> str:
+    stamp = f" ({md(when)})" if when else ""
+    return (f'<span class="kv-badge">precomputed</span> **{md(title)}** on the pair *{md(pair)}*, computed ahead of '
+            f"time{stamp}. **Run live** runs it on this machine.")
+
+
+def live_status(done: int, total: int, log: str) -> str:
+    return f"**Live run** ({done} of {total} done): {md(log)}"
+
+
+def finished_status(seconds: float, workers: int, stopped: str = "") -> str:
+    wall = format_seconds(seconds)
+    if stopped:
+        return f"**{md(stopped)}** ({wall}) Every number below was measured in this run."
+    if workers == ALL_AT_ONCE:
+        side_by_side = (" The handoffs ran side by side, those of one model sharing its decode steps, so each one's"
+                        " own times include sharing the CPU.")
+    else:
+        side_by_side = (f" The handoffs ran {workers} at a time, so each one's own times include sharing the CPU."
+                        if workers > 1 else "")
+    return f"**Live run finished** in {wall} (wall time). Every number below was measured in this run." + side_by_side
+
+
+def stopped_status(seconds: float, states: dict[str, str]) -> str:
+    """After Stop: how long it ran and each column's state (finished, stopped, not started)."""
+    named = lambda kind: ", ".join(registry.title_of(n) for n, state in states.items() if state == kind)  # noqa: E731
+    parts = [f"{word} {named(kind)}" for kind, word in (("finished", "finished"), ("stopped", "stopped"),
+                                                         ("notstarted", "not started")) if named(kind)]
+    return f"**Stopped by you** after {format_seconds(seconds)}: " + "; ".join(parts) + "."
+
+
+def refused_status(reason: str) -> str:
+    """A request the server refused: the one place the learner reads why (nothing else changes)."""
+    return f'<span class="kv-refused">**Not run:** {md(reason)}</span>'
+
+
+def how_it_works_markdown(name: str) -> str:
+    """A handoff's explanation and what it needs."""
+    handoff = registry.get(name)
+    text = handoff.explanation
+    if handoff.needs:
+        text += "\n\n*Needs:* " + "; ".join(handoff.needs) + "."
+    return text
+
+
+HOW_INTRO = (
+    "One question, several ways for a *sharer* model to help a *receiver* model answer it. Text and C2C go from "
+    "the pair's sharer to its receiver; KVComm needs a sender of the receiver's own shape, so its sender is a "
+    "second copy of the receiver's model. Open a handoff to read how it works."
+)
+
+
+def how_it_works_page(names: list[str]) -> str:
+    """The "How it works" tab: an introduction, then one folded section per handoff with its
+    diagram and explanation (project text only: descriptors and assets/diagrams)."""
+    sections = [HOW_INTRO]
+    for name in names:
+        sections.append(f'<details id="kv-how-{name}"><summary><b>{html.escape(registry.get(name).title)}</b></summary>\n\n'
+                        f"{diagram_html(name)}\n\n{how_it_works_markdown(name)}\n\n</details>")
+    return "\n\n".join(sections)
+
+
+def diagram_html(name: str) -> str:
+    path = registry.get(name).diagram
+    if path is None:
+        return ""
+    try:
+        return f'<div class="kv-diagram">{Path(path).read_text(encoding="utf-8")}</div>'
+    except OSError:
+        return ""

@@ -1,0 +1,146 @@
+"""Presets for the lab and the small built-in set for the KVComm sweep.
+
+The presets are data: ``assets/presets.toml`` (its header explains every field). Each holds a
+question, its gold answers and the lesson its precomputed results show. All examples are written
+for this project (none is copied from a dataset). Two scenarios:
+
+* **private context** (KVComm style): only the senders read a short context; the receiver gets the
+  question alone and must learn the missing fact from them.
+* **shared question** (C2C style): both models see the same question; the sharer's cache (or its
+  written background) should help the receiver answer better.
+
+Precomputed results for the presets (``scripts/precompute_presets.py``) live in
+``assets/precomputed/presets.json`` and paint the page before any model has run;
+``tests/test_presets.py`` checks each preset's ``check`` against them.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kvviz.core.paths import ASSETS, PRECOMPUTED
+
+PRESETS_PATH = ASSETS / "presets.toml"
+PRECOMPUTED_PATH = PRECOMPUTED / "presets.json"
+PRECOMPUTED_SWEEP_PATH = PRECOMPUTED / "sweep.json"
+SCENARIOS = ("private", "shared")
+TABS = ("layers", "cost")
+CHECK_KINDS = ("right", "wrong", "none", "na", "says", "writes", "sent_layers", "gain_spans_zero")
+
+
+@dataclass(frozen=True)
+class PresetRun:
+    """Another run stored with a preset: some handoffs with other options (``label`` says which)."""
+
+    label: str
+    handoffs: tuple[str, ...]
+    options: dict  # handoff -> option -> value
+    check: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Preset:
+    key: str
+    title: str
+    scenario: str  # "private" | "shared"
+    query: str
+    context: str | None
+    answers: tuple[str, ...]
+    subject: str = "The answer"  # the verdict strip's subject
+    lesson: str = ""  # what its precomputed results show, in plain words
+    tab: str | None = None  # where the lesson is seen (TABS), if anywhere below the answers
+    handoffs: tuple[str, ...] = ()  # the columns it ticks; empty: the page's default
+    shows: tuple[str, ...] = ()  # the kinds of lesson it stands for
+    check: dict = field(default_factory=dict)  # claims about its run (see assets/presets.toml)
+    runs: tuple[PresetRun, ...] = ()
+
+    @property
+    def label(self) -> str:
+        kind = "private context" if self.scenario == "private" else "shared question"
+        return f"{self.title} ({kind})"
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["answers"] = list(self.answers)
+        return data
+
+
+def _preset(raw: dict) -> Preset:
+    """One ``[[preset]]`` table as a Preset; a ValueError names the preset and what is wrong."""
+    key = raw.get("key", "?")
+    known = {f for f in Preset.__dataclass_fields__}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"preset {key}: unknown field(s) {', '.join(unknown)}")
+    if raw.get("scenario") not in SCENARIOS:
+        raise ValueError(f"preset {key}: scenario must be one of {', '.join(SCENARIOS)}")
+    if raw.get("tab") is not None and raw["tab"] not in TABS:
+        raise ValueError(f"preset {key}: tab must be one of {', '.join(TABS)}")
+    checks = [raw.get("check", {})] + [run.get("check", {}) for run in raw.get("runs", [])]
+    for check in checks:
+        if set(check) - set(CHECK_KINDS):
+            raise ValueError(f"preset {key}: unknown check(s) {', '.join(sorted(set(check) - set(CHECK_KINDS)))}")
+    runs = tuple(PresetRun(run["label"], tuple(run["handoffs"]), run.get("options", {}), run.get("check", {}))
+                 for run in raw.get("runs", []))
+    return Preset(**{**raw, "context": raw.get("context") or None, "answers": tuple(raw["answers"]),
+                     "handoffs": tuple(raw.get("handoffs", ())), "shows": tuple(raw.get("shows", ())), "runs": runs})
+
+
+def load_presets(path: Path = PRESETS_PATH) -> list[Preset]:
+    with open(path, "rb") as handle:
+        return [_preset(raw) for raw in tomllib.load(handle)["preset"]]
+
+
+PRESETS: list[Preset] = load_presets()
+PRESETS_BY_KEY = {preset.key: preset for preset in PRESETS}
+DEFAULT_PRESET = PRESETS[0].key
+
+
+def preset(key: str) -> Preset:
+    if key not in PRESETS_BY_KEY:
+        raise ValueError(f"Unknown preset '{key}'; choose one of {', '.join(PRESETS_BY_KEY)}.")
+    return PRESETS_BY_KEY[key]
+
+
+# --- the built-in sweep set -----------------------------------------------------------------
+# Private-context questions in the "where is this person" style (written for kvviz): the
+# receiver alone cannot know the answer; it has to come through the handoff. What the sweep
+# varies is the swept handoff's own declaration (``Sweep`` in its descriptor; see kvviz.app.sweep).
+
+SWEEP_ITEMS: list[dict] = [
+    {"context": "Omar is walking along the Great Wall.", "query": "Which country is Omar in?", "answers": ["China"]},
+    {"context": "Mei is hiking near Mount Fuji.", "query": "Which country is Mei in?", "answers": ["Japan"]},
+    {"context": "Lena is taking a selfie in front of the Colosseum.", "query": "Which country is Lena in?", "answers": ["Italy"]},
+    {"context": "Kofi is standing under Big Ben.", "query": "Which country is Kofi in?", "answers": ["United Kingdom", "UK", "England", "Britain"]},
+    {"context": "The code for locker 12 is 4471. The gym closes at nine.", "query": "What is the code for locker 12?", "answers": ["4471"]},
+    {"context": "Ada parked her blue van next to the bakery on Elm Street.", "query": "Where did Ada park her van?", "answers": ["bakery", "Elm Street"]},
+]
+SWEEP_METRIC = "answer contains a gold answer"
+
+
+# --- precomputed results --------------------------------------------------------------------
+
+
+def load_precomputed(path: Path = PRECOMPUTED_PATH) -> dict:
+    """``{"pair": ..., "generated": ..., "presets": {key: {"request": ..., "results": [...]}}}``;
+    an empty dict when the file is missing or unreadable (the page then starts blank)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    for entry in data.get("presets", {}).values():
+        for result in entry.get("results", []):
+            result["precomputed"] = True
+    return data
+
+
+def load_precomputed_sweep(path: Path = PRECOMPUTED_SWEEP_PATH) -> dict | None:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    data["precomputed"] = True
+    return data

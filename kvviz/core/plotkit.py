@@ -1,0 +1,226 @@
+"""Building blocks every kvviz figure shares: the layout, the "nothing to plot" figure, colours
+that mean the same in every figure. Knows no handoff (each handoff's own figure lives in its file,
+the figures across handoffs in ``kvviz.app.plots``).
+
+Figures are built from Python lists, not numpy arrays: plotly would base64-encode arrays in its
+JSON, which scripts and tests then cannot read.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import functools
+from typing import Iterable
+
+import plotly.graph_objects as go
+import plotly.io as pio
+
+FONT = dict(family="Inter, system-ui, sans-serif", size=12)
+MIN_CONTRAST = 4.5  # WCAG AA for text
+COMPACT_TITLE_CHARACTERS = 36  # a figure title line that fits a 390 px phone at 14 px
+COMPACT_LEGEND_CHARACTERS = 40  # a legend entry's line at 10 px, beside its swatch
+SELECTED_OUTLINE = "#111111"  # outline of a highlighted bar (a selected layer, an open gate)
+MUTED = "#bdbdbd"
+TRACE_KINDS = ("bar", "heatmap", "scatter")  # every trace type a kvviz figure draws
+
+
+@functools.cache
+def house_template() -> go.layout.Template:
+    """Plotly's "plotly_white", cut to the trace types kvviz draws (``TRACE_KINDS``): the figures
+    look the same, and each copies and sends half the template (plotly copies a figure's template
+    into it; the whole one cost ~5 ms a figure, a run's last update builds a dozen)."""
+    white = pio.templates["plotly_white"]
+    return go.layout.Template(layout=white.layout, data={kind: white.data[kind] for kind in TRACE_KINDS})
+
+
+def as_dict(result) -> dict:
+    """Accept a HandoffResult or its dict."""
+    return result if isinstance(result, dict) else result.to_dict()
+
+
+def as_dicts(results: Iterable) -> list[dict]:
+    return [as_dict(r) for r in results or []]
+
+
+def layout(fig: go.Figure, title: str, height: int = 340, **extra) -> go.Figure:
+    """The one house style: title top left, legend under the plot, a fixed height.
+
+    Each figure keeps one height whether it is empty or full: a plot that changes height while the
+    page streams updates shifts the layout under its neighbours, and plotly.js then throws
+    "Something went wrong with axis scaling" and the page stops updating (seen in Chromium).
+    """
+    settings = dict(
+        title=dict(text=title, x=0.01, xanchor="left", font=dict(size=14)),
+        height=height,
+        margin=dict(l=60, r=20, t=64, b=90),
+        font=FONT,
+        template=house_template(),
+        legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0.0),
+        hoverlabel=dict(namelength=-1),
+    )
+    settings.update(extra)
+    fig.update_layout(**settings)
+    return fig
+
+
+def wrap(text: str, width: int = 70) -> str:
+    """Break a long message into lines (plotly annotations do not wrap by themselves)."""
+    lines, line = [], ""
+    for word in str(text).split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    if line:
+        lines.append(line)
+    return "<br>".join(lines)
+
+
+def empty_figure(title: str, message: str, height: int = 300) -> go.Figure:
+    """A figure that says, in words, why there is nothing to plot."""
+    fig = go.Figure()
+    fig.add_annotation(
+        text=wrap(message), x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=13, color="#555")
+    )
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return layout(fig, title, height=height)
+
+
+def not_run_figure(title: str, result, height: int, hint: str, label: str) -> go.Figure | None:
+    """The empty figure for a result that is missing (``hint`` says how to get one), not
+    applicable, or without per-layer records (it says why, naming the handoff by ``label``);
+    None when there is something to plot."""
+    if result is None:
+        return empty_figure(title, hint, height)
+    result = as_dict(result)
+    if not result.get("applicable", True) or not result.get("layers"):
+        return empty_figure(title, f"{label} did not run: " + (result.get("reason") or "no per-layer data."), height)
+    return None
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} GB"
+
+
+def bar_counts(figure: go.Figure | dict) -> dict[str, int]:
+    """Number of bars per bar trace, keyed by the trace's series name (for tests and scripts)."""
+    data = figure["data"] if isinstance(figure, dict) else figure.to_dict()["data"]
+    counts = {}
+    for trace in data:
+        if trace.get("type") == "bar" and not (trace.get("meta") or {}).get("legend_only"):
+            key = (trace.get("meta") or {}).get("series") or trace.get("name")
+            counts[key] = len(trace.get("y") or [])
+    return counts
+
+
+# --- colours as text: contrast and ink shades -----------------------------------------------------
+
+
+def rgb(color: str) -> tuple[int, int, int]:
+    """"#RRGGBB" as (r, g, b)."""
+    value = color.lstrip("#")
+    return int(value[0:2], 16), int(value[2:4], 16), int(value[4:6], 16)
+
+
+def hex_color(rgb_value: Iterable[float]) -> str:
+    return "#" + "".join(f"{round(v):02X}" for v in rgb_value)
+
+
+def _luminance(rgb_value) -> float:
+    def channel(v):
+        v /= 255
+        return v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (channel(v) for v in rgb_value)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast_ratio(foreground: str, background: str) -> float:
+    """WCAG 2 contrast ratio of two "#RRGGBB" colours (1 to 21)."""
+    a, b = _luminance(rgb(foreground)), _luminance(rgb(background))
+    return (max(a, b) + 0.05) / (min(a, b) + 0.05)
+
+
+def tint(color: str, share: float = 0.08) -> str:
+    """The colour at ``share`` over white: a card's pale background in its handoff's hue."""
+    return hex_color(share * v + (1 - share) * 255 for v in rgb(color))
+
+
+@functools.lru_cache(maxsize=64)
+def ink(color: str, target: float = 4.6) -> str:
+    """A shade of ``color`` for text: the same hue, its lightness lowered until the text is at least
+    ``target``:1 on white and on the colour's tint (WCAG AA asks 4.5). A hue already dark enough
+    is its own ink, so a new handoff's colour needs nothing from the page."""
+    hue, lightness, saturation = colorsys.rgb_to_hls(*(v / 255 for v in rgb(color)))
+    while lightness > 0:
+        shade = hex_color(v * 255 for v in colorsys.hls_to_rgb(hue, lightness, saturation))
+        if min(contrast_ratio(shade, "#FFFFFF"), contrast_ratio(shade, tint(color))) >= target:
+            return shade
+        lightness -= 0.005
+    return "#000000"
+
+
+# --- the phone form of a figure -------------------------------------------------------------------
+
+
+def compact(fig: go.Figure) -> go.Figure:
+    """The figure for a narrow screen (390 px): title, subplot titles and notes wrapped to short
+    lines, the legend below in small type, narrow margins, no colour bars (values stay in the
+    hover), and the height grown by what the wrapped lines and the legend need, so nothing is cut."""
+    head, _, sub = (fig.layout.title.text or "").partition("<br>")
+    title = wrap(_plain(head), COMPACT_TITLE_CHARACTERS)
+    if sub:
+        title += "<br>" + "<br>".join(f"<sup>{line}</sup>" for line in wrap(_plain(sub), COMPACT_TITLE_CHARACTERS + 12).split("<br>"))
+    title_lines = title.count("<br>") + 1
+    above = 0  # extra lines of the subplot titles over the top row (they grow upwards, into the margin)
+    for annotation in fig.layout.annotations or ():
+        if annotation.text:
+            annotation.text = wrap(_plain(annotation.text), COMPACT_TITLE_CHARACTERS + 8)
+            annotation.font = dict(size=min(10, (annotation.font.size or 10)), color=annotation.font.color)
+            if annotation.yanchor == "bottom" and (annotation.y or 0) >= 0.9:
+                above = max(above, annotation.text.count("<br>") + 1)
+    fig.update_traces(showscale=False, selector=dict(type="heatmap"))
+    fig.for_each_xaxis(lambda axis: axis.update(title_text=wrap(_plain(axis.title.text), COMPACT_TITLE_CHARACTERS + 8))
+                       if axis.title.text else None)
+    for trace in fig.data:  # a legend entry longer than the screen is wrapped (plotly does not)
+        if trace.name and len(trace.name) > COMPACT_LEGEND_CHARACTERS:
+            trace.name = wrap(_plain(trace.name), COMPACT_LEGEND_CHARACTERS)
+    rows = _legend_rows(fig)
+    axis_lines = max([1] + [str(axis.title.text).count("<br>") + 1 for axis in fig.select_xaxes() if axis.title.text])
+    top = 20 + 18 * title_lines + 13 * above
+    under_axis = 52 + 14 * (axis_lines - 1)  # tick labels and the axis title, above the legend
+    bottom = under_axis + 4 + 18 * rows
+    height = (fig.layout.height or 340) + 18 * (title_lines - 1) + 13 * above + 14 * (axis_lines - 1) + 18 * rows
+    plot_height = max(60, height - top - bottom)
+    fig.update_layout(
+        title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),
+        margin=dict(l=44, r=8, t=top, b=bottom),
+        height=height,
+        legend=dict(orientation="h", yanchor="top", y=-under_axis / plot_height, x=0.0, xanchor="left", font=dict(size=10)),
+    )
+    return fig
+
+
+def _plain(text: str) -> str:
+    """Plotly title text without its line breaks and <sup> marks (to wrap it again)."""
+    return " ".join(str(text).replace("<br>", " ").replace("<sup>", "").replace("</sup>", "").split())
+
+
+def _legend_rows(fig: go.Figure) -> int:
+    """Text lines a small-type legend takes at 390 px: short entries share a row (about 46
+    characters), a wrapped entry takes a row per line."""
+    names = [trace.name for trace in fig.data if trace.name and trace.showlegend is not False]
+    rows, width = 0, 0
+    for name in names:
+        lines = name.split("<br>")
+        size = max(len(line) for line in lines) + 5
+        if len(lines) > 1 or not width or width + size > 46:
+            rows, width = rows + len(lines), 0
+        width += size
+    return rows

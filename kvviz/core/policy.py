@@ -1,0 +1,104 @@
+"""Where kvviz runs for strangers: public mode, its caps, and which folders files may come from.
+
+Public mode is on when ``KVVIZ_PUBLIC=1`` (``python app.py --public`` sets it) or on a Hugging Face
+Space (``SPACE_ID`` is set). There, users choose only registered pairs (no typed model names,
+local paths or hub ids), no custom fuser folders, and every run has smaller caps (``PUBLIC``).
+Locally (``LOCAL``) the caps are what the models and one machine can take.
+
+Fuser folders, in both modes, must lie (after following symlinks) inside an allowed root:
+the project's shipped ``assets/fusers``, the kvviz cache folder's ``fusers``, the working
+directory, or a folder named in ``KVVIZ_FUSER_DIRS`` (``os.pathsep``-separated). A symlink that
+leads out of them is refused. Public mode allows the shipped fusers only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvviz.core.paths import SHIPPED_FUSERS, cache_dir
+
+
+def public_mode() -> bool:
+    """True on a public server: ``KVVIZ_PUBLIC=1`` or a Hugging Face Space (``SPACE_ID``)."""
+    return os.environ.get("KVVIZ_PUBLIC", "") == "1" or bool(os.environ.get("SPACE_ID"))
+
+
+def set_public_mode() -> None:
+    """Turn public mode on for this process (``app.py --public``)."""
+    os.environ["KVVIZ_PUBLIC"] = "1"
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What one request may ask for, and how many may wait."""
+
+    max_new_tokens: int  # answer length bound
+    max_message_tokens: int  # message length bound of handoffs that write one
+    max_prompt_tokens: int  # the longest prompt (template, context and question) any model reads
+    max_run_seconds: float | None  # a live run stops at its next token after this; None: no limit
+    queue_size: int  # requests waiting in the server's queue; one more is refused
+
+
+LOCAL = Caps(max_new_tokens=1024, max_message_tokens=512, max_prompt_tokens=4096, max_run_seconds=None, queue_size=64)
+# A shared public server: smaller answers and prompts; a run past max_run_seconds stops at its next token.
+PUBLIC = Caps(max_new_tokens=64, max_message_tokens=64, max_prompt_tokens=1024, max_run_seconds=180.0, queue_size=16)
+
+
+def caps() -> Caps:
+    return PUBLIC if public_mode() else LOCAL
+
+
+# How many runs the server makes at once (``KVVIZ_CONCURRENCY`` overrides). One run already keeps
+# two CPU cores busy (two handoffs side by side, one torch thread each: kvviz.engine.stream); measured on
+# the 2-core CPU machine (docs/RESULTS.md "Load test"), two runs at once gave the same throughput
+# and a slower run for each user, so 1. On a GPU nothing has been measured yet: 1 there too, until
+# ``python scripts/load_test.py --concurrency 2`` on a GPU says otherwise.
+DEFAULT_CONCURRENCY = 1
+
+
+def model_concurrency() -> int:
+    """Runs at once: ``KVVIZ_CONCURRENCY``, else ``DEFAULT_CONCURRENCY``."""
+    given = os.environ.get("KVVIZ_CONCURRENCY", "").strip()
+    if given:
+        try:
+            return max(1, int(given))
+        except ValueError as error:
+            raise ValueError(f"KVVIZ_CONCURRENCY must be a whole number of model runs, got {given!r}.") from error
+    return DEFAULT_CONCURRENCY
+
+
+PUBLIC_PAIR_REFUSAL = (
+    "This is a public server: choose one of the registered pairs ({pairs}). Typed model names, local "
+    "folders and hub ids are turned off here; run kvviz on your own machine to use them."
+)
+PUBLIC_FUSER_REFUSAL = (
+    "This is a public server: custom fuser folders are turned off; C2C uses the pair's shipped fuser."
+)
+
+
+def fuser_roots() -> list[Path]:
+    """Folders a fuser checkpoint may come from (see the module docstring)."""
+    if public_mode():
+        return [SHIPPED_FUSERS]
+    extra = [Path(p).expanduser() for p in os.environ.get("KVVIZ_FUSER_DIRS", "").split(os.pathsep) if p.strip()]
+    return [SHIPPED_FUSERS, cache_dir() / "fusers", Path.cwd(), *extra]
+
+
+def fuser_folder_refusal(folder: Path, files: tuple[str, ...] = ()) -> str | None:
+    """Why a fuser folder may not be read (it, or one of its ``files``, resolves outside every
+    allowed root, e.g. through a symlink), or None when it may."""
+    roots = [root.resolve() for root in fuser_roots()]
+    for path in (folder, *(folder / name for name in files)):
+        real = path.resolve()
+        if not any(real == root or real.is_relative_to(root) for root in roots):
+            shown = f"{path} (which leads to {real})" if real != path.absolute() else str(path)
+            return (
+                f"The fuser file or folder {shown} is outside the folders fusers may come from: "
+                + ", ".join(str(root) for root in roots)
+                + ". Move it there"
+                + ("" if public_mode() else ", or add its folder to KVVIZ_FUSER_DIRS")
+                + "."
+            )
+    return None

@@ -1,0 +1,144 @@
+"""Load a pair and run handoffs on it: what the CLI, the app and the benchmark all call."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+from kvviz.core import limits
+from kvviz.core.results import HandoffRequest, HandoffResult
+from kvviz.handoffs import get, parse_handoffs, registry
+from kvviz.handoffs.common import TokenCallback
+from kvviz.runtime import crossed
+from kvviz.runtime.decode import answer_logprobs, record_decodes, shared_prompts
+from kvviz.runtime.measure import PeakGpuMemory
+from kvviz.runtime.models import LoadedPair, load_model, resolve_pair
+
+LOG = logging.getLogger("kvviz.engine.runner")
+
+
+def load_pair(pair_name, device: str | None = None, dtype=None, progress=print) -> LoadedPair:
+    spec = resolve_pair(pair_name)
+    sharer = load_model(spec.sharer, device, dtype, progress)
+    receiver = load_model(spec.receiver, device, dtype, progress)
+    kvcomm_sender = load_model(spec.kvcomm_sender_name, device, dtype, progress)
+    return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, kvcomm_sender=kvcomm_sender)
+
+
+def pair_devices(pair: LoadedPair) -> set:
+    """Every device a layer of the pair's models sits on."""
+    return {device for model in (pair.sharer, pair.receiver, pair.kvcomm_sender) for device in model.layer_devices}
+
+
+def not_applicable(name: str, pair: LoadedPair, request: HandoffRequest) -> HandoffResult | None:
+    """The "not applicable" result of a handoff whose requirements the pair or the request do not
+    meet (its descriptor's ``applicable`` check, no model runs), or None when it can run."""
+    handoff = get(name)
+    reason = handoff.applicable(pair, request)
+    return handoff.not_applicable(pair.name, reason) if reason else None
+
+
+def run_handoff(
+    name: str, pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None,
+    on_message: TokenCallback | None = None,
+) -> HandoffResult:
+    """Run one handoff; an unexpected failure becomes a result that says what went wrong.
+
+    ``on_token`` receives the answer so far after every token; ``on_message`` the message so far,
+    for a handoff that writes one before its answer (``Handoff.streams_message``; others ignore it).
+
+    A handoff that cannot run says so at once, without running a model (``not_applicable``).
+    On CUDA, ``details["peak_gpu_memory_bytes"]`` holds the peak allocated memory per GPU during
+    the run (``torch.cuda.max_memory_allocated``, weights included). ``details["decode_batches"]``
+    says, per decode loop the handoff ran (a message, then the answer), how many sequences shared
+    its decode steps (``kvviz.runtime.decode``: steps, mean and largest batch).
+    When the request asks (``HandoffRequest.inspect``), the result's ``token_attention`` and
+    ``logit_lens`` say what crossed (``kvviz.runtime.crossed``), recorded in this run.
+    Any error inside a handoff becomes its result (the other handoffs of a run still run); a
+    stopped run (``kvviz.engine.stream.Cancelled``, not an ``Exception``) is not caught.
+    """
+    try:
+        refused = not_applicable(name, pair, request)
+        if refused is not None:
+            return refused
+        with (PeakGpuMemory(pair_devices(pair)) as memory, record_decodes() as decodes,
+              crossed.inspecting(request, pair.receiver) as inspection):
+            handoff = get(name)
+            streams = {"on_message": on_message} if handoff.streams_message and on_message is not None else {}
+            result = handoff.run(pair, request, on_token=on_token, **streams)
+        crossed.attach(result, inspection, NOTHING_SENT)
+        try:
+            score_against_controls(result, inspection)
+        except Exception:  # noqa: BLE001 (the answer stands without its token-by-token comparison)
+            LOG.exception("scoring %s against its control failed", name)
+        if memory.peak_bytes:
+            result.details["peak_gpu_memory_bytes"] = memory.peak_bytes
+        if result.applicable:
+            result.details["decode_batches"] = [batch_summary(output.batch_sizes) for output in decodes]
+        return result
+    except Exception as error:  # one failing handoff never takes the others (or the server) down
+        result = HandoffResult.not_applicable(name, pair.name, f"{type(error).__name__}: {error}")
+        result.details["traceback"] = traceback.format_exc(limit=5)
+        return result
+
+
+NOTHING_SENT = "nothing was sent as tokens: no key the receiver attends to came from the sharer in this handoff"
+
+
+def batch_summary(sizes: list[int] | None) -> dict:
+    """How many sequences shared one decode loop's steps (``batched`` False: the model's own forward)."""
+    if sizes is None:
+        return {"batched": False}
+    return {"batched": True, "steps": len(sizes), "mean_size": sum(sizes) / len(sizes) if sizes else 0.0,
+            "max_size": max(sizes, default=0)}
+
+
+def check_fits(pair: LoadedPair, request: HandoffRequest) -> None:
+    """Refuse a request whose prompt is longer than the pair takes (``kvviz.core.limits``), counting the
+    answer and the longest message any registered handoff may write before it."""
+    limits.check_prompt_tokens(pair, request, registry.tokens_before_answer(request))
+
+
+def run_handoffs(names, pair: LoadedPair, request: HandoffRequest) -> list[HandoffResult]:
+    """The handoffs one after another, as one run (a prompt that several read is read once; each
+    answer is scored against its control where both ran, ``score_against_controls``)."""
+    names = parse_handoffs(names)
+    check_fits(pair, request)
+    with shared_prompts(), crossed.one_run() as records:
+        results = [run_handoff(name, pair, request) for name in names]
+        finish_crossed(records)
+    return results
+
+
+def score_against_controls(result: HandoffResult, inspection) -> None:
+    """Inside a run that records what crossed (``crossed.one_run``), as ``result`` finishes: every
+    pair it completes (it and its control, or a handoff it is the control of, both recorded on one
+    receiver) gets its ``token_change``, in this thread: the method's answer scored as its decode
+    chose it and, teacher-forced, on the control's prompt (``decode.answer_logprobs``)."""
+    records = crossed.this_run()
+    if records is None or inspection is None or inspection.prompt is None:
+        return
+    recorded = {r.handoff: (r, i) for r, i in records.add(result, inspection)}
+    name = result.handoff
+    for method, control in [(name, registry.control_of(name)), *((m, name) for m in registry.controlled_by(name))]:
+        if method not in recorded or control not in recorded:
+            continue
+        (method_result, mine), (_, theirs) = recorded[method], recorded[control]
+        if not mine.answer_ids or theirs.model is not mine.model:
+            continue
+        ids = mine.answer_ids[: crossed.MAX_CHANGE_TOKENS]
+        own = mine.model.head.log_probabilities(mine.chose[: len(ids)], ids)
+        under_control = answer_logprobs(mine.model, *theirs.prompt, ids)
+        method_result.token_change = crossed.change_record(mine, control, registry.title_of(control), own, under_control)
+
+
+def finish_crossed(records: crossed.RunRecords) -> list[tuple[str, str, dict]]:
+    """After every handoff of a run that recorded what crossed: the events ``("change", handoff,
+    token_change)`` for each scored answer (a method that finished before its control got its
+    score after its ``done``) and ``("lens", handoff, logit_lens)`` for each recorded result; the
+    prompts kept for scoring are dropped."""
+    events = [("change", r.handoff, r.token_change) for r, _ in records.entries if r.token_change]
+    events += [("lens", r.handoff, r.logit_lens) for r, _ in records.entries if r.logit_lens]
+    for _, inspection in records.entries:
+        inspection.prompt = inspection.chose = None
+    return events

@@ -1,0 +1,268 @@
+"""Run handoffs in worker threads and stream what happens: the engine, for a page.
+
+``stream_handoffs`` yields events as they happen so that a page can show each answer token by
+token while the handoffs run on a shared pair of models, ``workers`` at a time;
+``run_event_batches`` gives the same events in batches, all that waited together (the page sends
+one update per batch: each update costs the server's event loop, which shares the interpreter with
+the model threads).
+
+By default every handoff of a run starts at once (``ALL_AT_ONCE``): the handoffs that decode with
+the same model then share its decode steps (``kvviz.runtime.decode``: one batched step streams the weights
+once for all of them, and each still gets the tokens it gets alone), while their prompts are read
+side by side. With the batched decode off (``KVVIZ_BATCHED_DECODE=0``) the rule from before holds:
+one handoff per CPU core, each on one torch thread (a decode step is bound by memory and per-layer
+overhead, and torch's intra-op threads wait on each other when anything else runs). Each handoff's
+own timings include sharing the machine with the others; ``workers=1`` gives clean per-handoff
+timings.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable, Iterator
+
+import torch
+
+from kvviz.core import policy, zerogpu
+from kvviz.core.results import HandoffRequest
+from kvviz.engine import runner
+from kvviz.handoffs import registry
+from kvviz.runtime import crossed
+from kvviz.runtime.decode import batched_decode_enabled, shared_prompts
+from kvviz.runtime.models import LoadedPair
+
+STOP_POLL_SECONDS = 0.1
+
+
+class Cancelled(BaseException):
+    """Raised inside a token callback to stop a run the user left or cancelled, or that ran out of
+    time. A BaseException, like KeyboardInterrupt: no ``except Exception`` in a handoff swallows it."""
+
+
+ALL_AT_ONCE = 0  # ``workers``: every handoff of the run at once
+
+
+def default_workers() -> int:
+    """How many handoffs of one run go side by side: ``KVVIZ_WORKERS``, else all of them at once
+    (``ALL_AT_ONCE``) while decode steps are shared, else one per CPU core (at most 2) when models
+    run on the CPU with one torch thread each, else 1."""
+    if os.environ.get("KVVIZ_WORKERS"):
+        return max(1, int(os.environ["KVVIZ_WORKERS"]))
+    if batched_decode_enabled():
+        return ALL_AT_ONCE
+    if torch.cuda.is_available() or torch.get_num_threads() > 1:
+        return 1
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def use_one_thread_per_handoff() -> None:
+    """The serving default on a CPU: one torch thread per handoff, handoffs side by side
+    (``default_workers``). ``KVVIZ_THREADS=N`` keeps N intra-op threads instead."""
+    if os.environ.get("KVVIZ_THREADS"):
+        torch.set_num_threads(max(1, int(os.environ["KVVIZ_THREADS"])))
+    elif not torch.cuda.is_available():
+        torch.set_num_threads(1)
+
+
+def stream_handoffs(
+    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
+    stop: threading.Event | None = None,
+) -> Iterator[tuple[str, str | None, object]]:
+    """``run_events``; on a Space (the ``spaces`` package installed) inside ``@spaces.GPU``, with
+    only plain data crossing (``gpu_run_events``, ``kvviz.core.zerogpu``): there ``stop`` cannot cross,
+    and the caller stops the run by closing the generator at its next event."""
+    if zerogpu.available():
+        yield from gpu_run_events(pair_name, request.to_dict(), list(names), workers, max_seconds)
+    else:
+        yield from run_events(pair_name, request, names, workers, max_seconds, stop)
+
+
+def stream_handoff_batches(
+    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
+    stop: threading.Event | None = None, idle: float | None = None,
+) -> Iterator[list[tuple[str, str | None, object]]]:
+    """``stream_handoffs`` in batches (``run_event_batches``); on a Space one event a batch (the
+    events cross from the GPU worker one by one)."""
+    if zerogpu.available():
+        for event in gpu_run_events(pair_name, request.to_dict(), list(names), workers, max_seconds):
+            yield [event]
+    else:
+        yield from run_event_batches(pair_name, request, names, workers, max_seconds, stop, idle=idle)
+
+
+def run_events(
+    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
+    stop: threading.Event | None = None, loaded: LoadedPair | None = None,
+) -> Iterator[tuple[str, str | None, object]]:
+    """Run the handoffs, ``workers`` at a time (``ALL_AT_ONCE``: all), in worker threads; yield
+    ``(kind, name, data)`` events: ``status`` (a progress line), ``start``, ``message`` (the message
+    so far, from a handoff that writes one before its answer), ``token`` (answer so far), ``done`` (result
+    dict), ``stopped`` (the run reached ``max_seconds``: why; the handoffs not done did not run),
+    ``error`` (a message: the run could not start), ``lens`` (a result's ``logit_lens``) and ``change``
+    (its ``token_change``), after every handoff is done (``runner.finish_crossed``).
+
+    Handoffs that cannot run on this pair or request are ``done`` at once, before any model runs,
+    so that their columns never wait behind the others.
+
+    Closing the generator (the user cancelled or left) stops the worker at its next token; so
+    does setting ``stop`` (a page's Stop button), after which the generator ends within
+    ``STOP_POLL_SECONDS`` even while no handoff is producing tokens.
+    ``max_seconds`` defaults to the policy's cap (``kvviz.core.policy``; none locally). ``loaded``: the
+    pair already loaded (the speed report), instead of loading ``pair_name``.
+    """
+    batches = run_event_batches(pair_name, request, names, workers, max_seconds, stop, loaded)
+    try:
+        for batch in batches:
+            yield from batch
+    finally:
+        batches.close()  # the workers stop at their next token
+
+
+class _RunWorker:
+    """One run's worker thread (``run_event_batches``): it loads the pair, runs the handoffs in a
+    pool, finishes what crossed, and puts every event on ``events``, then ``("end", None, None)``."""
+
+    def __init__(self, pair_name: str, request: HandoffRequest, names: list[str], workers: int,
+                 max_seconds: float | None, loaded: LoadedPair | None):
+        self.pair_name, self.request, self.names, self.workers, self.loaded = pair_name, request, names, workers, loaded
+        self.events: queue.Queue = queue.Queue()
+        self.cancel = threading.Event()
+        self.submitted = threading.Event()  # every handoff of the run is in the pool
+        self.max_seconds = policy.caps().max_run_seconds if max_seconds is None else max_seconds
+        self.deadline = None if self.max_seconds is None else time.monotonic() + self.max_seconds
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def check_stop(self) -> None:
+        if self.out_of_time():
+            self.cancel.set()  # the handoffs still waiting do not start
+        if self.cancel.is_set():
+            raise Cancelled()
+
+    def put(self, kind: str, name: str | None, data) -> None:
+        self.events.put((kind, name, data))
+
+    def run(self) -> None:
+        try:
+            pair = self.loaded
+            if pair is None:
+                self.put("status", None, f"Loading the pair '{self.pair_name}' (once per server) ...")
+                pair = runner.load_pair(self.pair_name, progress=lambda message: self.put("status", None, str(message)))
+            runner.check_fits(pair, self.request)
+            runnable = []
+            for name in self.names:
+                refused = runner.not_applicable(name, pair, self.request)
+                if refused is None:
+                    runnable.append(name)
+                else:
+                    self.put("done", name, refused.to_dict())
+            size = len(runnable) if self.workers <= ALL_AT_ONCE else self.workers
+            # one run: a prompt that several handoffs read is read once (each thread gets the run's context)
+            with (shared_prompts(), crossed.one_run() as records,
+                  ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix="kvviz-handoff") as pool):
+                futures = [pool.submit(contextvars.copy_context().run, self.run_one, pair, name) for name in runnable]
+                self.submitted.set()
+                for future in futures:
+                    future.result()  # re-raises a handoff's unexpected error (or a stop) here
+                for event in runner.finish_crossed(records):
+                    self.events.put(event)
+        except Cancelled:
+            if self.out_of_time():
+                self.put("stopped", None, f"Stopped: this server allows {self.max_seconds or 0:g} s per run; the "
+                                          "handoffs not finished did not run.")
+        except Exception as error:  # shown to the user; the server keeps running
+            said = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+            self.put("error", None, said)
+        finally:
+            self.put("end", None, None)
+
+    def run_one(self, pair: LoadedPair, name: str) -> None:
+        # The pool starts a thread per handoff as it is submitted; a handoff that began at once would
+        # hold the interpreter lock in its prompt pass while the next threads start (0.25 s for five
+        # through the page). They all begin once every one is submitted.
+        self.submitted.wait()
+        self.check_stop()
+        self.put("start", name, None)
+
+        def on_token(text):
+            self.check_stop()
+            self.put("token", name, text)
+
+        def on_message(text):
+            self.check_stop()
+            self.put("message", name, text)
+
+        result = runner.run_handoff(name, pair, self.request, on_token=on_token, on_message=on_message)
+        self.put("done", name, result.to_dict())
+
+
+def run_event_batches(
+    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
+    stop: threading.Event | None = None, loaded: LoadedPair | None = None, idle: float | None = None,
+) -> Iterator[list[tuple[str, str | None, object]]]:
+    """``run_events``'s events in batches, in the same order: each batch holds every event that was
+    waiting when the consumer asked (at least one), so that a consumer that is slower than the
+    models (a page: each update it sends costs the server's event loop) sends one update for many
+    events. ``idle``: also an empty batch after ``idle`` seconds without events (a page sends what
+    it held back). Stopping and closing as ``run_events``.
+    """
+    run = _RunWorker(pair_name, request, list(names), workers, max_seconds, loaded)
+    events = run.events
+    threading.Thread(target=run.run, name="kvviz-run", daemon=True).start()
+    waits = [wait for wait in (None if stop is None else STOP_POLL_SECONDS, idle) if wait is not None]
+    quiet_since = time.monotonic()
+    try:
+        while True:
+            try:
+                batch = [events.get(timeout=min(waits) if waits else None)]
+            except queue.Empty:
+                if stop is not None and stop.is_set():
+                    return
+                if idle is not None and time.monotonic() - quiet_since >= idle:
+                    quiet_since = time.monotonic()
+                    yield []
+                continue
+            while batch[-1][0] != "end":
+                try:
+                    batch.append(events.get_nowait())
+                except queue.Empty:
+                    break
+            if stop is not None and stop.is_set():
+                return
+            ended = batch[-1][0] == "end"
+            if ended:
+                batch.pop()
+            if batch:
+                yield batch
+            if ended:
+                return
+            quiet_since = time.monotonic()
+    finally:
+        run.cancel.set()
+
+
+# --- on a ZeroGPU Space: the same run inside @spaces.GPU, plain data in and out ------------------
+
+
+def run_seconds(pair_name: str, request: dict, names: list[str], workers: int = 1, max_seconds: float | None = None) -> int:
+    """GPU seconds for one page run: each handoff's answer and the message it may write first
+    (``Handoff.message_tokens``), counted one after another whatever ``workers`` is (on a GPU
+    handoffs run one at a time)."""
+    asked = HandoffRequest.from_dict(request)
+    tokens = sum(asked.generation.max_new_tokens + registry.get(name).tokens_before_answer(asked) for name in names)
+    return zerogpu.bounded_seconds(zerogpu.BASE_SECONDS + zerogpu.SECONDS_PER_TOKEN * tokens)
+
+
+def _run_events(pair_name: str, request: dict, names: list[str], workers: int = 1, max_seconds: float | None = None):
+    """One page run's events (``run_events``), computed where this runs (a ZeroGPU worker)."""
+    yield from run_events(pair_name, HandoffRequest.from_dict(request), names, workers, max_seconds)
+
+
+# Decorated once, at import (ZeroGPU registers its functions before the app starts).
+gpu_run_events = zerogpu.on_gpu(_run_events, run_seconds)

@@ -1,0 +1,335 @@
+"""C2C translation: the sharer's KV of a private context, translated into the receiver's KV space.
+
+The sharer reads the context; a trained per-layer translator (``kvviz.handoffs.translate.translator``) maps the
+sharer's keys and values at every context token into the receiver's; the receiver attends to them
+as a prefix in front of its question (its own one-token sink and context-free ``<bos>Context:``
+first, as KVComm keeps a sink) and answers. The receiver never reads the context: no text of it
+reaches the receiver, only the translated KV.
+
+``c2c_translate_control`` runs the same translator on a fixed unrelated context (``UNRELATED_CONTEXT``):
+whatever it answers comes from the receiver and the question,
+not from this request's context.
+
+Translators: the ``translator`` option (a folder; ``--translator DIR``) or the pair's shipped one
+in ``assets/translators/`` (found by the pair's fingerprints), with its held-out numbers in
+``measured.json`` beside it. Without one the result is "not applicable" and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import plotly.graph_objects as go
+import torch
+
+from kvviz.core import policy
+from kvviz.core.paths import ASSETS
+from kvviz.core.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
+from kvviz.core.prompts import build_segments
+from kvviz.core.results import HandoffRequest, HandoffResult
+from kvviz.handoffs.common import UNRELATED_CONTEXT, TokenCallback
+from kvviz.handoffs.registry import Handoff, Option, all_of, needs_context, option_values
+from kvviz.handoffs.translate import translator as tr
+from kvviz.runtime import crossed
+from kvviz.runtime.checkpoints import checkpoint_label
+from kvviz.runtime.decode import generate, prefill
+from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
+from kvviz.runtime.models import LoadedPair
+
+ASSETS_DIR = ASSETS / "translators"
+MEASURED_FILE = "measured.json"  # the translator evaluator's held-out numbers, beside the weights
+NAME, CONTROL = "c2c_translate", "c2c_translate_control"
+
+
+def shipped_translator(pair: LoadedPair, root: Path | None = None) -> Path | None:
+    """The shipped translator whose fingerprints match the pair, or None."""
+    root = ASSETS_DIR if root is None else root
+    if not root.is_dir():
+        return None
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        try:
+            config = tr.read_config(folder)
+            tr.check_pair(config, folder, pair.sharer.facts, pair.receiver.facts, pair.name)
+        except tr.TranslatorError:
+            continue
+        return folder
+    return None
+
+
+def translator_option(request: HandoffRequest) -> str:
+    """The translator folder the request names ("" for the pair's shipped one)."""
+    return (option_values(request, NAME, OPTIONS).get("translator") or "").strip()
+
+
+def locate(pair: LoadedPair, request: HandoffRequest) -> tuple[Path | None, str]:
+    """(the translator folder, "") or (None, why there is none)."""
+    given = translator_option(request)
+    if given:
+        folder = Path(given).expanduser()
+        if not (folder / tr.CONFIG_FILE).is_file():
+            return None, f"No KV translator at {folder}: it has no {tr.CONFIG_FILE}."
+        refusal = policy.fuser_folder_refusal(folder, (tr.CONFIG_FILE, tr.WEIGHTS_FILE))
+        return (None, refusal) if refusal else (folder, "")
+    found = shipped_translator(pair)
+    if found is None:
+        return None, (
+            f"No KV translator for pair '{pair.name}' (sharer {pair.sharer.name} -> receiver {pair.receiver.name}) in "
+            f"{ASSETS_DIR}; name one with --translator DIR, or fit one (docs/C2C.md, Translation)."
+        )
+    return found, ""
+
+
+_loaded: dict[tuple, tr.KVTranslator] = {}
+_lock = threading.Lock()
+
+
+def get_translator(folder: Path, pair: LoadedPair) -> tr.KVTranslator:
+    """The translator in ``folder`` for this pair, loaded once (refused with TranslatorError)."""
+    weights = folder / tr.WEIGHTS_FILE
+    key = (str(folder.resolve()), weights.stat().st_mtime_ns if weights.exists() else 0, pair.sharer.name, pair.receiver.name)
+    with _lock:
+        if key not in _loaded:
+            _loaded[key] = tr.load_translator(folder, pair.sharer.facts, pair.receiver.facts, pair.name, pair.receiver.device)
+        return _loaded[key]
+
+
+def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None, control: bool = False) -> HandoffResult:
+    name = CONTROL if control else NAME
+    if not request.has_context:
+        return HandoffResult.not_applicable(name, pair.name, "The translation carries a private context; this request has none.")
+    folder, reason = locate(pair, request)
+    if folder is None:
+        return HandoffResult.not_applicable(name, pair.name, reason)
+    try:
+        translator = get_translator(folder, pair)
+    except tr.TranslatorError as error:
+        return HandoffResult.not_applicable(name, pair.name, str(error))
+    receiver, sharer = pair.receiver, pair.sharer
+    context = UNRELATED_CONTEXT if control else request.context
+    timer = StageTimer()
+    alignment = tr.align_context(receiver.tokenizer, sharer.tokenizer, context, translator.config.sharer_start)
+    with torch.no_grad():
+        with timer.stage("sharer_prefill"):
+            sharer_kv = tr.read_kv(sharer, [alignment.sharer_ids])
+        with timer.stage("transfer"):
+            features = tr.features(sharer_kv, alignment, translator.config.sharer_layers, translator.config.neighbours)
+            keys, values, weights = translator(features.to(translator.up.device))
+            prefix = tr.build_prefix(receiver, alignment, keys, values, weights, translator.open_gates().float().tolist())
+    # what crossed: the translated context keys (shown with the receiver's tokens of the context,
+    # which the receiver never read), in the layers whose gate is open
+    crossed.mark_sent("context tokens (the sharer's KV cache translated into the receiver's; shown as the receiver's "
+                      "tokens of the context, which it never read)",
+                      range(alignment.own_count, len(alignment.receiver_ids)), alignment.receiver_ids[alignment.own_count:],
+                      layers=[layer for layer, gate in enumerate(prefix.gates) if gate > 0])
+    segments = build_segments(receiver.tokenizer, request.query)
+    state = prefix.state
+    with timer.stage("receiver_prefill"):
+        first, _ = prefill(receiver, state, segments.query_ids)
+    with timer.stage("receiver_decode"):
+        output = generate(receiver, state, first, request.generation, on_token=on_token, timer=timer)
+    flops, before_answer = translation_flops(pair, translator, alignment, prefix, len(segments.query_ids), len(output.token_ids))
+    return HandoffResult(
+        handoff=name,
+        pair=pair.name,
+        answer=output.text,
+        answer_ids=output.token_ids,
+        seen={"sharer": sharer.tokenizer.decode(alignment.sharer_ids), "receiver": segments.text},
+        timings=timer.as_dict(),
+        bytes_communicated=tr.read_bytes(translator.config, len(alignment.sharer_ids), sharer.dtype),
+        communication="kv",
+        flops=flops,
+        flops_to_first_token=before_answer,
+        tokens={"context": len(alignment.sharer_ids), "translated": alignment.translated_count,
+                "receiver_prompt": len(segments.query_ids), "generated": len(output.token_ids)},
+        layers=layer_records(translator, prefix),
+        first_token_seconds=timer.first_token_seconds,
+        receiver_first_token_seconds=timer.receiver_first_token_seconds,
+        details={**run_details(pair, translator, folder, alignment, prefix, control), "stopped_by": output.stopped_by},
+    )
+
+
+def translation_flops(pair, translator, alignment, prefix, query_length: int, generated: int) -> tuple[dict, dict]:
+    """(FLOPs per model, the same before the first answer token): a closed layer reads only its sink."""
+    receiver = pair.receiver
+    prefix_lengths = [len(alignment.receiver_ids) if gate > 0 else 1 for gate in prefix.gates]
+    prompt = forward_flops(receiver.facts, query_length, prefix_lengths, 1)
+    before = {"sharer": forward_flops(pair.sharer.facts, len(alignment.sharer_ids), 0, 0), "receiver": prompt,
+              "translator": 2.0 * translator.num_parameters * alignment.translated_count}
+    decode = decode_flops(receiver.facts, generated, [n + query_length for n in prefix_lengths])
+    return dict(before, receiver=prompt + decode), before
+
+
+def layer_records(translator, prefix) -> list[dict]:
+    """One record per receiver layer: its gate (1: it attends to the translated context) and the
+    translated tokens' weights."""
+    return [
+        {"layer": layer, "gate": gate, "open": gate > 0, "gate_logit": float(translator.gate_logits[layer].detach()),
+         "weight_mean": (sum(w) / len(w)) if w else None, "weights": w}
+        for layer, (gate, w) in enumerate(zip(prefix.gates, prefix.weights))
+    ]
+
+
+def run_details(pair, translator, folder, alignment, prefix, control: bool) -> dict:
+    """``HandoffResult.details`` of a run (but ``stopped_by``)."""
+    receiver, sharer = pair.receiver, pair.sharer
+    return {
+        "translator_path": checkpoint_label(folder),
+        "control": control,
+        "control_context": UNRELATED_CONTEXT if control else None,
+        "open_gates": sum(g > 0 for g in prefix.gates),
+        "layers": len(prefix.gates),
+        "applied_gates": [int(g > 0) for g in prefix.gates],
+        "translated_bytes": sum(len(w) for w in prefix.weights) * 2 * translator.config.kv_width * receiver.dtype.itemsize,
+        "sharer_kv_bytes_all_layers": tr.kv_bytes(sharer.facts, len(alignment.sharer_ids), sharer.dtype),
+        "sharer_layers_read": list(translator.config.sharer_layers),
+        "translated_tokens": [receiver.tokenizer.decode([i]) for i in alignment.receiver_ids[alignment.own_count:]],
+        "parameters": translator.num_parameters,
+        "trained": dict(translator.config.training),
+        "measured": measured_numbers(folder),
+    }
+
+
+def measured_numbers(folder: Path) -> dict | None:
+    """The held-out numbers measured for this translator (``measured.json`` beside it), or None."""
+    path = Path(folder) / MEASURED_FILE
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def run_control(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+    return run(pair, request, on_token, control=True)
+
+
+def translator_found(pair: LoadedPair, request: HandoffRequest) -> str | None:
+    folder, reason = locate(pair, request)
+    return reason if folder is None else None
+
+
+OPEN_COLOR, CLOSED_COLOR = "#AA4499", "#d9d9d9"
+FIGURE_HEIGHT = 420
+
+
+def gates_figure(result) -> go.Figure:
+    """Per receiver layer: whether it took the translated context (gate 1) and the mean weight of
+    the translated tokens (the share of attention they may receive); a heatmap of the weight per
+    translated token below."""
+    from plotly.subplots import make_subplots
+
+    title = "C2C translation: which receiver layers took the translated context"
+    missing = not_run_figure(title, result, FIGURE_HEIGHT, "Run a preset with a private context.", "C2C translation")
+    if missing is not None:
+        return missing
+    result = as_dict(result)
+    records = sorted(result["layers"], key=lambda r: r["layer"])
+    layers = [r["layer"] for r in records]
+    tokens = (result.get("details") or {}).get("translated_tokens") or []
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=False, vertical_spacing=0.18, row_heights=[0.45, 0.55],
+                        subplot_titles=("gate per layer (1 open: the layer attends to the translated context) and "
+                                        "the translated tokens' mean weight", "weight per translated token and layer"))
+    opened = [bool(r["open"]) for r in records]
+    fig.add_trace(go.Bar(
+        x=layers, y=[1.0 if o else 0.04 for o in opened], name="gate",
+        marker=dict(color=[OPEN_COLOR if o else CLOSED_COLOR for o in opened],
+                    line=dict(color=[SELECTED_OUTLINE if o else "#999999" for o in opened], width=1)),
+        hovertext=[f"receiver layer {r['layer']}: gate {'open' if r['open'] else 'closed'} (logit {r['gate_logit']:+.2f})"
+                   + (f"<br>mean weight of the translated tokens {r['weight_mean']:.3f}" if r["weight_mean"] is not None else "")
+                   for r in records],
+        hoverinfo="text", meta={"series": "gate", "applied": [int(o) for o in opened]}), row=1, col=1)
+    fig.add_trace(go.Scatter(
+        x=layers, y=[r["weight_mean"] for r in records], mode="markers", name="mean token weight",
+        marker=dict(color="#000000", symbol="diamond", size=8), meta={"series": "weight_mean"}), row=1, col=1)
+    z = [[(r["weights"][t] if r["weights"] else None) for r in records] for t in range(len(tokens))]
+    fig.add_trace(go.Heatmap(
+        z=z, x=layers, y=list(range(len(tokens))), zmin=0, zmax=1, colorscale="Purples",
+        colorbar=dict(title=dict(text="weight"), len=0.5, y=0.25, thickness=12),
+        text=[[repr(tok)] * len(layers) for tok in tokens],
+        hovertemplate="layer %{x}, token %{text}<br>weight %{z:.3f}<extra></extra>", meta={"series": "weights"}), row=2, col=1)
+    fig.update_yaxes(title_text="gate", range=[0, 1.1], tickvals=[0, 1], row=1, col=1)
+    fig.update_yaxes(title_text="translated token", autorange="reversed", row=2, col=1,
+                     tickvals=list(range(len(tokens))), ticktext=[t.replace("\n", "\\n") for t in tokens] if len(tokens) <= 40 else None)
+    fig.update_xaxes(title_text="receiver layer", dtick=1)
+    subtitle = f"{sum(opened)} of {len(layers)} layers open; {len(tokens)} translated tokens"
+    if (result.get("details") or {}).get("control"):
+        subtitle += "; control: the translator read an unrelated context"
+    return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT + 12 * min(len(tokens), 40),
+                  margin=dict(l=90, r=20, t=70, b=50))
+
+
+def notes(result: dict) -> list[str]:
+    details = result.get("details") or {}
+    if "open_gates" not in details:
+        return []
+    lines = [f"gates open: {details['open_gates']} of {details['layers']} layers; sent {result.get('bytes_communicated', 0):,} "
+             f"bytes of the sharer's KV ({len(details.get('sharer_layers_read') or [])} of its layers), translated into "
+             f"{details.get('translated_bytes', 0):,} bytes of receiver KV"]
+    measured = details.get("measured") or {}
+    gain = measured.get("communication_gain")
+    if gain:
+        low, high = gain["ci95"]
+        lines.append(f"held-out communication gain ({measured.get('set', '?')}, n = {gain.get('n', '?')}): {gain['value']:+.3f} "
+                     f"nats/token, 95% CI [{low:+.3f}, {high:+.3f}] (NLL with another record's context minus with the right one)")
+    return lines
+
+
+def refuse_in_public_mode(folder: str) -> None:
+    """A public server runs the shipped translator only (``kvviz.core.policy``)."""
+    if folder.strip() and policy.public_mode():
+        raise ValueError(policy.PUBLIC_FUSER_REFUSAL)
+
+
+NO_LIKELIHOOD = "not computed: {name} builds the receiver's cache from translated KV, which the bench does not rebuild"
+OPTIONS = (
+    Option("translator", "KV translator folder (default: the pair's shipped one)", "", kind="text", flag="--translator",
+           on_page=False, check=refuse_in_public_mode),
+)
+NEEDS = ("a private context", "a trained KV translator for the pair")
+
+HANDOFFS = (
+    Handoff(
+        name=NAME,
+        title="C2C translation: the context's KV",
+        label="C2C translate",
+        color="#AA4499",  # magenta (Tol)
+        summary="a trained translator maps the sharer's KV of the context into the receiver's",
+        explanation=(
+            "Only the sharer reads the note. A trained translator turns the sharer's memory of each of the note's "
+            "tokens (its keys and values, layer by layer) into the receiver's own format, and the receiver reads "
+            "its question after those translated tokens, as if it had read the note itself. The receiver never "
+            "sees the note's words: what crosses is the sharer's KV cache. A gate per receiver layer says whether "
+            "that layer takes the translated note at all (closed: the layer reads the question as the receiver "
+            "alone does), and a weight per translated token how much attention it may get."
+        ),
+        run=run,
+        control=CONTROL,
+        needs=NEEDS,
+        applicable=all_of(needs_context("The translation carries a private context; this request has none."), translator_found),
+        options=OPTIONS,
+        no_receiver_prompt=NO_LIKELIHOOD.format(name=NAME),
+        figure=gates_figure,
+        notes=notes,
+        page=27,  # beside C2C and its control; ticked from the column chips (not a default column)
+    ),
+    Handoff(
+        name=CONTROL,
+        title="C2C translation control: another context",
+        label="Translate control",
+        color="#CC6677",
+        summary="the same translator fed an unrelated context: what the receiver answers without this note",
+        explanation=(
+            "The same translator and receiver, but the sharer reads a fixed unrelated sentence instead of the note "
+            f"(*{UNRELATED_CONTEXT}*). If the translation column gives the note's fact and this one does not, the "
+            "fact crossed in the translated KV."
+        ),
+        run=run_control,
+        needs=NEEDS,
+        applicable=all_of(needs_context("The translation control needs a request with a private context."), translator_found),
+        no_receiver_prompt=NO_LIKELIHOOD.format(name=CONTROL),
+        figure=gates_figure,
+        notes=notes,
+        page=28,
+    ),
+)

@@ -1,0 +1,73 @@
+"""A checkpoint trained for one pair of models (a C2C fuser, a KV translator): the fingerprint of
+the models it fits, what differs from a loaded pair, its weights read without unpickling, and its
+label in results.
+
+Both kinds of checkpoint are a folder with safetensors weights and a JSON config that holds the
+fingerprints of the sharer and the receiver it was trained for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvviz.core.paths import project_label
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, corrupt, inconsistent or made for another pair."""
+
+
+# what must match for a checkpoint to fit a model: architecture, KV shape, tokenizer (not the name)
+_FINGERPRINT_KEYS = ("model_type", "num_layers", "num_kv_heads", "head_dim", "tokenizer_hash")
+
+
+def model_fingerprint(facts) -> dict:
+    """What must match for a checkpoint to fit a model: architecture, KV shape, tokenizer (and the
+    model's name, for messages)."""
+    return {
+        "name": facts.name,
+        "model_type": facts.model_type,
+        "num_layers": facts.num_layers,
+        "num_kv_heads": facts.num_kv_heads,
+        "head_dim": facts.head_dim,
+        "tokenizer_hash": facts.tokenizer_hash,
+    }
+
+
+def fingerprints_match(expected: dict, actual: dict) -> bool:
+    return all(expected.get(key) == actual.get(key) for key in _FINGERPRINT_KEYS)
+
+
+def pair_differences(saved_sharer: dict, saved_receiver: dict, sharer_facts, receiver_facts) -> list[str]:
+    """What differs between the pair a checkpoint was made for and the loaded pair, as
+    "role key saved != loaded" lines; empty when the fingerprints match."""
+    wanted_s, wanted_r = model_fingerprint(sharer_facts), model_fingerprint(receiver_facts)
+    if fingerprints_match(saved_sharer, wanted_s) and fingerprints_match(saved_receiver, wanted_r):
+        return []
+    differ = [
+        f"{role} {key} {saved.get(key)!r} != {wanted.get(key)!r}"
+        for role, saved, wanted in (("sharer", saved_sharer, wanted_s), ("receiver", saved_receiver, wanted_r))
+        for key in _FINGERPRINT_KEYS
+        if saved.get(key) != wanted.get(key)
+    ]
+    return differ or ["their fingerprints"]
+
+
+def read_weights(folder: Path, name: str, kind: str, error: type[CheckpointError]) -> dict:
+    """The tensors of ``folder/name`` (safetensors, on the CPU; never unpickled), or ``error``
+    saying in words that the file is missing or corrupt (``kind``: "fuser", "translator")."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(folder) / name
+    if not path.is_file():
+        raise error(f"The {kind} at {folder} has no weights file {name}.")
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as failure:
+        raise error(f"The {kind} weights {path} are corrupt or not a safetensors file: {failure}") from failure
+
+
+def checkpoint_label(folder: str | Path) -> str:
+    """A checkpoint's path for results and reports (``kvviz.core.paths.project_label``)."""
+    return project_label(folder)

