@@ -1,10 +1,12 @@
 """Shared fixtures: tiny models (no weights) and the real embedded pair; the test tiers.
 
-Three tiers (README "Tests"): **unit** (tiny models built from configs, no server, no other
-process: ``python -m pytest -m "not slow"``), **integration** (``@pytest.mark.integration``: a
-Gradio server, a browser, other processes) and **real-model** (``@pytest.mark.real_model``: the
-embedded models, converted in the kvviz cache). Every integration and real-model test is also
-``slow``, so ``-m "not slow"`` is the unit tier; a bare ``python -m pytest`` runs them all.
+A test's folder is its tier (README "Tests"): **unit** (``tests/unit/``: tiny models built from
+configs, no server, no other process), **integration** (``tests/integration/``: a Gradio server, a
+browser, other processes) and **real-model** (``tests/real_model/``: the embedded models, converted
+in the kvviz cache). The folder sets the tier's marker, so ``-m integration`` and ``-m real_model``
+select them (an integration test that also reads the real models says ``@pytest.mark.real_model``
+too); both are ``slow``, so ``-m "not slow"`` is the unit tier and a bare ``python -m pytest`` runs
+them all. A unit test marked with another tier's marker is refused at collection.
 """
 
 from __future__ import annotations
@@ -29,9 +31,22 @@ from tests.tiny_models import tiny_gemma, tiny_llama
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
+TESTS = Path(__file__).resolve().parent
+REPO_ROOT = TESTS.parent
+TIER_MARKERS = {"unit": None, "integration": "integration", "real_model": "real_model"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Integration and real-model tests are slow: ``-m "not slow"`` keeps the unit tier."""
+    """Each test gets its folder's tier marker, and ``slow`` unless it is a unit test."""
     for item in items:
+        tier = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        if tier not in TIER_MARKERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test module sits in a tier folder ({', '.join(TIER_MARKERS)})")
+        if TIER_MARKERS[tier]:
+            item.add_marker(getattr(pytest.mark, TIER_MARKERS[tier]))
+        elif item.get_closest_marker("integration") or item.get_closest_marker("real_model"):
+            raise pytest.UsageError(f"{item.nodeid} is marked as a slower tier but sits in tests/unit/: move it to "
+                                    "tests/integration/ or tests/real_model/")
         if item.get_closest_marker("integration") or item.get_closest_marker("real_model"):
             item.add_marker(pytest.mark.slow)
 

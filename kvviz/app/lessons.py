@@ -1,6 +1,6 @@
 """Does a preset's precomputed run still show its lesson? Each preset's ``check`` (assets/presets.toml)
 holds claims about its results, column by column; ``failures`` lists the claims its results do not
-show. ``tests/test_presets.py`` runs it over assets/precomputed/presets.json (so a regenerated
+show. ``tests/unit/test_presets.py`` runs it over assets/precomputed/presets.json (so a regenerated
 preset that stops showing its lesson fails the tests) and ``scripts/precompute_presets.py`` prints
 it after writing the file.
 

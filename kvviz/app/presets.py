@@ -11,7 +11,7 @@ for this project (none is copied from a dataset). Two scenarios:
 
 Precomputed results for the presets (``scripts/precompute_presets.py``) live in
 ``assets/precomputed/presets.json`` and paint the page before any model has run;
-``tests/test_presets.py`` checks each preset's ``check`` against them.
+``tests/unit/test_presets.py`` checks each preset's ``check`` against them.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from kvviz.runtime.models import EMBEDDED_MODELS, PAIRS
 
 ROOT = PROJECT_ROOT
 # The interpreter the Space runs: the one the project is developed, tested and CI'd on (the
-# export's install is proven on it by tests/test_space.py).
+# export's install is proven on it by tests/unit/test_space.py).
 SPACE_PYTHON = "3.11"
 DEFAULT_HARDWARE = "cpu-upgrade"  # the embedded pair runs on CPU; 8 vCPUs keep a live run short
 # Hub pairs whose models a GPU Space preloads: the C2C paper's pair and the KVComm same-model pair.

@@ -15,7 +15,7 @@ The result equals the argmax of the exact logits whenever the exact winner is am
 candidates. The scan's error is about 1-4 logits on the embedded models while the winner's
 margin over the 256th token is far larger; as a guard, when the exact winner ranks in the last
 quarter of the candidates (a sign that the scan was unusually far off) the full exact head is
-computed instead. ``tests/test_head.py`` checks equality on real decode states.
+computed instead. ``tests/unit/test_head.py`` checks equality on real decode states.
 
 A batched decode step asks for several rows at once (``greedy_tokens``): one scan serves every row
 (the int4 copy up to ``INT4_ROWS`` rows, a bfloat16 copy through oneDNN above, where the CPU has
@@ -80,7 +80,7 @@ class OutputHead:
         oneDNN's bfloat16 product and a large vocabulary, the log-sum-exp takes the ``CANDIDATES``
         likeliest tokens' logits exact and the rest of the vocabulary's from the head's bfloat16
         copy (about three times faster than fp32 for a run's rows; within 0.01 nat of it,
-        ``tests/test_head.py``); elsewhere it is the exact log-softmax."""
+        ``tests/unit/test_head.py``); elsewhere it is the exact log-softmax."""
         chosen = token_ids.to(hidden.device)
         wide = self._wide_scan() if self._fast_log_sum_exp(hidden) else None
         if wide is None:

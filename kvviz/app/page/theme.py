@@ -1,6 +1,6 @@
 """How the page looks: the theme, its CSS, and what goes in the page's head.
 
-Every text is at least 4.5:1 against what it is drawn on (WCAG AA; tests/test_browser.py measures
+Every text is at least 4.5:1 against what it is drawn on (WCAG AA; tests/integration/test_browser.py measures
 the rendered page). The Soft theme's blue on pale blue (block labels, 3.0:1), white on its primary
 blue (3.7:1) and its subdued slate (2.5:1) are replaced below. Each handoff keeps its registered
 hue for marks (card border, bars, lines) and writes its title in an ink shade of that hue

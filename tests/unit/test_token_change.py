@@ -20,7 +20,7 @@ from kvviz.handoffs import registry
 from kvviz.runtime import crossed
 from kvviz.runtime.cache import KVState
 from kvviz.runtime.decode import answer_logprobs, prefill
-from tests.test_crossed import CONTEXT, QUERY, pair, request  # noqa: F401 (pair: the tiny pairs' fixture)
+from tests.unit.test_crossed import CONTEXT, QUERY, pair, request  # noqa: F401 (pair: the tiny pairs' fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from kvviz.core import paths
@@ -93,19 +90,3 @@ def test_dtype_choice():
     assert models.parse_dtype("bfloat16", "cpu") == torch.bfloat16
     with pytest.raises(ValueError, match="Unknown dtype"):
         models.parse_dtype("int3", "cpu")
-
-
-@pytest.mark.integration
-def test_cli_help_lists_subcommands():
-    output = subprocess.run([sys.executable, "-m", "kvviz", "--help"], capture_output=True, text=True, check=True).stdout
-    for command in ("models", "prepare", "run", "bench", "train-fuser", "eval-fuser"):
-        assert command in output
-
-
-@pytest.mark.integration
-def test_cli_reports_bad_input_in_one_line():
-    done = subprocess.run(
-        [sys.executable, "-m", "kvviz", "run", "--pair", "nope", "--query", "hi"], capture_output=True, text=True
-    )
-    assert done.returncode == 2
-    assert "error: Unknown pair 'nope'" in done.stderr and "Traceback" not in done.stderr

@@ -21,7 +21,8 @@ from kvviz.handoffs.c2c.fusion import fuse_prompt, sharer_kv
 from kvviz.runtime.decode import prefill
 from kvviz.runtime.models import LoadedPair, PairSpec
 from kvviz.runtime.rope import RopeTables, apply_rotation, rotary_tables, undo_rotation
-from tests.test_fuser import mixed_pair, trained_like
+from tests.conftest import REPO_ROOT
+from tests.unit.test_fuser import mixed_pair, trained_like
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -193,37 +194,6 @@ def test_format_1_checkpoints_still_load_and_newer_ones_say_so(pair, tmp_path):
     (tmp_path / "f" / "config.json").write_text(json.dumps(config))
     with pytest.raises(FuserError, match="version 99"):
         load_fuser(tmp_path / "f")
-
-
-@pytest.mark.parametrize("private", [False, True])
-def test_natural_token_alignment_lets_the_sharer_read_its_own_tokens(private):
-    from tests.test_c2c import real_tokenizers
-
-    gemma, smollm = real_tokenizers()
-    query, context = "What is Raban Jeathyair's favourite colour?", "Raban Jeathyair's favourite colour is gold."
-    longest = align_prompt(gemma, smollm, query, context, receiver_sees_context=not private)
-    natural = align_prompt(gemma, smollm, query, context, receiver_sees_context=not private, token_alignment="natural")
-    assert "Rab Jeathyair" in smollm.decode(longest.sharer_ids)  # the paper's re-encoding garbles the name
-    assert smollm.decode(natural.sharer_ids).count("Raban Jeathyair") == 2  # the sharer reads it as written
-    assert natural.receiver_ids == longest.receiver_ids and natural.receiver_positions == longest.receiver_positions
-    assert natural.sharer_positions == sorted(natural.sharer_positions)
-    for r, s in zip(natural.receiver_positions, natural.sharer_positions):
-        piece = gemma.decode([natural.receiver_ids[r]])
-        assert piece[-1] in smollm.decode([natural.sharer_ids[s]]), (piece, smollm.decode([natural.sharer_ids[s]]))
-
-
-def test_fuse_template_pairs_the_receivers_tail_with_where_the_sharer_answers():
-    from tests.test_c2c import real_tokenizers
-
-    gemma, smollm = real_tokenizers()
-    query, context = "What is the code for locker 12?", "The code for locker 12 is 4471."
-    plain = align_prompt(gemma, smollm, query, context, receiver_sees_context=False, token_alignment="natural")
-    tail = align_prompt(gemma, smollm, query, context, receiver_sees_context=False, token_alignment="natural", fuse_template=True)
-    added = tail.receiver_positions[plain.num_fused :]
-    assert added and added[-1] == len(tail.receiver_ids) - 2  # up to the token before the last prompt token
-    assert tail.sharer_positions[-1] == len(tail.sharer_ids) - 1  # with the sharer's last prompt token
-    assert smollm.decode(tail.sharer_ids).endswith("<|im_start|>assistant\n")
-    assert tail.receiver_positions[: plain.num_fused] == plain.receiver_positions
 
 
 # --- recall data --------------------------------------------------------------------------------
@@ -541,9 +511,8 @@ def test_paired_comparison_of_accuracies_and_scores():
 
 def test_the_c2c_paper_table_pairs_two_reports_per_question(tmp_path):
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "research" / "c2c_paper_table.py"
+    path = REPO_ROOT / "research" / "c2c_paper_table.py"
     spec = importlib.util.spec_from_file_location("c2c_paper_table", path)
     table_script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table_script)

@@ -14,7 +14,6 @@ import copy
 import dataclasses
 import importlib.util
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,9 +26,7 @@ from kvviz.runtime import cache as kv
 from kvviz.runtime import measure
 from kvviz.runtime.decode import generate, prefill
 from kvviz.runtime.models import LoadedModel, LoadedPair, PairSpec
-from tests.conftest import tiny_pair, untrained_checkpoints
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO_ROOT, tiny_pair, untrained_checkpoints
 
 
 @pytest.fixture()
@@ -221,7 +218,7 @@ def test_device_auto_asks_accelerate_for_a_device_map(tmp_path, monkeypatch, one
 
 
 def test_gpu_check_runs_every_handoff_on_tiny_models(capsys, tmp_path, monkeypatch, one_thread):
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO_ROOT / "scripts" / "gpu_check.py")
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
     # the configs are the real models' shapes

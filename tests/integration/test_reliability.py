@@ -356,7 +356,7 @@ def test_the_public_page_offers_registered_pairs_only_and_refuses_typed_ones(mon
     with served_on_loopback(demo) as url:
         client = Client(url, verbose=False)
         # the pair box refuses a typed value itself, listing the registered pairs; kvviz.runtime.models.resolve_pair
-        # refuses it again behind it (tests/test_limits.py), for the CLI and any other caller
+        # refuses it again behind it (tests/unit/test_limits.py), for the CLI and any other caller
         allowed = r"is not in the list of choices: \['embedded', 'embedded-gemma'"
         for typed in ("smollm2-135m+gemma3-270m", "./models/llama", "Qwen/Qwen3-0.6B+Qwen/Qwen3-0.6B"):
             with pytest.raises(AppError, match=allowed):

@@ -15,7 +15,7 @@ from kvviz.handoffs.kvcomm.layers import KVCommOptions, options_of
 from kvviz.studies.bench.run import expand_variants
 from kvviz.studies.bench.scoring import option_scores
 from tests.conftest import tiny_pair
-from tests.test_plots import NUM_LAYERS, SELECTED, kvcomm_result
+from tests.unit.test_plots import NUM_LAYERS, SELECTED, kvcomm_result
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -140,8 +140,6 @@ def test_sampling_sequences_get_their_hidden_state_and_no_greedy_token():
     assert result.token is None and float(result.hidden[0, 0]) == 41
 
 
-# --- the batched step and the shared decode on tiny models ---------------------------------------
-
 QUERY, CONTEXT = "Where does Mira keep her bicycle?", "Mira keeps her red bicycle in the garden shed behind the old library."
 
 
@@ -323,25 +321,6 @@ def test_every_handoff_gets_the_same_tokens_in_a_shared_batch_as_alone(sample, c
         assert together[name].answer_ids == alone[name].answer_ids, name
     sizes = [batch["max_size"] for result in together.values() for batch in result.details["decode_batches"] if batch["batched"]]
     assert max(sizes) >= 3  # the decode steps were shared
-
-
-@pytest.mark.real_model
-def test_every_handoff_gets_the_same_tokens_in_a_shared_batch_on_the_embedded_presets(embedded_pair, one_thread):
-    """The embedded pair's presets: every handoff alone, then all of a preset's handoffs at once
-    (Gemma-3-270M and SmolLM2-135M each decode in one shared batch): identical answers; and the
-    steps were shared. (The bitwise comparison behind it: research/step_check.py --embedded.)"""
-    from kvviz.app.presets import PRESETS
-
-    names = [handoff.name for handoff in registry.all_handoffs()]
-    largest = 0
-    for preset in PRESETS:
-        request = registry.build_request(preset.query, preset.context, 16)
-        alone = {name: run_handoff(name, embedded_pair, request) for name in names}
-        together = run_together(embedded_pair, request, names)
-        for name in names:
-            assert together[name].answer_ids == alone[name].answer_ids, (preset.key, name)
-            largest = max([largest] + [b["max_size"] for b in together[name].details.get("decode_batches", []) if b["batched"]])
-    assert largest >= 4
 
 
 def test_a_prompt_read_by_several_handoffs_of_a_run_is_read_once_and_bitwise_the_same(one_thread):

@@ -1,6 +1,6 @@
 """Input limits (kvviz.core.limits) and public mode (kvviz.core.policy): every refusal says what is allowed.
 
-These are the request-level checks every surface shares; tests/test_reliability.py sends the same
+These are the request-level checks every surface shares; tests/integration/test_reliability.py sends the same
 bad inputs through the real server and checks that the next request still succeeds.
 """
 
@@ -12,12 +12,11 @@ import pytest
 
 from kvviz.core import limits, policy
 from kvviz.core.prompts import build_segments
-from kvviz.core.results import GenerationSettings, HandoffRequest
+from kvviz.core.results import GenerationSettings
 from kvviz.engine import runner
 from kvviz.handoffs import registry
 from kvviz.handoffs.c2c import handoff as c2c
 from kvviz.runtime.models import PAIRS, resolve_pair
-from tests.conftest import embedded_models_missing
 from tests.tiny_models import tiny_tokenizer
 
 SPECIAL_STRINGS = ("<|im_start|>", "<|im_end|>", "<bos>", "<eos>", "<end_of_turn>", "<start_of_turn>")
@@ -40,9 +39,6 @@ def build(query="What is the capital of France?", context=None, **settings):
     if "message_tokens" in settings:
         options["text"] = {"message_tokens": settings.pop("message_tokens")}
     return registry.build_request(query, context, options=options, **settings)
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("text", ["مرحبا، ما هي عاصمة فرنسا؟", "שלום עולם", "Emoji 🚀👩🏽‍💻🇫🇷 ok?", "naïve café Ωμέγα 中文"])
@@ -96,26 +92,6 @@ def test_a_users_special_token_string_never_becomes_the_special_token(chat):
         assert typed in tokenizer.decode(segments.query_ids)
 
 
-@pytest.mark.real_model
-@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
-def test_the_real_tokenizers_read_typed_special_tokens_as_text(model):
-    from transformers import AutoTokenizer
-
-    from kvviz.runtime.models import converted_dir, is_prepared
-
-    if not is_prepared(model):
-        embedded_models_missing(f"{model} is not prepared (python -m kvviz prepare)")
-    tokenizer = AutoTokenizer.from_pretrained(converted_dir(model))
-    special_ids = set(tokenizer.all_special_ids) | {tokenizer.convert_tokens_to_ids(s) for s in SPECIAL_STRINGS}
-    special_ids.discard(tokenizer.unk_token_id)
-    plain = [t for t in build_segments(tokenizer, "hello").input_ids if t in special_ids]
-    typed = build_segments(tokenizer, " ".join(SPECIAL_STRINGS), " ".join(SPECIAL_STRINGS))
-    assert [t for t in typed.input_ids if t in special_ids] == plain
-
-
-# --- settings -----------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize(
     "settings, message",
     [
@@ -165,9 +141,6 @@ def test_a_context_longer_than_the_pairs_budget_is_refused_with_the_limit(local,
     with pytest.raises(ValueError, match="this pair takes at most 100 .the server's limit is 100 prompt tokens."):
         runner.check_fits(pair, short)
     runner.check_fits(pair, build("What is the secret code word?", context="It is pineapple."))
-
-
-# --- public mode --------------------------------------------------------------------------------
 
 
 def test_public_mode_is_on_with_kvviz_public_or_on_a_space(monkeypatch):

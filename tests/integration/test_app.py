@@ -1,7 +1,7 @@
 """The app served on 127.0.0.1 (random free port) and driven with gradio_client, as a script would.
 
-Fast tests use the precomputed results and need no model; the one slow test runs a preset live
-on the real embedded pair (a few new tokens per handoff, to stay quick on a small CPU).
+Most tests use the precomputed results and need no model; one runs a preset live on the real
+embedded pair (a few new tokens per handoff, to stay quick on a small CPU).
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ import pytest
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from kvviz.app import plots, present, ui  # noqa: E402
-from kvviz.app.presets import PRESETS, PRESETS_BY_KEY, load_precomputed  # noqa: E402
+from kvviz.app.presets import PRESETS  # noqa: E402
 from kvviz.core.plotkit import bar_counts  # noqa: E402
 from kvviz.handoffs import registry
-from kvviz.handoffs.kvcomm import handoff as kvcomm_handoff  # noqa: E402
-from kvviz.handoffs.kvcomm.layers import options_of  # noqa: E402
 from tests.conftest import served_on_loopback  # noqa: E402
 
 
@@ -52,46 +50,12 @@ def split_run_outputs(outputs) -> dict:
     return {"status": outputs[0], "columns": named, "plots": plots, "table": outputs[-2], "json": outputs[-1]}
 
 
-# --- fast: no models ----------------------------------------------------------------------------
-
-
 @pytest.mark.integration
 def test_every_event_has_an_api_name(client):
     names = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
     for expected in ("/run", "/sweep", "/load_preset", "/export", "/pair_facts", "/stop"):
         assert expected in names, names
     assert "/run_on_page" not in names and "/show_handoffs" not in names  # the page's own events are private
-
-
-def test_model_runs_share_one_queue_and_every_public_event_is_named():
-    demo = ui.build_demo(precomputed={}, sweep=None)
-    functions = {fn.api_name: fn for fn in demo.fns.values() if fn.api_visibility != "private"}
-    assert all(name and name != "unnamed" for name in functions)
-    for name in ("run", "sweep"):
-        assert functions[name].concurrency_id == ui.MODEL_QUEUE
-        assert functions[name].concurrency_limit == 1
-    assert functions["load_preset"].concurrency_id != ui.MODEL_QUEUE
-    page_run = next(fn for fn in demo.fns.values() if fn.api_name == "run_on_page")
-    assert page_run.concurrency_id == ui.MODEL_QUEUE and page_run.api_visibility == "private"
-
-
-def test_walkthrough_steps_forward_and_back_load_their_presets_and_tabs():
-    demo = ui.build_demo()
-    page = demo.kvviz_page
-    walk = {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name and fn.api_name.startswith("walkthrough_")}
-    view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
-    payload, names = page["results"].value, ui.default_columns()
-    steps = ui.walkthrough_steps()
-    out = walk["walkthrough_next"](0, view, payload, names)
-    assert out[page["walk_step"]] == 1 and "Step 2 of" in out[page["walk_text"]]
-    kvcomm = next(i for i, step in enumerate(steps) if step.target == "kv-plot-kvcomm")
-    out = walk["walkthrough_next"](kvcomm - 1, view, payload, names)
-    assert out[page["presets"]] == steps[kvcomm].preset  # the step loads the preset that proves its point
-    assert out[page["query"]] == PRESETS_BY_KEY[steps[kvcomm].preset].query
-    assert out[page.figures["kvcomm"]] is not None  # and draws the figure it talks about
-    out = walk["walkthrough_back"](1, view, payload, names)
-    assert out[page["walk_step"]] == 0 and "Step 1 of" in out[page["walk_text"]]
-    assert out[page["presets"]] == steps[0].preset
 
 
 @pytest.mark.integration
@@ -102,26 +66,6 @@ def test_a_preset_gives_its_question_and_precomputed_results(client):
     results = data["results"]
     assert results["precomputed"] is True and results["preset"] == PRESETS[0].key
     assert {r["handoff"] for r in results["results"]} >= set(ui.default_columns())
-
-
-def test_a_preset_paints_its_cards_and_its_tab_draws_its_figures():
-    from kvviz.app.page import views
-
-    payload, status = views.precomputed_payload(load_precomputed(), PRESETS[0].key, "embedded")
-    assert "precomputed" in status and payload["precomputed"] is True
-    table = present.results_frame(payload)
-    assert list(table.columns) == present.RESULT_COLUMNS and list(table["handoff"]) == [r["handoff"] for r in payload["results"]]
-    cards = views.cards_and_verdict(payload, ui.default_columns(), list(PRESETS[0].answers), PRESETS[0].subject)
-    for name in ("receiver", "text", "kvcomm", "skyline"):
-        assert cards[f"answer:{name}"], name
-        assert "precomputed" in cards[f"notes:{name}"]
-    figures, _ = views.tab_updates("layers", payload, ui.default_columns(), {"drawn": {}}, views.FigureCache())
-    kvcomm = next(r for r in payload["results"] if r["handoff"] == "kvcomm")
-    counts = bar_counts(figures["figure:kvcomm"])
-    assert set(counts) == {s[0] for s in kvcomm_handoff.figure_series(kvcomm)} and "query" in counts
-    assert set(counts.values()) == {len(kvcomm["layers"])}
-    cost, _ = views.tab_updates("cost", payload, ui.default_columns(), {"drawn": {}}, views.FigureCache())
-    assert len(bar_counts(cost["figure:latency"])) == 5  # one trace per stage
 
 
 @pytest.mark.integration
@@ -185,66 +129,6 @@ def test_bad_input_gets_a_clear_error(client):
         client.predict("embedded", "   ", "", 4, api_name="/run")
     with pytest.raises(AppError, match="Explicit layers"):
         client.predict("embedded", "Hi?", "x", 4, False, 0.7, 0, 8, 0.5, "kvcomm", True, 0.8, 10.0, "a,b", api_name="/run")
-
-
-def test_the_run_endpoint_names_every_setting_and_option_in_order():
-    names = ui.run_parameter_names(ui.page_options())
-    assert names[:8] == ["pair", "query", "context", "max_new_tokens", "sample", "temperature", "seed", "message_tokens"]
-    assert names[-1] == "handoffs"
-    # the KVComm options keep the positions scripts used before the registry (alpha: auto, then value)
-    assert names[8:15] == ["kvcomm_ratio", "kvcomm_strategy", "kvcomm_alpha_auto", "kvcomm_alpha", "kvcomm_sigma", "kvcomm_layers",
-                           "kvcomm_calibration"]
-    widgets = sum(spec.inputs for spec in ui.page_options())  # the message bound is the text handoff's option
-    assert len(names) == 7 + widgets + 1
-
-
-def test_form_values_become_each_handoffs_options():
-    specs = [spec for spec in ui.page_options() if spec.handoff.name == "kvcomm"]
-    values = ui.option_values(specs, [0.25, "prior", True, 0.3, 5.0, "", "query"])
-    assert values == {"kvcomm": {"ratio": 0.25, "strategy": "prior", "alpha": None, "sigma": 5.0, "layers": "",
-                                 "calibration": "query"}}
-    request = ui.build_request("Q?", "  ", 8, False, 0.7, 3, values)
-    assert request.context is None and options_of(request).strategy == "prior" and request.generation.max_new_tokens == 8
-    assert options_of(request).calibration == "query" and options_of(request).calibration_sample is None
-    assert options_of(request).alpha is None and options_of(request).seed == 3
-    explicit = ui.build_request("Q?", "ctx", options={"kvcomm": {"layers": "7, 0,3"}})
-    assert options_of(explicit).strategy == "explicit" and options_of(explicit).layers == (0, 3, 7)
-
-
-# --- slow: a live run on the real embedded pair -------------------------------------------------
-
-
-def test_the_page_columns_and_plots_come_from_the_registry():
-    columns = ui.column_names()
-    assert columns == [h.name for h in registry.page_handoffs()]
-    assert set(ui.default_columns()) == {"receiver", "text", "c2c", "c2c_control", "kvcomm", "skyline"}
-    assert columns.index("c2c_control") == columns.index("c2c") + 1  # the control sits next to C2C
-    figures = ui.plot_names()
-    assert figures[-2:] == ["latency", "bytes"]
-    assert all(registry.get(name).figure is not None for name in figures[:-2])
-
-
-def test_ticking_a_handoff_shows_its_column_and_figure():
-    demo = ui.build_demo(precomputed={}, sweep=None)
-    page = demo.kvviz_page
-    show = next(fn for fn in demo.fns.values() if fn.api_name == "show_handoffs")
-    shown = ["receiver", "kvcomm"]
-    view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
-    updates = show.fn(shown, page["results"].value, "", view)  # columns are layout blocks: called directly
-    for name in ui.column_names():
-        assert updates[page.cards[name].block]["visible"] == (name in shown)
-        assert updates[page.details[name].block]["visible"] == (name in shown)
-    for name in ui.plot_names():
-        if name not in ui.FIXED_PLOTS:
-            assert updates[page.figures[name]]["visible"] == (name in shown)
-
-
-def test_walkthrough_has_a_step_per_handoff_shown_at_first():
-    titles = [step.title for step in ui.walkthrough_steps()]
-    described = [h.title for h in registry.page_handoffs() if h.page_default and h.walkthrough]
-    # the puzzle, the predict-then-reveal step on the token view, what it costs, your turn
-    assert len(titles) == len(described) + 4 and all(any(t in title for title in titles) for t in described)
-    assert titles[0].startswith(f"Step 1 of {len(titles)}")
 
 
 @pytest.mark.integration

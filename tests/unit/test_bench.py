@@ -1,9 +1,9 @@
 """The benchmark (kvviz.studies.bench): running, rows on disk, scoring, summarising, the RESULTS.md writer.
 
-Unit tests run the real bench loop on the tiny random models of ``tests/tiny_models.py`` (the
+These run the real bench loop on the tiny random models of ``tests/tiny_models.py`` (the
 engine's ``load_pair`` is pointed at them) with small JSONL datasets written here: resume after an
 interruption, the split over processes and the merged summary, the CSV columns, the confidence
-intervals, the multiple-choice likelihood column. The ``slow`` test runs the real embedded pair.
+intervals, the multiple-choice likelihood column. tests/integration/test_bench.py runs the embedded pair.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import csv
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,14 +25,15 @@ from kvviz.handoffs.kvcomm.layers import options_of
 from kvviz.studies import bench, perf
 from kvviz.studies.bench import report, run, scoring, summary
 from kvviz.studies.bench import rows as bench_rows
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO_ROOT
 
 OPEN_RECORDS = [
     {"id": f"q{i}", "context": f"Uma is at the Mahaffie House number {i}.", "question": "Which country is Uma located in?",
      "answers": ["United States"]}
     for i in range(5)
 ]
+
+
 CHOICE_RECORDS = [
     {"id": f"m{i}", "context": "The secret code word is pineapple.", "question": "What is the secret code word?",
      "choices": ["pineapple", "Paris", "the lazy dog", "bicycle"], "answer": i % 4}
@@ -57,9 +56,6 @@ def bench_args(dataset: Path, out: Path, *extra: str):
 def read_csv(path: Path) -> list[dict]:
     with path.open(newline="", encoding="utf-8") as handle:
         return list(csv.DictReader(handle))
-
-
-# --- variants, scoring, summary ---------------------------------------------------------------
 
 
 def test_variants_come_from_the_registry_and_bad_values_are_refused():
@@ -121,9 +117,6 @@ def test_summary_accuracy_intervals_and_latency_statistics():
     text = summary.summary_markdown(table)
     assert "| a | 10 | 0.70 [0.40, 0.89] | 0.90 [0.60, 0.98] |" in text
     assert "b: no fuser" in text
-
-
-# --- the run: CSV, resume, same seed, split over processes ------------------------------------
 
 
 def test_bench_writes_rows_summary_and_figures(tmp_path, tiny_engine):
@@ -270,9 +263,6 @@ def test_a_handoff_that_does_not_apply_gets_rows_that_say_why_without_running(tm
     assert "c2c: No trained C2C fuser" in (out / "summary.md").read_text()
 
 
-# --- multiple choice: the letter and the likelihood column -----------------------------------
-
-
 def test_multiple_choice_rows_have_letter_and_likelihood(tmp_path, tiny_engine):
     dataset = write_jsonl(tmp_path / "mc.jsonl", CHOICE_RECORDS)
     out = tmp_path / "run"
@@ -313,40 +303,6 @@ def test_option_scores_equal_a_direct_forward(tiny_engine):
 def test_every_handoff_either_rebuilds_its_receiver_or_says_why():
     for handoff in registry.all_handoffs():
         assert handoff.receiver_prompt is not None or handoff.no_receiver_prompt.startswith("not computed"), handoff.name
-
-
-# --- slow: the real embedded pair ------------------------------------------------------------
-
-
-def _cli_env() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(name, None)
-    return env
-
-
-@pytest.mark.integration
-@pytest.mark.real_model
-def test_embedded_countries_bench_and_two_process_split(tmp_path, shared_data):
-    """Two CPU processes (RANK / WORLD_SIZE as accelerate launch sets them) split a tiny real run."""
-    out = tmp_path / "split"
-    command = [sys.executable, "-m", "kvviz", "bench", "--pair", "embedded", "--dataset", "countries", "--handoffs",
-               "receiver,kvcomm", "--ratios", "0.5", "--limit", "2", "--max-new-tokens", "8", "--quiet", "--out", str(out)]
-    processes = []
-    for rank in range(2):
-        env = dict(_cli_env(), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
-        processes.append(subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for process in processes:
-        output, _ = process.communicate(timeout=600)
-        assert process.returncode == 0, output
-    summary = read_csv(out / "summary.csv")
-    assert [(s["variant"], s["samples"]) for s in summary] == [("receiver", "2"), ("kvcomm@0.5", "2")]
-    rows = read_csv(out / "rows.part-0-of-2.csv") + read_csv(out / "rows.part-1-of-2.csv")
-    # KVComm in the run: the task's first sample (index 0) calibrates it and is left out of the score
-    assert sorted(r["sample_index"] for r in rows) == ["1", "1", "2", "2"]
-    assert all(r["applicable"] == "1" and float(r["time_total"]) > 0 for r in rows)
-    config = json.loads((out / "config.json").read_text())
-    assert config["calibration_sample"] and config["calibration_sample"] not in {r["sample_id"] for r in rows}
 
 
 def test_results_markdown_from_runs_and_perf(tmp_path, tiny_engine):
@@ -401,8 +357,8 @@ def test_steer_results_section_pairs_samples_and_says_what_was_measured(tmp_path
     changed the receiver's answer and how often the changed answer was right."""
     import importlib.util
 
-    monkeypatch.syspath_prepend(str(REPO / "research"))
-    spec = importlib.util.spec_from_file_location("steer_results", REPO / "research" / "steer_results.py")
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "research"))
+    spec = importlib.util.spec_from_file_location("steer_results", REPO_ROOT / "research" / "steer_results.py")
     steer_results = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(steer_results)
     right = {"receiver": [0] * 10, "skyline": [1] * 4 + [0] * 6, "latent_relay@0": [1] * 4 + [0] * 6,
@@ -434,38 +390,3 @@ def test_steer_results_section_pairs_samples_and_says_what_was_measured(tmp_path
     assert "| `kv_steering-answer_briefly@4` | 3/10 | 1/3 | 0/3 | 0.10 (0.00) |" in text
     assert "So on this dataset" not in text  # the controls behind it were not run
     assert text.startswith(steer_results.START) and text.rstrip().endswith(steer_results.END)
-
-
-@pytest.mark.integration
-def test_kvcomm_results_section_pairs_samples_and_says_met_or_missed(tmp_path):
-    """research/kvcomm_results.py on hand-made rows: only samples every variant answered count, the
-    verdicts follow the numbers, and the section replaces its old self in the file."""
-    folder = tmp_path / "table"
-    folder.mkdir()
-    (folder / "calibration.txt").write_text("calibration sample: c0\ncontext: C\nquestion: Where is Q?\n")
-    right = {  # variant -> correct on samples s0..s9
-        "receiver": [0] * 10, "skyline": [1] * 5 + [0] * 5, "text": [1] * 3 + [0] * 7,
-        "kvcomm@0.3": [1] * 4 + [0] * 6, "kvcomm@0.5": [1] * 4 + [0] * 6, "kvcomm@0.7": [1] * 5 + [0] * 5,
-        "kvcomm-random@0.3": [1] * 1 + [0] * 9, "kvcomm-contiguous@0.3": [1] * 4 + [0] * 6,
-    }
-    rows = [{"sample_id": f"s{i}", "variant": v, "applicable": "1", "correct": str(c[i]), "answer": str(c[i]),
-             "importance_spearman": "0.9"} for v, c in right.items() for i in range(10)]
-    rows.append({"sample_id": "s10", "variant": "skyline", "applicable": "1", "correct": "1", "answer": "x",
-                 "importance_spearman": ""})  # answered by one variant only: not paired, left out
-    with (folder / "rows.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    results = tmp_path / "RESULTS.md"
-    results.write_text("# top\n\n<!-- kvcomm-table:start -->\nold\n<!-- kvcomm-table:end -->\n\ntail\n")
-    command = [sys.executable, str(REPO / "research" / "kvcomm_results.py"), "--table", f"Countries={folder}",
-               "--write", str(results)]
-    subprocess.run(command, check=True, capture_output=True, cwd=REPO)
-    text = results.read_text()
-    assert "\nold\n" not in text and text.startswith("# top") and text.rstrip().endswith("tail")
-    assert "`c0`" in text and "n = 10 scored samples" in text
-    assert "| Skyline (`skyline`) | 5/10 | 0.50 |" in text
-    assert "| KVComm r = 0.3 >= 80% of Skyline | 4/5 = 80% | met |" in text
-    assert "| KVComm r = 0.5 >= 95% of Skyline | 4/5 = 80% | missed |" in text
-    assert "beats random layers, r = 0.3 by >= 10 points | +30 points | met |" in text
-    assert "beats contiguous layers, r = 0.3 by >= 10 points | +0 points | missed |" in text

@@ -1,17 +1,10 @@
-"""The c2c handoff and token alignment.
-
-Fast tests run on tiny random models (a Llama-like sharer, a Gemma-3-like receiver). The token
-alignment test reads the two real tokenizers when the embedded models are prepared (tokenizer
-files only, no weights). Slow tests: the real pair end to end, and two training processes.
+"""The c2c handoff and token alignment on tiny random models (a Llama-like sharer, a Gemma-3-like
+receiver). tests/real_model/test_c2c.py reads the real tokenizers and runs the embedded pair.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,16 +16,19 @@ from kvviz.engine.runner import run_handoff
 from kvviz.handoffs import HANDOFFS
 from kvviz.handoffs.c2c import handoff as c2c
 from kvviz.handoffs.c2c import locate
-from kvviz.handoffs.c2c.align import align_prompt, describe, map_tokens, message_span
+from kvviz.handoffs.c2c.align import align_prompt
 from kvviz.handoffs.c2c.fuser import new_fuser
 from kvviz.handoffs.c2c.fusion import fuse_prompt
 from kvviz.runtime import cache as kv
 from kvviz.runtime.decode import prefill
-from tests.conftest import embedded_models_missing
-from tests.test_fuser import mixed_pair, trained_like
+from tests.unit.test_fuser import mixed_pair, trained_like
 
 QUERY = "What is the secret code word? Uma is at the Mahaffie House."
+
+
 CONTEXT = "The secret code word is pineapple."
+
+
 LAYER_KEYS = {
     "layer", "sharer_layer", "gate_k_logit", "gate_v_logit", "gate_k", "gate_v", "gate_k_open", "gate_v_open",
     "head_weights_k", "head_weights_v",
@@ -161,139 +157,6 @@ def test_identical_tokenizers_take_the_fast_path(pair):
     assert alignment.receiver_positions == alignment.sharer_positions  # same prompt layout: same positions
 
 
-# --- the two real tokenizers -------------------------------------------------------------------
-
-HARD_TEXTS = [
-    "Café crème, déjà vu, naïve façade — Zürich Straße, São Paulo, Kraków.",
-    "Order #12345 costs $6,789.01 on 2024-03-15 at 07:45; π ≈ 3.14159, 1e-9.",
-    "Emoji: 😀🎉👍🏽 and 🇫🇷 flags, ❤️ hearts, 日本語のテキスト, 한국어.",
-    "def f(x):\n    return {'k': [x**2, x // 3]}  # code\n\tif a != b: print(f\"{a}\")",
-]
-
-
-def real_tokenizers():
-    return _real_tokenizers()
-
-
-@functools.lru_cache(maxsize=1)
-def _real_tokenizers():
-    from kvviz.runtime.models import converted_dir, is_prepared
-
-    if not (is_prepared("smollm2-135m") and is_prepared("gemma3-270m")):
-        embedded_models_missing("the embedded models are not prepared (python -m kvviz prepare)")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(converted_dir("gemma3-270m")), AutoTokenizer.from_pretrained(converted_dir("smollm2-135m"))
-
-
-@pytest.mark.real_model
-@pytest.mark.parametrize("text", HARD_TEXTS)
-def test_real_tokenizers_map_every_message_token_to_one_sharer_token(text):
-    gemma, smollm = real_tokenizers()
-    for receiver, sharer in ((gemma, smollm), (smollm, gemma)):
-        alignment = align_prompt(receiver, sharer, text)
-        span = message_span(receiver, text)
-        assert not alignment.identical_tokenizers
-        assert len(alignment.sharer_positions) == len(alignment.receiver_positions) == alignment.num_fused > 0
-        # every message token (but the last prompt token) is fused; template tokens are not
-        assert alignment.receiver_positions == list(range(span.start, min(span.end, len(span.input_ids) - 1)))
-        message_text = receiver.decode(span.message_ids)
-        assert "Question: " + text in message_text
-        mapped = alignment.sharer_ids[len(alignment.sharer_ids) - alignment.num_fused :]
-        assert all(isinstance(t, int) and 0 <= t < len(sharer) for t in mapped)
-        # the sharer reads nearly the same text: many tokens map to exactly their own text (12 of
-        # 25 for the emoji line, whose emoji SmolLM2 has no single tokens for)
-        receiver_texts = [receiver.decode([t]) for t in span.message_ids[: alignment.num_fused]]
-        same = sum(receiver.decode([r]) == sharer.decode([s]) for r, s in zip(span.message_ids, mapped))
-        assert same >= 0.4 * len(receiver_texts)
-        assert sharer.decode(alignment.sharer_ids[: alignment.sharer_positions[0]]) in sharer.decode(
-            build_segments(sharer, text).input_ids
-        )
-
-
-@pytest.mark.real_model
-def test_real_tokenizers_longest_piece():
-    gemma, smollm = real_tokenizers()
-    ids = gemma(" déjà", add_special_tokens=False)["input_ids"]
-    assert len(ids) == 1  # one Gemma token, several SmolLM2 tokens
-    [mapped] = map_tokens(gemma, smollm, ids)
-    pieces = smollm(" déjà", add_special_tokens=False)["input_ids"]
-    assert len(pieces) > 1 and mapped in pieces
-    assert len(smollm.decode([mapped])) == max(len(smollm.decode([p])) for p in pieces)
-
-
-@pytest.mark.real_model
-def test_what_each_model_saw_says_which_tokens_reach_the_sharer_cut():
-    """The C2C paper's "longest" alignment gives SmolLM2 ' lock' for Gemma's ' locker': the page
-    says so instead of leaving "code for lock 12?" unexplained."""
-    gemma, smollm = real_tokenizers()
-    query = "What is the code for locker 12?"
-    alignment = align_prompt(gemma, smollm, query, "The code for locker 12 is 4471.", receiver_sees_context=False)
-    assert "for lock 12?" in smollm.decode(alignment.sharer_ids)
-    text = describe(alignment, gemma, smollm, "longest")
-    assert "' locker' read as ' lock'" in text and "longest piece" in text
-    assert describe(align_prompt(gemma, gemma, query), gemma, gemma) == ""  # one tokenizer: nothing to explain
-
-
-# --- slow: the real pair and two training processes -----------------------------------------------
-
-
-@pytest.mark.real_model
-def test_embedded_pair_c2c_and_control_run(embedded_pair):
-    result = run_handoff("c2c", embedded_pair, HandoffRequest(query="What is the capital of France?", generation=GenerationSettings(max_new_tokens=8)))
-    if not result.applicable:
-        pytest.skip(result.reason)
-    assert len(result.layers) == 18 and result.communication == "kv" and result.bytes_communicated > 0
-    control = run_handoff("c2c_control", embedded_pair, HandoffRequest(query="What is the capital of France?", generation=GenerationSettings(max_new_tokens=8)))
-    assert control.applicable and control.details["control"]
-
-
-TRAIN_SCRIPT = """
-import sys, torch
-torch.set_num_threads(1)
-from kvviz.runtime.models import register_loaded
-from tests.tiny_models import tiny_gemma, tiny_llama
-register_loaded(tiny_llama())
-register_loaded(tiny_gemma())
-from kvviz.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-@pytest.mark.integration
-def test_two_cpu_processes_train_with_gloo(tmp_path):
-    """`accelerate launch` with two CPU processes (gloo): a few steps, one checkpoint.
-
-    ``--cpu`` makes accelerate start a single process (multi-CPU needs mpirun), so the test uses
-    the torchrun launcher (``--multi_gpu``) and ``--device cpu`` selects the gloo backend.
-    """
-    data = tmp_path / "data.jsonl"
-    rows = [
-        {"instruction": f"What is item {i}?", "input": f"Item {i} is a red bicycle number {i}.", "output": f"A red bicycle {i}."}
-        for i in range(12)
-    ]
-    data.write_text("\n".join(json.dumps(r) for r in rows))
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN_SCRIPT)
-    repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", str(script),
-        "train-fuser", "--pair", "tiny-llama+tiny-gemma", "--data", str(data), "--out", str(tmp_path / "out"),
-        "--steps", "3", "--heldout", "2", "--width", "8", "--device", "cpu", "--no-progress", "--save-every", "2",
-    ]
-    done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads((tmp_path / "out" / "summary_c2c.json").read_text())
-    assert summary["kind"] == "c2c"
-    config = json.loads((tmp_path / "out" / "c2c" / "config.json").read_text())
-    assert config["training"]["processes"] == 2 and config["training"]["steps"] == 3
-    assert (tmp_path / "out" / "checkpoint_c2c" / "optimizer.safetensors").exists()
-    assert "gloo" in done.stdout + done.stderr
-    assert len((tmp_path / "out" / "loss_c2c.csv").read_text().strip().splitlines()) == 4
-
-
 def test_train_cli_checkpoints_resumes_and_writes_the_curve(tmp_path):
     """Two steps with a checkpoint every step, then resume to four: the curve continues."""
     import argparse
@@ -345,11 +208,8 @@ def test_private_context_goes_to_the_sharer_only(pair, tmp_path):
     assert result.answer_ids == run_handoff("receiver", pair, request(None, context=CONTEXT)).answer_ids
 
 
-# --- the descriptor's figure (hand-made records, no models) ------------------------------------
-
-
 def test_c2c_figure_gates_and_head_heatmaps():
-    from tests.test_plots import c2c_result
+    from tests.unit.test_plots import c2c_result
 
     result = c2c_result(num_layers=4, heads=3)
     figure = c2c.gates_figure(result)

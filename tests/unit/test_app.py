@@ -1,0 +1,126 @@
+"""The page built in this process (no server): its events, queues and API names, the walk-through,
+presets painting their cards, the ``/run`` parameters and the columns from the registry.
+
+tests/integration/test_app.py serves the same page and drives it with gradio_client.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+from kvviz.app import present, ui  # noqa: E402
+from kvviz.app.presets import PRESETS, PRESETS_BY_KEY, load_precomputed  # noqa: E402
+from kvviz.core.plotkit import bar_counts  # noqa: E402
+from kvviz.handoffs import registry
+from kvviz.handoffs.kvcomm import handoff as kvcomm_handoff  # noqa: E402
+from kvviz.handoffs.kvcomm.layers import options_of  # noqa: E402
+
+
+def test_model_runs_share_one_queue_and_every_public_event_is_named():
+    demo = ui.build_demo(precomputed={}, sweep=None)
+    functions = {fn.api_name: fn for fn in demo.fns.values() if fn.api_visibility != "private"}
+    assert all(name and name != "unnamed" for name in functions)
+    for name in ("run", "sweep"):
+        assert functions[name].concurrency_id == ui.MODEL_QUEUE
+        assert functions[name].concurrency_limit == 1
+    assert functions["load_preset"].concurrency_id != ui.MODEL_QUEUE
+    page_run = next(fn for fn in demo.fns.values() if fn.api_name == "run_on_page")
+    assert page_run.concurrency_id == ui.MODEL_QUEUE and page_run.api_visibility == "private"
+
+
+def test_walkthrough_steps_forward_and_back_load_their_presets_and_tabs():
+    demo = ui.build_demo()
+    page = demo.kvviz_page
+    walk = {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name and fn.api_name.startswith("walkthrough_")}
+    view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
+    payload, names = page["results"].value, ui.default_columns()
+    steps = ui.walkthrough_steps()
+    out = walk["walkthrough_next"](0, view, payload, names)
+    assert out[page["walk_step"]] == 1 and "Step 2 of" in out[page["walk_text"]]
+    kvcomm = next(i for i, step in enumerate(steps) if step.target == "kv-plot-kvcomm")
+    out = walk["walkthrough_next"](kvcomm - 1, view, payload, names)
+    assert out[page["presets"]] == steps[kvcomm].preset  # the step loads the preset that proves its point
+    assert out[page["query"]] == PRESETS_BY_KEY[steps[kvcomm].preset].query
+    assert out[page.figures["kvcomm"]] is not None  # and draws the figure it talks about
+    out = walk["walkthrough_back"](1, view, payload, names)
+    assert out[page["walk_step"]] == 0 and "Step 1 of" in out[page["walk_text"]]
+    assert out[page["presets"]] == steps[0].preset
+
+
+def test_a_preset_paints_its_cards_and_its_tab_draws_its_figures():
+    from kvviz.app.page import views
+
+    payload, status = views.precomputed_payload(load_precomputed(), PRESETS[0].key, "embedded")
+    assert "precomputed" in status and payload["precomputed"] is True
+    table = present.results_frame(payload)
+    assert list(table.columns) == present.RESULT_COLUMNS and list(table["handoff"]) == [r["handoff"] for r in payload["results"]]
+    cards = views.cards_and_verdict(payload, ui.default_columns(), list(PRESETS[0].answers), PRESETS[0].subject)
+    for name in ("receiver", "text", "kvcomm", "skyline"):
+        assert cards[f"answer:{name}"], name
+        assert "precomputed" in cards[f"notes:{name}"]
+    figures, _ = views.tab_updates("layers", payload, ui.default_columns(), {"drawn": {}}, views.FigureCache())
+    kvcomm = next(r for r in payload["results"] if r["handoff"] == "kvcomm")
+    counts = bar_counts(figures["figure:kvcomm"])
+    assert set(counts) == {s[0] for s in kvcomm_handoff.figure_series(kvcomm)} and "query" in counts
+    assert set(counts.values()) == {len(kvcomm["layers"])}
+    cost, _ = views.tab_updates("cost", payload, ui.default_columns(), {"drawn": {}}, views.FigureCache())
+    assert len(bar_counts(cost["figure:latency"])) == 5  # one trace per stage
+
+
+def test_the_run_endpoint_names_every_setting_and_option_in_order():
+    names = ui.run_parameter_names(ui.page_options())
+    assert names[:8] == ["pair", "query", "context", "max_new_tokens", "sample", "temperature", "seed", "message_tokens"]
+    assert names[-1] == "handoffs"
+    # the KVComm options keep the positions scripts used before the registry (alpha: auto, then value)
+    assert names[8:15] == ["kvcomm_ratio", "kvcomm_strategy", "kvcomm_alpha_auto", "kvcomm_alpha", "kvcomm_sigma", "kvcomm_layers",
+                           "kvcomm_calibration"]
+    widgets = sum(spec.inputs for spec in ui.page_options())  # the message bound is the text handoff's option
+    assert len(names) == 7 + widgets + 1
+
+
+def test_form_values_become_each_handoffs_options():
+    specs = [spec for spec in ui.page_options() if spec.handoff.name == "kvcomm"]
+    values = ui.option_values(specs, [0.25, "prior", True, 0.3, 5.0, "", "query"])
+    assert values == {"kvcomm": {"ratio": 0.25, "strategy": "prior", "alpha": None, "sigma": 5.0, "layers": "",
+                                 "calibration": "query"}}
+    request = ui.build_request("Q?", "  ", 8, False, 0.7, 3, values)
+    assert request.context is None and options_of(request).strategy == "prior" and request.generation.max_new_tokens == 8
+    assert options_of(request).calibration == "query" and options_of(request).calibration_sample is None
+    assert options_of(request).alpha is None and options_of(request).seed == 3
+    explicit = ui.build_request("Q?", "ctx", options={"kvcomm": {"layers": "7, 0,3"}})
+    assert options_of(explicit).strategy == "explicit" and options_of(explicit).layers == (0, 3, 7)
+
+
+def test_the_page_columns_and_plots_come_from_the_registry():
+    columns = ui.column_names()
+    assert columns == [h.name for h in registry.page_handoffs()]
+    assert set(ui.default_columns()) == {"receiver", "text", "c2c", "c2c_control", "kvcomm", "skyline"}
+    assert columns.index("c2c_control") == columns.index("c2c") + 1  # the control sits next to C2C
+    figures = ui.plot_names()
+    assert figures[-2:] == ["latency", "bytes"]
+    assert all(registry.get(name).figure is not None for name in figures[:-2])
+
+
+def test_ticking_a_handoff_shows_its_column_and_figure():
+    demo = ui.build_demo(precomputed={}, sweep=None)
+    page = demo.kvviz_page
+    show = next(fn for fn in demo.fns.values() if fn.api_name == "show_handoffs")
+    shown = ["receiver", "kvcomm"]
+    view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
+    updates = show.fn(shown, page["results"].value, "", view)  # columns are layout blocks: called directly
+    for name in ui.column_names():
+        assert updates[page.cards[name].block]["visible"] == (name in shown)
+        assert updates[page.details[name].block]["visible"] == (name in shown)
+    for name in ui.plot_names():
+        if name not in ui.FIXED_PLOTS:
+            assert updates[page.figures[name]]["visible"] == (name in shown)
+
+
+def test_walkthrough_has_a_step_per_handoff_shown_at_first():
+    titles = [step.title for step in ui.walkthrough_steps()]
+    described = [h.title for h in registry.page_handoffs() if h.page_default and h.walkthrough]
+    # the puzzle, the predict-then-reveal step on the token view, what it costs, your turn
+    assert len(titles) == len(described) + 4 and all(any(t in title for title in titles) for t in described)
+    assert titles[0].startswith(f"Step 1 of {len(titles)}")
