@@ -1,4 +1,4 @@
-"""Two runs side by side (issue 22): the page's last runs in the session, and any two of their
+"""Two runs side by side: the page's last runs in the session, and any two of their
 columns as a diff: the answers token by token, what each answer token read, and per layer the
 attention on the sent tokens and the logit lens. No Gradio.
 

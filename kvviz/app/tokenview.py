@@ -1,4 +1,4 @@
-"""What crossed, drawn (issue 22): the token view (HTML) and the logit-lens figure, from the
+"""What crossed, drawn: the token view (HTML) and the logit-lens figure, from the
 ``token_attention`` and ``logit_lens`` fields a run records (``kvviz.runtime.crossed``). No Gradio.
 
 The token view of one column: the answer's tokens as chips; hovering one lights the sent tokens up

@@ -13,7 +13,7 @@ a key is visible when its position is <= the query's position (and inside the sl
 sliding layers). The plan can also capture attention mass on the prefix, which KVComm's layer
 selection needs (TransformerLens style: one capture mechanism, a stable name per value).
 
-``AttentionRows`` is the same mechanism per answer token (issue 22, "what crossed"): a forward
+``AttentionRows`` is the same mechanism per answer token (what crossed, ``kvviz.runtime.crossed``): a forward
 given one (keyword ``kvviz_rows``) records, for its last query token, every head's attention
 probabilities over every key of every layer, by the keys' real positions. The decode step
 (``kvviz.runtime.step``) honours the same object on a sequence's ``KVState.token_rows``. Recording never

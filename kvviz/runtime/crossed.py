@@ -1,4 +1,4 @@
-"""What crossed (issue 22): which sent tokens each answer token read, and where in depth it appeared.
+"""What crossed: which sent tokens each answer token read, and where in depth it appeared.
 
 A run that asks for it (``HandoffRequest.inspect`` not None; the CLI's ``run`` and the page do,
 the bench and the sweep do not) records, in the run itself and through kvviz's one attention

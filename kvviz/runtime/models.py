@@ -430,7 +430,7 @@ def load_model(name: str, device: str | None = None, dtype=None, progress=print)
         # The model, its libraries and the app around it are hundreds of thousands of Python objects
         # that live as long as the process. Python's full garbage collection walks every one of them
         # (0.3 s on the embedded pair, holding the interpreter lock every thread of a run needs);
-        # freezing what is alive now takes them out of its walks (issue 20).
+        # freezing what is alive now takes them out of its walks (docs/SPEED.md, section 12).
         gc.freeze()
         return loaded
 

@@ -27,8 +27,8 @@ with the spread (min and max) of the per-repeat values.
    millisecond from /proc) above its level before the handoff. The CPU number is a lower bound:
    memory the allocator kept from earlier runs is reused without showing as growth.
 
-``targets`` turns the report and the bench summaries into the verdicts on issue 6's goals for
-docs/RESULTS.md. This module is the study of the C2C and KVComm papers' own claims (C2C against
+``targets`` turns the report and the bench summaries into the verdicts on the benchmark's goals
+for docs/RESULTS.md. This module is the study of the C2C and KVComm papers' own claims (C2C against
 the text handoff, KVComm against Skyline), so unlike the page, the plots and the benchmark, it
 names the handoffs it measures and sets their options (``request_for``). Every number it reports
 is read from the runs' results (times, FLOPs, bytes); none is derived from a handoff's internals.
@@ -494,7 +494,7 @@ def main(args) -> int:
 
 
 def targets(perf: dict | None, summaries: dict[str, list[dict]]) -> list[tuple[str, str, str]]:
-    """(target, measured, verdict) for the benchmark goals of issue 6 that the perf report and the
+    """(target, measured, verdict) for the benchmark's goals that the perf report and the
     bench summaries (dataset -> summary entries) measured; a goal not measured is left out."""
     rows = []
     if perf:

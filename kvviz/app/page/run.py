@@ -1,7 +1,7 @@
 """A live run as the page shows it: a stream of ``{role: value}`` updates (roles as in
 ``kvviz.app.page.views``), and the per-session stop flags behind the Stop button. No Gradio.
 
-What each event of ``kvviz.engine.stream`` changes, and nothing more (issue 20): a token updates its
+What each event of ``kvviz.engine.stream`` changes, and nothing more: a token updates its
 column's answer and the status line; a message being written updates its column's line; a
 finished handoff updates its own card and the verdict strip. The events that waited together give
 one update (each update the server sends costs its event loop, which shares the interpreter with

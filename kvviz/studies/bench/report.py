@@ -124,7 +124,7 @@ def results_markdown(runs: list[tuple[str, Path]], perf_dir: Path | None, machin
         report = json.loads((perf_dir / "perf.json").read_text(encoding="utf-8"))
     summaries = {config["dataset"]: summary for _, summary, config in tables}
     targets = perf.targets(report, summaries)
-    lines += ["", "## Targets (benchmark goals of issue 6)", "",
+    lines += ["", "## Targets (the papers' claims and the benchmark's goals)", "",
               markdown_table(pd.DataFrame(targets, columns=["target", "measured", "verdict"]))]
     if report:
         lines += ["", "## Performance (`python -m kvviz bench --perf`)", "", perf.markdown(report)]
