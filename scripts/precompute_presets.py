@@ -28,7 +28,8 @@ from kvviz.app.lessons import failures  # noqa: E402
 from kvviz.app.presets import PRECOMPUTED_PATH, PRECOMPUTED_SWEEP_PATH, PRESETS  # noqa: E402
 from kvviz.app.sweep import default_handoff, run_sweep  # noqa: E402
 from kvviz.engine.runner import load_pair, run_handoffs  # noqa: E402
-from kvviz.handoffs.registry import build_request, page_handoffs  # noqa: E402
+from kvviz.app.methods.registry import column_names  # noqa: E402
+from kvviz.handoffs.registry import build_request  # noqa: E402
 
 
 def precomputed_run(pair, key: str, query: str, context: str | None, max_new_tokens: int, names: list[str],
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
         out = {"pair": pair.name, "generated": f"{stamp}, {machine}", "max_new_tokens": args.max_new_tokens, "presets": {}}
         for preset in PRESETS:
             entry = precomputed_run(pair, preset.key, preset.query, preset.context, args.max_new_tokens,
-                                    [handoff.name for handoff in page_handoffs()],
+                                    column_names(),
                                     inspect={"gold": preset.answers[0] if preset.answers else None})
             entry["runs"] = {
                 run.label: precomputed_run(pair, f"{preset.key}+", preset.query, preset.context, args.max_new_tokens,

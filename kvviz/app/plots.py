@@ -16,9 +16,9 @@ from typing import Iterable
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvviz.app.methods import registry as methods
 from kvviz.core.plotkit import as_dicts, bar_counts, empty_figure, human_bytes, layout
 from kvviz.core.results import STAGES
-from kvviz.handoffs import registry
 from kvviz.handoffs.registry import color_of, label_of
 
 STAGE_LABELS = {
@@ -84,9 +84,8 @@ def find(results: Iterable, handoff: str) -> dict | None:
 
 
 def stage_label(handoff: str, stage: str) -> str:
-    """The stage in words for this handoff (its descriptor's ``stage_labels``), else the shared name."""
-    own = registry.get(handoff).stage_labels if handoff in registry.HANDOFFS else {}
-    return own.get(stage, STAGE_LABELS[stage])
+    """The stage in words for this handoff (its page entry's ``stage_labels``), else the shared name."""
+    return methods.stage_labels(handoff).get(stage, STAGE_LABELS[stage])
 
 
 def first_token_hover(result: dict) -> str:
@@ -321,27 +320,33 @@ def sweep_figure(sweep: dict | None) -> go.Figure:
 
 def sweep_spec(sweep: dict | None):
     """(handoff, its Sweep) for sweep data: the one it names, else the first handoff with a sweep."""
-    name = (sweep or {}).get("handoff")
-    if name in registry.HANDOFFS and registry.get(name).sweep is not None:
-        return registry.get(name), registry.get(name).sweep
-    candidates = registry.with_sweep()
-    return (candidates[0], candidates[0].sweep) if candidates else None
+    page = methods.page_of((sweep or {}).get("handoff"))
+    if page is None or page.sweep is None:
+        candidates = methods.with_sweep()
+        page = candidates[0] if candidates else None
+    return (page.handoff, page.sweep) if page is not None else None
 
 
 # --- everything at once -------------------------------------------------------------------------
 
 
 def layer_figure_handoffs(names: Iterable[str] | None = None) -> list[str]:
-    """The handoffs (of ``names``, default all) whose descriptor draws its own figure."""
-    chosen = registry.all_handoffs() if names is None else [registry.get(name) for name in names]
-    return [handoff.name for handoff in chosen if handoff.figure is not None]
+    """The handoffs (of ``names``, default every page column) whose page entry draws its own figure,
+    in the order given."""
+    with_figure = {page.name for page in methods.with_figure()}
+    return [name for name in (methods.column_names() if names is None else names) if name in with_figure]
+
+
+def own_figure(handoff: str, result) -> go.Figure:
+    """A handoff's own figure (its page entry's ``figure``) of one result, or of None (it says how to get one)."""
+    return methods.page_of(handoff).figure(result)
 
 
 @functools.lru_cache(maxsize=None)
 def figure_without_result(handoff: str) -> go.Figure:
     """A handoff's own figure when it has no result (it says how to get one): the same for every
     run, so built once per process and shared (do not change it in place; ~20 ms to build each)."""
-    return registry.get(handoff).figure(None)
+    return own_figure(handoff, None)
 
 
 def all_figures(results, names: Iterable[str] | None = None, built: dict[str, go.Figure] | None = None) -> dict[str, go.Figure]:
@@ -356,7 +361,7 @@ def all_figures(results, names: Iterable[str] | None = None, built: dict[str, go
         if result is None:
             figures[name] = figure_without_result(name)
         else:
-            figures[name] = built[name] if name in built else registry.get(name).figure(result)
+            figures[name] = built[name] if name in built else own_figure(name, result)
     figures["latency"] = latency_figure(results)
     figures["bytes"] = bytes_figure(results)
     return figures

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvviz.app.lessons import mark
+from kvviz.app.methods import registry as methods
 from kvviz.core.facts import facts_from_config
 from kvviz.core.plotkit import human_bytes, ink
 from kvviz.core.results import STAGES
@@ -41,10 +42,10 @@ def format_seconds(seconds: float) -> str:
 
 def notes_of(result: dict) -> list[str]:
     """The handoff's own facts about a run (layers sent, gates open, the message ...)."""
-    handoff = registry.HANDOFFS.get(result.get("handoff"))
-    if handoff is None or handoff.notes is None or not result.get("applicable", True):
+    page = methods.page_of(result.get("handoff"))
+    if page is None or page.notes is None or not result.get("applicable", True):
         return []
-    return handoff.notes(result)
+    return page.notes(result)
 
 
 def stats_markdown(result: dict | None, state: str = "") -> str:
@@ -349,7 +350,7 @@ def refused_status(reason: str) -> str:
 def how_it_works_markdown(name: str) -> str:
     """A handoff's explanation and what it needs."""
     handoff = registry.get(name)
-    text = handoff.explanation
+    text = methods.page_of(name).explanation
     if handoff.needs:
         text += "\n\n*Needs:* " + "; ".join(handoff.needs) + "."
     return text
@@ -373,7 +374,7 @@ def how_it_works_page(names: list[str]) -> str:
 
 
 def diagram_html(name: str) -> str:
-    path = registry.get(name).diagram
+    path = methods.page_of(name).diagram
     if path is None:
         return ""
     try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+from kvviz.app.methods import registry as methods
+from kvviz.app.methods.registry import MethodPage
 from kvviz.app.presets import SWEEP_ITEMS, SWEEP_METRIC
 from kvviz.core import zerogpu
 from kvviz.core.results import GenerationSettings, HandoffRequest
@@ -20,14 +22,23 @@ from kvviz.engine.evaluation import Variant, evaluate
 from kvviz.handoffs import registry
 
 
-def default_handoff() -> registry.Handoff:
-    handoffs = registry.with_sweep()
-    if not handoffs:
-        raise ValueError("No registered handoff declares a sweep.")
-    return handoffs[0]
+def default_handoff() -> MethodPage:
+    """The page entry of the first handoff whose page declares a sweep."""
+    pages = methods.with_sweep()
+    if not pages:
+        raise ValueError("No handoff's page declares a sweep.")
+    return pages[0]
 
 
-def sweep_variants(swept: registry.Handoff, series: list, references: list[str]) -> list[Variant]:
+def swept_page(handoff: str | None) -> MethodPage:
+    """The page entry whose sweep runs: ``handoff``'s, or the default one."""
+    page = methods.page_of(handoff) if handoff else default_handoff()
+    if page is None or page.sweep is None:
+        raise ValueError(f"The handoff {handoff!r} declares no sweep.")
+    return page
+
+
+def sweep_variants(swept: MethodPage, series: list, references: list[str]) -> list[Variant]:
     """The references, then the swept handoff at every x value for every series value (an x value
     shared by every series runs once, under the first series value)."""
     spec = swept.sweep
@@ -44,7 +55,7 @@ def run_sweep(pair, series=None, max_new_tokens: int = 12, items=None, progress=
     ``pair`` is a pair name or a loaded pair; ``series`` the values of the series option to draw
     (default: the sweep's defaults); ``progress(fraction, desc=...)`` is called after every run.
     """
-    swept = registry.get(handoff) if handoff else default_handoff()
+    swept = swept_page(handoff)
     spec = swept.sweep
     items = list(items or SWEEP_ITEMS)
     allowed = list(spec.series_values)
@@ -57,7 +68,7 @@ def run_sweep(pair, series=None, max_new_tokens: int = 12, items=None, progress=
 
     def request_for(item, variant):
         base = HandoffRequest(query=item["query"], context=item["context"], generation=generation)
-        return swept.with_options(base, variant.options) if variant.options else base
+        return swept.handoff.with_options(base, variant.options) if variant.options else base
 
     reference_correct = {name: 0 for name in references}
     correct: dict[tuple, int] = {}
@@ -79,7 +90,7 @@ def run_sweep(pair, series=None, max_new_tokens: int = 12, items=None, progress=
                     counts[(target, x)] = int(result.details.get(spec.count_detail, 0))
             answers.append({"item": index, "handoff": swept.name, spec.series_option: value, spec.x_option: x,
                             "answer": result.answer, "correct": bool(hit)})
-            description = f"question {index + 1}/{len(items)}: {swept.label} {value}, {spec.x_option} {x:g}"
+            description = f"question {index + 1}/{len(items)}: {swept.handoff.label} {value}, {spec.x_option} {x:g}"
         if progress is not None:
             progress(done / (len(items) * len(variants)), desc=description)
     n = len(items)
@@ -111,7 +122,7 @@ def run_sweep(pair, series=None, max_new_tokens: int = 12, items=None, progress=
 
 def sweep_seconds(pair_name: str, series: list[str], max_new_tokens: int, handoff: str) -> int:
     """GPU seconds for the page's sweep: every question at every x value for every series."""
-    spec = registry.get(handoff).sweep
+    spec = swept_page(handoff).sweep
     runs = len(SWEEP_ITEMS) * len(spec.x_values) * max(1, len(series))
     return zerogpu.bounded_seconds(zerogpu.BASE_SECONDS + zerogpu.SECONDS_PER_TOKEN * runs * int(max_new_tokens))
 

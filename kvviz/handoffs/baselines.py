@@ -57,19 +57,10 @@ HANDOFFS = (
         label="Receiver",
         color="#7f7f7f",  # grey: nothing shared
         summary="the receiver alone on the query (nothing shared)",
-        explanation=(
-            "The receiver model answers the question by itself. Nothing comes from the other model, so "
-            "this is the floor: any handoff worth having should beat it."
-        ),
         run=receiver_alone,
         receiver_prompt=_receiver_prompt,
         role="floor",
-        page=0,
-        page_default=True,
-        walkthrough=(
-            "Look at the grey column. The receiver never saw the note, so it can only guess. The tab *What each "
-            "model saw* shows its prompt: the question and nothing else."
-        ),
+        default=True,
     ),
     Handoff(
         name="sharer",
@@ -77,13 +68,8 @@ HANDOFFS = (
         label="Sharer",
         color="#D55E00",  # vermillion
         summary="the sharer alone, with whatever context it holds",
-        explanation=(
-            "The sharer answers by itself, with the private context it holds. Not a handoff: it shows what "
-            "the sharer knows, so you can tell whether a handoff's failure is the sharer's or the trip's."
-        ),
         run=sharer_alone,
         receiver_prompt=_sharer_prompt,
-        page=90,
     ),
     Handoff(
         name="skyline",
@@ -91,23 +77,12 @@ HANDOFFS = (
         label="Skyline",
         color="#CC79A7",  # purple
         summary="the receiver given context and query in one prompt (the usual reference)",
-        explanation=(
-            "The receiver gets the context and the question in one prompt, as if it knew everything itself. "
-            "It is the usual reference, not a bound: a handoff can beat it (in the KVComm paper, KVComm beat "
-            "Skyline on one dataset), because another model's cache can help more than the receiver's own reading."
-        ),
         run=skyline,
         control="receiver",
         needs=("a private context",),
         applicable=needs_context("Skyline needs a private context; without one it is the receiver alone."),
         receiver_prompt=_skyline_prompt,
         role="ceiling",
-        page=50,
-        page_default=True,
-        walkthrough=(
-            "Skyline (purple) gives the receiver the note directly, in its own prompt. It is the reference the "
-            "papers compare with, not a limit and not always right: a handoff may do better or worse, and on "
-            "the preset *Where is Kofi?* Skyline itself is wrong."
-        ),
+        default=True,
     ),
 )

@@ -1,28 +1,27 @@
 """The handoff descriptor and the registry every part of kvviz reads.
 
 Each handoff file ends with its descriptor(s) (kvpress style: a small object over the one shared
-pipeline of ``kvviz.runtime.decode`` and ``kvviz.runtime.cache``): what it is called and how it looks, what it
-needs, its options, how it runs, what the benchmark and the page need from it. The page, the
-plots, the benchmark, the CLI help and the presets read descriptors from here and never name a
-handoff. ``kvviz.handoffs`` registers the files' descriptors, one line per file.
+pipeline of ``kvviz.runtime.decode`` and ``kvviz.runtime.cache``): what it is called, what it needs,
+its options, how it runs, its control, and what the benchmark needs from it. What the page shows of
+it (its figure, the facts under its answer, its page copy) lives in the app layer, keyed by its
+name (``kvviz.app.methods``). The page, the plots, the benchmark, the CLI help and the presets read
+descriptors from here and never name a handoff. ``kvviz.handoffs`` registers the files'
+descriptors, one line per file.
 
 A descriptor in short::
 
     HANDOFFS = (Handoff(name="echo", title="Echo: the first words", label="Echo", color="#123456",
-                        summary="one line", explanation="how it works, in words", run=run,
-                        applicable=needs_context("..."), options=(Option("words", ...),),
-                        no_receiver_prompt="not computed: ..."),)
+                        summary="one line", run=run, applicable=needs_context("..."),
+                        options=(Option("words", ...),), no_receiver_prompt="not computed: ..."),)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from kvviz.core import limits
-from kvviz.core.paths import DIAGRAMS
 from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
 
 if TYPE_CHECKING:  # type names only: the registry imports no model code
@@ -30,12 +29,9 @@ if TYPE_CHECKING:  # type names only: the registry imports no model code
     from kvviz.runtime.decode import NextToken
     from kvviz.runtime.models import LoadedModel, LoadedPair
 
-DIAGRAM_DIR = DIAGRAMS
-
 # What a requirement check returns: None when the handoff can run, else the reason it cannot.
 Check = Callable[["LoadedPair", HandoffRequest], "str | None"]
 ROLES = ("floor", "ceiling", "handoff")
-OPENING_PRESET = "opening"  # a walk-through step that reloads the page's opening preset
 OPTION_KINDS = ("float", "int", "choice", "text")
 
 
@@ -175,26 +171,6 @@ class ReceiverPrompt:
 
 
 @dataclass(frozen=True)
-class Sweep:
-    """A page experiment: accuracy on the built-in sweep set against one option (``x``), one line
-    per value of another (``series``). Points are stored under the options' own names."""
-
-    title: str
-    explanation: str
-    x_option: str
-    x_values: tuple[float, ...]
-    x_label: str
-    series_option: str
-    series_values: tuple[str, ...]
-    series_default: tuple[str, ...]
-    # x values at which every series runs the same thing: run once and shared
-    shared_x: tuple[float, ...] = ()
-    # a details key of the result reported per point (e.g. how many layers were sent), and its name
-    count_detail: str = ""
-    count_name: str = ""
-
-
-@dataclass(frozen=True)
 class TaskCalibration:
     """A handoff that calibrates on one sample of a task (KVComm chooses its layers on a task's first
     item, as its reference code does). The benchmark gives it the task's first sample, which is then
@@ -213,7 +189,6 @@ class Handoff:
     label: str  # short, for plot axes
     color: str  # one colour per handoff, the same everywhere
     summary: str  # one line: CLI help, the column's subtitle
-    explanation: str  # "how it works", a short paragraph of markdown
     run: Callable[..., HandoffResult]  # run(pair, request, on_token=None[, on_message=None]) -> HandoffResult
     needs: tuple[str, ...] = ()  # what it needs, in words ("a private context", "a trained fuser")
     applicable: Check = always  # says "not applicable" at once, without running a model
@@ -224,23 +199,8 @@ class Handoff:
     # the benchmark's likelihood column: the receiver after its prompt, or why it cannot be rebuilt
     receiver_prompt: Callable[["LoadedPair", HandoffRequest, HandoffResult], ReceiverPrompt] | None = None
     no_receiver_prompt: str = ""
-    figure: Callable[[dict | None], Any] | None = None  # its per-layer (or per-step) figure
-    notes: Callable[[dict], list[str]] | None = None  # extra facts under the answer (plain text)
     role: str = "handoff"  # "floor": nothing shared; "ceiling": sees everything; "handoff"
-    page: int | None = None  # position among the page's columns; None: not a page column
-    page_default: bool = False  # shown when the page opens
-    walkthrough: str = ""  # its step of the page's guided walk-through
-    # the preset its step loads: a preset key, OPENING_PRESET (the page's opening one, again) or None
-    # (keep what is on the page); the step's text may name the loaded preset's title as {preset} and
-    # quote its lesson as {lesson}
-    walkthrough_preset: str | None = None
-    # what its step points at: "" its own figure (its column when it has none); "cost": time and bytes
-    walkthrough_shows: str = ""
-    sweep: Sweep | None = None
-    diagram: Path | None = field(default=None)  # default: assets/diagrams/NAME.svg when present
-    # what a latency stage is for this handoff, where the shared stage name would say more (or less)
-    # than was measured, e.g. {"transfer": "splice in memory (no network)"}
-    stage_labels: dict = field(default_factory=dict)
+    default: bool = False  # runs when nobody names the handoffs (the CLI, the bench, the page's first columns)
     # how many tokens it may generate before the answer (a message the receiver waits for): the
     # prompt budget (kvviz.core.limits) and ZeroGPU's duration estimate count them; None: none
     message_tokens: Callable[[HandoffRequest], int] | None = None
@@ -258,8 +218,6 @@ class Handoff:
             raise ValueError(f"handoff {self.name}: role must be one of {', '.join(ROLES)}")
         if self.receiver_prompt is None and not self.no_receiver_prompt:
             raise ValueError(f"handoff {self.name}: without receiver_prompt, say why in no_receiver_prompt")
-        if self.diagram is None and (DIAGRAM_DIR / f"{self.name}.svg").is_file():
-            object.__setattr__(self, "diagram", DIAGRAM_DIR / f"{self.name}.svg")
 
     def option(self, name: str) -> Option:
         for option in self.options:
@@ -319,22 +277,13 @@ def all_handoffs() -> list[Handoff]:
     return list(HANDOFFS.values())
 
 
-def page_handoffs() -> list[Handoff]:
-    """The page's columns, in their order."""
-    return sorted((h for h in HANDOFFS.values() if h.page is not None), key=lambda h: (h.page, h.name))
-
-
 def default_handoffs() -> list[str]:
-    """What runs when nobody says: the page's columns shown at first, in their order."""
-    return [h.name for h in page_handoffs() if h.page_default]
+    """What runs when nobody names the handoffs, in registration order."""
+    return [h.name for h in HANDOFFS.values() if h.default]
 
 
 def with_role(role: str) -> list[Handoff]:
     return [h for h in HANDOFFS.values() if h.role == role]
-
-
-def with_sweep() -> list[Handoff]:
-    return [h for h in HANDOFFS.values() if h.sweep is not None]
 
 
 def control_of(name: str) -> str:

@@ -106,12 +106,6 @@ def _receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffR
     return read_prompt(pair.receiver, receiver_segments(pair, request, result.seen.get("message", "")).input_ids)
 
 
-def _notes(result: dict) -> list[str]:
-    message = result.get("seen", {}).get("message", "")
-    shown = message if len(message) <= 60 else message[:57] + "..."
-    return [f"message: {int(result.get('tokens', {}).get('message', 0))} tokens, {shown!r}"]
-
-
 HANDOFFS = (
     Handoff(
         name=NAME,
@@ -119,27 +113,12 @@ HANDOFFS = (
         label="Text",
         color="#E69F00",  # orange
         summary="the sharer writes a short message; the receiver reads it",
-        explanation=(
-            "The sharer reads what it knows and writes a short message in words. The receiver reads that "
-            "message in front of the question. Easy to understand and tiny to send, but slow: the sharer has "
-            "to write its whole message token by token before the receiver can start, and whatever the sharer "
-            "leaves out is lost."
-        ),
         run=run,
         control="receiver",
         options=OPTIONS,
         message_tokens=message_tokens,
         streams_message=True,
         receiver_prompt=_receiver_prompt,
-        notes=_notes,
-        page=10,
-        page_default=True,
-        walkthrough=(
-            "The sharer writes the facts down in words and the receiver reads them (orange). In a live run its "
-            "column shows the message while the sharer writes it; the receiver starts only when it is done. "
-            "**Latency by stage** shows the stages of its bar: its first answer token always waits for the whole "
-            "message (the *first token* time in its column)."
-        ),
-        walkthrough_shows="cost",
+        default=True,
     ),
 )

@@ -17,7 +17,6 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from kvviz.app import plots, present, ui  # noqa: E402
 from kvviz.app.presets import PRESETS  # noqa: E402
 from kvviz.core.plotkit import bar_counts  # noqa: E402
-from kvviz.handoffs import registry
 from tests.conftest import served_on_loopback  # noqa: E402
 
 
@@ -169,7 +168,7 @@ def test_run_a_preset_live_gets_every_column_and_every_plot(client, embedded_pai
         assert c2c_plot["layout"]["annotations"]
     # each handoff's own figure, drawn as it finished, is the one its final result draws
     for name in plots.layer_figure_handoffs(results):
-        assert view["plots"][name] == json.loads(registry.get(name).figure(results[name]).to_json()), name
+        assert view["plots"][name] == json.loads(plots.own_figure(name, results[name]).to_json()), name
     # intermediate updates streamed before the final one
     assert len(job.outputs()) > 2
 

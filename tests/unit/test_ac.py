@@ -10,6 +10,8 @@ import threading
 import pytest
 import torch
 
+from kvviz.app.methods import ac as ac_page
+from kvviz.app.methods import registry as methods
 from kvviz.core.plotkit import bar_counts
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings, HandoffRequest
@@ -66,7 +68,7 @@ def test_the_run_reports_the_vector_the_layers_and_the_costs(tiny):
     assert result.timings["sharer_prefill"] > 0 and result.flops["receiver"] > 0
     assert "layer 1" in result.seen["activation"] and result.seen["receiver"].count(QUERY) == 1
     assert CONTEXT not in result.seen["receiver"]
-    assert registry.get("ac").notes(result.to_dict()) == [f"sender layer 1 -> receiver layer {layers - 1} (sum)"]
+    assert methods.page_of("ac").notes(result.to_dict()) == [f"sender layer 1 -> receiver layer {layers - 1} (sum)"]
 
 
 def test_the_likelihood_state_is_the_one_the_run_answered_from(tiny):
@@ -133,11 +135,11 @@ def test_the_merge_ends_with_its_block_even_on_error():
 
 def test_the_figure_marks_where_the_vector_was_taken_and_merged(tiny):
     result = run_handoff("ac", tiny, request(k=1, j=2)).to_dict()
-    figure = ac.figure(result)
+    figure = ac_page.figure(result)
     layers = tiny.receiver.facts.num_layers
     assert bar_counts(figure) == {"cosine": layers}
     markers = {t["meta"]["series"]: list(t["x"]) for t in figure.to_dict()["data"] if t["type"] == "scatter"}
     assert markers["taken"] == [1] and markers["injected"] == [2]
-    assert figure.layout.height == ac.FIGURE_HEIGHT == ac.figure(None).layout.height
+    assert figure.layout.height == ac_page.FIGURE_HEIGHT == ac_page.figure(None).layout.height
     off = run_handoff("ac", tiny, HandoffRequest(query=QUERY)).to_dict()
-    assert "AC did not run" in ac.figure(off).layout.annotations[0].text.replace("<br>", " ")
+    assert "AC did not run" in ac_page.figure(off).layout.annotations[0].text.replace("<br>", " ")

@@ -11,10 +11,10 @@ import os
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from kvviz.app import present, ui  # noqa: E402
+from kvviz.app.methods import kvcomm as kvcomm_page  # noqa: E402
+from kvviz.app.methods import registry as methods
 from kvviz.app.presets import PRESETS, PRESETS_BY_KEY, load_precomputed  # noqa: E402
 from kvviz.core.plotkit import bar_counts  # noqa: E402
-from kvviz.handoffs import registry
-from kvviz.handoffs.kvcomm import handoff as kvcomm_handoff  # noqa: E402
 from kvviz.handoffs.kvcomm.layers import options_of  # noqa: E402
 
 
@@ -63,7 +63,7 @@ def test_a_preset_paints_its_cards_and_its_tab_draws_its_figures():
     figures, _ = views.tab_updates("layers", payload, ui.default_columns(), {"drawn": {}}, views.FigureCache())
     kvcomm = next(r for r in payload["results"] if r["handoff"] == "kvcomm")
     counts = bar_counts(figures["figure:kvcomm"])
-    assert set(counts) == {s[0] for s in kvcomm_handoff.figure_series(kvcomm)} and "query" in counts
+    assert set(counts) == {s[0] for s in kvcomm_page.figure_series(kvcomm)} and "query" in counts
     assert set(counts.values()) == {len(kvcomm["layers"])}
     cost, _ = views.tab_updates("cost", payload, ui.default_columns(), {"drawn": {}}, views.FigureCache())
     assert len(bar_counts(cost["figure:latency"])) == 5  # one trace per stage
@@ -95,12 +95,12 @@ def test_form_values_become_each_handoffs_options():
 
 def test_the_page_columns_and_plots_come_from_the_registry():
     columns = ui.column_names()
-    assert columns == [h.name for h in registry.page_handoffs()]
+    assert columns == methods.column_names()
     assert set(ui.default_columns()) == {"receiver", "text", "c2c", "c2c_control", "kvcomm", "skyline"}
     assert columns.index("c2c_control") == columns.index("c2c") + 1  # the control sits next to C2C
     figures = ui.plot_names()
     assert figures[-2:] == ["latency", "bytes"]
-    assert all(registry.get(name).figure is not None for name in figures[:-2])
+    assert all(methods.page_of(name).figure is not None for name in figures[:-2])
 
 
 def test_ticking_a_handoff_shows_its_column_and_figure():
@@ -120,7 +120,7 @@ def test_ticking_a_handoff_shows_its_column_and_figure():
 
 def test_walkthrough_has_a_step_per_handoff_shown_at_first():
     titles = [step.title for step in ui.walkthrough_steps()]
-    described = [h.title for h in registry.page_handoffs() if h.page_default and h.walkthrough]
+    described = [page.handoff.title for page in methods.columns() if page.handoff.default and page.walkthrough]
     # the puzzle, the predict-then-reveal step on the token view, what it costs, your turn
     assert len(titles) == len(described) + 4 and all(any(t in title for title in titles) for t in described)
     assert titles[0].startswith(f"Step 1 of {len(titles)}")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvviz.app.methods import c2c as c2c_page
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings, HandoffRequest
 from kvviz.engine.runner import run_handoff
@@ -212,7 +213,7 @@ def test_c2c_figure_gates_and_head_heatmaps():
     from tests.unit.test_plots import c2c_result
 
     result = c2c_result(num_layers=4, heads=3)
-    figure = c2c.gates_figure(result)
+    figure = c2c_page.gates_figure(result)
     data = figure.to_dict()["data"]
     gates = {t["meta"]["series"]: t for t in data if t["type"] == "bar"}
     assert set(gates) == {"gate_k", "gate_v"}
@@ -221,10 +222,10 @@ def test_c2c_figure_gates_and_head_heatmaps():
         assert list(trace["x"]) == [0, 1, 2, 3]
         opened = [r[f"gate_{kind}_open"] for r in result["layers"]]
         # the bar is the gate applied (0 or 1; a closed one a thin sliver), not sigmoid(logit)
-        assert [y == 1.0 for y in trace["y"]] == opened and all(y in (1.0, c2c.CLOSED_SLIVER) for y in trace["y"])
+        assert [y == 1.0 for y in trace["y"]] == opened and all(y in (1.0, c2c_page.CLOSED_SLIVER) for y in trace["y"])
         assert trace["meta"]["applied"] == [int(o) for o in opened]
         # open gates in colour, closed ones pale grey
-        assert [c != c2c.GATE_CLOSED_COLOR for c in trace["marker"]["color"]] == opened
+        assert [c != c2c_page.GATE_CLOSED_COLOR for c in trace["marker"]["color"]] == opened
         # the hover gives the logit and its sigmoid
         for text, r in zip(trace["hovertext"], result["layers"]):
             assert f"logit {r[f'gate_{kind}_logit']:+.3f}" in text and f"sigmoid(logit) {r[f'gate_{kind}']:.3f}" in text
@@ -244,7 +245,7 @@ def test_c2c_figure_off_says_why():
     from kvviz.core.results import HandoffResult
 
     off = HandoffResult.not_applicable("c2c", "hand", "No trained C2C fuser for pair 'hand'.").to_dict()
-    figure = c2c.gates_figure(off)
+    figure = c2c_page.gates_figure(off)
     assert not figure.to_dict()["data"]
     assert "No trained C2C fuser" in figure.layout.annotations[0].text.replace("<br>", " ")
 
@@ -286,14 +287,14 @@ def test_the_communication_measure_stored_beside_the_fusers_reaches_both_columns
     assert locate.stored_communication(tmp_path / "other" / "c2c") is None
     assert locate.stored_communication(tmp_path / "nowhere" / "c2c") is None
 
-    note = c2c.communication_note(locate.stored_communication(pair_folder / "c2c"), control=False)
+    note = c2c_page.communication_note(locate.stored_communication(pair_folder / "c2c"), control=False)
     assert len(note) == 1 and "+0.013 nats/token" in note[0] and "[-0.004, +0.030]" in note[0]
     assert "no measured evidence" in note[0]
-    control_note = c2c.communication_note(locate.stored_communication(pair_folder / "control"), control=True)
+    control_note = c2c_page.communication_note(locate.stored_communication(pair_folder / "control"), control=True)
     assert "receiver 2.500, control 2.410, c2c 2.440" in control_note[0]
-    helps = c2c.communication_note(dict(measure, ci95=[0.01, 0.02]), control=False)
+    helps = c2c_page.communication_note(dict(measure, ci95=[0.01, 0.02]), control=False)
     assert "the sharer's cache helps" in helps[0]
-    assert c2c.communication_note(None, control=False) == []
+    assert c2c_page.communication_note(None, control=False) == []
 
 
 def test_the_walkthrough_step_of_the_control_loads_the_preset_where_they_differ_and_asks_for_a_prediction():

@@ -9,6 +9,8 @@ import dataclasses
 import pytest
 import torch
 
+from kvviz.app.methods import cipher as cipher_page
+from kvviz.app.methods import registry as methods
 from kvviz.core.plotkit import bar_counts
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
@@ -88,13 +90,13 @@ def test_the_run_reports_the_vectors_their_reading_and_the_costs(tiny):
     assert f"[{count} vectors, read as nearest tokens:" in result.seen["receiver"]
     assert result.timings["sharer_prefill"] > 0 and result.timings["sharer_decode"] > 0
     assert result.first_token_seconds >= result.timings["sharer_decode"]
-    assert registry.get("cipher").notes(result.to_dict())[0].startswith(f"message: {count} vectors")
+    assert methods.page_of("cipher").notes(result.to_dict())[0].startswith(f"message: {count} vectors")
     prompt = registry.get("cipher").receiver_prompt(tiny, request(temperature=0.5), result)
     assert int(prompt.next_token.logits.argmax()) == result.answer_ids[0]
     assert [r["layer"] for r in result.layers] == list(range(tiny.receiver.facts.num_layers))
-    figure = cipher.figure(result.to_dict())
+    figure = cipher_page.figure(result.to_dict())
     assert bar_counts(figure) == {"top_probability": count}
-    assert figure.layout.height == cipher.FIGURE_HEIGHT == cipher.figure(None).layout.height
+    assert figure.layout.height == cipher_page.FIGURE_HEIGHT == cipher_page.figure(None).layout.height
 
 
 def test_not_applicable_without_a_shared_embedding_space():
@@ -108,4 +110,4 @@ def test_not_applicable_without_a_shared_embedding_space():
                                                request())
     assert "width 96" in reason
     off = HandoffResult.not_applicable("cipher", "tiny", reason).to_dict()
-    assert "did not run" in cipher.figure(off).layout.annotations[0].text
+    assert "did not run" in cipher_page.figure(off).layout.annotations[0].text

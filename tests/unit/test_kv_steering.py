@@ -9,6 +9,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from kvviz.app.methods import kv_steering as kv_steering_page
+from kvviz.app.methods import registry as methods
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
 from kvviz.engine.runner import run_handoff
@@ -117,7 +119,7 @@ def test_no_sharer_runs_and_nothing_is_sent(tiny):
     assert "Lyon" not in result.seen["receiver"]  # the receiver reads the question alone
     assert result.seen["receiver"] == build_segments(tiny.receiver.tokenizer, QUERY).text
     assert result.details["steered_layers"] == list(range(1, tiny.receiver.facts.num_layers))
-    assert "no sharer" in registry.get("kv_steering").notes(result.to_dict())[0]
+    assert "no sharer" in methods.page_of("kv_steering").notes(result.to_dict())[0]
 
 
 def test_the_users_own_pairs_are_read_or_refused_with_a_reason():
@@ -146,18 +148,18 @@ def test_bench_variants_name_the_pairs_and_the_value_coefficient():
 
 def test_the_figure_shows_the_edit_per_layer_and_the_first_token_against_the_receiver_alone(tiny):
     result = run_handoff("kv_steering", tiny, request(values=6.0, keys=0.5)).to_dict()
-    figure = kv_steering.figure(result)
+    figure = kv_steering_page.figure(result)
     traces = {t["meta"]["series"]: t for t in figure.to_dict()["data"]}
     layers = tiny.receiver.facts.num_layers
     assert len(traces["value_edit_norm"]["y"]) == len(traces["key_edit_norm"]["y"]) == len(traces["value_norm"]["y"]) == layers
     assert traces["value_edit_norm"]["y"][0] == 0.0 and traces["value_edit_norm"]["y"][1] > 0
     assert list(traces["first_token_steered"]["x"]) == list(traces["first_token_alone"]["x"])
     assert "receiver alone" in figure.layout.title.text
-    assert "key_edit_norm" not in {t["meta"]["series"] for t in kv_steering.figure(
+    assert "key_edit_norm" not in {t["meta"]["series"] for t in kv_steering_page.figure(
         run_handoff("kv_steering", tiny, request()).to_dict()).to_dict()["data"]}  # c_k = 0: no key bars
-    empty = kv_steering.figure(HandoffResult.not_applicable("kv_steering", "p", "no pairs").to_dict())
+    empty = kv_steering_page.figure(HandoffResult.not_applicable("kv_steering", "p", "no pairs").to_dict())
     assert "did not run: no pairs" in empty.layout.annotations[0].text
-    assert {figure.layout.height, empty.layout.height, kv_steering.figure(None).layout.height} == {kv_steering.FIGURE_HEIGHT}
+    assert {figure.layout.height, empty.layout.height, kv_steering_page.figure(None).layout.height} == {kv_steering_page.FIGURE_HEIGHT}
 
 
 def test_the_receiver_alone_prompt_reads_the_same_as_the_split_prefill(tiny):

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvviz.app.methods import kvcomm as kvcomm_page
+from kvviz.app.methods import registry as methods
+from kvviz.core.paths import DIAGRAMS
 from kvviz.core.plotkit import SELECTED_OUTLINE, bar_counts
 from kvviz.core.results import HandoffRequest, HandoffResult
 from kvviz.engine.runner import run_handoff
@@ -25,7 +28,7 @@ def bar_traces(figure) -> list[dict]:
 
 
 def test_kvcomm_figure_has_one_bar_per_layer_per_series_and_highlights_selected():
-    figure = kvcomm.layers_figure(kvcomm_result())
+    figure = kvcomm_page.layers_figure(kvcomm_result())
     bars = bar_traces(figure)
     assert [t["meta"]["series"] for t in bars] == ["calibration", "query", "prior", "score"]
     names = {t["meta"]["series"]: t["name"] for t in bars}
@@ -58,36 +61,36 @@ def _tiny_run(**options):
 @pytest.mark.parametrize("strategy", ["prior", "random"])
 def test_kvcomm_figure_draws_no_calibration_attention_where_none_was_measured(strategy):
     result = _tiny_run(strategy=strategy, ratio=0.5)
-    series = {t["meta"]["series"] for t in bar_traces(kvcomm.layers_figure(result))}
+    series = {t["meta"]["series"] for t in bar_traces(kvcomm_page.layers_figure(result))}
     assert "calibration" not in series  # nothing measured on a calibration sample
     assert "score" not in series  # no mixed score: prior alone (alpha = 0) or none (random)
     assert "query" in series  # this query's importance is always measured, and labelled as such
     assert ("prior" in series) == (strategy == "prior")
     assert all(r["calibration_attention"] is None for r in result.layers)
-    assert "Spearman" not in kvcomm.layers_figure(result).layout.title.text
+    assert "Spearman" not in kvcomm_page.layers_figure(result).layout.title.text
 
 
 def test_kvcomm_figure_at_reference_alpha_draws_importance_as_the_score_and_no_prior():
     result = _tiny_run(ratio=0.5)  # alpha 1.0: the score is the calibration importance
-    bars = {t["meta"]["series"]: t for t in bar_traces(kvcomm.layers_figure(result))}
+    bars = {t["meta"]["series"]: t for t in bar_traces(kvcomm_page.layers_figure(result))}
     assert set(bars) == {"calibration", "query"}
     assert bars["calibration"]["name"].endswith("= score") and "built-in sample" in bars["calibration"]["name"]
     rho = result.details["importance_spearman"]
-    assert rho is not None and f"Spearman {rho:+.2f}" in kvcomm.layers_figure(result).layout.title.text
+    assert rho is not None and f"Spearman {rho:+.2f}" in kvcomm_page.layers_figure(result).layout.title.text
 
 
 def test_kvcomm_figure_with_query_calibration_draws_one_importance_that_chose_the_layers():
     result = _tiny_run(ratio=0.5, calibration="query")
-    bars = {t["meta"]["series"]: t for t in bar_traces(kvcomm.layers_figure(result))}
+    bars = {t["meta"]["series"]: t for t in bar_traces(kvcomm_page.layers_figure(result))}
     assert set(bars) == {"query"} and "chose the layers" in bars["query"]["name"]
 
 
 def test_kvcomm_figure_for_not_applicable_result_says_why():
     result = HandoffResult.not_applicable("kvcomm", "hand", "KVComm needs a private context.").to_dict()
-    figure = kvcomm.layers_figure(result)
+    figure = kvcomm_page.layers_figure(result)
     assert not bar_traces(figure)
     assert "needs a private context" in figure.layout.annotations[0].text
-    assert "Run a preset" in kvcomm.layers_figure(None).layout.annotations[0].text
+    assert "Run a preset" in kvcomm_page.layers_figure(None).layout.annotations[0].text
 
 
 def test_options_set_the_request_and_explicit_layers_override_the_strategy():
@@ -137,18 +140,16 @@ def test_not_applicable_at_once_without_a_context_or_across_architectures(mixed_
 
 def test_page_words_say_what_was_measured_and_no_more():
     from kvviz.app import presets, ui
-    from kvviz.handoffs.registry import DIAGRAM_DIR
-
-    handoff = registry.get("kvcomm")
-    words = " ".join([handoff.explanation, handoff.walkthrough, handoff.summary])
+    handoff, page = registry.get("kvcomm"), methods.page_of("kvcomm")
+    words = " ".join([page.explanation, page.walkthrough, handoff.summary])
     assert "the sharer reads" not in words.lower() and "sender" in words
     for fact in ("sink", "layer 0", "calibration", "1 - alpha", "in memory"):
         assert fact in words, fact
-    diagram = (DIAGRAM_DIR / "kvcomm.svg").read_text()
+    diagram = (DIAGRAMS / "kvcomm.svg").read_text()
     assert "other layers: nothing" not in diagram and "sink" in diagram and "(1−α)" in diagram
-    skyline = registry.get("skyline")
+    skyline = methods.page_of("skyline")
     assert "no handoff can do better" not in skyline.explanation.lower() and "not a bound" in skyline.explanation
-    assert "no handoff beats it" not in (DIAGRAM_DIR / "skyline.svg").read_text()
+    assert "no handoff beats it" not in (DIAGRAMS / "skyline.svg").read_text()
     notes = " ".join(p.lesson for p in presets.PRESETS)
     assert "Compare which layers KVComm sends" not in notes and "best case" not in notes
     import inspect
@@ -158,6 +159,6 @@ def test_page_words_say_what_was_measured_and_no_more():
 
 
 def test_notes_name_the_calibration_sample_and_the_forced_layer():
-    lines = kvcomm.notes(kvcomm_result())
+    lines = kvcomm_page.notes(kvcomm_result())
     assert lines[0] == "layers sent: 0 (always), 2, 3"
     assert "Peggy is at the Gevangenpoort." in lines[1] and "Spearman +0.60" in lines[2]

@@ -13,7 +13,7 @@ import pytest
 
 from kvviz.engine.runner import run_handoff
 from kvviz.handoffs.kvcomm import handoff as kvcomm
-from kvviz.handoffs.kvcomm.layers import KVCommOptions, layer_budget, select_layers
+from kvviz.handoffs.kvcomm.layers import CALIBRATION_CONTEXT, CALIBRATION_QUERY, KVCommOptions, layer_budget, select_layers
 from tests.unit.test_engine import QUERY, request
 
 
@@ -122,8 +122,8 @@ def test_kvcomm_calibration_is_cached_and_recorded(tiny):
     second = run_handoff("kvcomm", tiny, request(ratio=0.3))
     calibration = second.details["calibration"]
     assert calibration["cached"] is True and calibration["source"] == "builtin"
-    assert first.details["calibration"]["query"] == kvcomm.CALIBRATION_QUERY
-    assert first.details["calibration"]["context"] == kvcomm.CALIBRATION_CONTEXT
+    assert first.details["calibration"]["query"] == CALIBRATION_QUERY
+    assert first.details["calibration"]["context"] == CALIBRATION_CONTEXT
     assert calibration["alpha"] == second.details["alpha"] == 1.0
     raw = [record["calibration_attention"] for record in second.layers]
     assert all(0.0 <= value <= 1.0 for value in raw) and max(raw) > 0

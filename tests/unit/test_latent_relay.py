@@ -11,6 +11,8 @@ import dataclasses
 import pytest
 import torch
 
+from kvviz.app.methods import latent_relay as latent_relay_page
+from kvviz.app.methods import registry as methods
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
 from kvviz.engine.runner import run_handoff
@@ -145,7 +147,7 @@ def test_each_step_reports_its_nearest_tokens_labelled_as_such(tiny):
     assert steps[0]["cosine_to_previous"] is None and steps[1]["cosine_to_previous"] is not None
     assert "read as nearest tokens" in result.seen["latent"] and CONTEXT not in result.seen["receiver"]
     assert result.timings["sharer_prefill"] > 0 and result.flops["sharer"] > 0 and result.flops["receiver"] > 0
-    lines = registry.get("latent_relay").notes(result.to_dict())
+    lines = methods.page_of("latent_relay").notes(result.to_dict())
     assert lines[0].startswith("4 latent steps, computed map") and "nearest tokens" in lines[1]
 
 
@@ -179,7 +181,7 @@ def test_bench_variants_name_the_steps_and_the_control():
 
 def test_the_figure_shows_each_step_and_each_layer(tiny):
     layers = tiny.receiver.facts.num_layers
-    figure = latent_relay.figure(run_handoff("latent_relay", tiny, request(steps=3)).to_dict())
+    figure = latent_relay_page.figure(run_handoff("latent_relay", tiny, request(steps=3)).to_dict())
     traces = {t["meta"]["series"]: t for t in figure.to_dict()["data"]}
     assert len(traces["nearest_cosine"]["y"]) == 3 and all(traces["nearest_cosine"]["text"])
     assert len(traces["attention_on_latent"]["y"]) == layers == len(traces["attention_on_context"]["y"])
@@ -188,7 +190,7 @@ def test_the_figure_shows_each_step_and_each_layer(tiny):
     for result in (run_handoff("latent_relay", tiny, request(steps=0)),
                    run_handoff("latent_relay", tiny, request(steps=2, control="no_transfer")),
                    HandoffResult.not_applicable("latent_relay", "p", "needs a context"), None):
-        other = latent_relay.figure(None if result is None else result.to_dict())
+        other = latent_relay_page.figure(None if result is None else result.to_dict())
         heights.add(other.layout.height)
         texts = " ".join(a.text for a in other.layout.annotations)
         if result is None:
@@ -199,4 +201,4 @@ def test_the_figure_shows_each_step_and_each_layer(tiny):
             assert "N = 0" in texts
         else:
             assert "no transfer" in texts
-    assert heights == {latent_relay.FIGURE_HEIGHT}
+    assert heights == {latent_relay_page.FIGURE_HEIGHT}

@@ -12,6 +12,7 @@ import gradio as gr
 import pytest
 
 from kvviz.app import present, ui
+from kvviz.app.methods import registry as methods
 from kvviz.app.page import spec, views
 from kvviz.app.page.events import page_stream_roles
 from kvviz.app.page.run import LiveRun, StopFlags, stream_run
@@ -216,7 +217,7 @@ def test_every_walkthrough_step_points_at_an_element_of_the_page_and_says_true_t
         assert "{preset}" not in step.text and "{lesson}" not in step.text
     words = " ".join(step.text for step in steps)
     assert "most of its time" not in words  # not true on the opening preset (issue 21)
-    sweep = registry.with_sweep()[0].sweep.title
+    sweep = methods.with_sweep()[0].sweep.title
     assert sweep in words  # its own case, not lower-cased
     control = next(s for s in steps if registry.get("c2c_control").title in s.title)
     assert "c2c-differs-from-control" in preset(control.preset).shows and "Predict first" in control.text

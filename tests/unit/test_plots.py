@@ -9,10 +9,11 @@ import json
 import pytest
 
 from kvviz.app import plots
+from kvviz.app.methods import c2c as c2c_page
+from kvviz.app.methods import kvcomm as kvcomm_page
+from kvviz.app.methods import registry as methods
 from kvviz.core.results import STAGES, HandoffResult
 from kvviz.handoffs import registry
-from kvviz.handoffs.c2c import handoff as c2c
-from kvviz.handoffs.kvcomm import handoff as kvcomm
 
 NUM_LAYERS = 6
 SELECTED = {0, 2, 3}
@@ -191,8 +192,8 @@ def test_each_figure_keeps_its_height_when_empty():
     for name, (empty, full) in pairs.items():
         assert empty.layout.height == full.layout.height == plots.HEIGHTS[name], name
     handoff_figures = {
-        kvcomm.FIGURE_HEIGHT: (kvcomm.layers_figure(None), kvcomm.layers_figure(kvcomm_result())),
-        c2c.FIGURE_HEIGHT: (c2c.gates_figure(off), c2c.gates_figure(c2c_result())),
+        kvcomm_page.FIGURE_HEIGHT: (kvcomm_page.layers_figure(None), kvcomm_page.layers_figure(kvcomm_result())),
+        c2c_page.FIGURE_HEIGHT: (c2c_page.gates_figure(off), c2c_page.gates_figure(c2c_result())),
     }
     for height, (empty, full) in handoff_figures.items():
         assert empty.layout.height == full.layout.height == height
@@ -212,5 +213,5 @@ def test_a_handoff_without_a_result_gets_the_same_not_run_figure_every_time():
     without_kvcomm = [r for r in all_results() if r["handoff"] != "kvcomm"]
     first, again = plots.all_figures(without_kvcomm), plots.all_figures([])
     assert first["kvcomm"] is again["kvcomm"] is plots.figure_without_result("kvcomm")
-    assert first["kvcomm"].to_dict() == registry.get("kvcomm").figure(None).to_dict()
+    assert first["kvcomm"].to_dict() == methods.page_of("kvcomm").figure(None).to_dict()
     assert plots.all_figures(all_results())["kvcomm"] is not first["kvcomm"]  # with a result: its own figure

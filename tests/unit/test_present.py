@@ -7,6 +7,7 @@ import json
 import pandas as pd
 
 from kvviz.app import present
+from kvviz.app.methods import registry as methods
 from kvviz.core.results import STAGES, HandoffResult
 from kvviz.handoffs import registry
 
@@ -60,13 +61,13 @@ def test_exports_write_the_payload_and_its_table(tmp_path):
     assert list(table.columns) == present.RESULT_COLUMNS and table.loc[0, "answer"] == 4471
 
 
-def test_column_head_and_how_it_works_come_from_the_descriptor():
+def test_column_head_and_how_it_works_come_from_the_descriptor_and_the_page_entry():
     handoff = registry.get("skyline")
     head = present.card_head_html("skyline", "right")
     assert handoff.color in head and handoff.title in head and handoff.summary in head
     assert handoff.label in head and 'data-verdict="right"' in head
     text = present.how_it_works_markdown("skyline")
-    assert text.startswith(handoff.explanation) and "*Needs:* a private context." in text
+    assert text.startswith(methods.page_of("skyline").explanation) and "*Needs:* a private context." in text
     assert "<svg" in present.diagram_html("skyline")
     assert present.diagram_html("c2c_control") == ""  # no diagram drawn for it
 

@@ -1,7 +1,7 @@
 """The handoff registry: descriptors, options, requirements, and the promise that a new handoff is
-one file plus one registry line. A throwaway handoff written into a temporary module shows up in
-the CLI help, the page's columns and settings, the benchmark's variants and the engine, with no
-other file edited."""
+its method file, its page file and one registry line each. A throwaway handoff written into two
+temporary modules shows up in the CLI help, the page's columns and settings, the benchmark's
+variants and the engine, with no other file edited."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from kvviz.app.methods import registry as methods
 from kvviz.core.results import HandoffRequest
 from kvviz.handoffs import registry
 from kvviz.handoffs.registry import Handoff, Option, all_of, needs_context, parse_values
@@ -31,30 +32,42 @@ def run(pair, request, on_token=None):
 
 HANDOFFS = (
     Handoff(name="echo", title="Echo: the first words", label="Echo", color="#123456",
-            summary="the receiver repeats the sharer's first words", explanation="It echoes.", run=run,
+            summary="the receiver repeats the sharer's first words", run=run,
             options=OPTIONS, variant_label=lambda values: f"echo@{values['words']}",
-            no_receiver_prompt="not computed: echo has no receiver state", page=99, page_default=True),
+            no_receiver_prompt="not computed: echo has no receiver state", default=True),
 )
+'''
+
+THROWAWAY_PAGE = '''
+"""The throwaway handoff's page: its column and how it works."""
+from kvviz.app.methods.registry import MethodPage
+
+PAGES = (MethodPage(name="echo", column=99, explanation="It echoes."),)
 '''
 
 
 @pytest.fixture()
 def restored_registry():
-    saved = dict(registry.HANDOFFS)
+    saved, saved_pages = dict(registry.HANDOFFS), dict(methods.PAGES)
     yield registry
     registry.HANDOFFS.clear()
     registry.HANDOFFS.update(saved)
+    methods.PAGES.clear()
+    methods.PAGES.update(saved_pages)
 
 
 @pytest.fixture()
 def echo(tmp_path, monkeypatch, restored_registry):
-    """Write the throwaway handoff file and register it: the "one file and one line"."""
+    """Write the throwaway handoff's two files and register them: the method with its registry
+    line, the page with its registry line."""
     (tmp_path / "kvviz_echo_handoff.py").write_text(textwrap.dedent(THROWAWAY), encoding="utf-8")
+    (tmp_path / "kvviz_echo_page.py").write_text(textwrap.dedent(THROWAWAY_PAGE), encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module("kvviz_echo_handoff")
-    registry.register_module(module)  # the registry line
+    registry.register_module(importlib.import_module("kvviz_echo_handoff"))  # kvviz.handoffs.HANDOFF_MODULES
+    methods.register_module(importlib.import_module("kvviz_echo_page"))  # kvviz.app.methods.PAGE_MODULES
     yield registry.get("echo")
     sys.modules.pop("kvviz_echo_handoff", None)
+    sys.modules.pop("kvviz_echo_page", None)
 
 
 def test_a_new_handoff_reaches_the_cli_help(echo):
@@ -129,12 +142,15 @@ def test_every_registered_descriptor_is_complete():
     names = [handoff.name for handoff in registry.all_handoffs()]
     assert names[:7] == ["receiver", "sharer", "skyline", "text", "c2c", "c2c_control", "kvcomm"]
     for handoff in registry.all_handoffs():
-        assert handoff.title and handoff.label and handoff.summary and handoff.explanation, handoff.name
+        assert handoff.title and handoff.label and handoff.summary, handoff.name
         assert handoff.color.startswith("#") and callable(handoff.run)
+        page = methods.page_of(handoff.name)  # every shipped handoff is a page column with its own copy
+        assert page is not None and page.explanation, handoff.name
+    assert set(methods.PAGES) == set(names)
     assert [h.name for h in registry.with_role("floor")] == ["receiver"]
     assert [h.name for h in registry.with_role("ceiling")] == ["skyline"]
     with pytest.raises(ValueError, match="Unknown handoff"):
         registry.get("telepathy")
     assert registry.parse_handoffs("all") == names
     with pytest.raises(ValueError, match="no_receiver_prompt"):
-        Handoff(name="x", title="x", label="x", color="#000", summary="x", explanation="x", run=print)
+        Handoff(name="x", title="x", label="x", color="#000", summary="x", run=print)

@@ -67,7 +67,7 @@ def test_a_handoff_beside_a_control_that_reads_the_same_prompt_changes_by_zero(p
     def run_twin(pair, request, on_token=None):
         return dataclasses.replace(skyline.run(pair, request, on_token), handoff="skyline_twin")
 
-    twin = dataclasses.replace(skyline, name="skyline_twin", control="skyline", page=None, run=run_twin)
+    twin = dataclasses.replace(skyline, name="skyline_twin", control="skyline", run=run_twin)
     monkeypatch.setitem(registry.HANDOFFS, "skyline_twin", twin)
     ran, twin_result = run_handoffs(["skyline", "skyline_twin"], pair, request({}))
     change = twin_result.token_change

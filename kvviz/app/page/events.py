@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from kvviz.app import compare, plots, present
+from kvviz.app.methods import registry as methods
 from kvviz.app.page import spec, views
 from kvviz.app.page.layout import Page, walk_markdown
 from kvviz.app.page.run import LiveRun, StopFlags, stream_run
 from kvviz.app.presets import preset
 from kvviz.app.sweep import gpu_sweep, run_sweep
 from kvviz.core import zerogpu
-from kvviz.handoffs import registry
 from kvviz.runtime.models import resolve_pair
 
 PRIVATE = dict(api_visibility="private", show_progress="hidden")
@@ -468,7 +468,7 @@ def wire_run_api(lab: Lab, form: list) -> None:
             if update.get("error"):
                 raise gr.Error(f"The run failed: {update['error']}")
             for name in plots.layer_figure_handoffs(set(live.results) - set(drawn)):
-                drawn[name] = registry.get(name).figure(live.results[name])
+                drawn[name] = plots.own_figure(name, live.results[name])
             if "results" not in update:
                 changed = {page.cards[name].answer: update[f"answer:{name}"] for name in names if f"answer:{name}" in update} | (
                     {page["status"]: update["status"]} if "status" in update else {})
@@ -496,7 +496,7 @@ def wire_run_api(lab: Lab, form: list) -> None:
 
 def wire_sweep(lab: Lab):
     page = lab.page
-    swept = registry.with_sweep()[0] if registry.with_sweep() else None
+    swept = methods.with_sweep()[0] if methods.with_sweep() else None
     if swept is None:
         return None
 

@@ -16,6 +16,7 @@ from typing import Any
 import gradio as gr
 
 from kvviz.app import present
+from kvviz.app.methods import registry as methods
 from kvviz.app.page import spec
 from kvviz.app.page.spec import PageOption
 from kvviz.app.presets import PRESETS, SWEEP_ITEMS
@@ -293,7 +294,7 @@ def build_details(page: Page, shown: list[str]) -> None:
 
 
 def build_sweep(page: Page, sweep: dict | None) -> None:
-    swept = registry.with_sweep()[0] if registry.with_sweep() else None
+    swept = methods.with_sweep()[0] if methods.with_sweep() else None
     if swept is None:
         gr.Markdown("No handoff declares a sweep.")
         return
@@ -302,7 +303,7 @@ def build_sweep(page: Page, sweep: dict | None) -> None:
                 f"{', '.join(f'{x:g}' for x in experiment.x_values)}. It takes a while on a CPU; the progress bar tracks it.")
     with gr.Row():
         page.add("sweep_series", gr.CheckboxGroup(choices=list(experiment.series_values), value=list(experiment.series_default),
-                                                  label=swept.option(experiment.series_option).label, scale=3))
+                                                  label=swept.handoff.option(experiment.series_option).label, scale=3))
         page.add("sweep_tokens", gr.Slider(2, 32, value=12, step=1, label="Max new tokens per answer", scale=2))
         page.add("sweep_button", gr.Button("Run sweep", elem_id="kv-sweep", scale=1))
     page.add("sweep_status", gr.Markdown(

@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
+from kvviz.app.methods import registry as methods
+from kvviz.app.methods.registry import MethodPage
 from kvviz.app.plots import layer_figure_handoffs
 from kvviz.app.presets import DEFAULT_PRESET, Preset, preset
 from kvviz.handoffs import registry
@@ -45,12 +47,12 @@ DEFAULT_TAB = "layers"
 
 
 def column_names() -> list[str]:
-    """The page's columns, in order (every page handoff; the default ones are shown at first)."""
-    return [handoff.name for handoff in registry.page_handoffs()]
+    """The page's columns, in order (every handoff with a page entry; the default ones are shown at first)."""
+    return methods.column_names()
 
 
 def default_columns() -> list[str]:
-    return registry.default_handoffs()
+    return methods.default_columns()
 
 
 def preset_columns(picked: Preset) -> list[str]:
@@ -81,12 +83,14 @@ def tab_figures(tab: str, names: list[str]) -> list[str]:
 
 
 def token_view_column(names: list[str], with_view: list[str], chosen: str | None) -> str | None:
-    """The column the token view shows: the chosen one when it has a view and is ticked, else the
-    first ticked column with one (KVComm first: its layer choice is what the view explains)."""
+    """The column the token view shows: the chosen one when it has a view and is ticked, else a
+    ticked column whose page entry opens the view (``MethodPage.opens_token_view``), else the first
+    ticked column with one."""
     candidates = [name for name in names if name in with_view]
     if chosen in candidates:
         return chosen
-    for name in ["kvcomm", *candidates]:
+    opening = [name for name in candidates if (page := methods.page_of(name)) is not None and page.opens_token_view]
+    for name in [*opening, *candidates]:
         if name in candidates:
             return name
     return None
@@ -178,25 +182,26 @@ class WalkStep:
     target: str = "kv-answers"
 
 
-def handoff_step(handoff: Handoff) -> WalkStep:
-    """A handoff's own step, from its descriptor: its text with the loaded preset's title and lesson,
+def handoff_step(page: MethodPage) -> WalkStep:
+    """A handoff's own step, from its page entry: its text with the loaded preset's title and lesson,
     and what it points at (its figure in the Layers tab, its column, or the cost plots)."""
-    key = DEFAULT_PRESET if handoff.walkthrough_preset == registry.OPENING_PRESET else handoff.walkthrough_preset
-    text = handoff.walkthrough
+    key = DEFAULT_PRESET if page.walkthrough_preset == methods.OPENING_PRESET else page.walkthrough_preset
+    text = page.walkthrough
+    title = page.handoff.title
     if key:
         text = text.replace("{preset}", preset(key).title).replace("{lesson}", preset(key).lesson)
-    if handoff.walkthrough_shows == "cost":
-        return WalkStep(handoff.title, text, key, "cost", "kv-plot-latency")
-    if handoff.figure is not None:
-        return WalkStep(handoff.title, text, key, "layers", f"kv-plot-{handoff.name}")
-    return WalkStep(handoff.title, text, key, None, f"kv-col-{handoff.name}")
+    if page.walkthrough_shows == "cost":
+        return WalkStep(title, text, key, "cost", "kv-plot-latency")
+    if page.figure is not None:
+        return WalkStep(title, text, key, "layers", f"kv-plot-{page.name}")
+    return WalkStep(title, text, key, None, f"kv-col-{page.name}")
 
 
 def walkthrough_steps() -> list[WalkStep]:
     """An opening, one step per handoff shown at first that tells its part, what it costs, and
     your turn; each title numbered "Step i of n: ..."."""
     first = preset(DEFAULT_PRESET)
-    sweeps = registry.with_sweep()
+    sweeps = methods.with_sweep()
     steps = [
         WalkStep(
             "The puzzle",
@@ -206,7 +211,7 @@ def walkthrough_steps() -> list[WalkStep]:
             "its mark says whether the answer holds the expected one.",
             DEFAULT_PRESET, None, "kv-answers",
         ),
-        *[handoff_step(h) for h in registry.page_handoffs() if h.page_default and h.walkthrough],
+        *[handoff_step(page) for page in methods.columns() if page.handoff.default and page.walkthrough],
         WalkStep(
             "Predict, then reveal: what did the answer read?",
             "We loaded **Locker code** again, in the **What crossed** tab on KVComm's column. Predict first: when "

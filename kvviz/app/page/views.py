@@ -156,7 +156,7 @@ def build_figure(name: str, payload: dict, names: list[str], compact: bool) -> g
     elif name == LENS_PLOT:
         figure = tokenview.lens_figure(results)
     else:
-        figure = registry.get(name).figure(results_by_name(payload).get(name))
+        figure = plots.own_figure(name, results_by_name(payload).get(name))
     return compact_figure(figure) if compact else figure
 
 

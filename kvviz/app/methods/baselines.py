@@ -1,0 +1,42 @@
+"""The single-model baselines on the page: the receiver alone, the sharer alone, and Skyline."""
+
+from __future__ import annotations
+
+from kvviz.app.methods.registry import MethodPage
+
+PAGES = (
+    MethodPage(
+        name="receiver",
+        column=0,
+        explanation=(
+            "The receiver model answers the question by itself. Nothing comes from the other model, so "
+            "this is the floor: any handoff worth having should beat it."
+        ),
+        walkthrough=(
+            "Look at the grey column. The receiver never saw the note, so it can only guess. The tab *What each "
+            "model saw* shows its prompt: the question and nothing else."
+        ),
+    ),
+    MethodPage(
+        name="sharer",
+        column=90,
+        explanation=(
+            "The sharer answers by itself, with the private context it holds. Not a handoff: it shows what "
+            "the sharer knows, so you can tell whether a handoff's failure is the sharer's or the trip's."
+        ),
+    ),
+    MethodPage(
+        name="skyline",
+        column=50,
+        explanation=(
+            "The receiver gets the context and the question in one prompt, as if it knew everything itself. "
+            "It is the usual reference, not a bound: a handoff can beat it (in the KVComm paper, KVComm beat "
+            "Skyline on one dataset), because another model's cache can help more than the receiver's own reading."
+        ),
+        walkthrough=(
+            "Skyline (purple) gives the receiver the note directly, in its own prompt. It is the reference the "
+            "papers compare with, not a limit and not always right: a handoff may do better or worse, and on "
+            "the preset *Where is Kofi?* Skyline itself is wrong."
+        ),
+    ),
+)

@@ -1,0 +1,128 @@
+"""What the page shows of each handoff, keyed by its registry name: the method's figure and the
+facts under its answer, its "How it works" text and diagram, its column, its walk-through step and
+its sweep. The method file (``kvviz.handoffs``) holds the method only; this is its page.
+
+A page entry in short::
+
+    PAGES = (MethodPage(name="echo", column=60, explanation="how it works, in words",
+                        figure=echo_figure, notes=echo_notes, walkthrough="what to look at"),)
+
+A registered handoff without a page entry runs everywhere (CLI, bench, API) but is not a column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from kvviz.core.paths import DIAGRAMS
+from kvviz.handoffs import registry
+
+OPENING_PRESET = "opening"  # a walk-through step that reloads the page's opening preset
+WALKTHROUGH_TARGETS = ("", "cost")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A page experiment: accuracy on the built-in sweep set against one option (``x``), one line
+    per value of another (``series``). Points are stored under the options' own names."""
+
+    title: str
+    explanation: str
+    x_option: str
+    x_values: tuple[float, ...]
+    x_label: str
+    series_option: str
+    series_values: tuple[str, ...]
+    series_default: tuple[str, ...]
+    # x values at which every series runs the same thing: run once and shared
+    shared_x: tuple[float, ...] = ()
+    # a details key of the result reported per point (e.g. how many layers were sent), and its name
+    count_detail: str = ""
+    count_name: str = ""
+
+
+@dataclass(frozen=True)
+class MethodPage:
+    """How the page shows one handoff (``name``: its registry name)."""
+
+    name: str
+    column: int  # position among the page's columns (the order of the cards and the chips)
+    explanation: str  # "How it works": a short paragraph of markdown
+    figure: Callable[[dict | None], Any] | None = None  # its per-layer (or per-step) figure; None draws one
+    notes: Callable[[dict], list[str]] | None = None  # extra facts under the answer (plain text)
+    walkthrough: str = ""  # its step of the page's guided walk-through (default columns only)
+    # the preset its step loads: a preset key, OPENING_PRESET (the page's opening one, again) or None
+    # (keep what is on the page); the step's text may name the loaded preset's title as {preset} and
+    # quote its lesson as {lesson}
+    walkthrough_preset: str | None = None
+    # what its step points at: "" its own figure (its column when it has none); "cost": time and bytes
+    walkthrough_shows: str = ""
+    sweep: Sweep | None = None
+    diagram: Path | None = field(default=None)  # default: assets/diagrams/NAME.svg when present
+    # what a latency stage is for this handoff, where the shared stage name would say more (or less)
+    # than was measured, e.g. {"transfer": "splice in memory (no network)"}
+    stage_labels: dict = field(default_factory=dict)
+    # the token view (What crossed) opens on this column when it is ticked (its layer choice is
+    # what the view explains best); otherwise on the first ticked column with a view
+    opens_token_view: bool = False
+
+    def __post_init__(self):
+        if self.walkthrough_shows not in WALKTHROUGH_TARGETS:
+            raise ValueError(f"page of {self.name}: walkthrough_shows must be one of {WALKTHROUGH_TARGETS}")
+        if self.diagram is None and (DIAGRAMS / f"{self.name}.svg").is_file():
+            object.__setattr__(self, "diagram", DIAGRAMS / f"{self.name}.svg")
+
+    @property
+    def handoff(self) -> registry.Handoff:
+        return registry.get(self.name)
+
+
+PAGES: dict[str, MethodPage] = {}
+
+
+def register_module(module) -> None:
+    """Register the page entries a method's page module ends with (its ``PAGES`` tuple)."""
+    entries = getattr(module, "PAGES", None)
+    if not entries:
+        raise ValueError(f"{module.__name__} ends with no PAGES tuple of page entries")
+    for entry in entries:
+        if not isinstance(entry, MethodPage):
+            raise TypeError(f"{module.__name__}: PAGES holds MethodPage entries, got {type(entry).__name__}")
+        if entry.name not in registry.HANDOFFS:
+            raise ValueError(f"{module.__name__}: {entry.name!r} is not a registered handoff")
+        PAGES[entry.name] = entry
+
+
+def page_of(name: str) -> MethodPage | None:
+    """The handoff's page entry, or None when it is not a page column."""
+    return PAGES.get(name)
+
+
+def columns() -> list[MethodPage]:
+    """The page's columns, in their order."""
+    return sorted(PAGES.values(), key=lambda page: (page.column, page.name))
+
+
+def column_names() -> list[str]:
+    return [page.name for page in columns()]
+
+
+def default_columns() -> list[str]:
+    """The columns shown when the page opens: the handoffs that run when nobody names one, in
+    column order."""
+    return [page.name for page in columns() if page.handoff.default]
+
+
+def with_figure() -> list[MethodPage]:
+    return [page for page in columns() if page.figure is not None]
+
+
+def with_sweep() -> list[MethodPage]:
+    return [page for page in columns() if page.sweep is not None]
+
+
+def stage_labels(name: str) -> dict:
+    page = PAGES.get(name)
+    return dict(page.stage_labels) if page is not None else {}
