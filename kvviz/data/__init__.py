@@ -14,10 +14,17 @@ The names below are the package's public face: ``from kvviz.data import load_dat
 from kvviz.data.choices import LETTERS, MC_INSTRUCTION, choice_query, extract_choice_letter, format_choices
 from kvviz.data.files import DATA_DIR_ENV, DEFAULT_DATA_DIR, get_data_dir
 from kvviz.data.loaders import DATASETS, load_dataset, load_dataset_with_report
-from kvviz.data.record import LoadReport, Problem, Record
 from kvviz.data.metrics import (
-    VERDICT_METRIC, contains_answer, f1_match, mcnemar_exact, normalize_answer, token_f1, verdict, wilson_interval,
+    VERDICT_METRIC,
+    contains_answer,
+    f1_match,
+    mcnemar_exact,
+    normalize_answer,
+    token_f1,
+    verdict,
+    wilson_interval,
 )
+from kvviz.data.record import LoadReport, Problem, Record
 
 __all__ = [
     "DATA_DIR_ENV",

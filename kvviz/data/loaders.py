@@ -37,7 +37,6 @@ from kvviz.data.record import LoadReport, Record
 from kvviz.data.tipsheets import load_tipsheets
 from kvviz.data.user_files import load_user_file
 
-
 #: Registered dataset name -> loader.  Every loader takes keyword-only
 #: options plus ``data_dir`` and ``report``.
 DATASETS: dict[str, Callable[..., list[Record]]] = {

@@ -47,7 +47,9 @@ def run_handoff(
     ``on_token`` receives the answer so far after every token; ``on_message`` the message so far,
     for a handoff that writes one before its answer (``Handoff.streams_message``; others ignore it).
 
-    A handoff that cannot run says so at once, without running a model (``not_applicable``).
+    A handoff that cannot run says so at once, without running a model (``not_applicable``): the
+    engine alone checks a handoff's requirements; what a run can only find while running (a
+    checkpoint that will not load) it raises as ``registry.NotApplicable``, with the reason.
     On CUDA, ``details["peak_gpu_memory_bytes"]`` holds the peak allocated memory per GPU during
     the run (``torch.cuda.max_memory_allocated``, weights included). ``details["decode_batches"]``
     says, per decode loop the handoff ran (a message, then the answer), how many sequences shared
@@ -76,6 +78,8 @@ def run_handoff(
         if result.applicable:
             result.details["decode_batches"] = [batch_summary(output.batch_sizes) for output in decodes]
         return result
+    except registry.NotApplicable as refusal:  # found only while running (a checkpoint that will not load)
+        return get(name).not_applicable(pair.name, str(refusal))
     except Exception as error:  # one failing handoff never takes the others (or the server) down
         result = HandoffResult.not_applicable(name, pair.name, f"{type(error).__name__}: {error}")
         result.details["traceback"] = traceback.format_exc(limit=5)

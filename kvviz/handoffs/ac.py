@@ -30,11 +30,11 @@ import torch
 
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import HandoffRequest, HandoffResult
-from kvviz.handoffs.common import TokenCallback
+from kvviz.handoffs.common import TokenCallback, handoff_result
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, all_of, needs_context, option_values
 from kvviz.runtime.cache import KVState
 from kvviz.runtime.decode import generate, prefill, read_prompt_once
-from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
+from kvviz.runtime.measure import StageTimer, answer_flops, forward_flops
 from kvviz.runtime.models import LoadedModel, LoadedPair
 
 NAME = "ac"
@@ -189,9 +189,6 @@ def layer_records(sender_states: list, receiver_states: list, k: int, j: int) ->
 
 
 def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
-    reason = needs_context(CONTEXT_REASON)(pair, request) or requirements(pair, request)
-    if reason:
-        return HandoffResult.not_applicable(NAME, pair.name, reason)
     values = option_values(request, NAME, OPTIONS)
     sender, receiver = pair.kvcomm_sender, pair.receiver
     k = layer_index(values["k"], sender.facts.num_layers)
@@ -206,18 +203,14 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
         prompt, receiver_states = receive(receiver, segments.input_ids, activation, j, values["f"])
     with timer.stage("receiver_decode"):
         output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=on_token, timer=timer)
-    timings = timer.as_dict()
 
     context_length, prompt_length = len(sender_segments.context_ids), len(segments.input_ids)
-    prompt_flops = forward_flops(receiver.facts, prompt_length, 0, 1)
-    receiver_flops = prompt_flops + decode_flops(receiver.facts, len(output.token_ids), prompt_length)
+    prompt_flops, receiver_flops = answer_flops(receiver.facts, prompt_length, len(output.token_ids))
     sender_flops = forward_flops(sender.facts, context_length, 0, 0)
     merged = merge(receiver_states[j].unsqueeze(0), activation.to(receiver_states[j].dtype).unsqueeze(0), values["f"])[0]
-    return HandoffResult(
-        handoff=NAME,
-        pair=pair.name,
-        answer=output.text,
-        answer_ids=output.token_ids,
+    # the receiver waits for the sender's prefill, then for one vector
+    return handoff_result(
+        NAME, pair, output, timer,
         seen={
             "sharer": sender_segments.context_text,
             "activation": (
@@ -227,17 +220,11 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
             ),
             "receiver": segments.text,
         },
-        timings=timings,
-        bytes_communicated=activation.numel() * activation.element_size(),
-        communication="activation",
+        communication="activation", bytes_sent=activation.numel() * activation.element_size(),
         flops={"sharer": sender_flops, "receiver": receiver_flops},
         flops_to_first_token={"sharer": sender_flops, "receiver": prompt_flops},
-        tokens={"sender_prompt": context_length, "receiver_prompt": prompt_length, "vectors": 1,
-                "generated": len(output.token_ids)},
+        tokens={"sender_prompt": context_length, "receiver_prompt": prompt_length, "vectors": 1},
         layers=layer_records(sender_states, receiver_states, k, j),
-        # the receiver waits for the sender's prefill, then for one vector
-        first_token_seconds=timer.first_token_seconds,
-        receiver_first_token_seconds=timer.receiver_first_token_seconds,
         details={
             "k": k,
             "j": j,
@@ -246,7 +233,6 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
             "cosine_at_merge": _cosine(activation, receiver_states[j]),
             "norm_before_merge": float(receiver_states[j].float().norm()),
             "norm_after_merge": float(merged.float().norm()),
-            "stopped_by": output.stopped_by,
         },
     )
 

@@ -24,10 +24,6 @@ def sharer_alone(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallb
 
 def skyline(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
     """The receiver sees the context and the query in one prompt (a reference, not a bound)."""
-    if not request.has_context:
-        return HandoffResult.not_applicable(
-            "skyline", pair.name, "Skyline needs a private context; without one it is the receiver alone."
-        )
     segments = build_segments(pair.receiver.tokenizer, request.query, request.context)
     # what crossed: the context, read in the receiver's own prompt (positions 0..|C|-1)
     crossed.mark_sent("context tokens (in the receiver's own prompt)", range(len(segments.context_ids)),

@@ -27,14 +27,14 @@ import torch
 
 from kvviz.core.prompts import build_segments, encode, has_chat_template, split_at_context, stop_token_ids, unmark
 from kvviz.core.results import HandoffRequest, HandoffResult
-from kvviz.handoffs.common import TokenCallback, read_prompt
+from kvviz.handoffs.common import TokenCallback, handoff_result, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, option_values
 from kvviz.handoffs.text import message_tokens, sharer_message_segments
 from kvviz.runtime import crossed
 from kvviz.runtime.attention import AttentionPlan
 from kvviz.runtime.cache import KVState
 from kvviz.runtime.decode import generate, prefill, prefill_vectors
-from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
+from kvviz.runtime.measure import StageTimer, answer_flops, decode_flops, forward_flops
 from kvviz.runtime.models import LoadedModel, LoadedPair
 
 NAME = "cipher"
@@ -192,9 +192,6 @@ def shared_embedding_space(pair: LoadedPair, request: HandoffRequest) -> str | N
 
 def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None,
         on_message: TokenCallback | None = None) -> HandoffResult:
-    reason = shared_embedding_space(pair, request)
-    if reason:
-        return HandoffResult.not_applicable(NAME, pair.name, reason)
     temperature = option_values(request, NAME, OPTIONS)["temperature"]
     sharer, receiver = pair.sharer, pair.receiver
     timer = StageTimer()
@@ -209,7 +206,6 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
         prompt, attention = read_message(receiver, request, message.vectors)
     with timer.stage("receiver_decode"):
         output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=on_token, timer=timer)
-    timings = timer.as_dict()
 
     count = len(message.steps)
     reading = sharer.tokenizer.decode(message.nearest_ids, skip_special_tokens=True).strip()
@@ -220,24 +216,16 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     vocab, width = sharer.facts.vocab_size, sharer.facts.hidden_size
     sharer_flops = (forward_flops(sharer.facts, sharer_length, 0, 1) + decode_flops(sharer.facts, count, sharer_length)
                     + 2.0 * vocab * width * count)  # the expected embeddings
-    prompt_flops = forward_flops(receiver.facts, prompt_length, 0, 1)
-    receiver_flops = prompt_flops + decode_flops(receiver.facts, len(output.token_ids), prompt_length)
-    return HandoffResult(
-        handoff=NAME,
-        pair=pair.name,
-        answer=output.text,
-        answer_ids=output.token_ids,
+    prompt_flops, receiver_flops = answer_flops(receiver.facts, prompt_length, len(output.token_ids))
+    # the receiver cannot start before the whole message is written
+    return handoff_result(
+        NAME, pair, output, timer,
         seen={"sharer": sharer_segments.text, "message": reading, "receiver": receiver_seen},
-        timings=timings,
-        bytes_communicated=message.vectors.numel() * message.vectors.element_size(),
-        communication="embeddings",
+        communication="embeddings", bytes_sent=message.vectors.numel() * message.vectors.element_size(),
         flops={"sharer": sharer_flops, "receiver": receiver_flops},
         flops_to_first_token={"sharer": sharer_flops, "receiver": prompt_flops},  # the message is written first
-        tokens={"message": count, "receiver_prompt": prompt_length, "generated": len(output.token_ids)},
+        tokens={"message": count, "receiver_prompt": prompt_length},
         layers=[{"layer": layer, "attention_on_message": mass} for layer, mass in enumerate(attention)],
-        # the receiver cannot start before the whole message is written
-        first_token_seconds=timer.first_token_seconds,
-        receiver_first_token_seconds=timer.receiver_first_token_seconds,
         details={
             "temperature": temperature,
             "likeliest_message": sharer.tokenizer.decode(message.likeliest_ids, skip_special_tokens=True).strip(),
@@ -245,7 +233,6 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
             "steps": message.steps,
             "mean_top_probability": sum(s["top_probability"] for s in message.steps) / count if count else None,
             "mode": "relay" if request.has_context else "background",
-            "stopped_by": output.stopped_by,
         },
     )
 

@@ -1,4 +1,5 @@
-"""Pieces every handoff shares: "prefill these segments, then decode", one model's answer."""
+"""Pieces every handoff shares: "prefill these segments, then decode", one model's answer, and the
+one place a handoff's result is assembled (``handoff_result``)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ from typing import Callable
 
 from kvviz.core.prompts import PromptSegments
 from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
-from kvviz.handoffs.registry import ReceiverPrompt
+from kvviz.handoffs.registry import Check, ReceiverPrompt
 from kvviz.runtime.cache import KVState
 from kvviz.runtime.decode import DecodeOutput, generate, prefill
-from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
+from kvviz.runtime.measure import StageTimer, answer_flops
 from kvviz.runtime.models import LoadedModel, LoadedPair
 
 TokenCallback = Callable[[str], None]
@@ -17,6 +18,27 @@ TokenCallback = Callable[[str], None]
 # What a control handoff's sender reads instead of the private context: a fixed sentence that shares
 # nothing with any preset or dataset record (the translation's and KVComm's controls).
 UNRELATED_CONTEXT = "Mira keeps her red bicycle in the garden shed behind the old library in Lisbon."
+
+
+def needs_same_shape_sender(method: str, positions: str) -> Check:
+    """The one same-shape-sender check (KVComm, its control, the latent relay): the pair's sender
+    with the receiver's architecture, KV shape and tokenizer, whose cache the receiver reads as its
+    own. ``positions``: why the tokenizer must be shared, for this method."""
+
+    def check(pair: LoadedPair, request: HandoffRequest) -> str | None:
+        sender, receiver = pair.kvcomm_sender.facts, pair.receiver.facts
+        if sender.kv_shape_signature != receiver.kv_shape_signature:
+            return (
+                f"{method} needs a sender with the receiver's architecture and KV shape (the pair's same-shape sender): "
+                f"{sender.name} is {sender.model_type} with {sender.num_layers} layers x {sender.num_kv_heads} KV heads x "
+                f"{sender.head_dim} dims, {receiver.name} is {receiver.model_type} with {receiver.num_layers} x "
+                f"{receiver.num_kv_heads} x {receiver.head_dim}."
+            )
+        if sender.tokenizer_hash != receiver.tokenizer_hash:
+            return f"{method} needs sender and receiver to share a tokenizer ({positions})."
+        return None
+
+    return check
 
 
 def answer(
@@ -41,6 +63,35 @@ def answer(
                         timer=timer if is_answer else None)
 
 
+def handoff_result(
+    name: str, pair: LoadedPair, output: DecodeOutput, timer: StageTimer, *, seen: dict[str, str], flops: dict,
+    flops_to_first_token: dict, tokens: dict, communication: str = "none", bytes_sent: int = 0,
+    layers: list[dict] | None = None, details: dict | None = None,
+) -> HandoffResult:
+    """A handoff's result, from its answer (``output``: the tokens, the text, why it stopped), its
+    ``timer`` (the stages, the one time to first token) and what it declares it measured: what each
+    model saw, FLOPs per model (in all and before the answer's first token), token counts (the
+    generated count is added here), what it sent (``communication``, ``bytes_sent``), its
+    per-layer records and its own details (``stopped_by`` is added here)."""
+    return HandoffResult(
+        handoff=name,
+        pair=pair.name,
+        answer=output.text,
+        answer_ids=output.token_ids,
+        seen=seen,
+        timings=timer.as_dict(),
+        bytes_communicated=bytes_sent,
+        communication=communication,
+        flops=flops,
+        flops_to_first_token=flops_to_first_token,
+        tokens={**tokens, "generated": len(output.token_ids)},
+        layers=list(layers or []),
+        first_token_seconds=timer.first_token_seconds,
+        receiver_first_token_seconds=timer.receiver_first_token_seconds,
+        details={**(details or {}), "stopped_by": output.stopped_by},
+    )
+
+
 def single_model_result(
     handoff: str,
     pair: LoadedPair,
@@ -50,29 +101,17 @@ def single_model_result(
     role: str,
     on_token: TokenCallback | None,
 ) -> HandoffResult:
-    """One model answers from one prompt: the receiver-alone, sharer-alone and Skyline cases."""
+    """One model answers from one prompt: the receiver-alone, sharer-alone and Skyline cases (one
+    model, nothing to wait for: the receiver's side is the whole path, and there is no receiver
+    when the sharer answers alone)."""
     timer = StageTimer()
     output = answer(model, segments, request.generation, timer, role, on_token)
     prompt_length = len(segments.input_ids)
-    prompt_flops = forward_flops(model.facts, prompt_length, 0, logits_tokens=1)
-    flops = prompt_flops + decode_flops(model.facts, len(output.token_ids), prompt_length)
-    return HandoffResult(
-        handoff=handoff,
-        pair=pair.name,
-        answer=output.text,
-        answer_ids=output.token_ids,
-        seen={role: segments.text},
-        timings=timer.as_dict(),
-        bytes_communicated=0,
-        communication="none",
-        flops={role: flops},
-        flops_to_first_token={role: prompt_flops},
-        tokens={f"{role}_prompt": prompt_length, "generated": len(output.token_ids)},
-        # one model, nothing to wait for: the receiver's side is the whole path (no receiver when
-        # the sharer answers alone)
-        first_token_seconds=timer.first_token_seconds,
-        receiver_first_token_seconds=timer.receiver_first_token_seconds,
-        details={"stopped_by": output.stopped_by, f"{role}_model": model.name},
+    prompt_flops, flops = answer_flops(model.facts, prompt_length, len(output.token_ids))
+    return handoff_result(
+        handoff, pair, output, timer, seen={role: segments.text}, flops={role: flops},
+        flops_to_first_token={role: prompt_flops}, tokens={f"{role}_prompt": prompt_length},
+        details={f"{role}_model": model.name},
     )
 
 

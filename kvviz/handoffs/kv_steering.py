@@ -54,11 +54,11 @@ import torch
 from kvviz.core import limits
 from kvviz.core.prompts import answer_instruction, build_segments, user_message
 from kvviz.core.results import HandoffRequest, HandoffResult
-from kvviz.handoffs.common import TokenCallback
+from kvviz.handoffs.common import TokenCallback, handoff_result
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, option_values
 from kvviz.runtime import cache as kv
 from kvviz.runtime.decode import NextToken, generate, prefill
-from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
+from kvviz.runtime.measure import StageTimer, answer_flops
 from kvviz.runtime.models import LoadedModel, LoadedPair
 
 NAME = "kv_steering"
@@ -286,9 +286,6 @@ def requirements(pair: LoadedPair, request: HandoffRequest) -> str | None:
 
 
 def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
-    reason = requirements(pair, request)
-    if reason:
-        return HandoffResult.not_applicable(NAME, pair.name, reason)
     values = option_values(request, NAME, OPTIONS)
     receiver = pair.receiver
     # one-off per receiver and pair set (cached), before the question is asked: not timed here
@@ -301,7 +298,6 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     steered_probabilities, steered_top = _top_probabilities(receiver, prompt.next_token, TOP_TOKENS)
     with timer.stage("receiver_decode"):
         output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=on_token, timer=timer)
-    timings = timer.as_dict()
 
     # instrumentation, after the answer and outside every stage: the receiver alone, unedited
     started = time.perf_counter()
@@ -314,26 +310,17 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     instrumentation_seconds = time.perf_counter() - started
 
     prompt_length = len(prompt_ids)
-    prompt_flops = forward_flops(receiver.facts, prompt_length, 0, 1)
-    receiver_flops = prompt_flops + decode_flops(receiver.facts, len(output.token_ids), prompt_length)
+    prompt_flops, receiver_flops = answer_flops(receiver.facts, prompt_length, len(output.token_ids))
     steered = [record["layer"] for record in layers if record["steered"]]
-    return HandoffResult(
-        handoff=NAME,
-        pair=pair.name,
-        answer=output.text,
-        answer_ids=output.token_ids,
+    return handoff_result(
+        NAME, pair, output, timer,
         seen={"receiver": segments.text,
               "steering": f"its cache at the token before the last edited once in layers {steered[0]}-{steered[-1]}"
               if steered else "no layer edited"},
-        timings=timings,
-        bytes_communicated=0,
-        communication="none",
         flops={"receiver": receiver_flops},
         flops_to_first_token={"receiver": prompt_flops},
-        tokens={"receiver_prompt": prompt_length, "generated": len(output.token_ids)},
+        tokens={"receiver_prompt": prompt_length},
         layers=layers,
-        first_token_seconds=timer.first_token_seconds,
-        receiver_first_token_seconds=timer.receiver_first_token_seconds,
         details={
             "pairs": values["pairs"],
             "c_keys": values["keys"],
@@ -347,7 +334,6 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
             "first_token_top_alone": alone_top,
             "first_token_kl": kl,
             "instrumentation_seconds": instrumentation_seconds,
-            "stopped_by": output.stopped_by,
         },
     )
 

@@ -57,12 +57,12 @@ import torch
 
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import HandoffRequest, HandoffResult
-from kvviz.handoffs.common import TokenCallback, read_prompt
+from kvviz.handoffs.common import TokenCallback, handoff_result, needs_same_shape_sender, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, all_of, needs_context, option_values
 from kvviz.runtime import cache as kv
 from kvviz.runtime import crossed
 from kvviz.runtime.decode import forward_kwargs, generate, prefill, prefill_vectors
-from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
+from kvviz.runtime.measure import StageTimer, answer_flops, decode_flops, forward_flops
 from kvviz.runtime.models import LoadedModel, LoadedPair
 
 NAME = "latent_relay"
@@ -265,26 +265,12 @@ def layer_records(pair: LoadedPair, thought: Thought | None, query_ids: list[int
 # --- the handoff ------------------------------------------------------------------------------
 
 
-def same_shape_sender(pair: LoadedPair, request: HandoffRequest) -> str | None:
-    """None when the pair's same-shape sender can hand its cache to the receiver, else why not."""
-    sender, receiver = pair.kvcomm_sender.facts, pair.receiver.facts
-    if sender.kv_shape_signature != receiver.kv_shape_signature:
-        return (
-            "The latent relay hands the receiver a cache of the receiver's own shape, so it needs a sender with the "
-            f"receiver's architecture and KV shape (the pair's same-shape sender): {sender.name} is "
-            f"{sender.model_type} with {sender.num_layers} layers x {sender.num_kv_heads} KV heads x {sender.head_dim} "
-            f"dims, {receiver.name} is {receiver.model_type} with {receiver.num_layers} x {receiver.num_kv_heads} x "
-            f"{receiver.head_dim}."
-        )
-    if sender.tokenizer_hash != receiver.tokenizer_hash:
-        return "The latent relay needs sender and receiver to share a tokenizer (the question continues the sender's positions)."
-    return None
+SAME_SHAPE_SENDER = needs_same_shape_sender(
+    "The latent relay, which hands the receiver a cache of the receiver's own shape,", "the question continues the sender's positions"
+)
 
 
 def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
-    reason = needs_context(CONTEXT_REASON)(pair, request) or same_shape_sender(pair, request)
-    if reason:
-        return HandoffResult.not_applicable(NAME, pair.name, reason)
     values = option_values(request, NAME, OPTIONS)
     steps, control = values["steps"], values["control"]
     sender, receiver = pair.kvcomm_sender, pair.receiver
@@ -307,46 +293,36 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
         first, _ = prefill(receiver, state, prompt_ids)
     with timer.stage("receiver_decode"):
         output = generate(receiver, state, first, request.generation, on_token=on_token, timer=timer)
-    timings = timer.as_dict()
     started = time.perf_counter()
     layers = layer_records(pair, thought if transferred else None, segments.query_ids)
     instrumentation_seconds = time.perf_counter() - started
 
     context_length, prefix_length = thought.context_length, thought.context_length + steps
     receiver_past = prefix_length if transferred else 0
-    prompt_flops = forward_flops(receiver.facts, len(prompt_ids), receiver_past, 1)
-    receiver_flops = prompt_flops + decode_flops(receiver.facts, len(output.token_ids), receiver_past + len(prompt_ids))
+    prompt_flops, receiver_flops = answer_flops(receiver.facts, len(prompt_ids), len(output.token_ids), receiver_past)
     width = sender.facts.hidden_size
     sender_flops = (forward_flops(sender.facts, context_length, 0, 0) + decode_flops(sender.facts, steps, context_length)
                     + 2.0 * width * width * steps)  # the alignment map per step
     nearest = " / ".join(shown(step["nearest"][0]["token"]) for step in thought.steps)
     latent_seen = f"[{steps} latent vectors, read as nearest tokens: {nearest}]" if steps else "[no latent steps]"
-    return HandoffResult(
-        handoff=NAME,
-        pair=pair.name,
-        answer=output.text,
-        answer_ids=output.token_ids,
+    return handoff_result(
+        NAME, pair, output, timer,
         seen={
             "sender": segments.context_text,
             "latent": latent_seen,
             "receiver": (f"[the sender's KV of the context and {steps} latent steps] " + segments.query_text
                          if transferred else build_segments(receiver.tokenizer, request.query).text),
         },
-        timings=timings,
-        bytes_communicated=sent_bytes,
-        communication="kv" if transferred else "none",
+        communication="kv" if transferred else "none", bytes_sent=sent_bytes,
         flops={"sharer": sender_flops, "receiver": receiver_flops},
         flops_to_first_token={"sharer": sender_flops, "receiver": prompt_flops},  # the sender thinks first
-        tokens={"context": context_length, "vectors": steps, "receiver_prompt": len(prompt_ids),
-                "generated": len(output.token_ids)},
+        tokens={"context": context_length, "vectors": steps, "receiver_prompt": len(prompt_ids)},
         layers=layers,
-        first_token_seconds=timer.first_token_seconds,
-        receiver_first_token_seconds=timer.receiver_first_token_seconds,
         details={
             "steps": thought.steps,
             "latent_steps": steps,
             "control": control,
-            "seconds_per_latent_step": timings["sharer_decode"] / steps if steps else None,
+            "seconds_per_latent_step": timer.seconds["sharer_decode"] / steps if steps else None,
             "alignment": {
                 "map": alignment.kind,
                 "seconds": alignment.seconds,
@@ -355,7 +331,6 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
             },
             "instrumentation_seconds": instrumentation_seconds,
             "sender_model": sender.name,
-            "stopped_by": output.stopped_by,
         },
     )
 
@@ -396,7 +371,7 @@ HANDOFFS = (
         run=run,
         control="receiver",
         needs=("a private context", "a sender with the receiver's architecture, KV shape and tokenizer"),
-        applicable=all_of(needs_context(CONTEXT_REASON), same_shape_sender),
+        applicable=all_of(needs_context(CONTEXT_REASON), SAME_SHAPE_SENDER),
         options=OPTIONS,
         message_tokens=latent_steps,
         variant_label=variant_label,

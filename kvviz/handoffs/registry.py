@@ -130,6 +130,12 @@ def parse_values(options: tuple[Option, ...], given: dict | None) -> dict:
 # --- what a handoff needs ---------------------------------------------------------------------
 
 
+class NotApplicable(ValueError):
+    """Raised by a handoff's run when it finds, only while running, that it cannot run here (a
+    checkpoint that will not load): the engine makes it the not-applicable result, with this reason.
+    Everything that can be known before a model runs is the descriptor's ``applicable`` check."""
+
+
 def always(pair, request) -> None:
     return None
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
-from kvviz.handoffs.common import TokenCallback, answer, read_prompt
+from kvviz.handoffs.common import TokenCallback, answer, handoff_result, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, option_values
 from kvviz.runtime import crossed
-from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
+from kvviz.runtime.measure import StageTimer, answer_flops
 from kvviz.runtime.models import LoadedPair
 
 NAME = "text"
@@ -64,10 +64,7 @@ def run(
         output = answer(pair.sharer, sharer_segments, settings, timer, "sharer", on_message, max_new_tokens=bound,
                         is_answer=False)
         message, written = output.text, len(output.token_ids)
-        prompt_length = len(sharer_segments.input_ids)
-        sharer_flops = forward_flops(pair.sharer.facts, prompt_length, 0, 1) + decode_flops(
-            pair.sharer.facts, written, prompt_length
-        )
+        sharer_flops = answer_flops(pair.sharer.facts, len(sharer_segments.input_ids), written)[1]
     else:
         message = message_override
         written = len(pair.sharer.tokenizer(message, add_special_tokens=False)["input_ids"]) if message else 0
@@ -77,25 +74,16 @@ def run(
     crossed.mark_sent("message tokens (in the receiver's prompt)", range(len(segments.context_ids)), segments.context_ids)
     output = answer(pair.receiver, segments, request.generation, timer, "receiver", on_token)
     prompt_length = len(segments.input_ids)
-    prompt_flops = forward_flops(pair.receiver.facts, prompt_length, 0, 1)
-    receiver_flops = prompt_flops + decode_flops(pair.receiver.facts, len(output.token_ids), prompt_length)
-    timings = timer.as_dict()
-    return HandoffResult(
-        handoff=NAME,
-        pair=pair.name,
-        answer=output.text,
-        answer_ids=output.token_ids,
+    prompt_flops, receiver_flops = answer_flops(pair.receiver.facts, prompt_length, len(output.token_ids))
+    # the receiver cannot start before the message is written: its stages are on the critical path
+    return handoff_result(
+        NAME, pair, output, timer,
         seen={"sharer": sharer_segments.text, "message": message, "receiver": segments.text},
-        timings=timings,
-        bytes_communicated=len(message.encode("utf-8")),
-        communication="text",
+        communication="text", bytes_sent=len(message.encode("utf-8")),
         flops={"sharer": sharer_flops, "receiver": receiver_flops},
         flops_to_first_token={"sharer": sharer_flops, "receiver": prompt_flops},  # the message is written first
-        tokens={"message": written, "receiver_prompt": prompt_length, "generated": len(output.token_ids)},
-        # the receiver cannot start before the message is written: its stages are on the critical path
-        first_token_seconds=timer.first_token_seconds,
-        receiver_first_token_seconds=timer.receiver_first_token_seconds,
-        details={"mode": "relay" if request.has_context else "background", "stopped_by": output.stopped_by},
+        tokens={"message": written, "receiver_prompt": prompt_length},
+        details={"mode": "relay" if request.has_context else "background"},
     )
 
 

@@ -193,3 +193,11 @@ def decode_flops(facts: ModelFacts, generated: int, past_tokens: int | Sequence[
     for step in range(generated):
         total += forward_flops(facts, 1, [count + step for count in past], logits_tokens=1)
     return total
+
+
+def answer_flops(facts: ModelFacts, prompt_tokens: int, generated: int, past_tokens: int | Sequence[int] = 0) -> tuple[float, float]:
+    """(before the first answer token, in all): a model reads its prompt of ``prompt_tokens`` after
+    ``past_tokens`` cached keys, with the first token's logits, then generates ``generated`` tokens."""
+    prompt = forward_flops(facts, prompt_tokens, past_tokens, 1)
+    after_prompt = [count + prompt_tokens for count in _per_layer(past_tokens, facts.num_layers)]
+    return prompt, prompt + decode_flops(facts, generated, after_prompt)

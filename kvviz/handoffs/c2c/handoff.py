@@ -37,8 +37,8 @@ from kvviz.handoffs.c2c.align import align_prompt, describe
 from kvviz.handoffs.c2c.fuser import C2CFuser, FuserError
 from kvviz.handoffs.c2c.fusion import fuse_prompt
 from kvviz.handoffs.c2c.locate import communication_details, get_fuser, resolve_fuser
-from kvviz.handoffs.common import TokenCallback, read_prompt
-from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, option_values
+from kvviz.handoffs.common import TokenCallback, handoff_result, read_prompt
+from kvviz.handoffs.registry import Handoff, NotApplicable, Option, ReceiverPrompt, option_values
 from kvviz.runtime import crossed
 from kvviz.runtime.checkpoints import checkpoint_label
 from kvviz.runtime.decode import generate, prefill
@@ -57,9 +57,7 @@ def run(
     pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None, control: bool = False
 ) -> HandoffResult:
     name = CONTROL if control else NAME
-    fuser, folder, reason = fuser_for(pair, request, control)
-    if fuser is None:
-        return HandoffResult.not_applicable(name, pair.name, reason)
+    fuser, folder = fuser_for(pair, request, control)
     timer = StageTimer()
     receiver, sharer = pair.receiver, pair.sharer
     alignment = request_alignment(pair, request, fuser)
@@ -75,49 +73,41 @@ def run(
     with timer.stage("receiver_decode"):
         output = generate(receiver, fused.state, logits, request.generation, on_token=on_token, timer=timer)
     flops, before_answer = c2c_flops(pair, fuser, alignment, len(output.token_ids), control)
-    return HandoffResult(
-        handoff=name,
-        pair=pair.name,
-        answer=output.text,
-        answer_ids=output.token_ids,
+    return handoff_result(
+        name, pair, output, timer,
         seen={
             "sharer": "" if control else sharer.tokenizer.decode(alignment.sharer_ids),
             "receiver": alignment.receiver_segments.text,
             **({} if control else {"alignment": describe(alignment, receiver.tokenizer, sharer.tokenizer,
                                                           fuser.config.token_alignment)}),
         },
-        timings=timer.as_dict(),
-        bytes_communicated=fused.bytes_read,
-        communication="none" if control else "kv",
-        flops=flops,
-        flops_to_first_token=before_answer,
+        communication="none" if control else "kv", bytes_sent=fused.bytes_read,
+        flops=flops, flops_to_first_token=before_answer,
         tokens={
             "receiver_prompt": len(alignment.receiver_ids),
             "sharer_prompt": 0 if control else len(alignment.sharer_ids),
             "fused": alignment.num_fused,
-            "generated": len(output.token_ids),
         },
         layers=[asdict(record) for record in fused.records],
-        first_token_seconds=timer.first_token_seconds,
-        receiver_first_token_seconds=timer.receiver_first_token_seconds,
-        details={**run_details(pair, fuser, folder, alignment, fused), "stopped_by": output.stopped_by},
+        details=run_details(pair, fuser, folder, alignment, fused),
     )
 
 
-def fuser_for(pair: LoadedPair, request: HandoffRequest, control: bool) -> tuple[C2CFuser | None, object, str]:
-    """(the fuser, its folder, "") or (None, None, why not)."""
+def fuser_for(pair: LoadedPair, request: HandoffRequest, control: bool) -> tuple[C2CFuser, object]:
+    """(the fuser, its folder); ``NotApplicable`` saying why when none of this kind is found or it
+    does not load (a corrupt checkpoint, one made for another pair)."""
     name = CONTROL if control else NAME
     folder, reason = resolve_fuser(pair, fuser_option(request), control)
     if folder is None:
-        return None, None, reason
+        raise NotApplicable(reason)
     try:
         fuser = get_fuser(folder, pair)
     except FuserError as error:
-        return None, None, str(error)
+        raise NotApplicable(str(error)) from error
     if fuser.config.control != control:
         kind = "a control" if fuser.config.control else "a real (non-control)"
-        return None, None, f"The fuser at {folder} is {kind} fuser; {name} needs the other kind."
-    return fuser, folder, ""
+        raise NotApplicable(f"The fuser at {folder} is {kind} fuser; {name} needs the other kind.")
+    return fuser, folder
 
 
 def request_alignment(pair: LoadedPair, request: HandoffRequest, fuser: C2CFuser):
@@ -139,9 +129,7 @@ def fused_prompt(pair: LoadedPair, fuser: C2CFuser, alignment, sharer="right") -
 
 def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult, control: bool = False) -> ReceiverPrompt:
     """The bench's likelihood column: the receiver's state after the fused prompt."""
-    fuser, _, reason = fuser_for(pair, request, control)
-    if fuser is None:
-        raise FuserError(reason)
+    fuser, _ = fuser_for(pair, request, control)
     return fused_prompt(pair, fuser, request_alignment(pair, request, fuser))
 
 
@@ -162,7 +150,7 @@ def c2c_flops(pair, fuser: C2CFuser, alignment, generated: int, control: bool) -
 
 
 def run_details(pair, fuser: C2CFuser, folder, alignment, fused) -> dict:
-    """``HandoffResult.details`` of a run (but ``stopped_by``)."""
+    """``HandoffResult.details`` of a run (but ``stopped_by``, which ``handoff_result`` adds)."""
     records, fusion_seconds = fused.records, fused.fusion_seconds
     receiver_sees_context = receiver_sees_context_for(fuser)
     sharer = pair.sharer

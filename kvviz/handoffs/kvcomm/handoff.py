@@ -70,7 +70,13 @@ from dataclasses import dataclass
 
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import HandoffRequest, HandoffResult
-from kvviz.handoffs.common import UNRELATED_CONTEXT, TokenCallback, read_prompt
+from kvviz.handoffs.common import (
+    UNRELATED_CONTEXT,
+    TokenCallback,
+    handoff_result,
+    needs_same_shape_sender,
+    read_prompt,
+)
 from kvviz.handoffs.kvcomm.layers import (
     NAME,
     STRATEGIES,
@@ -94,20 +100,7 @@ from kvviz.runtime.decode import generate, prefill, read_prompt_once
 from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
 from kvviz.runtime.models import LoadedPair
 
-
-def applicability(pair: LoadedPair) -> str | None:
-    """None when KVComm can run on this pair, else the reason it cannot."""
-    sender, receiver = pair.kvcomm_sender.facts, pair.receiver.facts
-    if sender.kv_shape_signature != receiver.kv_shape_signature:
-        return (
-            "KVComm needs a sender with the receiver's architecture and KV shape: "
-            f"{sender.name} is {sender.model_type} with {sender.num_layers} layers x {sender.num_kv_heads} KV heads x "
-            f"{sender.head_dim} dims, {receiver.name} is {receiver.model_type} with {receiver.num_layers} x "
-            f"{receiver.num_kv_heads} x {receiver.head_dim}."
-        )
-    if sender.tokenizer_hash != receiver.tokenizer_hash:
-        return "KVComm needs sender and receiver to share a tokenizer (positions and the sink must line up)."
-    return None
+SAME_SHAPE_SENDER = needs_same_shape_sender("KVComm", "positions and the sink must line up")
 
 
 # --- the handoff ------------------------------------------------------------------------------
@@ -125,42 +118,26 @@ class Sent:
 
 
 def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
-    reason = applicability(pair)
-    if reason:
-        return HandoffResult.not_applicable(NAME, pair.name, reason)
-    if not request.has_context:
-        return HandoffResult.not_applicable(
-            NAME, pair.name, "KVComm shares the KV of a private context; this request has none."
-        )
     options = options_of(request)
     receiver = pair.receiver
     alpha, alpha_source = resolve_alpha(options, receiver.facts.model_type)
     segments = build_segments(receiver.tokenizer, request.query, request.context)
     timer = StageTimer()
     output, sent = send_and_answer(pair, request, options, alpha, segments, timer, on_token)
-    timings = timer.as_dict()
     on_this_query = sent.calibration is not None and sent.calibration["source"] == "query"
     prompt_flops, receiver_flops, sender_flops = kvcomm_flops(pair, segments, sent.selected, len(output.token_ids), on_this_query)
-    return HandoffResult(
-        handoff=NAME,
-        pair=pair.name,
-        answer=output.text,
-        answer_ids=output.token_ids,
+    return handoff_result(
+        NAME, pair, output, timer,
         seen={"sender": segments.context_text, "receiver": segments.query_text},
-        timings=timings,
-        bytes_communicated=sent.bytes,
-        communication="kv",
+        communication="kv", bytes_sent=sent.bytes,
         flops={"sharer": sender_flops, "receiver": receiver_flops},
         flops_to_first_token={"sharer": sender_flops, "receiver": prompt_flops},
-        tokens={"context": len(segments.context_ids), "receiver_prompt": len(segments.query_ids),
-                "generated": len(output.token_ids)},
+        tokens={"context": len(segments.context_ids), "receiver_prompt": len(segments.query_ids)},
         layers=layer_records(
             receiver.facts.num_layers, sent.selected, forced_layers(options, sent.selected),
             sent.calibration["attention"] if sent.calibration else None, sent.scores, sent.query_importance["attention"],
         ),
-        first_token_seconds=timer.first_token_seconds,
-        receiver_first_token_seconds=timer.receiver_first_token_seconds,
-        details={**run_details(pair, options, alpha, alpha_source, sent), "stopped_by": output.stopped_by},
+        details=run_details(pair, options, alpha, alpha_source, sent),
     )
 
 
@@ -171,8 +148,6 @@ def run_control(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallba
     """KVComm with the same options (so, calibrated on the built-in sample, the same layers) whose
     sender reads a fixed unrelated sentence instead of the private context: what the receiver
     answers when the splice carries nothing about the question."""
-    if not request.has_context:
-        return HandoffResult.not_applicable(CONTROL, pair.name, "The KVComm control needs a request with a private context.")
     result = run(pair, dataclasses.replace(request, context=UNRELATED_CONTEXT), on_token)
     return dataclasses.replace(result, handoff=CONTROL, details={**result.details, "control_context": UNRELATED_CONTEXT})
 
@@ -241,7 +216,8 @@ def kvcomm_flops(pair, segments, selected: list[int], generated: int, on_this_qu
 
 
 def run_details(pair, options, alpha, alpha_source: str, sent: Sent) -> dict:
-    """``HandoffResult.details`` (the keys in the module docstring, but ``stopped_by``)."""
+    """``HandoffResult.details`` (the keys in the module docstring, but ``stopped_by``, which
+    ``handoff_result`` adds)."""
     num_layers = pair.receiver.facts.num_layers
     calibration = sent.calibration
     return {
@@ -344,7 +320,7 @@ HANDOFFS = (
         needs=("a private context", "a sender with the receiver's architecture, KV shape and tokenizer"),
         applicable=all_of(
             needs_context("KVComm shares the KV of a private context; this request has none."),
-            lambda pair, request: applicability(pair),
+            SAME_SHAPE_SENDER,
         ),
         options=(
             Option("ratio", "KVComm ratio r (share of layers sent)", 0.5, minimum=0.0, maximum=1.0, step=0.05,
@@ -376,7 +352,7 @@ HANDOFFS = (
         needs=("a private context", "a sender with the receiver's architecture, KV shape and tokenizer"),
         applicable=all_of(
             needs_context("The KVComm control needs a request with a private context."),
-            lambda pair, request: applicability(pair),
+            SAME_SHAPE_SENDER,
         ),
         receiver_prompt=control_receiver_prompt,
     ),

@@ -27,8 +27,8 @@ from kvviz.core import policy
 from kvviz.core.paths import ASSETS
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import HandoffRequest, HandoffResult
-from kvviz.handoffs.common import UNRELATED_CONTEXT, TokenCallback
-from kvviz.handoffs.registry import Handoff, Option, all_of, needs_context, option_values
+from kvviz.handoffs.common import UNRELATED_CONTEXT, TokenCallback, handoff_result
+from kvviz.handoffs.registry import Handoff, NotApplicable, Option, all_of, needs_context, option_values
 from kvviz.handoffs.translate import translator as tr
 from kvviz.runtime import crossed
 from kvviz.runtime.checkpoints import checkpoint_label
@@ -95,15 +95,13 @@ def get_translator(folder: Path, pair: LoadedPair) -> tr.KVTranslator:
 
 def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None, control: bool = False) -> HandoffResult:
     name = CONTROL if control else NAME
-    if not request.has_context:
-        return HandoffResult.not_applicable(name, pair.name, "The translation carries a private context; this request has none.")
     folder, reason = locate(pair, request)
     if folder is None:
-        return HandoffResult.not_applicable(name, pair.name, reason)
+        raise NotApplicable(reason)
     try:
         translator = get_translator(folder, pair)
     except tr.TranslatorError as error:
-        return HandoffResult.not_applicable(name, pair.name, str(error))
+        raise NotApplicable(str(error)) from error
     receiver, sharer = pair.receiver, pair.sharer
     context = UNRELATED_CONTEXT if control else request.context
     timer = StageTimer()
@@ -128,23 +126,15 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     with timer.stage("receiver_decode"):
         output = generate(receiver, state, first, request.generation, on_token=on_token, timer=timer)
     flops, before_answer = translation_flops(pair, translator, alignment, prefix, len(segments.query_ids), len(output.token_ids))
-    return HandoffResult(
-        handoff=name,
-        pair=pair.name,
-        answer=output.text,
-        answer_ids=output.token_ids,
+    return handoff_result(
+        name, pair, output, timer,
         seen={"sharer": sharer.tokenizer.decode(alignment.sharer_ids), "receiver": segments.text},
-        timings=timer.as_dict(),
-        bytes_communicated=tr.read_bytes(translator.config, len(alignment.sharer_ids), sharer.dtype),
-        communication="kv",
-        flops=flops,
-        flops_to_first_token=before_answer,
+        communication="kv", bytes_sent=tr.read_bytes(translator.config, len(alignment.sharer_ids), sharer.dtype),
+        flops=flops, flops_to_first_token=before_answer,
         tokens={"context": len(alignment.sharer_ids), "translated": alignment.translated_count,
-                "receiver_prompt": len(segments.query_ids), "generated": len(output.token_ids)},
+                "receiver_prompt": len(segments.query_ids)},
         layers=layer_records(translator, prefix),
-        first_token_seconds=timer.first_token_seconds,
-        receiver_first_token_seconds=timer.receiver_first_token_seconds,
-        details={**run_details(pair, translator, folder, alignment, prefix, control), "stopped_by": output.stopped_by},
+        details=run_details(pair, translator, folder, alignment, prefix, control),
     )
 
 
