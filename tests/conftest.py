@@ -153,9 +153,9 @@ def tiny_engine(monkeypatch):
     calls = []
     real = runner.run_handoff
 
-    def counting(name, loaded, request, on_token=None, on_message=None):
+    def counting(name, loaded, request, on_token=None, on_message=None, run=None):
         calls.append((name, request.query, options_of(request).ratio, options_of(request).strategy))
-        return real(name, loaded, request, on_token, on_message)
+        return real(name, loaded, request, on_token, on_message, run)
 
     monkeypatch.setattr(runner, "run_handoff", counting)
     threads = torch.get_num_threads()

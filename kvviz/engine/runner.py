@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import logging
 import traceback
+from dataclasses import dataclass, field
 
 from kvviz.core import limits
 from kvviz.core.results import HandoffRequest, HandoffResult
 from kvviz.handoffs import get, parse_handoffs, registry
-from kvviz.handoffs.common import TokenCallback
+from kvviz.handoffs.common import HandoffIO, TokenCallback
 from kvviz.runtime import crossed
-from kvviz.runtime.decode import answer_logprobs, record_decodes, shared_prompts
+from kvviz.runtime.decode import SharedPrompts, answer_logprobs
 from kvviz.runtime.measure import PeakGpuMemory
 from kvviz.runtime.models import LoadedPair, load_model, resolve_pair
+from kvviz.runtime.recording import recording
 
 LOG = logging.getLogger("kvviz.engine.runner")
 
@@ -38,14 +40,26 @@ def not_applicable(name: str, pair: LoadedPair, request: HandoffRequest) -> Hand
     return handoff.not_applicable(pair.name, reason) if reason else None
 
 
+@dataclass
+class RunContext:
+    """One run of several handoffs, passed to each ``run_handoff``: the prompts they read once
+    (``kvviz.runtime.decode.SharedPrompts``) and what each recorded of its answer, for scoring it
+    against its control as soon as both have finished (``kvviz.runtime.crossed.RunRecords``)."""
+
+    prompts: SharedPrompts = field(default_factory=SharedPrompts)
+    records: crossed.RunRecords = field(default_factory=crossed.RunRecords)
+
+
 def run_handoff(
     name: str, pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None,
-    on_message: TokenCallback | None = None,
+    on_message: TokenCallback | None = None, run: RunContext | None = None,
 ) -> HandoffResult:
     """Run one handoff; an unexpected failure becomes a result that says what went wrong.
 
     ``on_token`` receives the answer so far after every token; ``on_message`` the message so far,
-    for a handoff that writes one before its answer (``Handoff.streams_message``; others ignore it).
+    for a handoff that writes one before its answer (both reach the handoff in its ``HandoffIO``).
+    ``run``: the run this handoff is part of (its other handoffs share the prompts they read, and
+    each answer is scored against its control's, ``score_against_controls``); None: a run of one.
 
     A handoff that cannot run says so at once, without running a model (``not_applicable``): the
     engine alone checks a handoff's requirements; what a run can only find while running (a
@@ -63,20 +77,19 @@ def run_handoff(
         refused = not_applicable(name, pair, request)
         if refused is not None:
             return refused
-        with (PeakGpuMemory(pair_devices(pair)) as memory, record_decodes() as decodes,
-              crossed.inspecting(request, pair.receiver) as inspection):
-            handoff = get(name)
-            streams = {"on_message": on_message} if handoff.streams_message and on_message is not None else {}
-            result = handoff.run(pair, request, on_token=on_token, **streams)
-        crossed.attach(result, inspection, NOTHING_SENT)
+        run = run or RunContext()
+        io = HandoffIO(on_token=on_token, on_message=on_message, prompts=run.prompts)
+        with PeakGpuMemory(pair_devices(pair)) as memory, recording(request, pair.receiver) as recorded:
+            result = get(name).run(pair, request, io)
+        crossed.attach(result, recorded.inspection, io.sent, NOTHING_SENT)
         try:
-            score_against_controls(result, inspection)
+            score_against_controls(result, recorded.inspection, run.records)
         except Exception:  # noqa: BLE001 (the answer stands without its token-by-token comparison)
             LOG.exception("scoring %s against its control failed", name)
         if memory.peak_bytes:
             result.details["peak_gpu_memory_bytes"] = memory.peak_bytes
         if result.applicable:
-            result.details["decode_batches"] = [batch_summary(output.batch_sizes) for output in decodes]
+            result.details["decode_batches"] = [batch_summary(output.batch_sizes) for output in recorded.decodes]
         return result
     except registry.NotApplicable as refusal:  # found only while running (a checkpoint that will not load)
         return get(name).not_applicable(pair.name, str(refusal))
@@ -108,19 +121,18 @@ def run_handoffs(names, pair: LoadedPair, request: HandoffRequest) -> list[Hando
     answer is scored against its control where both ran, ``score_against_controls``)."""
     names = parse_handoffs(names)
     check_fits(pair, request)
-    with shared_prompts(), crossed.one_run() as records:
-        results = [run_handoff(name, pair, request) for name in names]
-        finish_crossed(records)
+    run = RunContext()
+    results = [run_handoff(name, pair, request, run=run) for name in names]
+    finish_crossed(run)
     return results
 
 
-def score_against_controls(result: HandoffResult, inspection) -> None:
-    """Inside a run that records what crossed (``crossed.one_run``), as ``result`` finishes: every
-    pair it completes (it and its control, or a handoff it is the control of, both recorded on one
-    receiver) gets its ``token_change``, in this thread: the method's answer scored as its decode
-    chose it and, teacher-forced, on the control's prompt (``decode.answer_logprobs``)."""
-    records = crossed.this_run()
-    if records is None or inspection is None or inspection.prompt is None:
+def score_against_controls(result: HandoffResult, inspection, records: crossed.RunRecords) -> None:
+    """In a run that records what crossed, as ``result`` finishes: every pair it completes (it and
+    its control, or a handoff it is the control of, both recorded on one receiver) gets its
+    ``token_change``, in this thread: the method's answer scored as its decode chose it and,
+    teacher-forced, on the control's prompt (``decode.answer_logprobs``)."""
+    if inspection is None or inspection.prompt is None:
         return
     recorded = {r.handoff: (r, i) for r, i in records.add(result, inspection)}
     name = result.handoff
@@ -136,11 +148,12 @@ def score_against_controls(result: HandoffResult, inspection) -> None:
         method_result.token_change = crossed.change_record(mine, control, registry.title_of(control), own, under_control)
 
 
-def finish_crossed(records: crossed.RunRecords) -> list[tuple[str, str, dict]]:
+def finish_crossed(run: RunContext) -> list[tuple[str, str, dict]]:
     """After every handoff of a run that recorded what crossed: the events ``("change", handoff,
     token_change)`` for each scored answer (a method that finished before its control got its
     score after its ``done``) and ``("lens", handoff, logit_lens)`` for each recorded result; the
     prompts kept for scoring are dropped."""
+    records = run.records
     events = [("change", r.handoff, r.token_change) for r, _ in records.entries if r.token_change]
     events += [("lens", r.handoff, r.logit_lens) for r, _ in records.entries if r.logit_lens]
     for _, inspection in records.entries:

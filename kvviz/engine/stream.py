@@ -18,7 +18,6 @@ timings.
 
 from __future__ import annotations
 
-import contextvars
 import os
 import queue
 import threading
@@ -32,8 +31,7 @@ from kvviz.core import policy, zerogpu
 from kvviz.core.results import HandoffRequest
 from kvviz.engine import runner
 from kvviz.handoffs import registry
-from kvviz.runtime import crossed
-from kvviz.runtime.decode import batched_decode_enabled, shared_prompts
+from kvviz.runtime.decode import batched_decode_enabled
 from kvviz.runtime.models import LoadedPair
 
 STOP_POLL_SECONDS = 0.1
@@ -163,14 +161,14 @@ class _RunWorker:
                 else:
                     self.put("done", name, refused.to_dict())
             size = len(runnable) if self.workers <= ALL_AT_ONCE else self.workers
-            # one run: a prompt that several handoffs read is read once (each thread gets the run's context)
-            with (shared_prompts(), crossed.one_run() as records,
-                  ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix="kvviz-handoff") as pool):
-                futures = [pool.submit(contextvars.copy_context().run, self.run_one, pair, name) for name in runnable]
+            # one run: a prompt that several handoffs read is read once; each answer meets its control's
+            run = runner.RunContext()
+            with ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix="kvviz-handoff") as pool:
+                futures = [pool.submit(self.run_one, pair, name, run) for name in runnable]
                 self.submitted.set()
                 for future in futures:
                     future.result()  # re-raises a handoff's unexpected error (or a stop) here
-                for event in runner.finish_crossed(records):
+                for event in runner.finish_crossed(run):
                     self.events.put(event)
         except Cancelled:
             if self.out_of_time():
@@ -182,7 +180,7 @@ class _RunWorker:
         finally:
             self.put("end", None, None)
 
-    def run_one(self, pair: LoadedPair, name: str) -> None:
+    def run_one(self, pair: LoadedPair, name: str, run: runner.RunContext) -> None:
         # The pool starts a thread per handoff as it is submitted; a handoff that began at once would
         # hold the interpreter lock in its prompt pass while the next threads start (0.25 s for five
         # through the page). They all begin once every one is submitted.
@@ -198,7 +196,7 @@ class _RunWorker:
             self.check_stop()
             self.put("message", name, text)
 
-        result = runner.run_handoff(name, pair, self.request, on_token=on_token, on_message=on_message)
+        result = runner.run_handoff(name, pair, self.request, on_token=on_token, on_message=on_message, run=run)
         self.put("done", name, result.to_dict())
 
 

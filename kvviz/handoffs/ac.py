@@ -30,10 +30,10 @@ import torch
 
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import HandoffRequest, HandoffResult
-from kvviz.handoffs.common import TokenCallback, handoff_result
+from kvviz.handoffs.common import HandoffIO, handoff_result
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, all_of, needs_context, option_values
 from kvviz.runtime.cache import KVState
-from kvviz.runtime.decode import generate, prefill, read_prompt_once
+from kvviz.runtime.decode import SharedPrompts, generate, prefill, read_prompt_once
 from kvviz.runtime.measure import StageTimer, answer_flops, forward_flops
 from kvviz.runtime.models import LoadedModel, LoadedPair
 
@@ -118,10 +118,11 @@ def _last_token_reader(store: dict, layer: int):
     return read
 
 
-def read_layer_inputs(model: LoadedModel, token_ids: list[int], timer: StageTimer | None = None) -> list[torch.Tensor]:
+def read_layer_inputs(model: LoadedModel, token_ids: list[int], timer: StageTimer | None = None,
+                      prompts: SharedPrompts | None = None) -> list[torch.Tensor]:
     """Prefill ``token_ids``; the hidden state entering each decoder layer at the last token (read
     once per run: KVComm's sender reads the same context; timed as the sharer's prefill)."""
-    return read_prompt_once(model, token_ids, timer, "sharer_prefill" if timer is not None else None).layer_inputs
+    return read_prompt_once(model, token_ids, timer, "sharer_prefill" if timer is not None else None, prompts).layer_inputs
 
 
 @torch.no_grad()
@@ -188,21 +189,21 @@ def layer_records(sender_states: list, receiver_states: list, k: int, j: int) ->
     return records
 
 
-def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> HandoffResult:
     values = option_values(request, NAME, OPTIONS)
     sender, receiver = pair.kvcomm_sender, pair.receiver
     k = layer_index(values["k"], sender.facts.num_layers)
     j = layer_index(values["j"], receiver.facts.num_layers)
     timer = StageTimer()
     sender_segments = build_segments(sender.tokenizer, request.query, request.context)
-    sender_states = read_layer_inputs(sender, sender_segments.context_ids, timer)
+    sender_states = read_layer_inputs(sender, sender_segments.context_ids, timer, io.prompts)
     with timer.stage("transfer"):
         activation = sender_states[k].to(receiver.device)
     segments = build_segments(receiver.tokenizer, request.query)
     with timer.stage("receiver_prefill"):
         prompt, receiver_states = receive(receiver, segments.input_ids, activation, j, values["f"])
     with timer.stage("receiver_decode"):
-        output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=on_token, timer=timer)
+        output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=io.on_token, timer=timer)
 
     context_length, prompt_length = len(sender_segments.context_ids), len(segments.input_ids)
     prompt_flops, receiver_flops = answer_flops(receiver.facts, prompt_length, len(output.token_ids))

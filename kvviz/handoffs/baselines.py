@@ -4,31 +4,30 @@ from __future__ import annotations
 
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import HandoffRequest, HandoffResult
-from kvviz.handoffs.common import TokenCallback, read_prompt, single_model_result
+from kvviz.handoffs.common import HandoffIO, read_prompt, single_model_result
 from kvviz.handoffs.registry import Handoff, needs_context
-from kvviz.runtime import crossed
 from kvviz.runtime.models import LoadedPair
 
 
-def receiver_alone(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+def receiver_alone(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> HandoffResult:
     """The receiver answers the query without anything from the sharer (the lower bound)."""
     segments = build_segments(pair.receiver.tokenizer, request.query)
-    return single_model_result("receiver", pair, pair.receiver, segments, request, "receiver", on_token)
+    return single_model_result("receiver", pair, pair.receiver, segments, request, "receiver", io.on_token)
 
 
-def sharer_alone(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+def sharer_alone(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> HandoffResult:
     """The sharer answers by itself, with the context it holds (for comparison)."""
     segments = build_segments(pair.sharer.tokenizer, request.query, request.context)
-    return single_model_result("sharer", pair, pair.sharer, segments, request, "sharer", on_token)
+    return single_model_result("sharer", pair, pair.sharer, segments, request, "sharer", io.on_token)
 
 
-def skyline(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+def skyline(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> HandoffResult:
     """The receiver sees the context and the query in one prompt (a reference, not a bound)."""
     segments = build_segments(pair.receiver.tokenizer, request.query, request.context)
     # what crossed: the context, read in the receiver's own prompt (positions 0..|C|-1)
-    crossed.mark_sent("context tokens (in the receiver's own prompt)", range(len(segments.context_ids)),
+    io.send("context tokens (in the receiver's own prompt)", range(len(segments.context_ids)),
                       segments.context_ids)
-    return single_model_result("skyline", pair, pair.receiver, segments, request, "receiver", on_token)
+    return single_model_result("skyline", pair, pair.receiver, segments, request, "receiver", io.on_token)
 
 
 # --- descriptors ------------------------------------------------------------------------------

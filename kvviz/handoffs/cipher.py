@@ -27,10 +27,9 @@ import torch
 
 from kvviz.core.prompts import build_segments, encode, has_chat_template, split_at_context, stop_token_ids, unmark
 from kvviz.core.results import HandoffRequest, HandoffResult
-from kvviz.handoffs.common import TokenCallback, handoff_result, read_prompt
+from kvviz.handoffs.common import HandoffIO, TokenCallback, handoff_result, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, option_values
 from kvviz.handoffs.text import message_tokens, sharer_message_segments
-from kvviz.runtime import crossed
 from kvviz.runtime.attention import AttentionPlan
 from kvviz.runtime.cache import KVState
 from kvviz.runtime.decode import generate, prefill, prefill_vectors
@@ -190,22 +189,21 @@ def shared_embedding_space(pair: LoadedPair, request: HandoffRequest) -> str | N
     return None
 
 
-def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None,
-        on_message: TokenCallback | None = None) -> HandoffResult:
+def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> HandoffResult:
     temperature = option_values(request, NAME, OPTIONS)["temperature"]
     sharer, receiver = pair.sharer, pair.receiver
     timer = StageTimer()
     sharer_segments = sharer_message_segments(pair, request)
-    message = write_message(sharer, sharer_segments.input_ids, temperature, message_tokens(request), timer, on_message)
+    message = write_message(sharer, sharer_segments.input_ids, temperature, message_tokens(request), timer, io.on_message)
     if message.vectors.shape[0]:
         # what crossed: the message vectors, in the receiver's message slot (shown as their nearest tokens)
         start = len(receiver_pieces(receiver, request)[0])
-        crossed.mark_sent("message vectors (in the receiver's prompt; shown as the token nearest to each)",
+        io.send("message vectors (in the receiver's prompt; shown as the token nearest to each)",
                           range(start, start + message.vectors.shape[0]), message.nearest_ids)
     with timer.stage("receiver_prefill"):
         prompt, attention = read_message(receiver, request, message.vectors)
     with timer.stage("receiver_decode"):
-        output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=on_token, timer=timer)
+        output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=io.on_token, timer=timer)
 
     count = len(message.steps)
     reading = sharer.tokenizer.decode(message.nearest_ids, skip_special_tokens=True).strip()
@@ -261,7 +259,6 @@ HANDOFFS = (
         applicable=shared_embedding_space,
         options=OPTIONS,
         message_tokens=message_tokens,  # the text handoff's message bound
-        streams_message=True,
         receiver_prompt=receiver_prompt,
     ),
 )

@@ -3,17 +3,38 @@ one place a handoff's result is assembled (``handoff_result``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from kvviz.core.prompts import PromptSegments
 from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
 from kvviz.handoffs.registry import Check, ReceiverPrompt
 from kvviz.runtime.cache import KVState
-from kvviz.runtime.decode import DecodeOutput, generate, prefill
+from kvviz.runtime.crossed import SentTokens
+from kvviz.runtime.decode import DecodeOutput, SharedPrompts, generate, prefill
 from kvviz.runtime.measure import StageTimer, answer_flops
 from kvviz.runtime.models import LoadedModel, LoadedPair
 
 TokenCallback = Callable[[str], None]
+
+
+@dataclass
+class HandoffIO:
+    """What a handoff's run is handed besides the pair and the request, and what it hands back
+    beside its result: where its answer streams (``on_token``: the answer so far, after every
+    token) and its message (``on_message``: the message so far, for a handoff that writes one before
+    the answer), the prompts its run reads once with the run's other handoffs (``prompts``, for
+    ``read_prompt_once``), and what it sent (``send``), which the engine reads for what crossed."""
+
+    on_token: TokenCallback | None = None
+    on_message: TokenCallback | None = None
+    prompts: SharedPrompts | None = None
+    sent: SentTokens | None = None
+
+    def send(self, kind: str, positions, token_ids, layers=None) -> None:
+        """Say what crossed: the receiver's key positions that hold it, their tokens, and the
+        receiver layers that hold them (None: every layer)."""
+        self.sent = SentTokens.of(kind, positions, token_ids, layers)
 
 # What a control handoff's sender reads instead of the private context: a fixed sentence that shares
 # nothing with any preset or dataset record (the translation's and KVComm's controls).

@@ -54,7 +54,7 @@ import torch
 from kvviz.core import limits
 from kvviz.core.prompts import answer_instruction, build_segments, user_message
 from kvviz.core.results import HandoffRequest, HandoffResult
-from kvviz.handoffs.common import TokenCallback, handoff_result
+from kvviz.handoffs.common import HandoffIO, handoff_result
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, option_values
 from kvviz.runtime import cache as kv
 from kvviz.runtime.decode import NextToken, generate, prefill
@@ -285,7 +285,7 @@ def requirements(pair: LoadedPair, request: HandoffRequest) -> str | None:
     return None
 
 
-def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> HandoffResult:
     values = option_values(request, NAME, OPTIONS)
     receiver = pair.receiver
     # one-off per receiver and pair set (cached), before the question is asked: not timed here
@@ -297,7 +297,7 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
         prompt, layers = read_steered(receiver, prompt_ids, vectors, values)
     steered_probabilities, steered_top = _top_probabilities(receiver, prompt.next_token, TOP_TOKENS)
     with timer.stage("receiver_decode"):
-        output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=on_token, timer=timer)
+        output = generate(receiver, prompt.state, prompt.next_token, request.generation, on_token=io.on_token, timer=timer)
 
     # instrumentation, after the answer and outside every stage: the receiver alone, unedited
     started = time.perf_counter()

@@ -57,10 +57,9 @@ import torch
 
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import HandoffRequest, HandoffResult
-from kvviz.handoffs.common import TokenCallback, handoff_result, needs_same_shape_sender, read_prompt
+from kvviz.handoffs.common import HandoffIO, handoff_result, needs_same_shape_sender, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, ReceiverPrompt, all_of, needs_context, option_values
 from kvviz.runtime import cache as kv
-from kvviz.runtime import crossed
 from kvviz.runtime.decode import forward_kwargs, generate, prefill, prefill_vectors
 from kvviz.runtime.measure import StageTimer, answer_flops, decode_flops, forward_flops
 from kvviz.runtime.models import LoadedModel, LoadedPair
@@ -270,7 +269,7 @@ SAME_SHAPE_SENDER = needs_same_shape_sender(
 )
 
 
-def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> HandoffResult:
     values = option_values(request, NAME, OPTIONS)
     steps, control = values["steps"], values["control"]
     sender, receiver = pair.kvcomm_sender, pair.receiver
@@ -287,12 +286,12 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     if transferred:
         # what crossed: the sender's cache of the context at positions 0..|C|-1 (its latent steps
         # follow; they have no tokens to show, so the view counts them with the receiver's own keys)
-        crossed.mark_sent(f"context tokens (the sender's KV cache; its {steps} latent steps after them are not shown)",
+        io.send(f"context tokens (the sender's KV cache; its {steps} latent steps after them are not shown)",
                           range(len(segments.context_ids)), segments.context_ids)
     with timer.stage("receiver_prefill"):
         first, _ = prefill(receiver, state, prompt_ids)
     with timer.stage("receiver_decode"):
-        output = generate(receiver, state, first, request.generation, on_token=on_token, timer=timer)
+        output = generate(receiver, state, first, request.generation, on_token=io.on_token, timer=timer)
     started = time.perf_counter()
     layers = layer_records(pair, thought if transferred else None, segments.query_ids)
     instrumentation_seconds = time.perf_counter() - started

@@ -195,7 +195,7 @@ class Handoff:
     label: str  # short, for plot axes
     color: str  # one colour per handoff, the same everywhere
     summary: str  # one line: CLI help, the column's subtitle
-    run: Callable[..., HandoffResult]  # run(pair, request, on_token=None[, on_message=None]) -> HandoffResult
+    run: Callable[..., HandoffResult]  # run(pair, request, io: kvviz.handoffs.common.HandoffIO) -> HandoffResult
     needs: tuple[str, ...] = ()  # what it needs, in words ("a private context", "a trained fuser")
     applicable: Check = always  # says "not applicable" at once, without running a model
     options: tuple[Option, ...] = ()
@@ -211,9 +211,6 @@ class Handoff:
     # prompt budget (kvviz.core.limits) and ZeroGPU's duration estimate count them; None: none
     message_tokens: Callable[[HandoffRequest], int] | None = None
     task_calibration: TaskCalibration | None = None  # see TaskCalibration
-    # its run takes ``on_message``: called with the message so far after every token (or vector) the
-    # sharer writes before the answer, so that a page can show the message as it is written
-    streams_message: bool = False
     # the handoff that is this one's control (the same receiver without what this one sends, or fed an
     # unrelated context): when both ran in one run that recorded what crossed, this one's answer
     # tokens are scored under the control's prompt too (``token_change``, kvviz.engine.runner)

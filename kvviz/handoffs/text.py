@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
-from kvviz.handoffs.common import TokenCallback, answer, handoff_result, read_prompt
+from kvviz.handoffs.common import HandoffIO, answer, handoff_result, read_prompt
 from kvviz.handoffs.registry import Handoff, Option, option_values
-from kvviz.runtime import crossed
 from kvviz.runtime.measure import StageTimer, answer_flops
 from kvviz.runtime.models import LoadedPair
 
@@ -45,15 +44,9 @@ def receiver_segments(pair: LoadedPair, request: HandoffRequest, message: str):
     return build_segments(pair.receiver.tokenizer, request.query, context=message or None)
 
 
-def run(
-    pair: LoadedPair,
-    request: HandoffRequest,
-    on_token: TokenCallback | None = None,
-    message_override: str | None = None,
-    on_message: TokenCallback | None = None,
-) -> HandoffResult:
+def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO, message_override: str | None = None) -> HandoffResult:
     """``message_override`` skips the sharer and hands over that text (tests, teaching);
-    ``on_message`` receives the message so far while the sharer writes it."""
+    ``io.on_message`` receives the message so far while the sharer writes it."""
     timer = StageTimer()
     sharer_segments = sharer_message_segments(pair, request)
     sharer_flops = 0.0
@@ -61,7 +54,7 @@ def run(
         # The message is always greedy: sampling settings apply to the final answer only.
         bound = message_tokens(request)
         settings = GenerationSettings(max_new_tokens=bound, greedy=True)
-        output = answer(pair.sharer, sharer_segments, settings, timer, "sharer", on_message, max_new_tokens=bound,
+        output = answer(pair.sharer, sharer_segments, settings, timer, "sharer", io.on_message, max_new_tokens=bound,
                         is_answer=False)
         message, written = output.text, len(output.token_ids)
         sharer_flops = answer_flops(pair.sharer.facts, len(sharer_segments.input_ids), written)[1]
@@ -71,8 +64,8 @@ def run(
 
     segments = receiver_segments(pair, request, message)
     # what crossed: the message, at the front of the receiver's prompt
-    crossed.mark_sent("message tokens (in the receiver's prompt)", range(len(segments.context_ids)), segments.context_ids)
-    output = answer(pair.receiver, segments, request.generation, timer, "receiver", on_token)
+    io.send("message tokens (in the receiver's prompt)", range(len(segments.context_ids)), segments.context_ids)
+    output = answer(pair.receiver, segments, request.generation, timer, "receiver", io.on_token)
     prompt_length = len(segments.input_ids)
     prompt_flops, receiver_flops = answer_flops(pair.receiver.facts, prompt_length, len(output.token_ids))
     # the receiver cannot start before the message is written: its stages are on the critical path
@@ -105,7 +98,6 @@ HANDOFFS = (
         control="receiver",
         options=OPTIONS,
         message_tokens=message_tokens,
-        streams_message=True,
         receiver_prompt=_receiver_prompt,
         default=True,
     ),

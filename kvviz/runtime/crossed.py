@@ -8,9 +8,9 @@ capture (``kvviz.runtime.attention.AttentionRows``):
   for the first token, then each decode step, batched or not), at most ``MAX_TOKENS`` tokens;
 * the hidden state after every receiver layer at the prompt's last position, for the logit lens.
 
-Each handoff says what it sent (``mark_sent``: the positions of the receiver's keys that hold
-what crossed, and their tokens); ``attach`` then writes two fields on the result, one naming
-scheme for every handoff:
+Each handoff says what it sent (``SentTokens``, through its run's ``HandoffIO.send``: the
+positions of the receiver's keys that hold what crossed, and their tokens); ``attach`` then writes
+two fields on the result, one naming scheme for every handoff:
 
 ``token_attention``
   measured_on    what was measured, on which input, and the units (hover text)
@@ -35,9 +35,7 @@ scheme for every handoff:
 
 from __future__ import annotations
 
-import contextvars
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -46,20 +44,29 @@ MAX_TOKENS = 16  # answer tokens whose attention rows are kept (the first ones)
 MAX_CHANGE_TOKENS = 16  # answer tokens scored against the control (the first ones, as the attention rows)
 DIGITS = 3  # decimals of the stored attention probabilities (JSON size)
 
-_current: contextvars.ContextVar["Inspection | None"] = contextvars.ContextVar("kvviz_inspection", default=None)
-# Inside ``one_run`` (one run of several handoffs): what the run recorded (``RunRecords``).
-_run: contextvars.ContextVar["RunRecords | None"] = contextvars.ContextVar("kvviz_run_records", default=None)
+
+
+@dataclass(frozen=True)
+class SentTokens:
+    """What a handoff says crossed: the receiver's key positions that hold it, their tokens, and the
+    receiver layers that hold them (None: every layer)."""
+
+    kind: str  # what the sent positions are ("context tokens (the sender's KV cache)" ...)
+    positions: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    layers: tuple[int, ...] | None = None
+
+    @classmethod
+    def of(cls, kind: str, positions, token_ids, layers=None) -> "SentTokens":
+        return cls(kind, tuple(int(p) for p in positions), tuple(int(t) for t in token_ids),
+                   None if layers is None else tuple(sorted(int(layer) for layer in layers)))
 
 
 @dataclass
 class Inspection:
-    """What one handoff's run recorded for its answer (one per ``run_handoff``)."""
+    """What one handoff's run recorded for its answer (one per ``run_handoff``, when the request asks)."""
 
     gold: str | None = None
-    sent_kind: str | None = None
-    sent_positions: list[int] = field(default_factory=list)
-    sent_ids: list[int] = field(default_factory=list)
-    sent_layers: list[int] | None = None
     rows: list[dict] = field(default_factory=list)  # one per answer token: layer -> (probs, positions)
     lens_hidden: torch.Tensor | None = None  # [layers, hidden], each layer's output after the final norm
     answer_ids: list[int] = field(default_factory=list)
@@ -75,34 +82,11 @@ class Inspection:
         return self.receiver is None or loaded is self.receiver
 
 
-@contextmanager
-def inspecting(request, receiver=None):
-    """Around one handoff's run: record what crossed when the request asks (else nothing), in the
+def inspection_for(request, receiver=None) -> Inspection | None:
+    """What one handoff's run records of its answer when the request asks (else None), in the
     prompts ``receiver`` reads (every model's when None)."""
     options = getattr(request, "inspect", None)
-    if options is None:
-        yield None
-        return
-    token = _current.set(Inspection(gold=options.get("gold") or None, receiver=receiver))
-    try:
-        yield _current.get()
-    finally:
-        _current.reset(token)
-
-
-def active() -> Inspection | None:
-    return _current.get()
-
-
-def mark_sent(kind: str, positions, token_ids, layers: list[int] | None = None) -> None:
-    """The handoff says what crossed: the receiver's key positions that hold it and their tokens."""
-    inspection = active()
-    if inspection is None:
-        return
-    inspection.sent_kind = kind
-    inspection.sent_positions = [int(p) for p in positions]
-    inspection.sent_ids = [int(t) for t in token_ids]
-    inspection.sent_layers = None if layers is None else sorted(int(layer) for layer in layers)
+    return None if options is None else Inspection(gold=options.get("gold") or None, receiver=receiver)
 
 
 def layer_outputs(loaded, output) -> torch.Tensor:
@@ -115,12 +99,12 @@ def layer_outputs(loaded, output) -> torch.Tensor:
     return torch.cat(states).detach()
 
 
-def record_answer(loaded, first_inspected, rows, token_ids: list[int], chose: torch.Tensor | None = None) -> None:
+def record_answer(inspection: Inspection, loaded, first_inspected, rows, token_ids: list[int],
+                  chose: torch.Tensor | None = None) -> None:
     """Called by the answer's decode loop: the first token's row and layer states (from the
     prompt's prefill), the later tokens' rows, the answer, and the final hidden state that chose
     each of its first ``MAX_CHANGE_TOKENS`` tokens (``chose``)."""
-    inspection = active()
-    if inspection is None or first_inspected is None:
+    if first_inspected is None:
         return
     first_row, hidden, prompt_state, prompt_hidden = first_inspected
     inspection.model = loaded
@@ -138,7 +122,7 @@ def _token_text(tokenizer, token_id: int) -> str:
     return tokenizer.decode([int(token_id)], skip_special_tokens=False)
 
 
-def token_attention(inspection: Inspection, nothing_sent: str) -> dict:
+def token_attention(inspection: Inspection, sent: SentTokens | None, nothing_sent: str) -> dict:
     loaded = inspection.model
     tokenizer = loaded.tokenizer
     num_layers, num_heads = loaded.facts.num_layers, loaded.facts.num_heads
@@ -149,10 +133,10 @@ def token_attention(inspection: Inspection, nothing_sent: str) -> dict:
             "softmax probability of each head's query on each sent key, 0 to 1; a row sums to 1 over all keys)"
         ),
         "nothing_sent": None,
-        "sent_kind": inspection.sent_kind,
-        "sent_positions": inspection.sent_positions,
-        "sent_tokens": [_token_text(tokenizer, t) for t in inspection.sent_ids],
-        "sent_layers": inspection.sent_layers,
+        "sent_kind": None if sent is None else sent.kind,
+        "sent_positions": [] if sent is None else list(sent.positions),
+        "sent_tokens": [] if sent is None else [_token_text(tokenizer, t) for t in sent.token_ids],
+        "sent_layers": None if sent is None or sent.layers is None else list(sent.layers),
         "answer_tokens": [_token_text(tokenizer, t) for t in inspection.answer_ids],
         "answer_ids": inspection.answer_ids,
         "captured": captured,
@@ -161,17 +145,17 @@ def token_attention(inspection: Inspection, nothing_sent: str) -> dict:
         "attention": [],
         "other": [],
     }
-    if inspection.sent_kind is None:
-        data.update(nothing_sent=nothing_sent, sent_positions=[], sent_tokens=[])
+    if sent is None:
+        data.update(nothing_sent=nothing_sent)
         return data
-    sent = torch.tensor(inspection.sent_positions, dtype=torch.long)
-    if inspection.sent_layers is None:
+    positions = torch.tensor(sent.positions, dtype=torch.long)
+    if sent.layers is None:
         data["sent_layers"] = list(range(num_layers))
     for row in inspection.rows[:captured]:
         token_rows, token_other = [], []
         for layer in range(num_layers):
-            probabilities, positions = row[layer]
-            match = (positions[None, :] == sent[:, None]).float()  # [sent, keys]
+            probabilities, keys = row[layer]
+            match = (keys[None, :] == positions[:, None]).float()  # [sent, keys]
             on_sent = probabilities @ match.T  # [heads, sent]
             token_rows.append(on_sent.round(decimals=DIGITS).tolist())
             token_other.append((probabilities.sum(-1) - on_sent.sum(-1)).clamp(min=0).round(decimals=DIGITS).tolist())
@@ -263,8 +247,8 @@ def change_record(inspection: Inspection, control: str, control_title: str, own:
 
 
 class RunRecords:
-    """What one run of several handoffs recorded (``one_run``): (result, inspection) for each
-    recorded result, added as each handoff finishes (from its own thread)."""
+    """What one run of several handoffs recorded (the engine's run, ``kvviz.engine.runner.RunContext``):
+    (result, inspection) for each recorded result, added as each handoff finishes (from its own thread)."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -278,31 +262,15 @@ class RunRecords:
             return list(self.entries)
 
 
-@contextmanager
-def one_run():
-    """One run of several handoffs (their threads started with a copy of this context): inside it,
-    each recorded result joins the run's ``RunRecords`` (``kvviz.engine.runner`` scores a handoff against its
-    control as soon as both have finished, in the thread that finished second)."""
-    token = _run.set(RunRecords())
-    try:
-        yield _run.get()
-    finally:
-        _run.reset(token)
-
-
-def this_run() -> RunRecords | None:
-    return _run.get()
-
-
-def attach(result, inspection: Inspection | None, nothing_sent: str) -> None:
+def attach(result, inspection: Inspection | None, sent: SentTokens | None, nothing_sent: str) -> None:
     """Write ``token_attention`` and ``logit_lens`` on a result (an applicable one), in the thread
-    that ran it; where no receiver's answer was recorded, only a ``token_attention`` that says
-    nothing was sent."""
+    that ran it, from what its run recorded and what it sent; where no receiver's answer was
+    recorded, only a ``token_attention`` that says nothing was sent."""
     if inspection is None or not result.applicable:
         return
     if inspection.model is None:  # no receiver wrote this answer (the sharer alone)
         result.token_attention = {"nothing_sent": "nothing was sent: no receiver read anything (the sharer answers "
                                   "alone; its own prompt is not recorded)", "answer_tokens": [], "attention": []}
         return
-    result.token_attention = token_attention(inspection, nothing_sent)
+    result.token_attention = token_attention(inspection, sent, nothing_sent)
     result.logit_lens = logit_lens(inspection)

@@ -14,10 +14,9 @@ a time (the path before the batched step).
 
 from __future__ import annotations
 
-import contextvars
 import os
 import threading
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,7 +24,7 @@ import torch
 
 from kvviz.core.prompts import has_chat_template, stop_token_ids
 from kvviz.core.results import GenerationSettings
-from kvviz.runtime import crossed
+from kvviz.runtime import crossed, recording
 from kvviz.runtime import step as decode_step
 from kvviz.runtime.attention import AttentionPlan, AttentionRows
 from kvviz.runtime.batching import DecodeBatch, Sequence
@@ -101,7 +100,7 @@ def _prompt_forward(loaded: LoadedModel, state: KVState, count: int, need_logits
     if plan is not None:
         kwargs["kvviz_plan"] = plan
     rows, inspected = state.token_rows, False
-    inspection = crossed.active()
+    inspection = recording.inspection()
     if rows is None and need_logits and inspection is not None and inspection.records(loaded):
         rows, inspected = AttentionRows(limit=1), True
         kwargs["output_hidden_states"] = True
@@ -142,7 +141,8 @@ class _Read:
 
 
 class SharedPrompts:
-    """The prompts read in one run, by model and token ids (``shared_prompts``)."""
+    """The prompts read in one run, by model and token ids: one run's handoffs pass the same one
+    to ``read_prompt_once`` (``kvviz.engine.runner.RunContext.prompts``)."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -158,31 +158,16 @@ class SharedPrompts:
             return read, True
 
 
-_run_prompts: contextvars.ContextVar[SharedPrompts | None] = contextvars.ContextVar("kvviz_run_prompts", default=None)
-
-
-@contextmanager
-def shared_prompts():
-    """One run: inside it, ``read_prompt_once`` reads each prompt once for every handoff that asks
-    (the run's threads must be started with a copy of this context: ``contextvars.copy_context``)."""
-    token = _run_prompts.set(SharedPrompts())
-    try:
-        yield
-    finally:
-        _run_prompts.reset(token)
-
-
 @torch.no_grad()
 def read_prompt_once(loaded: LoadedModel, token_ids: list[int], timer: StageTimer | None = None,
-                     stage: str | None = None) -> ReadPrompt:
+                     stage: str | None = None, shared: SharedPrompts | None = None) -> ReadPrompt:
     """Read ``token_ids`` from position 0 into a fresh state, with the hidden state entering each
-    decoder layer at the last token. Inside ``shared_prompts`` (one run) the first handoff that asks
+    decoder layer at the last token. With ``shared`` (one run's prompts) the first handoff that asks
     reads it and the others wait for it and get copies: the same computation on the same input, so
     bitwise what they would have read themselves (KVComm's and AC's sender read the same context;
     C2C and its control the same receiver prompt). With ``timer``, the reading is timed as ``stage``
     at its own cost also where it was shared (the method's cost does not drop because another
     column paid it; the run's wall time shows the saving)."""
-    shared = _run_prompts.get()
     with timer.stage(stage) if timer is not None else nullcontext():
         started = clock()
         read, mine = shared.read(loaded, token_ids) if shared is not None else (_Read(), True)
@@ -297,21 +282,6 @@ def decode_path(loaded: LoadedModel) -> dict:
     return {"batched": True, "rows_at_least": step.floor, "row_classes": step.row_classes, "products": step.products}
 
 
-_decode_log = threading.local()
-
-
-@contextmanager
-def record_decodes():
-    """Collect the ``DecodeOutput`` of every decode loop this thread runs inside the block (the
-    engine reports each handoff's batch sizes from them)."""
-    outer = getattr(_decode_log, "outputs", None)
-    _decode_log.outputs = collected = []
-    try:
-        yield collected
-    finally:
-        _decode_log.outputs = outer
-
-
 def choose_token(next_token: NextToken, settings: GenerationSettings, generator: torch.Generator | None) -> int:
     if settings.greedy:
         return next_token.greedy_token()
@@ -328,8 +298,8 @@ class _AnswerRecord:
     (the first token's came from the prompt's prefill, ``NextToken.inspected``), the prompt's state
     as the answer found it and the hidden state that chose each token (``token_change``)."""
 
-    def __init__(self, loaded: LoadedModel, state: KVState, first: NextToken):
-        self.loaded, self.state = loaded, state
+    def __init__(self, inspection, loaded: LoadedModel, state: KVState, first: NextToken):
+        self.inspection, self.loaded, self.state = inspection, loaded, state
         self.inspected = (*first.inspected, state.copy(), first.hidden.detach().clone())
         self.rows = state.token_rows = AttentionRows(limit=crossed.MAX_TOKENS - 1)
         self.hidden_rows: list[torch.Tensor] = []
@@ -337,9 +307,10 @@ class _AnswerRecord:
     @classmethod
     def start(cls, loaded: LoadedModel, state: KVState, first: NextToken, timer: StageTimer | None):
         """A record when this decode is a recorded handoff's answer (its ``timer`` given), else None."""
-        if timer is None or crossed.active() is None or first.inspected is None:
+        inspection = recording.inspection()
+        if timer is None or inspection is None or first.inspected is None:
             return None
-        return cls(loaded, state, first)
+        return cls(inspection, loaded, state, first)
 
     def choosing(self, next_token: NextToken) -> None:
         if len(self.hidden_rows) < crossed.MAX_CHANGE_TOKENS:
@@ -350,7 +321,7 @@ class _AnswerRecord:
 
     def finish(self, token_ids: list[int]) -> None:
         chose = torch.cat(self.hidden_rows[: len(token_ids)]) if token_ids else None
-        crossed.record_answer(self.loaded, self.inspected, self.rows.rows, token_ids, chose)
+        crossed.record_answer(self.inspection, self.loaded, self.inspected, self.rows.rows, token_ids, chose)
 
 
 @torch.no_grad()
@@ -429,6 +400,6 @@ def generate(
     )
     if record is not None:
         record.finish(token_ids)
-    if getattr(_decode_log, "outputs", None) is not None:
-        _decode_log.outputs.append(output)
+    if recording.active() is not None:  # the engine reports each handoff's decode batches
+        recording.active().decodes.append(output)
     return output

@@ -176,9 +176,9 @@ def test_a_handoff_that_raises_mid_run_fails_alone(lab):
     client, *_ = lab
     original = registry.HANDOFFS["kvcomm"]
 
-    def explode(pair, request, on_token=None):
-        if on_token:
-            on_token("half an answer")
+    def explode(pair, request, io):
+        if io.on_token:
+            io.on_token("half an answer")
         raise KeyError("a bug in the middle of the run")
 
     registry.HANDOFFS["kvcomm"] = dataclasses.replace(original, run=explode)
@@ -202,11 +202,11 @@ def run_threads() -> list[threading.Thread]:
 def endless(tokens: list):
     """A handoff run that streams a token every 20 ms until it is stopped (then returns nothing)."""
 
-    def run_forever(pair, request, on_token=None):
+    def run_forever(pair, request, io):
         for index in range(100_000):
             time.sleep(0.02)
             tokens.append(index)
-            on_token(f"token {index}")
+            io.on_token(f"token {index}")
         raise AssertionError("never stopped")
 
     return run_forever
@@ -303,9 +303,9 @@ def test_a_full_model_queue_refuses_then_serves(monkeypatch):
     original = registry.HANDOFFS["receiver"]
     release = threading.Event()
 
-    def held(pair, request, on_token=None):
+    def held(pair, request, io):
         release.wait(30)
-        return original.run(pair, request, on_token=on_token)
+        return original.run(pair, request, io)
 
     monkeypatch.setitem(registry.HANDOFFS, "receiver", dataclasses.replace(original, run=held))
     threads = torch.get_num_threads()

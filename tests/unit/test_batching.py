@@ -4,14 +4,13 @@ with the tokens it gets alone."""
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import threading
 
 import pytest
 import torch
 
-from kvviz.engine.runner import run_handoff
+from kvviz.engine.runner import RunContext, run_handoff
 from kvviz.handoffs import registry
 from kvviz.runtime import cache as kv
 from kvviz.runtime import decode as decoding
@@ -296,10 +295,9 @@ def run_together(pair, request, names):
 
         return on_token
 
-    with decoding.shared_prompts():  # one run: prompts several handoffs read are read once
-        threads = [threading.Thread(target=contextvars.copy_context().run,
-                                    args=(lambda n=n: results.__setitem__(n, run_handoff(n, pair, request, first_token_waits(n))),))
-                   for n in names]
+    run = RunContext()  # one run: prompts several handoffs read are read once
+    threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, run_handoff(n, pair, request, first_token_waits(n), run=run)))
+               for n in names]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -330,10 +328,10 @@ def test_a_prompt_read_by_several_handoffs_of_a_run_is_read_once_and_bitwise_the
     ids = list(range(5, 30))
     alone = KVState()
     first, _ = decoding.prefill(loaded, alone, ids)
-    with decoding.shared_prompts():
-        timers = [StageTimer(), StageTimer()]
-        reads = [decoding.read_prompt_once(loaded, ids, timer, "sharer_prefill") for timer in timers]
-        other = decoding.read_prompt_once(loaded, ids[:-1])  # other tokens: read on its own
+    shared = decoding.SharedPrompts()  # one run's
+    timers = [StageTimer(), StageTimer()]
+    reads = [decoding.read_prompt_once(loaded, ids, timer, "sharer_prefill", shared) for timer in timers]
+    other = decoding.read_prompt_once(loaded, ids[:-1], shared=shared)  # other tokens: read on its own
     assert [read.shared for read in reads] == [False, True] and not other.shared
     for read in reads:
         for layer in range(loaded.facts.num_layers):

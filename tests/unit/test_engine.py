@@ -255,7 +255,7 @@ def test_reference_mask_refuses_a_context_longer_than_a_sliding_window():
 
 def test_text_handoff_with_empty_message_equals_receiver_alone(tiny):
     alone = run_handoff("receiver", tiny, request())
-    relayed = text.run(tiny, request(), message_override="")
+    relayed = text.run(tiny, request(), common.HandoffIO(), message_override="")
     assert relayed.seen["receiver"] == alone.seen["receiver"]
     assert relayed.answer_ids == alone.answer_ids
     assert relayed.bytes_communicated == 0

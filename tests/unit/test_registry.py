@@ -25,7 +25,7 @@ OPTIONS = (Option("words", "how many words to echo", 2, kind="int", minimum=1, m
                   sweep_flag="--echo-words-list", sweep_default="1,3"),)
 
 
-def run(pair, request, on_token=None):
+def run(pair, request, io):
     words = option_values(request, "echo", OPTIONS)["words"]
     return HandoffResult(handoff="echo", pair=pair.name, answer=" ".join((request.context or "").split()[:words]))
 

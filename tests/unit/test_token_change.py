@@ -64,8 +64,8 @@ def test_a_method_is_scored_against_its_control_in_the_same_run(pair):
 def test_a_handoff_beside_a_control_that_reads_the_same_prompt_changes_by_zero(pair, monkeypatch):
     skyline = registry.get("skyline")
 
-    def run_twin(pair, request, on_token=None):
-        return dataclasses.replace(skyline.run(pair, request, on_token), handoff="skyline_twin")
+    def run_twin(pair, request, io):
+        return dataclasses.replace(skyline.run(pair, request, io), handoff="skyline_twin")
 
     twin = dataclasses.replace(skyline, name="skyline_twin", control="skyline", run=run_twin)
     monkeypatch.setitem(registry.HANDOFFS, "skyline_twin", twin)

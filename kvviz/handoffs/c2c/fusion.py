@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from kvviz.runtime import cache as kv
-from kvviz.runtime.decode import prefill, read_prompt_once
+from kvviz.runtime.decode import SharedPrompts, prefill, read_prompt_once
 from kvviz.runtime.rope import RopeTables
 
 
@@ -86,20 +86,23 @@ def bytes_read(sharer: SharerKV, layer_map: list[int]) -> int:
     return total
 
 
-def receiver_prefix(pair, alignment, timer=None) -> kv.KVState:
-    """The receiver's state after its prompt minus the last token (no gradients; read once per run:
-    C2C and its control read the same prompt; timed as the receiver's prefill on ``timer``)."""
+def receiver_prefix(pair, alignment, timer=None, prompts: SharedPrompts | None = None) -> kv.KVState:
+    """The receiver's state after its prompt minus the last token (no gradients; read once per run
+    with ``prompts``, the run's: C2C and its control read the same prompt; timed as the receiver's
+    prefill on ``timer``)."""
     head = alignment.receiver_ids[:-1]
     if not head:
         return kv.KVState()
-    return read_prompt_once(pair.receiver, head, timer, "receiver_prefill" if timer is not None else None).state
+    return read_prompt_once(pair.receiver, head, timer, "receiver_prefill" if timer is not None else None, prompts).state
 
 
-def fuse_prompt(pair, fuser, alignment, sharer="right", hard: bool | None = None, timer=None) -> FusedState:
+def fuse_prompt(pair, fuser, alignment, sharer="right", hard: bool | None = None, timer=None,
+                prompts: SharedPrompts | None = None) -> FusedState:
     """The whole pipeline for one prompt. ``fuser``: a C2CFuser (or a DDP wrapper around one).
 
     Gradients flow into the fuser when called outside ``torch.no_grad`` (training); the frozen
-    models run without them. ``timer``: a ``kvviz.runtime.measure.StageTimer`` for the handoff's stages.
+    models run without them. ``timer``: a ``kvviz.runtime.measure.StageTimer`` for the handoff's stages;
+    ``prompts``: the run's prompts read once (C2C and its control read the same receiver prompt).
     """
     core = getattr(fuser, "module", fuser)
     stage = timer.stage if timer is not None else (lambda name: nullcontext())
@@ -110,7 +113,7 @@ def fuse_prompt(pair, fuser, alignment, sharer="right", hard: bool | None = None
         else:
             with stage("sharer_prefill"):
                 shared = sharer_kv(pair, alignment)
-    state = receiver_prefix(pair, alignment, timer)
+    state = receiver_prefix(pair, alignment, timer, prompts)
     started = time.perf_counter()
     head = alignment.receiver_ids[:-1]
     with stage("transfer"):

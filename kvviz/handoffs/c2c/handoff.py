@@ -37,9 +37,8 @@ from kvviz.handoffs.c2c.align import align_prompt, describe
 from kvviz.handoffs.c2c.fuser import C2CFuser, FuserError
 from kvviz.handoffs.c2c.fusion import fuse_prompt
 from kvviz.handoffs.c2c.locate import communication_details, get_fuser, resolve_fuser
-from kvviz.handoffs.common import TokenCallback, handoff_result, read_prompt
+from kvviz.handoffs.common import HandoffIO, handoff_result, read_prompt
 from kvviz.handoffs.registry import Handoff, NotApplicable, Option, ReceiverPrompt, option_values
-from kvviz.runtime import crossed
 from kvviz.runtime.checkpoints import checkpoint_label
 from kvviz.runtime.decode import generate, prefill
 from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
@@ -53,25 +52,23 @@ def receiver_sees_context_for(fuser: C2CFuser) -> bool:
     return bool((fuser.config.training or {}).get("receiver_sees_context", True))
 
 
-def run(
-    pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None, control: bool = False
-) -> HandoffResult:
+def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO, control: bool = False) -> HandoffResult:
     name = CONTROL if control else NAME
     fuser, folder = fuser_for(pair, request, control)
     timer = StageTimer()
     receiver, sharer = pair.receiver, pair.sharer
     alignment = request_alignment(pair, request, fuser)
     with torch.no_grad():  # the frozen models and the fuser at inference: no gradients
-        fused = fuse_prompt(pair, fuser, alignment, sharer="right", hard=True, timer=timer)
+        fused = fuse_prompt(pair, fuser, alignment, sharer="right", hard=True, timer=timer, prompts=io.prompts)
     # what crossed: the fused prompt, the receiver's cache of its prompt after the fuser
     fused_length = fused.state.next_position
-    crossed.mark_sent("fused prompt tokens (the receiver's prompt cache after the fuser"
+    io.send("fused prompt tokens (the receiver's prompt cache after the fuser"
                       + (", the control fuser" if control else "") + ")",
                       range(fused_length), alignment.receiver_ids[:fused_length])
     with timer.stage("receiver_prefill"):
         logits, _ = prefill(receiver, fused.state, alignment.receiver_ids[-1:])
     with timer.stage("receiver_decode"):
-        output = generate(receiver, fused.state, logits, request.generation, on_token=on_token, timer=timer)
+        output = generate(receiver, fused.state, logits, request.generation, on_token=io.on_token, timer=timer)
     flops, before_answer = c2c_flops(pair, fuser, alignment, len(output.token_ids), control)
     return handoff_result(
         name, pair, output, timer,
@@ -192,9 +189,9 @@ def run_details(pair, fuser: C2CFuser, folder, alignment, fused) -> dict:
     }
 
 
-def run_control(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+def run_control(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> HandoffResult:
     """The control fuser (no sharer information): how much of C2C's effect is adaptation."""
-    return run(pair, request, on_token=on_token, control=True)
+    return run(pair, request, io, control=True)
 
 
 # --- descriptors ------------------------------------------------------------------------------

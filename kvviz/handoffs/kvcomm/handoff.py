@@ -72,7 +72,7 @@ from kvviz.core.prompts import build_segments
 from kvviz.core.results import HandoffRequest, HandoffResult
 from kvviz.handoffs.common import (
     UNRELATED_CONTEXT,
-    TokenCallback,
+    HandoffIO,
     handoff_result,
     needs_same_shape_sender,
     read_prompt,
@@ -95,7 +95,6 @@ from kvviz.handoffs.kvcomm.layers import (
 )
 from kvviz.handoffs.registry import Handoff, Option, TaskCalibration, all_of, needs_context
 from kvviz.runtime import cache as kv
-from kvviz.runtime import crossed
 from kvviz.runtime.decode import generate, prefill, read_prompt_once
 from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
 from kvviz.runtime.models import LoadedPair
@@ -117,13 +116,13 @@ class Sent:
     bytes: int
 
 
-def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> HandoffResult:
     options = options_of(request)
     receiver = pair.receiver
     alpha, alpha_source = resolve_alpha(options, receiver.facts.model_type)
     segments = build_segments(receiver.tokenizer, request.query, request.context)
     timer = StageTimer()
-    output, sent = send_and_answer(pair, request, options, alpha, segments, timer, on_token)
+    output, sent = send_and_answer(pair, request, options, alpha, segments, timer, io)
     on_this_query = sent.calibration is not None and sent.calibration["source"] == "query"
     prompt_flops, receiver_flops, sender_flops = kvcomm_flops(pair, segments, sent.selected, len(output.token_ids), on_this_query)
     return handoff_result(
@@ -144,15 +143,15 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
 CONTROL = "kvcomm_control"
 
 
-def run_control(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
+def run_control(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> HandoffResult:
     """KVComm with the same options (so, calibrated on the built-in sample, the same layers) whose
     sender reads a fixed unrelated sentence instead of the private context: what the receiver
     answers when the splice carries nothing about the question."""
-    result = run(pair, dataclasses.replace(request, context=UNRELATED_CONTEXT), on_token)
+    result = run(pair, dataclasses.replace(request, context=UNRELATED_CONTEXT), io)
     return dataclasses.replace(result, handoff=CONTROL, details={**result.details, "control_context": UNRELATED_CONTEXT})
 
 
-def send_and_answer(pair, request, options, alpha, segments, timer: StageTimer, on_token):
+def send_and_answer(pair, request, options, alpha, segments, timer: StageTimer, io: HandoffIO):
     """The timed handoff: the sender reads the context, the layers are chosen (on this query's own
     attention with calibration "query"), the KV is spliced in, the receiver answers. Then, outside
     every stage, this query's importance is measured (instrumentation). Returns (decode output,
@@ -165,7 +164,7 @@ def send_and_answer(pair, request, options, alpha, segments, timer: StageTimer, 
         # one-off per pair and sample (cached), before the question is asked: not timed here
         calibration = {**calibrate(pair, *calibration_texts(options)), "source": options.calibration}
     # the sender reads the context (once per run: AC's sender reads the same)
-    sender_state = read_prompt_once(sender, segments.context_ids, timer, "sharer_prefill").state
+    sender_state = read_prompt_once(sender, segments.context_ids, timer, "sharer_prefill", io.prompts).state
     query_importance = None
     if uses_attention and options.calibration == "query":
         # The receiver reads this question once with the context in every layer to choose the
@@ -186,13 +185,13 @@ def send_and_answer(pair, request, options, alpha, segments, timer: StageTimer, 
         state.reference_mask = options.reference_mask
         sent_bytes = kv.kv_bytes(sender_state.cache if query_importance is not None else state.cache)
     # what crossed: the context's keys, at positions 0..|C|-1 (the sink alone in unsent layers)
-    crossed.mark_sent("context tokens (the sender's KV cache, in the layers KVComm sent; the first token, "
+    io.send("context tokens (the sender's KV cache, in the layers KVComm sent; the first token, "
                       "the attention sink, in every layer)", range(len(segments.context_ids)), segments.context_ids,
                       layers=selected)
     with timer.stage("receiver_prefill"):
         first, _ = prefill(receiver, state, segments.query_ids)
     with timer.stage("receiver_decode"):
-        output = generate(receiver, state, first, request.generation, on_token=on_token, timer=timer)
+        output = generate(receiver, state, first, request.generation, on_token=io.on_token, timer=timer)
     if query_importance is None:
         # instrumentation: after the answer, outside every stage and the total
         started = time.perf_counter()

@@ -27,10 +27,9 @@ from kvviz.core import policy
 from kvviz.core.paths import ASSETS
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import HandoffRequest, HandoffResult
-from kvviz.handoffs.common import UNRELATED_CONTEXT, TokenCallback, handoff_result
+from kvviz.handoffs.common import UNRELATED_CONTEXT, HandoffIO, handoff_result
 from kvviz.handoffs.registry import Handoff, NotApplicable, Option, all_of, needs_context, option_values
 from kvviz.handoffs.translate import translator as tr
-from kvviz.runtime import crossed
 from kvviz.runtime.checkpoints import checkpoint_label
 from kvviz.runtime.decode import generate, prefill
 from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
@@ -93,7 +92,7 @@ def get_translator(folder: Path, pair: LoadedPair) -> tr.KVTranslator:
         return _loaded[key]
 
 
-def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None, control: bool = False) -> HandoffResult:
+def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO, control: bool = False) -> HandoffResult:
     name = CONTROL if control else NAME
     folder, reason = locate(pair, request)
     if folder is None:
@@ -115,7 +114,7 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
             prefix = tr.build_prefix(receiver, alignment, keys, values, weights, translator.open_gates().float().tolist())
     # what crossed: the translated context keys (shown with the receiver's tokens of the context,
     # which the receiver never read), in the layers whose gate is open
-    crossed.mark_sent("context tokens (the sharer's KV cache translated into the receiver's; shown as the receiver's "
+    io.send("context tokens (the sharer's KV cache translated into the receiver's; shown as the receiver's "
                       "tokens of the context, which it never read)",
                       range(alignment.own_count, len(alignment.receiver_ids)), alignment.receiver_ids[alignment.own_count:],
                       layers=[layer for layer, gate in enumerate(prefix.gates) if gate > 0])
@@ -124,7 +123,7 @@ def run(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | Non
     with timer.stage("receiver_prefill"):
         first, _ = prefill(receiver, state, segments.query_ids)
     with timer.stage("receiver_decode"):
-        output = generate(receiver, state, first, request.generation, on_token=on_token, timer=timer)
+        output = generate(receiver, state, first, request.generation, on_token=io.on_token, timer=timer)
     flops, before_answer = translation_flops(pair, translator, alignment, prefix, len(segments.query_ids), len(output.token_ids))
     return handoff_result(
         name, pair, output, timer,
@@ -188,8 +187,8 @@ def measured_numbers(folder: Path) -> dict | None:
         return None
 
 
-def run_control(pair: LoadedPair, request: HandoffRequest, on_token: TokenCallback | None = None) -> HandoffResult:
-    return run(pair, request, on_token, control=True)
+def run_control(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> HandoffResult:
+    return run(pair, request, io, control=True)
 
 
 def translator_found(pair: LoadedPair, request: HandoffRequest) -> str | None:
