@@ -7,10 +7,11 @@ import traceback
 
 from kvviz.core import limits
 from kvviz.core.results import HandoffRequest, HandoffResult
-from kvviz.handoffs import get, parse_handoffs, registry
+from kvviz.engine.events import Lens, Scored
+from kvviz.handoffs import get, registry
 from kvviz.handoffs.common import TokenCallback
 from kvviz.runtime import crossed
-from kvviz.runtime.decode import answer_logprobs, record_decodes, shared_prompts
+from kvviz.runtime.decode import answer_logprobs, record_decodes
 from kvviz.runtime.measure import PeakGpuMemory
 from kvviz.runtime.models import LoadedPair, load_model, resolve_pair
 
@@ -99,17 +100,6 @@ def check_fits(pair: LoadedPair, request: HandoffRequest) -> None:
     limits.check_prompt_tokens(pair, request, registry.tokens_before_answer(request))
 
 
-def run_handoffs(names, pair: LoadedPair, request: HandoffRequest) -> list[HandoffResult]:
-    """The handoffs one after another, as one run (a prompt that several read is read once; each
-    answer is scored against its control where both ran, ``score_against_controls``)."""
-    names = parse_handoffs(names)
-    check_fits(pair, request)
-    with shared_prompts(), crossed.one_run() as records:
-        results = [run_handoff(name, pair, request) for name in names]
-        finish_crossed(records)
-    return results
-
-
 def score_against_controls(result: HandoffResult, inspection) -> None:
     """Inside a run that records what crossed (``crossed.one_run``), as ``result`` finishes: every
     pair it completes (it and its control, or a handoff it is the control of, both recorded on one
@@ -132,13 +122,13 @@ def score_against_controls(result: HandoffResult, inspection) -> None:
         method_result.token_change = crossed.change_record(mine, control, registry.title_of(control), own, under_control)
 
 
-def finish_crossed(records: crossed.RunRecords) -> list[tuple[str, str, dict]]:
-    """After every handoff of a run that recorded what crossed: the events ``("change", handoff,
-    token_change)`` for each scored answer (a method that finished before its control got its
-    score after its ``done``) and ``("lens", handoff, logit_lens)`` for each recorded result; the
-    prompts kept for scoring are dropped."""
-    events = [("change", r.handoff, r.token_change) for r, _ in records.entries if r.token_change]
-    events += [("lens", r.handoff, r.logit_lens) for r, _ in records.entries if r.logit_lens]
+def finish_crossed(records: crossed.RunRecords) -> list[Scored | Lens]:
+    """After every handoff of a run that recorded what crossed: a ``Scored`` event (its
+    ``token_change``) for each scored answer (a method that finished before its control got its
+    score after its ``Done``) and a ``Lens`` event (its ``logit_lens``) for each recorded result;
+    the prompts kept for scoring are dropped."""
+    events: list[Scored | Lens] = [Scored(r.handoff, r.token_change) for r, _ in records.entries if r.token_change]
+    events += [Lens(r.handoff, r.logit_lens) for r, _ in records.entries if r.logit_lens]
     for _, inspection in records.entries:
         inspection.prompt = inspection.chose = None
     return events
