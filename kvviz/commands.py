@@ -6,7 +6,7 @@ import json
 import sys
 
 from kvviz.app.present import notes_of
-from kvviz.engine import flags, runner
+from kvviz.engine import flags, runner, stream
 from kvviz.handoffs import registry
 from kvviz.runtime.models import (
     EMBEDDED_MODELS,
@@ -127,7 +127,7 @@ def main_run(args) -> int:
     names = registry.parse_handoffs(args.handoffs)
     request = request_from_args(args)
     pair = runner.load_pair(args.pair, args.device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
-    results = runner.run_handoffs(names, pair, request)
+    results = stream.results(pair, request, names)
     if args.json:
         print(json.dumps({"pair": pair.name, "request": request.to_dict(), "results": [r.to_dict() for r in results]}, indent=2))
     else:

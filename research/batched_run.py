@@ -4,8 +4,8 @@
 
 The page's six default handoffs on the locker preset, warm, A B C A B C ...:
 (a) one after another, each decode token through the model's own forward (``KVVIZ_BATCHED_DECODE=0``,
-    the engine before issue 20); (b) through ``kvviz.engine.stream.run_events`` two side by side, the same
-    decode path (the page's engine before issue 20); (c) through ``run_events`` all at once with the
+    the engine before issue 20); (b) through ``kvviz.engine.stream.run`` two side by side, the same
+    decode path (the page's engine before issue 20); (c) through ``run`` all at once with the
     decode steps shared per model (the page's engine now). Wall seconds and the process's CPU
     seconds (the work done, which another process on the machine does not inflate), the batch sizes each
     handoff's decode saw, and whether every handoff's answer is the same in (a) and (c).
@@ -29,7 +29,8 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from kvviz.engine.runner import load_pair, run_handoff
-    from kvviz.engine.stream import ALL_AT_ONCE, run_events
+    from kvviz.engine.events import Done
+    from kvviz.engine.stream import ALL_AT_ONCE, run
     from kvviz.handoffs.registry import default_handoffs
     from kvviz.studies.speed import full_run_request
 
@@ -45,7 +46,8 @@ def main():
             os.environ.pop("KVVIZ_BATCHED_DECODE")
 
     def streamed(workers):
-        return {name: data for kind, name, data in run_events(pair.name, request, names, workers, loaded=pair) if kind == "done"}
+        events = [event for batch in run(pair.name, request, names, workers, loaded=pair) for event in batch]
+        return {event.handoff: event.result for event in events if isinstance(event, Done)}
 
     variants = {
         "before: one after another, the model's own forward": lambda: with_batching(

@@ -2,8 +2,8 @@
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python research/crossed_cost.py [--rounds 4]
 
-1. The page's default handoffs on the first preset, one after another (``engine.run_handoffs``),
-   with and without ``HandoffRequest.inspect``, interleaved: median wall and thread CPU time each
+1. The page's default handoffs on the first preset, one after another (``kvviz.engine.stream.results``),
+   with and without ``HandoffRequest.inspect``, interleaved: median wall and process CPU time each
    way and their ratio (the app's own measurement is ``scripts/bench_app.py --crossed both``).
 2. The logit lens alone (one fp32 pass of the receiver's output head for every layer's row) on a few
    presets, against the same from the head's packed bfloat16 copy (where the CPU has it): time, and
@@ -19,16 +19,17 @@ import time
 import torch
 
 from kvviz.app.presets import PRESETS
-from kvviz.engine.runner import load_pair, run_handoff, run_handoffs
+from kvviz.engine import stream
+from kvviz.engine.runner import load_pair, run_handoff
 from kvviz.handoffs.registry import build_request, default_handoffs
 from kvviz.runtime import crossed
 
 
 def timed(pair, names, inspect):
     request = build_request(PRESETS[0].query, PRESETS[0].context, 32, inspect=inspect)
-    wall, cpu = time.perf_counter(), time.thread_time()
-    run_handoffs(names, pair, request)
-    return time.perf_counter() - wall, time.thread_time() - cpu
+    wall, cpu = time.perf_counter(), time.process_time()  # the run's handoffs run in worker threads
+    stream.results(pair, request, names)
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main() -> None:
@@ -43,7 +44,7 @@ def main() -> None:
     for _ in range(args.rounds):
         rows["off"].append(timed(pair, names, None))
         rows["on"].append(timed(pair, names, {"gold": PRESETS[0].answers[0]}))
-    for index, what in enumerate(("wall", "thread CPU")):
+    for index, what in enumerate(("wall", "process CPU")):
         on, off = (statistics.median(run[index] for run in rows[way]) for way in ("on", "off"))
         print(f"{what}: recording {on:.2f} s, not recording {off:.2f} s (median of {args.rounds}): x{on / off:.3f}")
 

@@ -4,7 +4,7 @@
     PYTHONPATH=. python research/page_costs.py figures [--repeats 5]
 
 ``gc``: the page's default handoffs on the locker preset, warm, recording what crossed (as the page
-runs them, ``kvviz.engine.stream.run_events``), with the objects alive after loading frozen out of the
+runs them, ``kvviz.engine.stream.run``), with the objects alive after loading frozen out of the
 garbage collector's walks (``gc.freeze``, what ``kvviz.runtime.models.load_model`` does) and not
 (``gc.unfreeze``), alternating within the process: each side's median and the median paired ratio.
 
@@ -25,7 +25,7 @@ import torch
 
 def gc_pairs(pairs: int) -> None:
     from kvviz.engine.runner import load_pair
-    from kvviz.engine.stream import run_events
+    from kvviz.engine.stream import run
     from kvviz.studies.speed import default_handoffs, default_workers, full_run_request
 
     torch.set_num_threads(1)
@@ -35,7 +35,7 @@ def gc_pairs(pairs: int) -> None:
 
     def one() -> float:
         started = time.perf_counter()
-        for _ in run_events(pair.name, request, names, default_workers(), loaded=pair):
+        for _ in run(pair.name, request, names, default_workers(), loaded=pair):
             pass
         return time.perf_counter() - started
 

@@ -103,7 +103,7 @@ sys.path.insert(0, {root!r})
 threads, workers, repeats = {threads}, {workers}, {repeats}
 torch.set_num_threads(threads)
 from kvviz.engine.runner import load_pair
-from kvviz.engine.stream import stream_handoffs
+from kvviz.engine.stream import run
 from kvviz.studies.speed import FULL_RUN_QUERY, FULL_RUN_CONTEXT, FULL_RUN_TOKENS
 from kvviz.handoffs.registry import default_handoffs
 from kvviz.core.results import GenerationSettings, HandoffRequest
@@ -114,7 +114,7 @@ request = HandoffRequest(query=FULL_RUN_QUERY, context=FULL_RUN_CONTEXT, generat
 walls = []
 for repeat in range(repeats + 1):
     started = time.perf_counter()
-    list(stream_handoffs({pair!r}, request, default_handoffs(), workers))
+    list(run({pair!r}, request, default_handoffs(), workers))
     if repeat:
         walls.append(time.perf_counter() - started)
 print(json.dumps(walls))

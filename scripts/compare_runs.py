@@ -18,6 +18,8 @@ Preset files (``assets/precomputed/presets.json`` as committed against a regener
 
 compares every preset's and every stored variation's results, handoff by handoff: the answer, the
 bytes, the FLOPs, the layer records and the tokens (never the timings). Exits 1 when anything differs.
+``--tolerance 1e-5`` lets numbers of the per-layer records differ by that much, relatively (two
+processes' floating-point reductions may differ in the last bits), and says how many did.
 """
 
 from __future__ import annotations
@@ -78,23 +80,37 @@ def preset_results(path: str) -> dict:
     return out
 
 
-def compare_presets(first: str, second: str) -> int:
+def differs(a, b, tolerance: float) -> bool:
+    """Whether two JSON values differ: numbers by more than ``tolerance`` relative, the rest exactly."""
+    if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() != b.keys() or any(differs(a[k], b[k], tolerance) for k in a)
+        if isinstance(a, list) and isinstance(b, list):
+            return len(a) != len(b) or any(differs(x, y, tolerance) for x, y in zip(a, b))
+        return a != b
+    return abs(a - b) > tolerance * max(1.0, abs(a), abs(b))
+
+
+def compare_presets(first: str, second: str, tolerance: float) -> int:
     results_1, results_2 = preset_results(first), preset_results(second)
     missing = sorted(set(results_1) ^ set(results_2))
-    differ = []
+    differ, close = [], 0
     for key in sorted(set(results_1) & set(results_2)):
         a, b = results_1[key], results_2[key]
-        fields = [name for name in ("answer", *PRESET_FIELDS) if a.get(name) != b.get(name)]
+        fields = [name for name in ("answer", *PRESET_FIELDS) if differs(a.get(name), b.get(name), tolerance)]
         if fields:
             differ.append((key, fields, a.get("answer"), b.get("answer")))
+        elif any(a.get(name) != b.get(name) for name in ("answer", *PRESET_FIELDS)):
+            close += 1
     for (preset, run, handoff), fields, answer_1, answer_2 in differ:
         where = f"{preset}{f' [{run}]' if run else ''} {handoff}"
         print(f"  {where}: {', '.join(fields)} differ ({answer_1!r} vs {answer_2!r})")
     for key in missing:
         print(f"  only in one file: {key}")
     compared = len(set(results_1) & set(results_2))
+    within = f"; {close} equal only within a relative {tolerance:g} (floating-point noise)" if tolerance else ""
     print(f"{compared} preset results compared (answer, {', '.join(PRESET_FIELDS)}): {len(differ)} differ, "
-          f"{len(missing)} in one file only")
+          f"{len(missing)} in one file only{within}")
     return 0 if not differ and not missing else 1
 
 
@@ -104,9 +120,11 @@ def main(argv=None) -> int:
     parser.add_argument("second")
     parser.add_argument("--measurements", action="store_true", help="bench folders: compare every measured column, not only the answers")
     parser.add_argument("--presets", action="store_true", help="the two paths are precomputed preset files")
+    parser.add_argument("--tolerance", type=float, default=0.0,
+                        help="--presets: numbers within this relative difference count as equal (default 0: exact)")
     args = parser.parse_args(argv)
     if args.presets:
-        return compare_presets(args.first, args.second)
+        return compare_presets(args.first, args.second, args.tolerance)
     return compare_bench(args.first, args.second, args.measurements)
 
 

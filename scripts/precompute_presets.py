@@ -25,10 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kvviz.app.lessons import failures  # noqa: E402
+from kvviz.app.methods.registry import column_names  # noqa: E402
 from kvviz.app.presets import PRECOMPUTED_PATH, PRECOMPUTED_SWEEP_PATH, PRESETS  # noqa: E402
 from kvviz.app.sweep import default_handoff, run_sweep  # noqa: E402
-from kvviz.engine.runner import load_pair, run_handoffs  # noqa: E402
-from kvviz.app.methods.registry import column_names  # noqa: E402
+from kvviz.engine import stream  # noqa: E402
+from kvviz.engine.runner import load_pair  # noqa: E402
 from kvviz.handoffs.registry import build_request  # noqa: E402
 
 
@@ -39,7 +40,7 @@ def precomputed_run(pair, key: str, query: str, context: str | None, max_new_tok
     request = build_request(query, context, max_new_tokens=max_new_tokens, options=options, inspect=inspect)
     results = []
     # one run, as the page's: each answer is also scored against its control where both ran (token_change)
-    for handoff in run_handoffs(names, pair, request):
+    for handoff in stream.results(pair, request, names):
         result = {**handoff.to_dict(), "precomputed": True}
         results.append(result)
         print(f"{key:<10} {handoff.handoff:<11} {handoff.total_seconds:6.2f} s  {result['answer'] or result['reason']!r}")

@@ -192,8 +192,8 @@ the C2C column says so.
 ## Hardware
 
 Suggested: `{hardware}`. The embedded pair runs on CPU; on a GPU (CUDA, bfloat16) the papers'
-pairs (`--pair qwen`, `qwen3-self`) run too. On ZeroGPU (`zero-a10g`) the model work runs inside
-`@spaces.GPU` functions that ask for a duration fitted to the request (`kvviz/core/zerogpu.py`).
+pairs (`--pair qwen`, `qwen3-self`) run too. On ZeroGPU (`zero-a10g`) the model work (a run, the sweep) runs
+inside one `@spaces.GPU` worker that asks for a duration fitted to the request (`kvviz/core/zerogpu.py`).
 On a Space, kvviz runs in public mode (`SPACE_ID` is set): registered pairs only, capped tokens,
 context and run time.
 

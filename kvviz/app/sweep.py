@@ -117,7 +117,15 @@ def run_sweep(pair, series=None, max_new_tokens: int = 12, items=None, progress=
     }
 
 
-# --- on a ZeroGPU Space: the sweep inside @spaces.GPU, a plain dict out ---------------------------
+# --- the page's sweep: on a ZeroGPU Space inside @spaces.GPU, a plain dict out --------------------
+
+
+def page_sweep(pair_name: str, series: list[str] | None, max_new_tokens: int, handoff: str, progress=None) -> dict:
+    """The page's sweep (``run_sweep``) through ``kvviz.core.zerogpu.dispatch``: on a Space inside
+    ``@spaces.GPU`` for ``sweep_seconds``, without the progress bar (it cannot cross); here with it."""
+    (data,) = zerogpu.dispatch(_sweep, sweep_seconds, pair_name, list(series or []), int(max_new_tokens), handoff,
+                               here={"progress": progress})
+    return data
 
 
 def sweep_seconds(pair_name: str, series: list[str], max_new_tokens: int, handoff: str) -> int:
@@ -127,10 +135,6 @@ def sweep_seconds(pair_name: str, series: list[str], max_new_tokens: int, handof
     return zerogpu.bounded_seconds(zerogpu.BASE_SECONDS + zerogpu.SECONDS_PER_TOKEN * runs * int(max_new_tokens))
 
 
-def _sweep(pair_name: str, series: list[str], max_new_tokens: int, handoff: str) -> dict:
-    """The page's sweep (``run_sweep``) as a plain dict (no progress bar across)."""
-    return run_sweep(pair_name, series, int(max_new_tokens), handoff=handoff)
-
-
-# Decorated once, at import (ZeroGPU registers its functions before the app starts).
-gpu_sweep = zerogpu.on_gpu(_sweep, sweep_seconds)
+def _sweep(pair_name: str, series: list[str], max_new_tokens: int, handoff: str, progress=None) -> dict:
+    """The page's sweep (``run_sweep``) where it runs, as a plain dict."""
+    return run_sweep(pair_name, series, int(max_new_tokens), progress=progress, handoff=handoff)

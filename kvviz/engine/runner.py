@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from kvviz.core import limits
 from kvviz.core.results import HandoffRequest, HandoffResult
-from kvviz.handoffs import get, parse_handoffs, registry
+from kvviz.engine.events import Lens, Scored
+from kvviz.handoffs import get, registry
 from kvviz.handoffs.common import HandoffIO, TokenCallback
 from kvviz.runtime import crossed
 from kvviz.runtime.decode import SharedPrompts, answer_logprobs
@@ -116,17 +117,6 @@ def check_fits(pair: LoadedPair, request: HandoffRequest) -> None:
     limits.check_prompt_tokens(pair, request, registry.tokens_before_answer(request))
 
 
-def run_handoffs(names, pair: LoadedPair, request: HandoffRequest) -> list[HandoffResult]:
-    """The handoffs one after another, as one run (a prompt that several read is read once; each
-    answer is scored against its control where both ran, ``score_against_controls``)."""
-    names = parse_handoffs(names)
-    check_fits(pair, request)
-    run = RunContext()
-    results = [run_handoff(name, pair, request, run=run) for name in names]
-    finish_crossed(run)
-    return results
-
-
 def score_against_controls(result: HandoffResult, inspection, records: crossed.RunRecords) -> None:
     """In a run that records what crossed, as ``result`` finishes: every pair it completes (it and
     its control, or a handoff it is the control of, both recorded on one receiver) gets its
@@ -148,14 +138,14 @@ def score_against_controls(result: HandoffResult, inspection, records: crossed.R
         method_result.token_change = crossed.change_record(mine, control, registry.title_of(control), own, under_control)
 
 
-def finish_crossed(run: RunContext) -> list[tuple[str, str, dict]]:
-    """After every handoff of a run that recorded what crossed: the events ``("change", handoff,
-    token_change)`` for each scored answer (a method that finished before its control got its
-    score after its ``done``) and ``("lens", handoff, logit_lens)`` for each recorded result; the
-    prompts kept for scoring are dropped."""
+def finish_crossed(run: RunContext) -> list[Scored | Lens]:
+    """After every handoff of a run that recorded what crossed: a ``Scored`` event (its
+    ``token_change``) for each scored answer (a method that finished before its control got its
+    score after its ``Done``) and a ``Lens`` event (its ``logit_lens``) for each recorded result;
+    the prompts kept for scoring are dropped."""
     records = run.records
-    events = [("change", r.handoff, r.token_change) for r, _ in records.entries if r.token_change]
-    events += [("lens", r.handoff, r.logit_lens) for r, _ in records.entries if r.logit_lens]
+    events: list[Scored | Lens] = [Scored(r.handoff, r.token_change) for r, _ in records.entries if r.token_change]
+    events += [Lens(r.handoff, r.logit_lens) for r, _ in records.entries if r.logit_lens]
     for _, inspection in records.entries:
         inspection.prompt = inspection.chose = None
     return events

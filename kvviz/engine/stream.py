@@ -1,10 +1,11 @@
-"""Run handoffs in worker threads and stream what happens: the engine, for a page.
+"""Run handoffs in worker threads and stream what happens: the engine, for a page and for the rest.
 
-``stream_handoffs`` yields events as they happen so that a page can show each answer token by
-token while the handoffs run on a shared pair of models, ``workers`` at a time;
-``run_event_batches`` gives the same events in batches, all that waited together (the page sends
-one update per batch: each update costs the server's event loop, which shares the interpreter with
-the model threads).
+``run`` is the one entry: it yields a run's events (``kvviz.engine.events``) as they happen, in
+batches, all that waited together, so that a page can show each answer token by token while the
+handoffs run on a shared pair of models, ``workers`` at a time (the page sends one update per
+batch: each update costs the server's event loop, which shares the interpreter with the model
+threads). On a Space it runs inside ``@spaces.GPU`` (``kvviz.core.zerogpu.dispatch``). ``results``
+collects a run's results, one handoff after another (the command line, the precomputed presets).
 
 By default every handoff of a run starts at once (``ALL_AT_ONCE``): the handoffs that decode with
 the same model then share its decode steps (``kvviz.runtime.decode``: one batched step streams the weights
@@ -18,6 +19,7 @@ timings.
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import threading
@@ -28,8 +30,9 @@ from typing import Iterable, Iterator
 import torch
 
 from kvviz.core import policy, zerogpu
-from kvviz.core.results import HandoffRequest
+from kvviz.core.results import HandoffRequest, HandoffResult
 from kvviz.engine import runner
+from kvviz.engine.events import Done, Event, Failed, Lens, Message, Scored, Started, Status, Stopped, Token
 from kvviz.handoffs import registry
 from kvviz.runtime.decode import batched_decode_enabled
 from kvviz.runtime.models import LoadedPair
@@ -67,63 +70,67 @@ def use_one_thread_per_handoff() -> None:
         torch.set_num_threads(1)
 
 
-def stream_handoffs(
+def run(
     pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
-    stop: threading.Event | None = None,
-) -> Iterator[tuple[str, str | None, object]]:
-    """``run_events``; on a Space (the ``spaces`` package installed) inside ``@spaces.GPU``, with
-    only plain data crossing (``gpu_run_events``, ``kvviz.core.zerogpu``): there ``stop`` cannot cross,
-    and the caller stops the run by closing the generator at its next event."""
-    if zerogpu.available():
-        yield from gpu_run_events(pair_name, request.to_dict(), list(names), workers, max_seconds)
-    else:
-        yield from run_events(pair_name, request, names, workers, max_seconds, stop)
+    stop: threading.Event | None = None, loaded: LoadedPair | None = None, idle: float | None = None,
+) -> Iterator[list[Event]]:
+    """Run the handoffs, ``workers`` at a time (``ALL_AT_ONCE``: all), in worker threads; yield their
+    events (``kvviz.engine.events``, in the order they happened) in batches: each batch holds every
+    event that was waiting when the consumer asked (at least one), so that a consumer slower than
+    the models (a page: each update it sends costs the server's event loop) sends one update for
+    many events. A consumer that wants single events flattens the batches.
 
+    Handoffs that cannot run on this pair or request are ``Done`` at once, before any model runs,
+    so that their columns never wait behind the others. ``Scored`` and ``Lens`` come after every
+    handoff is done (``runner.finish_crossed``).
 
-def stream_handoff_batches(
-    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
-    stop: threading.Event | None = None, idle: float | None = None,
-) -> Iterator[list[tuple[str, str | None, object]]]:
-    """``stream_handoffs`` in batches (``run_event_batches``); on a Space one event a batch (the
-    events cross from the GPU worker one by one)."""
-    if zerogpu.available():
-        for event in gpu_run_events(pair_name, request.to_dict(), list(names), workers, max_seconds):
-            yield [event]
-    else:
-        yield from run_event_batches(pair_name, request, names, workers, max_seconds, stop, idle=idle)
-
-
-def run_events(
-    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
-    stop: threading.Event | None = None, loaded: LoadedPair | None = None,
-) -> Iterator[tuple[str, str | None, object]]:
-    """Run the handoffs, ``workers`` at a time (``ALL_AT_ONCE``: all), in worker threads; yield
-    ``(kind, name, data)`` events: ``status`` (a progress line), ``start``, ``message`` (the message
-    so far, from a handoff that writes one before its answer), ``token`` (answer so far), ``done`` (result
-    dict), ``stopped`` (the run reached ``max_seconds``: why; the handoffs not done did not run),
-    ``error`` (a message: the run could not start), ``lens`` (a result's ``logit_lens``) and ``change``
-    (its ``token_change``), after every handoff is done (``runner.finish_crossed``).
-
-    Handoffs that cannot run on this pair or request are ``done`` at once, before any model runs,
-    so that their columns never wait behind the others.
-
-    Closing the generator (the user cancelled or left) stops the worker at its next token; so
+    Closing the generator (the user cancelled or left) stops the workers at their next token; so
     does setting ``stop`` (a page's Stop button), after which the generator ends within
-    ``STOP_POLL_SECONDS`` even while no handoff is producing tokens.
-    ``max_seconds`` defaults to the policy's cap (``kvviz.core.policy``; none locally). ``loaded``: the
-    pair already loaded (the speed report), instead of loading ``pair_name``.
+    ``STOP_POLL_SECONDS`` even while no handoff is producing tokens. ``idle``: also an empty batch
+    after ``idle`` seconds without events (a page sends what it held back). ``max_seconds``
+    defaults to the policy's cap (``kvviz.core.policy``; none locally). ``loaded``: the pair
+    already loaded (the speed report), instead of loading ``pair_name``.
+
+    On a Space (the ``spaces`` package installed) the run goes inside ``@spaces.GPU``
+    (``kvviz.core.zerogpu.dispatch``, for ``run_seconds``), the request crossing as a dict and the
+    batches coming back pickled; ``stop``, ``loaded`` and ``idle`` stay behind, and the caller stops
+    the run by closing the generator at its next batch.
     """
-    batches = run_event_batches(pair_name, request, names, workers, max_seconds, stop, loaded)
-    try:
-        for batch in batches:
-            yield from batch
-    finally:
-        batches.close()  # the workers stop at their next token
+    yield from zerogpu.dispatch(_run, run_seconds, pair_name, request.to_dict(), list(names), workers, max_seconds,
+                                here={"stop": stop, "loaded": loaded, "idle": idle})
+
+
+def results(pair: LoadedPair, request: HandoffRequest, names) -> list[HandoffResult]:
+    """The handoffs (names as ``registry.parse_handoffs`` reads them) one after another as one run
+    on a loaded pair, without a time cap: their results in the order named. A prompt that several
+    read is read once, and each answer is scored against its control where both ran (its
+    ``Scored`` event, for a method that finished before its control). A ValueError says why the
+    run could not start (a prompt too long for the pair)."""
+    names = registry.parse_handoffs(names)
+    done: list[tuple[str, dict]] = []  # (handoff, result) as they finished
+    for batch in _batches(pair.name, request, names, workers=1, max_seconds=math.inf, loaded=pair):
+        for event in batch:
+            match event:
+                case Done(handoff, result):
+                    done.append((handoff, dict(result)))
+                case Scored(handoff, token_change):
+                    _last(done, handoff)["token_change"] = token_change
+                case Lens(handoff, logit_lens):
+                    _last(done, handoff)["logit_lens"] = logit_lens
+                case Failed(reason) | Stopped(reason):
+                    raise ValueError(reason)
+    order = {name: index for index, name in enumerate(names)}
+    return [HandoffResult.from_dict(result) for _, result in sorted(done, key=lambda item: order[item[0]])]
+
+
+def _last(done: list[tuple[str, dict]], handoff: str) -> dict:
+    """The result of the last ``handoff`` that finished."""
+    return next(result for name, result in reversed(done) if name == handoff)
 
 
 class _RunWorker:
-    """One run's worker thread (``run_event_batches``): it loads the pair, runs the handoffs in a
-    pool, finishes what crossed, and puts every event on ``events``, then ``("end", None, None)``."""
+    """One run's worker thread (``_batches``): it loads the pair, runs the handoffs in a pool,
+    finishes what crossed, and puts every event on ``events``, then ``_END``."""
 
     def __init__(self, pair_name: str, request: HandoffRequest, names: list[str], workers: int,
                  max_seconds: float | None, loaded: LoadedPair | None):
@@ -143,15 +150,15 @@ class _RunWorker:
         if self.cancel.is_set():
             raise Cancelled()
 
-    def put(self, kind: str, name: str | None, data) -> None:
-        self.events.put((kind, name, data))
+    def put(self, event: Event) -> None:
+        self.events.put(event)
 
     def run(self) -> None:
         try:
             pair = self.loaded
             if pair is None:
-                self.put("status", None, f"Loading the pair '{self.pair_name}' (once per server) ...")
-                pair = runner.load_pair(self.pair_name, progress=lambda message: self.put("status", None, str(message)))
+                self.put(Status(f"Loading the pair '{self.pair_name}' (once per server) ..."))
+                pair = runner.load_pair(self.pair_name, progress=lambda message: self.put(Status(str(message))))
             runner.check_fits(pair, self.request)
             runnable = []
             for name in self.names:
@@ -159,7 +166,7 @@ class _RunWorker:
                 if refused is None:
                     runnable.append(name)
                 else:
-                    self.put("done", name, refused.to_dict())
+                    self.put(Done(name, refused.to_dict()))
             size = len(runnable) if self.workers <= ALL_AT_ONCE else self.workers
             # one run: a prompt that several handoffs read is read once; each answer meets its control's
             run = runner.RunContext()
@@ -169,16 +176,16 @@ class _RunWorker:
                 for future in futures:
                     future.result()  # re-raises a handoff's unexpected error (or a stop) here
                 for event in runner.finish_crossed(run):
-                    self.events.put(event)
+                    self.put(event)
         except Cancelled:
             if self.out_of_time():
-                self.put("stopped", None, f"Stopped: this server allows {self.max_seconds or 0:g} s per run; the "
-                                          "handoffs not finished did not run.")
+                self.put(Stopped(f"Stopped: this server allows {self.max_seconds or 0:g} s per run; the "
+                                 "handoffs not finished did not run."))
         except Exception as error:  # shown to the user; the server keeps running
             said = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
-            self.put("error", None, said)
+            self.put(Failed(said))
         finally:
-            self.put("end", None, None)
+            self.events.put(_END)
 
     def run_one(self, pair: LoadedPair, name: str, run: runner.RunContext) -> None:
         # The pool starts a thread per handoff as it is submitted; a handoff that began at once would
@@ -186,33 +193,38 @@ class _RunWorker:
         # through the page). They all begin once every one is submitted.
         self.submitted.wait()
         self.check_stop()
-        self.put("start", name, None)
+        self.put(Started(name))
 
         def on_token(text):
             self.check_stop()
-            self.put("token", name, text)
+            self.put(Token(name, text))
 
         def on_message(text):
             self.check_stop()
-            self.put("message", name, text)
+            self.put(Message(name, text))
 
         result = runner.run_handoff(name, pair, self.request, on_token=on_token, on_message=on_message, run=run)
-        self.put("done", name, result.to_dict())
+        self.put(Done(name, result.to_dict()))
 
 
-def run_event_batches(
-    pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1, max_seconds: float | None = None,
+_END = object()  # on a worker's queue after its last event
+
+
+def _run(pair_name: str, request: dict, names: list[str], workers: int = 1, max_seconds: float | None = None,
+         stop: threading.Event | None = None, loaded: LoadedPair | None = None, idle: float | None = None,
+         ) -> Iterator[list[Event]]:
+    """``run`` where it runs (here, or in a ZeroGPU worker), the request as a dict."""
+    yield from _batches(pair_name, HandoffRequest.from_dict(request), names, workers, max_seconds, stop, loaded, idle)
+
+
+def _batches(
+    pair_name: str, request: HandoffRequest, names: list[str], workers: int = 1, max_seconds: float | None = None,
     stop: threading.Event | None = None, loaded: LoadedPair | None = None, idle: float | None = None,
-) -> Iterator[list[tuple[str, str | None, object]]]:
-    """``run_events``'s events in batches, in the same order: each batch holds every event that was
-    waiting when the consumer asked (at least one), so that a consumer that is slower than the
-    models (a page: each update it sends costs the server's event loop) sends one update for many
-    events. ``idle``: also an empty batch after ``idle`` seconds without events (a page sends what
-    it held back). Stopping and closing as ``run_events``.
-    """
-    run = _RunWorker(pair_name, request, list(names), workers, max_seconds, loaded)
-    events = run.events
-    threading.Thread(target=run.run, name="kvviz-run", daemon=True).start()
+) -> Iterator[list[Event]]:
+    """The run in its worker thread (``_RunWorker``) and its events in batches, as ``run`` says."""
+    worker = _RunWorker(pair_name, request, list(names), workers, max_seconds, loaded)
+    events = worker.events
+    threading.Thread(target=worker.run, name="kvviz-run", daemon=True).start()
     waits = [wait for wait in (None if stop is None else STOP_POLL_SECONDS, idle) if wait is not None]
     quiet_since = time.monotonic()
     try:
@@ -226,14 +238,14 @@ def run_event_batches(
                     quiet_since = time.monotonic()
                     yield []
                 continue
-            while batch[-1][0] != "end":
+            while batch[-1] is not _END:
                 try:
                     batch.append(events.get_nowait())
                 except queue.Empty:
                     break
             if stop is not None and stop.is_set():
                 return
-            ended = batch[-1][0] == "end"
+            ended = batch[-1] is _END
             if ended:
                 batch.pop()
             if batch:
@@ -242,25 +254,13 @@ def run_event_batches(
                 return
             quiet_since = time.monotonic()
     finally:
-        run.cancel.set()
-
-
-# --- on a ZeroGPU Space: the same run inside @spaces.GPU, plain data in and out ------------------
+        worker.cancel.set()
 
 
 def run_seconds(pair_name: str, request: dict, names: list[str], workers: int = 1, max_seconds: float | None = None) -> int:
-    """GPU seconds for one page run: each handoff's answer and the message it may write first
-    (``Handoff.message_tokens``), counted one after another whatever ``workers`` is (on a GPU
-    handoffs run one at a time)."""
+    """GPU seconds for one page run (``run`` on a ZeroGPU Space): each handoff's answer and the
+    message it may write first (``Handoff.message_tokens``), counted one after another whatever
+    ``workers`` is (on a GPU handoffs run one at a time)."""
     asked = HandoffRequest.from_dict(request)
     tokens = sum(asked.generation.max_new_tokens + registry.get(name).tokens_before_answer(asked) for name in names)
     return zerogpu.bounded_seconds(zerogpu.BASE_SECONDS + zerogpu.SECONDS_PER_TOKEN * tokens)
-
-
-def _run_events(pair_name: str, request: dict, names: list[str], workers: int = 1, max_seconds: float | None = None):
-    """One page run's events (``run_events``), computed where this runs (a ZeroGPU worker)."""
-    yield from run_events(pair_name, HandoffRequest.from_dict(request), names, workers, max_seconds)
-
-
-# Decorated once, at import (ZeroGPU registers its functions before the app starts).
-gpu_run_events = zerogpu.on_gpu(_run_events, run_seconds)

@@ -49,8 +49,9 @@ import torch
 
 from kvviz.core import paths
 from kvviz.core.results import GenerationSettings, HandoffRequest
+from kvviz.engine.events import Done, Failed, Stopped, Token
 from kvviz.engine.runner import run_handoff
-from kvviz.engine.stream import default_workers, run_events
+from kvviz.engine.stream import default_workers, run
 from kvviz.handoffs.registry import default_handoffs
 from kvviz.runtime import cache as kv
 from kvviz.runtime.decode import decode_batch, decode_path, prefill
@@ -188,7 +189,7 @@ def full_run_request() -> HandoffRequest:
 
 def full_run(pair, repeats: int, handoffs: list[str] | None = None) -> dict:
     """The page's default handoffs (or ``handoffs``) on the locker preset, warm, in this process:
-    through the page's engine (``kvviz.engine.stream.run_events``, the page's default workers) and, in the
+    through the page's engine (``kvviz.engine.stream.run``, the page's default workers) and, in the
     same repeats, one after another (each alone)."""
     handoffs = list(handoffs or default_handoffs())
     request = full_run_request()
@@ -197,13 +198,15 @@ def full_run(pair, repeats: int, handoffs: list[str] | None = None) -> dict:
     for repeat in range(repeats + 1):  # the first run warms up (calibration, fusers, head index)
         started = clock()
         done, first = {}, {}
-        for kind, name, data in run_events(pair.name, request, handoffs, default_workers(), loaded=pair):
-            if kind in ("token", "done") and name not in first:
-                first[name] = clock() - started  # its first streamed token (or its result, if none)
-            if kind == "done":
-                done[name] = data
-            elif kind in ("error", "stopped"):
-                raise RuntimeError(f"the warm full run could not finish: {data}")
+        for event in (event for batch in run(pair.name, request, handoffs, default_workers(), loaded=pair) for event in batch):
+            match event:
+                case Token(name) if name not in first:
+                    first[name] = clock() - started  # its first streamed token
+                case Done(name, result):
+                    first.setdefault(name, clock() - started)  # its result, if no token came first
+                    done[name] = result
+                case Failed(reason) | Stopped(reason):
+                    raise RuntimeError(f"the warm full run could not finish: {reason}")
         if repeat:
             together.append(clock() - started)
             for name, seconds in first.items():

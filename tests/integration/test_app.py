@@ -91,15 +91,15 @@ def test_the_run_endpoint_streams_every_output_and_ends_with_the_results(client,
     nothing yet; the last holds every column's answer, stats and seen, every figure and the JSON."""
     from kvviz.app.page import events
     from kvviz.app.page import run as page_run
+    from kvviz.engine.events import Done, Started, Token
 
     monkeypatch.setattr(page_run, "STREAM_INTERVAL", 0.0)
     fake = {"handoff": "receiver", "applicable": True, "answer": "4471", "timings": {"total": 0.5},
             "bytes_communicated": 0, "tokens": {"generated": 2}, "seen": {"receiver": "the prompt"}}
-    script = [("start", "receiver", None), ("token", "receiver", "44"), ("token", "receiver", "4471"),
-              ("done", "receiver", fake)]
+    script = [Started("receiver"), Token("receiver", "44"), Token("receiver", "4471"), Done("receiver", fake)]
 
     def scripted(live, workers, stop):
-        return page_run.stream_run(live, workers, stop, events=lambda *args, **kwargs: iter(script))
+        return page_run.stream_run(live, workers, stop, batches=lambda *args, **kwargs: ([event] for event in script))
 
     monkeypatch.setattr(events, "stream_run", scripted)
     job = client.submit(pair="embedded", query="What is the code?", context="It is 4471.", handoffs=["receiver"],

@@ -146,9 +146,9 @@ def test_the_sharer_alone_says_nothing_was_sent(pair):
 
 
 def test_a_runs_lenses_equal_each_handoffs_own(pair):
-    from kvviz.engine.runner import run_handoffs
+    from kvviz.engine.stream import results
 
-    together = run_handoffs(["skyline", "kvcomm", "receiver"], pair, request({"gold": "pineapple"}))
+    together = results(pair, request({"gold": "pineapple"}), ["skyline", "kvcomm", "receiver"])
     for result in together:
         alone = run_handoff(result.handoff, pair, request({"gold": "pineapple"}))
         assert result.logit_lens["layers"] == alone.logit_lens["layers"]
@@ -158,10 +158,11 @@ def test_a_runs_lenses_equal_each_handoffs_own(pair):
 
 def test_a_streamed_run_sends_each_lens_after_the_handoffs(pair, monkeypatch):
     from kvviz.engine import stream
+    from kvviz.engine.events import Done, Lens
 
-    events = list(stream.run_events(pair.name, request({}), ["skyline", "receiver"], loaded=pair))
-    kinds = [kind for kind, _, _ in events]
-    assert kinds.count("lens") == 2 and kinds.index("lens") > max(i for i, k in enumerate(kinds) if k == "done")
-    lenses = {name: data for kind, name, data in events if kind == "lens"}
+    events = [event for batch in stream.run(pair.name, request({}), ["skyline", "receiver"], loaded=pair) for event in batch]
+    kinds = [type(event) for event in events]
+    assert kinds.count(Lens) == 2 and kinds.index(Lens) > max(i for i, k in enumerate(kinds) if k is Done)
+    lenses = {event.handoff: event.logit_lens for event in events if isinstance(event, Lens)}
     assert set(lenses) == {"skyline", "receiver"} and all(len(data["layers"]) == pair.receiver.facts.num_layers
                                                           for data in lenses.values())

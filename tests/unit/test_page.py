@@ -18,6 +18,7 @@ from kvviz.app.page.events import page_stream_roles
 from kvviz.app.page.run import LiveRun, StopFlags, stream_run
 from kvviz.app.presets import DEFAULT_PRESET, PRESETS, load_precomputed, preset
 from kvviz.core.results import HandoffRequest
+from kvviz.engine.events import Done, Failed, Message, Started, Token
 from kvviz.handoffs import registry
 
 PRECOMPUTED = load_precomputed()
@@ -29,17 +30,18 @@ def fake_result(name: str, answer: str) -> dict:
             "tokens": {"generated": 1}, "seen": {"receiver": "prompt"}}
 
 
-def fake_events(script):
-    """A stand-in for ``kvviz.engine.stream.stream_handoffs`` that plays ``script`` (and can be stopped)."""
+def one_by_one(script):
+    """A stand-in for ``kvviz.engine.stream.run`` that plays ``script`` one event a batch (a
+    callable in it is called instead: a Stop pressed)."""
 
-    def events(pair, request, names, workers, stop=None):
+    def batches(pair, request, names, workers, stop=None, idle=None):
         for event in script:
             if callable(event):
                 event()
                 continue
-            yield event
+            yield [event]
 
-    return events
+    return batches
 
 
 def columns_of(update: dict) -> set[str]:
@@ -54,11 +56,11 @@ def test_each_event_updates_only_what_it_changed_and_no_figure_is_built_during_t
     from kvviz.app.page import run as page_run
 
     monkeypatch.setattr(page_run, "STREAM_INTERVAL", 0.0)  # streamed text goes with each event
-    script = [("start", "receiver", None), ("token", "receiver", "12"), ("start", "text", None),
-              ("message", "text", "The code is"), ("done", "receiver", fake_result("receiver", "12")),
-              ("token", "text", "4471"), ("done", "text", fake_result("text", "4471")),
-              ("done", "kvcomm", fake_result("kvcomm", "4471"))]
-    updates = list(stream_run(live_run(), 1, threading.Event(), events=fake_events(script)))
+    script = [Started("receiver"), Token("receiver", "12"), Started("text"),
+              Message("text", "The code is"), Done("receiver", fake_result("receiver", "12")),
+              Token("text", "4471"), Done("text", fake_result("text", "4471")),
+              Done("kvcomm", fake_result("kvcomm", "4471"))]
+    updates = list(stream_run(live_run(), 1, threading.Event(), batches=one_by_one(script)))
     assert not [role for update in updates for role in update if role.startswith("figure:")]
     first, *middle, last = updates
     assert {f"head:{name}" for name in NAMES} <= set(first)  # every column says it waits
@@ -75,20 +77,20 @@ def test_each_event_updates_only_what_it_changed_and_no_figure_is_built_during_t
 
 
 def test_events_that_wait_together_give_one_update_and_streamed_text_is_throttled(monkeypatch):
-    """A batch of events (``kvviz.engine.stream.run_event_batches``) gives one update with what they
+    """A batch of events (``kvviz.engine.stream.run``) gives one update with what they
     changed; streamed text goes at most every ``STREAM_INTERVAL`` (a start or a finish sends what
     was held back, as does an idle batch); the last update is the one a run of single events gives."""
     from kvviz.app.page import run as page_run
 
     monkeypatch.setattr(page_run, "STREAM_INTERVAL", 3600.0)  # no streamed text goes for the time alone
     script = [
-        [("start", "receiver", None), ("start", "text", None), ("start", "kvcomm", None)],
-        [("token", "receiver", "1"), ("message", "text", "The"), ("token", "kvcomm", "4")],  # held back
-        [("token", "receiver", "12"), ("message", "text", "The code")],  # held back, the latest wins
-        [("done", "receiver", fake_result("receiver", "12"))],  # finished: goes at once, with what was held
-        [("token", "kvcomm", "44")],
+        [Started("receiver"), Started("text"), Started("kvcomm")],
+        [Token("receiver", "1"), Message("text", "The"), Token("kvcomm", "4")],  # held back
+        [Token("receiver", "12"), Message("text", "The code")],  # held back, the latest wins
+        [Done("receiver", fake_result("receiver", "12"))],  # finished: goes at once, with what was held
+        [Token("kvcomm", "44")],
         [],  # idle: what was held goes
-        [("done", "text", fake_result("text", "4471")), ("done", "kvcomm", fake_result("kvcomm", "4471"))],
+        [Done("text", fake_result("text", "4471")), Done("kvcomm", fake_result("kvcomm", "4471"))],
     ]
 
     def batches(pair, request, names, workers, stop=None, idle=None):
@@ -106,8 +108,8 @@ def test_events_that_wait_together_give_one_update_and_streamed_text_is_throttle
     asked = []
     list(stream_run(live_run(), 1, threading.Event(), batches=lambda *a, idle=None, **k: asked.append(idle) or iter(())))
     assert asked == [page_run.STREAM_INTERVAL]  # an idle batch comes after one interval without events
-    one_by_one = [event for batch in script for event in batch]
-    *_, single_last = stream_run(live_run(), 1, threading.Event(), events=fake_events(one_by_one))
+    single = [event for batch in script for event in batch]
+    *_, single_last = stream_run(live_run(), 1, threading.Event(), batches=one_by_one(single))
     assert last["verdict"] == single_last["verdict"] and "finished" in last["status"]
     assert {k: v for k, v in last["results"].items() if k != "stamp"} == {
         k: v for k, v in single_last["results"].items() if k != "stamp"}
@@ -115,9 +117,9 @@ def test_events_that_wait_together_give_one_update_and_streamed_text_is_throttle
 
 def test_stop_marks_each_column_finished_stopped_or_not_started():
     stop = threading.Event()
-    script = [("start", "receiver", None), ("done", "receiver", fake_result("receiver", "12")),
-              ("start", "text", None), ("token", "text", "The co"), stop.set, ("token", "text", "never shown")]
-    *_, last = stream_run(live_run(), 1, stop, events=fake_events(script))
+    script = [Started("receiver"), Done("receiver", fake_result("receiver", "12")),
+              Started("text"), Token("text", "The co"), stop.set, Token("text", "never shown")]
+    *_, last = stream_run(live_run(), 1, stop, batches=one_by_one(script))
     assert "Stopped by you" in last["status"]
     assert "finished Receiver alone" in last["status"] and "stopped Text message" in last["status"]
     assert "not started KVComm" in last["status"]
@@ -127,7 +129,7 @@ def test_stop_marks_each_column_finished_stopped_or_not_started():
 
 
 def test_a_run_that_cannot_start_says_why_and_marks_the_columns_not_run():
-    *_, last = stream_run(live_run(), 1, threading.Event(), events=fake_events([("error", None, "no such model")]))
+    *_, last = stream_run(live_run(), 1, threading.Event(), batches=one_by_one([Failed("no such model")]))
     assert last["error"] == "no such model" and "no such model" in last["status"]
     assert all('data-verdict="notrun"' in last[f"head:{name}"] for name in NAMES)
 
@@ -271,10 +273,10 @@ def test_every_component_a_live_run_on_the_page_may_change_is_among_its_outputs(
     assert list(functions["show_finished_run"].outputs) == drawn_after and len(drawn_after) < len(page.outputs())
     streamed_roles = set(page_stream_roles())
     stop = threading.Event()
-    script = [("start", "receiver", None), ("message", "text", "The"), ("token", "receiver", "1"),
-              ("done", "receiver", fake_result("receiver", "12")), ("start", "text", None), stop.set]
-    updates = list(stream_run(live_run(), 1, stop, events=fake_events(script)))
-    updates += list(stream_run(live_run(), 1, threading.Event(), events=fake_events([("error", None, "no such model")])))
+    script = [Started("receiver"), Message("text", "The"), Token("receiver", "1"),
+              Done("receiver", fake_result("receiver", "12")), Started("text"), stop.set]
+    updates = list(stream_run(live_run(), 1, stop, batches=one_by_one(script)))
+    updates += list(stream_run(live_run(), 1, threading.Event(), batches=one_by_one([Failed("no such model")])))
     payload, _ = views.precomputed_payload(PRECOMPUTED, DEFAULT_PRESET, "embedded")
     for tab, _title in spec.TABS:
         drawn, view = views.tab_updates(tab, payload, spec.default_columns(), {"compact": False, "drawn": {}},

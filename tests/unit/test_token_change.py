@@ -15,7 +15,8 @@ import torch
 from kvviz.app import tokenview
 from kvviz.core.prompts import build_segments
 from kvviz.engine import stream
-from kvviz.engine.runner import run_handoff, run_handoffs
+from kvviz.engine.events import Done, Scored
+from kvviz.engine.runner import run_handoff
 from kvviz.handoffs import registry
 from kvviz.runtime import crossed
 from kvviz.runtime.cache import KVState
@@ -47,7 +48,7 @@ def test_teacher_forced_scores_equal_a_full_forward_and_leave_the_state_alone(pa
 
 
 def test_a_method_is_scored_against_its_control_in_the_same_run(pair):
-    text, receiver = run_handoffs(["text", "receiver"], pair, request({}))
+    text, receiver = stream.results(pair, request({}), ["text", "receiver"])
     change = text.token_change
     assert change["control"] == "receiver" == registry.control_of("text")
     count = min(len(text.answer_ids), crossed.MAX_CHANGE_TOKENS)
@@ -69,7 +70,7 @@ def test_a_handoff_beside_a_control_that_reads_the_same_prompt_changes_by_zero(p
 
     twin = dataclasses.replace(skyline, name="skyline_twin", control="skyline", run=run_twin)
     monkeypatch.setitem(registry.HANDOFFS, "skyline_twin", twin)
-    ran, twin_result = run_handoffs(["skyline", "skyline_twin"], pair, request({}))
+    ran, twin_result = stream.results(pair, request({}), ["skyline", "skyline_twin"])
     change = twin_result.token_change
     assert change["control"] == "skyline" and change["ids"] == ran.answer_ids[: len(change["ids"])]
     # the twin scores as its decode chose, skyline teacher-forced: equal up to float rounding
@@ -78,13 +79,13 @@ def test_a_handoff_beside_a_control_that_reads_the_same_prompt_changes_by_zero(p
 
 
 def test_no_change_without_the_control_or_without_recording(pair):
-    assert run_handoffs(["kvcomm"], pair, request({}))[0].token_change == {}
-    plain = run_handoffs(["text", "receiver"], pair, request(None))
+    assert stream.results(pair, request({}), ["kvcomm"])[0].token_change == {}
+    plain = stream.results(pair, request(None), ["text", "receiver"])
     assert all(result.token_change == {} for result in plain)
 
 
 def test_the_kvcomm_control_reads_another_context_and_kvcomm_is_compared_with_it(pair):
-    kvcomm, control = run_handoffs(["kvcomm", "kvcomm_control"], pair, request({}))
+    kvcomm, control = stream.results(pair, request({}), ["kvcomm", "kvcomm_control"])
     assert control.handoff == "kvcomm_control" and control.applicable
     assert control.details["control_context"] not in (None, CONTEXT)
     assert control.token_attention["sent_tokens"] != kvcomm.token_attention["sent_tokens"]
@@ -95,10 +96,10 @@ def test_the_kvcomm_control_reads_another_context_and_kvcomm_is_compared_with_it
 
 
 def test_a_streamed_run_sends_the_change_after_the_handoffs(pair):
-    events = list(stream.run_events(pair.name, request({}), ["text", "receiver"], loaded=pair))
-    kinds = [kind for kind, _, _ in events]
-    assert kinds.count("change") == 1 and kinds.index("change") > max(i for i, k in enumerate(kinds) if k == "done")
-    name, data = next((name, data) for kind, name, data in events if kind == "change")
+    events = [event for batch in stream.run(pair.name, request({}), ["text", "receiver"], loaded=pair) for event in batch]
+    kinds = [type(event) for event in events]
+    assert kinds.count(Scored) == 1 and kinds.index(Scored) > max(i for i, k in enumerate(kinds) if k is Done)
+    name, data = next((event.handoff, event.token_change) for event in events if isinstance(event, Scored))
     assert name == "text" and data["control"] == "receiver"
 
 

@@ -77,13 +77,14 @@ def test_a_live_run_puts_each_lens_that_arrives_after_the_handoffs_on_its_result
     import threading
 
     from kvviz.app.page.run import LiveRun, stream_run
+    from kvviz.engine.events import Done, Lens
 
     lens = {"layers": [0, 1], "answer_probability": [0.1, 0.9]}
 
-    def events(pair, request, names, workers, stop=None):
-        yield ("done", "receiver", {"handoff": "receiver", "applicable": True, "answer": "x", "logit_lens": {}})
-        yield ("lens", "receiver", lens)
+    def batches(pair, request, names, workers, stop=None, idle=None):
+        yield [Done("receiver", {"handoff": "receiver", "applicable": True, "answer": "x", "logit_lens": {}})]
+        yield [Lens("receiver", lens)]
 
     run = LiveRun("embedded", HandoffRequest(query="q"), ["receiver"], [], "The answer")
-    last = list(stream_run(run, 1, threading.Event(), events=events))[-1]
+    last = list(stream_run(run, 1, threading.Event(), batches=batches))[-1]
     assert last["results"]["results"][0]["logit_lens"] == lens

@@ -1,5 +1,6 @@
-"""ZeroGPU: with the ``spaces`` package the page's model work runs inside ``@spaces.GPU`` with a
-duration fitted to the request and only plain data across; without it nothing changes.
+"""ZeroGPU: with the ``spaces`` package the page's model work (a run, the sweep) goes through one
+``@spaces.GPU`` worker (``zerogpu.dispatch``) with a duration fitted to the request and only plain
+data across; without it nothing changes.
 
 The package is not installed here: a stand-in module plays it. Its decorator records the duration
 it was asked for and does what ZeroGPU does to the data: it pickles the arguments on the way in
@@ -8,6 +9,7 @@ and every yielded or returned value on the way out (a forked worker in between).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pickle
 import sys
@@ -21,13 +23,17 @@ from kvviz.app import sweep
 from kvviz.core import zerogpu
 from kvviz.core.results import GenerationSettings, HandoffRequest
 from kvviz.engine import runner, stream
+from kvviz.engine.events import Done
 from tests.conftest import tiny_pair
 
 
 def plain(value) -> bool:
-    """Only built-in data: no tensor, model or cache anywhere inside."""
+    """Only built-in data (or a frozen event of it, ``kvviz.engine.events``): no tensor, model or
+    cache anywhere inside."""
     if isinstance(value, (str, int, float, bool, type(None))):
         return True
+    if dataclasses.is_dataclass(value) and type(value).__module__ == "kvviz.engine.events":
+        return type(value).__dataclass_params__.frozen and plain(dataclasses.asdict(value))
     if isinstance(value, (list, tuple)):
         return all(plain(v) for v in value)
     if isinstance(value, dict):
@@ -60,9 +66,8 @@ def standin_spaces() -> types.ModuleType:
 
 
 def reload_gpu_entry_points() -> None:
-    """The modules that decorate their GPU functions at import (kvviz.engine.stream, kvviz.app.sweep)."""
-    for module in (zerogpu, stream, sweep):
-        importlib.reload(module)
+    """The module that decorates its GPU worker at import (kvviz.core.zerogpu)."""
+    importlib.reload(zerogpu)
 
 
 @pytest.fixture()
@@ -84,20 +89,28 @@ def request(max_new_tokens=3, message_tokens=4) -> HandoffRequest:
 NAMES = ["receiver", "text", "kvcomm", "skyline"]
 
 
-def events(monkeypatch):
+def events(monkeypatch, **kwargs):
     pair = tiny_pair("gemma")
     monkeypatch.setattr(runner, "load_pair", lambda name, progress=None: pair)
-    return list(stream.stream_handoffs("tiny", request(), NAMES))
+    return [event for batch in stream.run("tiny", request(), NAMES, **kwargs) for event in batch]
+
+
+def done(events) -> dict[str, dict]:
+    return {event.handoff: event.result for event in events if isinstance(event, Done)}
 
 
 def test_without_the_package_nothing_changes(monkeypatch, one_thread):
     assert sys.modules.get("spaces") is None or not hasattr(sys.modules["spaces"], "GPU")
     assert not zerogpu.available() and not zerogpu.on_zerogpu()
-    # undecorated, and the page's runner does not go through it
-    assert stream.gpu_run_events is stream._run_events and sweep.gpu_sweep is sweep._sweep
-    monkeypatch.setattr(stream, "gpu_run_events", lambda *a: pytest.fail("went through the GPU function"))
-    done = [name for kind, name, _ in events(monkeypatch) if kind == "done"]
-    assert done == NAMES
+    # undecorated, and neither the run nor the sweep goes through it
+    assert zerogpu._worker is zerogpu._call
+    monkeypatch.setattr(zerogpu, "_worker", lambda *a: pytest.fail("went through the GPU worker"))
+    assert list(done(events(monkeypatch))) == NAMES
+    # what only this process has is given here (a stop flag, a progress bar)
+    stop, seen = threading.Event(), []
+    assert list(done(events(monkeypatch, stop=stop))) == NAMES
+    monkeypatch.setattr(sweep, "run_sweep", lambda pair, series, tokens, progress=None, handoff=None: seen.append(progress) or {})
+    assert sweep.page_sweep("embedded", None, 12, "kvcomm", progress=print) == {} and seen == [print]
 
 
 def test_the_repository_spaces_folder_does_not_count(monkeypatch, tmp_path):
@@ -112,28 +125,29 @@ def test_the_repository_spaces_folder_does_not_count(monkeypatch, tmp_path):
 
 
 def test_with_the_package_the_run_crosses_as_plain_data(with_spaces, monkeypatch, one_thread):
-    seen = events(monkeypatch)
+    seen = events(monkeypatch, stop=threading.Event())  # the stop flag stays behind
     (call,) = with_spaces.calls
-    assert call["function"] == "_run_events"
-    pair_name, sent, names, workers, max_seconds = call["args"]
+    assert call["function"] == "_call"
+    function, seconds, pair_name, sent, names, workers, max_seconds = call["args"]
+    assert function is stream._run  # one worker for every function; this one crossed by reference
     assert pair_name == "tiny" and names == NAMES and workers == 1 and plain(sent) and sent == request().to_dict()
     assert max_seconds is None  # the time cap crosses too (None: the policy's cap, applied inside)
     # the duration was computed from this request: tokens x handoffs
-    assert call["seconds"] == stream.run_seconds("tiny", request().to_dict(), NAMES, 1)
+    assert call["seconds"] == seconds == stream.run_seconds("tiny", request().to_dict(), NAMES, 1)
     # every event came back through pickle, as plain data, and the run is complete
     assert all(plain(event) for event in seen), [e for e in seen if not plain(e)][:1]
-    assert [name for kind, name, _ in seen if kind == "done"] == NAMES
-    results = {name: data for kind, name, data in seen if kind == "done"}
+    results = done(seen)
+    assert list(results) == NAMES
     assert results["receiver"]["answer_ids"] and results["kvcomm"]["applicable"]
 
 
 def test_the_same_answers_with_and_without_the_package(monkeypatch, one_thread):
-    without = {name: data["answer_ids"] for kind, name, data in events(monkeypatch) if kind == "done"}
+    without = {name: data["answer_ids"] for name, data in done(events(monkeypatch)).items()}
     standin = standin_spaces()
     monkeypatch.setitem(sys.modules, "spaces", standin)
     reload_gpu_entry_points()
     try:
-        with_package = {name: data["answer_ids"] for kind, name, data in events(monkeypatch) if kind == "done"}
+        with_package = {name: data["answer_ids"] for name, data in done(events(monkeypatch)).items()}
     finally:
         monkeypatch.delitem(sys.modules, "spaces")
         reload_gpu_entry_points()
@@ -154,11 +168,16 @@ def test_duration_fits_the_request_within_bounds():
     assert zerogpu.MIN_SECONDS <= sweep.sweep_seconds("p", ["kvcomm"], 12, "kvcomm") <= zerogpu.MAX_SECONDS
 
 
-def test_the_sweep_runs_inside_the_gpu_function_and_returns_plain_data(with_spaces, monkeypatch):
-    monkeypatch.setattr(sweep, "run_sweep", lambda pair, series, tokens, handoff=None: {"pair": pair, "points": [[0.5, 1.0]]})
-    data = sweep.gpu_sweep("embedded", ["kvcomm"], 12, "kvcomm")
+def test_the_sweep_runs_inside_the_same_gpu_worker_and_returns_plain_data(with_spaces, monkeypatch):
+    def run_sweep(pair, series, tokens, progress=None, handoff=None):
+        assert progress is None  # the progress bar stays behind
+        return {"pair": pair, "points": [[0.5, 1.0]]}
+
+    monkeypatch.setattr(sweep, "run_sweep", run_sweep)
+    data = sweep.page_sweep("embedded", ["kvcomm"], 12, "kvcomm", progress=print)
     (call,) = with_spaces.calls
-    assert call["function"] == "_sweep" and call["seconds"] == sweep.sweep_seconds("embedded", ["kvcomm"], 12, "kvcomm")
+    assert call["function"] == "_call" and call["args"][0] is sweep._sweep
+    assert call["seconds"] == sweep.sweep_seconds("embedded", ["kvcomm"], 12, "kvcomm")
     assert data == {"pair": "embedded", "points": [[0.5, 1.0]]} and plain(data)
 
 

@@ -25,8 +25,7 @@ from kvviz.app.page import spec, views
 from kvviz.app.page.layout import Page, walk_markdown
 from kvviz.app.page.run import LiveRun, StopFlags, stream_run
 from kvviz.app.presets import preset
-from kvviz.app.sweep import gpu_sweep, run_sweep
-from kvviz.core import zerogpu
+from kvviz.app.sweep import page_sweep
 from kvviz.runtime.models import resolve_pair
 
 PRIVATE = dict(api_visibility="private", show_progress="hidden")
@@ -504,10 +503,7 @@ def wire_sweep(lab: Lab):
         """Run the sweep on the built-in set; returns the figure and the data."""
         progress(0.0, desc="Loading models ...")
         try:
-            if zerogpu.available():  # on a Space: inside @spaces.GPU, plain data across, no progress bar
-                data = gpu_sweep(pair, list(series or []), int(max_new_tokens), swept.name)
-            else:
-                data = run_sweep(pair, series, int(max_new_tokens), progress=progress, handoff=swept.name)
+            data = page_sweep(pair, series, int(max_new_tokens), swept.name, progress)  # on a Space: no progress bar
         except ValueError as error:
             raise gr.Error(str(error)) from error
         text = f"**Live sweep finished** in {data['seconds']:.0f} s ({data['n']} questions, {len(data['answers'])} runs)."

@@ -1,14 +1,14 @@
 """A live run as the page shows it: a stream of ``{role: value}`` updates (roles as in
 ``kvviz.app.page.views``), and the per-session stop flags behind the Stop button. No Gradio.
 
-What each event of ``kvviz.engine.stream`` changes, and nothing more: a token updates its
-column's answer and the status line; a message being written updates its column's line; a
-finished handoff updates its own card and the verdict strip. The events that waited together give
-one update (each update the server sends costs its event loop, which shares the interpreter with
-the models), and streamed text goes at most every ``STREAM_INTERVAL``; figures are not built here at all
-(the page builds the tab in view from the final results). The last update holds ``results`` (the
-payload) and says how the run ended: finished, stopped by the user (each column finished, stopped
-or not started), out of time, or failed.
+What each event of a run (``kvviz.engine.events``, from ``kvviz.engine.stream.run``) changes, and
+nothing more: a token updates its column's answer and the status line; a message being written
+updates its column's line; a finished handoff updates its own card and the verdict strip. The
+events that waited together give one update (each update the server sends costs its event loop,
+which shares the interpreter with the models), and streamed text goes at most every
+``STREAM_INTERVAL``; figures are not built here at all (the page builds the tab in view from the
+final results). The last update holds ``results`` (the payload) and says how the run ended:
+finished, stopped by the user (each column finished, stopped or not started), out of time, or failed.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from kvviz.app import present
 from kvviz.app.page import views
 from kvviz.app.page.spec import STREAM_INTERVAL
 from kvviz.core.results import HandoffRequest
-from kvviz.engine.stream import stream_handoff_batches
+from kvviz.engine import stream
+from kvviz.engine.events import Done, Event, Failed, Lens, Message, Scored, Started, Status, Stopped, Token
 from kvviz.handoffs import registry
 
 
@@ -73,6 +74,8 @@ class LiveRun:
     results: dict[str, dict] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
     log: str = "starting …"
+    out_of_time: str = ""  # why the run stopped at its time cap (``Stopped``)
+    failed: str = ""  # why the run could not start (``Failed``)
 
     @property
     def seconds(self) -> float:
@@ -92,32 +95,16 @@ class LiveRun:
         return views.verdict(payload, self.names, self.answers, self.subject, states)
 
 
-# the events that finish a result after every handoff is done, and the field each one writes
-FINISHED_FIELDS = {"lens": "logit_lens", "change": "token_change"}
-
-
-def one_event_a_batch(events: Callable[..., Iterator]) -> Callable[..., Iterator[list]]:
-    """A source of single events (``kvviz.engine.stream.stream_handoffs``'s form) as one of batches."""
-
-    def batches(pair, request, names, workers, stop=None, idle=None):
-        for event in events(pair, request, names, workers, stop=stop):
-            yield [event]
-
-    return batches
-
-
-def stream_run(run: LiveRun, workers: int, stop: threading.Event, events: Callable[..., Iterator] | None = None,
-               batches: Callable[..., Iterator[list]] = stream_handoff_batches) -> Iterator[dict]:
+def stream_run(run: LiveRun, workers: int, stop: threading.Event,
+               batches: Callable[..., Iterator[list[Event]]] = stream.run) -> Iterator[dict]:
     """The run's updates, from the first (every column waiting) to the last (with ``results``).
 
-    Events come in batches (``kvviz.engine.stream.run_event_batches``: all that waited), and each batch
-    gives at most one update, holding what its events changed and nothing else: a column that
-    starts or finishes updates its own card and the strip at once; streamed text (answers, and the
-    message a handoff writes first) is sent at most every ``STREAM_INTERVAL`` seconds for all the
-    columns together, the latest text of each column that changed (an idle batch sends what was
-    held back). ``events``: a source of single events instead (tests)."""
-    if events is not None:
-        batches = one_event_a_batch(events)
+    Events come in batches (``kvviz.engine.stream.run``: all that waited), and each batch gives at
+    most one update, holding what its events changed and nothing else: a column that starts or
+    finishes updates its own card and the strip at once; streamed text (answers, and the message a
+    handoff writes first) is sent at most every ``STREAM_INTERVAL`` seconds for all the columns
+    together, the latest text of each column that changed (an idle batch sends what was held back).
+    ``batches``: another source of batches, called as ``stream.run`` is (tests)."""
     run.states = {name: "waiting" for name in run.names}
     first = {**run.status(), **run.verdict()}
     for name in run.names:
@@ -125,38 +112,13 @@ def stream_run(run: LiveRun, workers: int, stop: threading.Event, events: Callab
     yield first
     held: dict[str, str | None] = {}  # column -> its latest message (None: an answer token), not yet sent
     last_sent = time.perf_counter()
-    stopped_early = failed = ""
     for batch in batches(run.pair, run.request, run.names, workers, stop=stop, idle=STREAM_INTERVAL):
         if stop.is_set():
             break
         update: dict = {}
         now = False  # whether this batch's update goes at once (a column started or finished, a status line)
-        for kind, name, data in batch:
-            if kind == "status":
-                run.log, now = str(data), True
-            elif kind == "start":
-                run.states[name] = "running"
-                run.partial[name] = ""
-                run.log, now = f"running {registry.title_of(name)} …", True
-                update.update(views.card(name, None, run.answers, "running", ""))
-            elif kind == "token":
-                run.partial[name] = data
-                held.setdefault(name, None)
-            elif kind == "message":
-                held[name] = str(data)
-            elif kind == "done":
-                run.results[name] = data
-                run.states.pop(name, None)
-                run.partial.pop(name, None)
-                held.pop(name, None)
-                now = True
-                update.update(views.card(name, data, run.answers))
-            elif kind in FINISHED_FIELDS and name in run.results:  # what crossed, after every handoff
-                run.results[name] = {**run.results[name], FINISHED_FIELDS[kind]: data}
-            elif kind == "stopped":
-                stopped_early = str(data)
-            elif kind == "error":
-                failed = str(data)
+        for event in batch:
+            now = apply_event(run, event, update, held) or now
         if held and (now or not batch or time.perf_counter() - last_sent >= STREAM_INTERVAL):  # an idle batch sends
             for name, message in held.items():
                 update[f"answer:{name}"] = run.partial.get(name, "")
@@ -168,7 +130,44 @@ def stream_run(run: LiveRun, workers: int, stop: threading.Event, events: Callab
             update.update(run.verdict())
         if update or now:
             yield {**run.status(), **update}
-    yield final_update(run, workers, stopped_by_user=stop.is_set(), out_of_time=stopped_early, failed=failed)
+    yield final_update(run, workers, stopped_by_user=stop.is_set(), out_of_time=run.out_of_time, failed=run.failed)
+
+
+def apply_event(run: LiveRun, event: Event, update: dict, held: dict[str, str | None]) -> bool:
+    """What one event changes: the run's state, a column's card in ``update``, the streamed text
+    ``held`` back for the next update. True when the update should go at once (a column started
+    or finished, a status line)."""
+    match event:
+        case Status(text):
+            run.log = text
+            return True
+        case Started(name):
+            run.states[name] = "running"
+            run.partial[name] = ""
+            run.log = f"running {registry.title_of(name)} …"
+            update.update(views.card(name, None, run.answers, "running", ""))
+            return True
+        case Token(name, text):
+            run.partial[name] = text
+            held.setdefault(name, None)
+        case Message(name, text):
+            held[name] = text
+        case Done(name, result):
+            run.results[name] = result
+            run.states.pop(name, None)
+            run.partial.pop(name, None)
+            held.pop(name, None)
+            update.update(views.card(name, result, run.answers))
+            return True
+        case Scored(name, token_change) if name in run.results:  # what crossed, after every handoff
+            run.results[name] = {**run.results[name], "token_change": token_change}
+        case Lens(name, logit_lens) if name in run.results:
+            run.results[name] = {**run.results[name], "logit_lens": logit_lens}
+        case Stopped(reason):
+            run.out_of_time = reason
+        case Failed(reason):
+            run.failed = reason
+    return False
 
 
 def final_update(run: LiveRun, workers: int, stopped_by_user: bool, out_of_time: str, failed: str) -> dict:
