@@ -14,6 +14,10 @@
 5. **Small functions**: none over 80 lines (the page, the run and the decode loop are built in
    pieces).
 
+6. **The README says what the tree is.** Its "How it is built" table (a row per layer, what each
+   holds) is generated from the tree by ``scripts/readme_house.py``; it names every package and
+   is what the script writes.
+
 research/ has its own rules (``tests/unit/test_research_smoke.py``).
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import configparser
+import importlib.util
 import re
 from pathlib import Path
 
@@ -30,6 +35,7 @@ import pytest
 import kvviz
 
 ROOT = Path(kvviz.__file__).resolve().parent
+REPO_ROOT = ROOT.parent
 LONGEST_FUNCTION = 80
 
 
@@ -176,3 +182,57 @@ def test_the_cycle_check_finds_a_cycle_through_a_folder():
     assert example_import(graph, "pkg.a", "pkg.b") == "pkg.a.inner -> pkg.b"
     assert sibling_cycles(graph, "pkg.a") == []
 
+
+# --- the README's table of the layers --------------------------------------------------------------
+
+
+def readme_house():
+    """scripts/readme_house.py as a module."""
+    spec = importlib.util.spec_from_file_location("readme_house", REPO_ROOT / "scripts" / "readme_house.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def packages_missing_from(readme: str) -> list[str]:
+    """The kvviz packages (folders with an ``__init__.py``) that ``readme``'s house table does not
+    name: a layer's folder as its row's first cell, a sub-package as `name/` in its layer's row."""
+    house = readme_house()
+    if house.BEGIN not in readme or house.END not in readme:
+        return ["the README has no house table"]
+    table = readme.split(house.BEGIN, 1)[1].split(house.END, 1)[0]
+    rows = {line.split(" | ")[0].lstrip("| ").strip(): line for line in table.splitlines() if line.startswith("| `kvviz/")}
+    missing = []
+    for init in sorted(ROOT.rglob("__init__.py")):
+        parts = init.parent.relative_to(ROOT).parts
+        if not parts:
+            continue  # kvviz itself: the table is its
+        row = rows.get(f"`kvviz/{parts[0]}/`", "")
+        if not row or (len(parts) > 1 and f"`{parts[-1]}/`" not in row):
+            missing.append("/".join(("kvviz", *parts)))
+    return missing
+
+
+def test_every_package_is_in_the_readme_table():
+    assert packages_missing_from((REPO_ROOT / "README.md").read_text()) == []
+
+
+def test_the_readme_table_is_the_one_the_tree_gives():
+    house = readme_house()
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert house.with_table(readme, house.table()) == readme, "run python scripts/readme_house.py"
+    assert house.main(["--check"]) == 0
+
+
+def test_the_readme_checks_refuse_a_stale_table(tmp_path, monkeypatch):
+    house = readme_house()
+    readme = (REPO_ROOT / "README.md").read_text()
+    without_page = readme.replace("`page/`", "`pages/`")
+    assert packages_missing_from(without_page) == ["kvviz/app/page"]
+    without_data = "".join(line for line in readme.splitlines(keepends=True) if not line.startswith("| `kvviz/data/`"))
+    assert packages_missing_from(without_data) == ["kvviz/data"]
+    stale = tmp_path / "README.md"
+    stale.write_text(without_data)
+    monkeypatch.setattr(house, "README", stale)
+    assert house.main(["--check"]) == 1
+    assert house.main([]) == 0 and stale.read_text() == readme  # the script writes the table back
