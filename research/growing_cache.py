@@ -63,12 +63,12 @@ def main():
     from kvviz.runtime.decode import prefill
     from kvviz.runtime.models import load_model
     from kvviz.runtime.step import DecodeStep
-    from kvviz.studies.speed import _prompt_ids
+    from kvviz.studies.speed import prompt_ids
 
     torch.set_num_threads(1)
     for name in ("gemma3-270m", "smollm2-135m"):
         loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
-        prompt = _prompt_ids(loaded, 32)
+        prompt = prompt_ids(loaded, 32)
         plain, growing = kv.KVState(), kv.KVState(cache=growing_cache())
         a, _ = prefill(loaded, plain, prompt)
         b, _ = prefill(loaded, growing, prompt)
@@ -93,12 +93,12 @@ def long_context(tokens: int = 1024):
     from kvviz.runtime.decode import prefill
     from kvviz.runtime.models import load_model
     from kvviz.runtime.step import DecodeStep
-    from kvviz.studies.speed import _prompt_ids
+    from kvviz.studies.speed import prompt_ids
 
     torch.set_num_threads(1)
     for name in ("gemma3-270m", "smollm2-135m"):
         loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
-        prompt = _prompt_ids(loaded, tokens)
+        prompt = prompt_ids(loaded, tokens)
         plain, growing = kv.KVState(), kv.KVState(cache=growing_cache())
         a, _ = prefill(loaded, plain, prompt)
         prefill(loaded, growing, prompt)

@@ -25,11 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "research"))
 
-from mcnemar import compare, format_p  # noqa: E402
-
-from kvviz.data import wilson_interval  # noqa: E402
+from kvviz.data import format_p, paired_mcnemar, wilson_interval  # noqa: E402
 from kvviz.studies.bench.report import replace_section, section_marks  # noqa: E402
 
 START, END = section_marks("kvcomm-table")
@@ -106,7 +103,7 @@ def dataset_section(name: str, folder: Path, command: str) -> str:
     results = {}
     for first, second in comparisons:
         if first in correct and second in correct:
-            r = compare(correct, first, second)
+            r = paired_mcnemar(correct, first, second)
             results[(first, second)] = r
             lines.append(f"| {first} | {second} | {r['n']} | {r['acc_first']:.2f} | {r['acc_second']:.2f} | "
                          f"{r['acc_first'] - r['acc_second']:+.2f} | {r['only_first']} | {r['only_second']} | {format_p(r['p'])} |")
@@ -128,7 +125,7 @@ def dataset_section(name: str, folder: Path, command: str) -> str:
         if control in table and "kvcomm@0.3" in table:
             both = [s for s in table[control] if s in table["kvcomm@0.3"]]
             c = {v: {s: int(float(table[v][s]["correct"] or 0)) for s in both} for v in (control, "kvcomm@0.3")}
-            r = compare(c, control, "kvcomm@0.3")
+            r = paired_mcnemar(c, control, "kvcomm@0.3")
             facts.append(f"`{control}` scored {r['acc_first']:.2f} against `kvcomm@0.3`'s {r['acc_second']:.2f} on the "
                          f"same {r['n']} samples (McNemar p = {format_p(r['p'])})")
 
@@ -177,7 +174,7 @@ def dataset_section(name: str, folder: Path, command: str) -> str:
     if "kvcomm-query@0.3" in table and "kvcomm@0.3" in table:
         both = [s for s in table["kvcomm-query@0.3"] if s in table["kvcomm@0.3"]]
         c = {v: {s: int(float(table[v][s]["correct"] or 0)) for s in both} for v in ("kvcomm-query@0.3", "kvcomm@0.3")}
-        r = compare(c, "kvcomm-query@0.3", "kvcomm@0.3")
+        r = paired_mcnemar(c, "kvcomm-query@0.3", "kvcomm@0.3")
         if r["p"] >= 0.05:
             ruled_out.append("the one-sample calibration (choosing the layers on each query's own attention does "
                              "not score significantly differently)")

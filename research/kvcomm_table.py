@@ -131,7 +131,7 @@ def main() -> int:
             kvcomm["calibration_sample"] = calibration_sample
         return kvcomm_layers.configure(request, **kvcomm) if table[variant.label] is not None else request
 
-    variants = [Variant(label, "kvcomm" if options is not None else label) for label, options in table.items()]
+    measured = [Variant(label, "kvcomm" if options is not None else label) for label, options in table.items()]
     new_file = not rows_path.exists()
     started = time.perf_counter()
     with rows_path.open("a", newline="", encoding="utf-8") as handle:
@@ -139,7 +139,7 @@ def main() -> int:
         if new_file:
             writer.writeheader()
         items = list(enumerate(scored, start=1 + args.skip))
-        for item in evaluate(pair, items, variants, request_for, done):
+        for item in evaluate(pair, items, measured, request_for, done):
             record, result, label, handoff = item.record, item.result, item.variant.label, item.variant.handoff
             score = score_answer(record, result.answer) if result.applicable else {"gold": " | ".join(record.answers)}
             details = result.details
@@ -168,7 +168,7 @@ def main() -> int:
                 "query_attention": " ".join(f"{r['query_attention']:.4f}" for r in result.layers) if table[label] else "",
             })
             handle.flush()
-            if label == variants[-1].label:
+            if label == measured[-1].label:
                 elapsed = time.perf_counter() - started
                 print(f"{item.index}/{args.limit} samples, {elapsed:.0f} s", file=sys.stderr, flush=True)
     return 0

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvviz.data.metrics import mcnemar_exact  # noqa: E402
+from kvviz.data import paired_mcnemar  # noqa: E402
 
 DEFAULT_PAIRS = (
     "kvcomm@0.3:skyline", "kvcomm@0.5:skyline", "kvcomm@0.7:skyline",
@@ -27,11 +27,6 @@ DEFAULT_PAIRS = (
     "kvcomm@0.3:kvcomm-builtin@0.3", "kvcomm@0.3:kvcomm-refmask@0.3", "kvcomm@0.3:kvcomm-query@0.3",
     "kvcomm@0.3:kvcomm-top0@0.3", "kvcomm-all:skyline", "kvcomm@0.3:receiver",
 )
-
-
-def format_p(p: float) -> str:
-    """A p-value for a table: two significant digits, or scientific notation below 0.001."""
-    return f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"
 
 
 def read_correct(paths: list[Path]) -> dict[str, dict[str, int]]:
@@ -44,19 +39,6 @@ def read_correct(paths: list[Path]) -> dict[str, dict[str, int]]:
                     continue
                 table.setdefault(row["variant"], {})[row["sample_id"]] = int(float(row["correct"] or 0))
     return table
-
-
-def compare(table: dict[str, dict[str, int]], first: str, second: str) -> dict:
-    shared = sorted(set(table[first]) & set(table[second]))
-    b = sum(1 for s in shared if table[first][s] and not table[second][s])
-    c = sum(1 for s in shared if table[second][s] and not table[first][s])
-    n = len(shared)
-    return {
-        "first": first, "second": second, "n": n,
-        "acc_first": sum(table[first][s] for s in shared) / n if n else float("nan"),
-        "acc_second": sum(table[second][s] for s in shared) / n if n else float("nan"),
-        "only_first": b, "only_second": c, "p": mcnemar_exact(b, c),
-    }
 
 
 def main() -> int:
@@ -74,7 +56,7 @@ def main() -> int:
         first, second = item.split(":")
         if first not in table or second not in table:
             continue
-        r = compare(table, first, second)
+        r = paired_mcnemar(table, first, second)
         print(
             f"| {first} | {second} | {r['n']} | {r['acc_first']:.2f} | {r['acc_second']:.2f} | "
             f"{r['acc_first'] - r['acc_second']:+.2f} | {r['only_first']} | {r['only_second']} | {r['p']:.3g} |"

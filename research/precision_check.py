@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 def decode_and_prefill_ms(loaded, steps: int = 12) -> tuple[float, float]:
     from kvviz.runtime import cache as kv
     from kvviz.runtime.decode import prefill
-    from kvviz.studies.speed import _prompt_ids
+    from kvviz.studies.speed import prompt_ids
 
-    prompt = _prompt_ids(loaded, 64)
+    prompt = prompt_ids(loaded, 64)
     state = kv.KVState()
     started = time.perf_counter()
     first, _ = prefill(loaded, state, prompt)
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
         for fast in ("0", "1"):
             os.environ["KVVIZ_FAST_HEAD"] = fast
-            models._loaded.clear()  # a fresh load: the head path is chosen when a model loads
+            models.forget_loaded()  # a fresh load: the head path is chosen when a model loads
             pair = load_pair(args.pair, "cpu", dtype, progress=lambda message: print(message, file=sys.stderr))
             print(f"{dtype}, {'fast' if fast == '1' else 'full'} head ...", file=sys.stderr)
             speed = {}

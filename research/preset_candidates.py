@@ -11,8 +11,11 @@ sweep's). It then says which lessons each candidate shows (``LESSONS``).
     nice -n 10 python research/preset_candidates.py --threads 1 --out runs/preset-candidates.json
     python research/preset_candidates.py --table runs/preset-candidates.json   # the table only
 
-``--layout fewshot3 --out runs/preset-candidates-fewshot3.json`` measures the handoffs that
-``research/layout_bench.py`` takes under another base-model prompt layout.
+``--handoffs`` measures some of the page's handoffs only, ``--no-layers`` skips KVComm's layer
+counts (they hold for the page's own prompt layout): under another base-model prompt layout,
+
+    python research/layout_bench.py run --layout fewshot3 research/preset_candidates.py -- \\
+        --handoffs receiver,text,kvcomm,skyline,sharer --no-layers --out runs/preset-candidates-fewshot3.json
 
 A rerun keeps what --out already holds and measures only what it lacks (a new candidate, a new
 layer count); delete the file to measure everything again.
@@ -236,8 +239,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="comma-separated candidate keys")
     parser.add_argument("--out", default="runs/preset-candidates.json")
     parser.add_argument("--table", default=None, help="print the tables of an earlier --out and stop")
-    parser.add_argument("--layout", default=None,
-                        help="a base-model prompt layout of research/layout_bench.py (then only the handoffs it takes run)")
+    parser.add_argument("--handoffs", default="", help="comma-separated page handoffs to measure (default: all of them)")
+    parser.add_argument("--no-layers", action="store_true", help="skip KVComm's layer counts")
     args = parser.parse_args(argv)
     if args.table:
         measured = json.loads(Path(args.table).read_text())
@@ -249,16 +252,7 @@ def main(argv=None) -> int:
     from kvviz.engine.runner import load_pair
 
     torch.set_num_threads(args.threads)
-    names = None
-    if args.layout:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from layout_bench import use_layout
-
-        import kvviz.handoffs  # noqa: F401
-        import kvviz.handoffs.c2c.align  # noqa: F401  (before use_layout: it rebinds every module's render)
-
-        use_layout(args.layout)
-        names = ["receiver", "text", "kvcomm", "skyline", "sharer"]
+    names = [name for name in args.handoffs.split(",") if name] or None
     out = Path(args.out)
     measured = json.loads(out.read_text()) if out.exists() else []
     wanted = set(filter(None, args.only.split(",")))
@@ -273,7 +267,7 @@ def main(argv=None) -> int:
         if entry is None:
             entry = measure(pair, candidate, args.max_new_tokens, names)
             measured.append(entry)
-        if names is None:  # the layer counts only for the page's own prompt layout
+        if not args.no_layers:  # the layer counts hold for the page's own prompt layout only
             changed = measure_layers(pair, entry, args.max_new_tokens) or changed
         if changed:
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,22 @@
 """Phase-A prototype for issue 20: one batched decode step for B sequences, each with its own cache.
 
-Not engine code (research only; the engine is untouched in phase A). Run from the worktree root:
+Not engine code (research only; kvviz/runtime/step.py is what the engine took). Every phase-A
+measurement of the prototype's steps is a command here, so that they share one ``Stepper``. Run
+from the worktree root (``--threads N`` after any command; 1 by default):
 
-    PYTHONPATH=. python research/speed_prototype.py exact  [--threads 1]   # tokens alone vs batched
-    PYTHONPATH=. python research/speed_prototype.py speed  [--threads 1]   # ms per step by B, per variant
-    PYTHONPATH=. python research/speed_prototype.py levers [--threads 1]   # int8 / bf16 / fused / HF path
+    PYTHONPATH=. python research/speed_prototype.py exact [--tokens 32]   # tokens alone vs batched
+    PYTHONPATH=. python research/speed_prototype.py speed [--all]         # ms per step by B, per variant
+    PYTHONPATH=. python research/speed_prototype.py lean [MODELS]         # the lean step (lean v2)
+    PYTHONPATH=. python research/speed_prototype.py compile [MODEL]       # torch.compile of the pieces
+    PYTHONPATH=. python research/speed_prototype.py fused MODELS          # fused vs separate products
+    PYTHONPATH=. python research/speed_prototype.py overhead MODELS       # the step without its products
+    PYTHONPATH=. python research/speed_prototype.py profile MODEL B [--lean]
+    PYTHONPATH=. python research/speed_prototype.py tiny                  # the tiny test models
+    PYTHONPATH=. python research/speed_prototype.py step-check [--embedded]   # kvviz's DecodeStep, bitwise
+
+(``lean``, ``compile``, ``fused``, ``overhead``, ``profile``, ``tiny`` and ``step-check`` were
+research/lean_step.py, compile_pieces.py, fused_kernels.py, overhead.py, profile_lean.py and
+profile_lean2.py, tiny_check.py and step_check.py, with the same arguments.)
 
 What a batched step is here (``Stepper.step``):
 
@@ -17,8 +29,9 @@ What a batched step is here (``Stepper.step``):
   on this CPU it is faster at M = 6 than MKL's F.linear at M = 1 (research/kernels_m.py).
 * Attention runs per sequence on its own cache (its own keys, positions and, for sliding-window
   layers that need one, its own mask; kvviz.runtime.attention's rules), so no padding enters any softmax.
-  ``--attention padded`` instead left-pads every layer's keys to the longest sequence and runs one
-  masked SDPA for the batch (the "pad and mask" design): not bitwise equal to alone.
+  ``Stepper(attention="padded")`` (one of ``exact``'s variants) instead left-pads every layer's keys
+  to the longest sequence and runs one masked SDPA for the batch (the "pad and mask" design): not
+  bitwise equal to alone.
 * Everything else (norms, rotary, activations, residuals) is row-wise.
 * The head: one approximate scan for all rows, then each row's candidates rescored exactly
   (kvviz.runtime.head's rule: the exact argmax whenever the winner is among the candidates).
@@ -27,8 +40,6 @@ What a batched step is here (``Stepper.step``):
 from __future__ import annotations
 
 import argparse
-import copy
-import math
 import statistics
 import sys
 import time
@@ -288,6 +299,248 @@ class Stepper:
         return chosen
 
 
+# --- the leaner step (lean v2) ---------------------------------------------------------------------
+#
+# Against ``Stepper`` it changes only how the same arithmetic is issued:
+#
+# * RMSNorm through ``F.rms_norm`` (one op; bitwise equal to the HF modules' formula here, checked
+#   in ``check_lean``) with Gemma's ``1 + weight`` precomputed;
+# * queries and keys rotated together (they sit side by side in the fused QKV output);
+# * each sequence's keys and values appended in place into a buffer with spare room
+#   (``GrowingKV``) instead of ``torch.cat`` of the whole cache every step;
+# * one ``torch.cat`` per layer for the sequences' attention outputs.
+
+
+class GrowingKV:
+    """One sequence's keys and values for every layer, in buffers with spare room: appending a token
+    writes one slot in place (amortised O(1)) instead of copying the whole layer."""
+
+    def __init__(self, cache, spare: int = 64):
+        self.layers = []
+        for index in range(kv.num_layers(cache)):
+            keys, values = kv.layer_kv(cache, index)
+            length = keys.shape[2]
+            buffer = torch.empty(2, keys.shape[1], length + spare, keys.shape[3], dtype=keys.dtype)
+            buffer[0, :, :length] = keys[0]
+            buffer[1, :, :length] = values[0]
+            self.layers.append([buffer, length])
+
+    def append(self, index: int, kv_new: torch.Tensor):
+        """kv_new: [2, kv_heads, 1, head_dim]. Returns (keys, values) views [1, kv_heads, length, head_dim]."""
+        entry = self.layers[index]
+        buffer, length = entry
+        if length == buffer.shape[2]:
+            grown = torch.empty(2, buffer.shape[1], 2 * length, buffer.shape[3], dtype=buffer.dtype)
+            grown[:, :, :length] = buffer
+            entry[0] = buffer = grown
+        buffer[:, :, length : length + 1] = kv_new
+        entry[1] = length + 1
+        view = buffer[:, None, :, : length + 1]
+        return view[0], view[1]
+
+
+class LeanStepper(Stepper):
+    def __init__(self, loaded, kind="mkldnn", fuse=True, bucket=6):
+        super().__init__(loaded, kind=kind, fuse=True, bucket=bucket)
+        eps = loaded.model.config.get_text_config().rms_norm_eps
+        self.eps = eps
+        shift = 1.0 if self.gemma else 0.0
+
+        def norm_weight(module):
+            return (module.weight.detach().float() + shift) if module is not None else None
+
+        self.norms = []
+        for layer in self.decoder.layers:
+            attn = layer.self_attn
+            names = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+            entry = {name: norm_weight(getattr(layer, name, None)) for name in names}
+            entry["q_norm"] = norm_weight(getattr(attn, "q_norm", None))
+            entry["k_norm"] = norm_weight(getattr(attn, "k_norm", None))
+            self.norms.append(entry)
+        self.final_norm = norm_weight(self.decoder.norm)
+        self.act = self.decoder.layers[0].mlp.act_fn
+        self.sliding = [self.window if t == "sliding_attention" else None for t in self.layer_types]
+
+    def rms(self, x, weight):
+        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+
+    @torch.no_grad()
+    def step(self, states, tokens, buffers):
+        count = len(states)
+        rows = max(self.bucket, count)
+        ids = torch.zeros(rows, dtype=torch.long)
+        ids[:count] = torch.tensor(tokens)
+        positions = torch.zeros(rows, 1, dtype=torch.long)
+        positions[:count, 0] = torch.tensor([s.next_position for s in states])
+        x = self.decoder.embed_tokens(ids)  # [rows, hidden]
+        tables = {}
+        for layer_type in set(self.layer_types):
+            cos, sin = (self.decoder.rotary_emb(x, positions, layer_type) if self.gemma else self.decoder.rotary_emb(x, positions))
+            half = cos.shape[-1] // 2
+            signed_sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+            tables[layer_type] = (cos, signed_sin)  # [rows, 1, D]: broadcast over heads
+        Hq, Hk, D = self.num_heads, self.num_kv, self.head_dim
+        plans = [AttentionPlan(prefix_positions=s.prefix_positions) for s in states]
+        last = [int(p) for p in positions[:count, 0]]
+        for index, weights in enumerate(self.layers):
+            norms = self.norms[index]
+            cos, sin = tables[self.layer_types[index]]
+            h = self.rms(x, norms["input_layernorm"])
+            qkv = apply_linear(h, weights.qkv, weights.qkv_bias).view(rows, Hq + 2 * Hk, D)
+            qk, v = qkv[:, : Hq + Hk], qkv[:, Hq + Hk :]
+            if norms["q_norm"] is not None:
+                qk = torch.cat([self.rms(qk[:, :Hq], norms["q_norm"]), self.rms(qk[:, Hq:], norms["k_norm"])], dim=1)
+            qk = qk * cos + torch.roll(qk, D // 2, dims=-1) * sin
+            q, k = qk[:, :Hq], qk[:, Hq:]
+            kv_new = torch.stack([k, v])  # [2, rows, Hk, D]
+            outs = []
+            for b in range(count):
+                keys, values = buffers[b].append(index, kv_new[:, b, :, None])
+                outs.append(self._attend_one(index, q[b, :, None][None], keys, values, plans[b], last[b]))
+            attended = torch.cat(outs + ([x.new_zeros(rows - count, Hq * D)] if rows > count else []))
+            o = apply_linear(attended, weights.o)
+            if self.gemma:
+                x = x + self.rms(o, norms["post_attention_layernorm"])
+                h = self.rms(x, norms["pre_feedforward_layernorm"])
+                gate, up = weights.gate_up_of(h)
+                x = x + self.rms(apply_linear(self.act(gate) * up, weights.down), norms["post_feedforward_layernorm"])
+            else:
+                x = x + o
+                h = self.rms(x, norms["post_attention_layernorm"])
+                gate, up = weights.gate_up_of(h)
+                x = x + apply_linear(self.act(gate) * up, weights.down)
+        x = self.rms(x, self.final_norm)
+        for state in states:
+            state.next_position += 1
+        return x[:count]
+
+    def _attend_one(self, index, q, keys, values, plan, position):
+        sliding = self.sliding[index]
+        mask = None
+        if sliding and not plan.sees_every_key(index, keys.shape[2], position, sliding):
+            key_positions = plan.key_positions(index, keys.shape[2], position, q.device)
+            mask = positional_mask(torch.tensor([position]), key_positions, sliding)
+        gqa = self.num_heads != self.num_kv
+        if gqa and mask is not None:
+            groups = self.num_heads // self.num_kv
+            keys, values = keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1)
+            gqa = False
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=gqa)
+        return out.reshape(1, -1)
+
+
+def check_lean(loaded, steps=12):
+    """The lean step against the first prototype's step (HF modules for norms) and against today's
+    HF forward: hidden states over ``steps`` teacher-forced steps from the same prompt."""
+    from kvviz.runtime.decode import prefill
+    from kvviz.studies.speed import prompt_ids
+
+    base = kv.KVState()
+    first, _ = prefill(loaded, base, prompt_ids(loaded, 32))
+    token = first.greedy_token()
+    lean, proto = LeanStepper(loaded), Stepper(loaded)
+    s_lean, s_proto, s_hf = copy_state(base), copy_state(base), copy_state(base)
+    buffers = [GrowingKV(s_lean.cache)]
+    worst_proto = worst_hf = 0.0
+    equal = 0
+    for _ in range(steps):
+        a = lean.step([s_lean], [token], buffers)[0]
+        b = proto.step([s_proto], [token])[0]
+        c, _ = prefill(loaded, s_hf, [token])
+        equal += torch.equal(a, b)
+        worst_proto = max(worst_proto, float((a - b).abs().max()))
+        worst_hf = max(worst_hf, float((a - c.hidden[0]).abs().max()))
+        token = lean.greedy_tokens(a[None])[0]
+    print(f"{loaded.name}: lean == first prototype bitwise in {equal}/{steps} steps (max |diff| {worst_proto:.2e}); "
+          f"max |diff| vs today's HF forward {worst_hf:.2e}")
+
+
+# --- torch.compile of the element-wise pieces --------------------------------------------------------
+#
+# Only the element-wise work between the matrix products of a Gemma-3 / Llama decode step (norms,
+# rotary, activation, residuals) is compiled, for the fixed bucket of rows; the oneDNN products and
+# the per-sequence attention stay eager.
+
+
+def rms(x, w, eps):
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+class CompiledLean(LeanStepper):
+    """LeanStepper with the element-wise pieces of each layer as compiled functions."""
+
+    def __init__(self, loaded, compile_: bool = True, **kw):
+        super().__init__(loaded, **kw)
+        Hq, Hk, D, eps, gemma, act = self.num_heads, self.num_kv, self.head_dim, self.eps, self.gemma, self.act
+
+        def prepare_qkv(qkv, qn, kn, cos, sin):
+            qkv = qkv.view(qkv.shape[0], Hq + 2 * Hk, D)
+            qk, v = qkv[:, : Hq + Hk], qkv[:, Hq + Hk :]
+            if qn is not None:
+                qk = torch.cat([rms(qk[:, :Hq], qn, eps), rms(qk[:, Hq:], kn, eps)], dim=1)
+            qk = qk * cos + torch.roll(qk, D // 2, dims=-1) * sin
+            return qk[:, :Hq], torch.stack([qk[:, Hq:], v])
+
+        def after_attention(x, o, w_post, w_pre):
+            if gemma:
+                x = x + rms(o, w_post, eps)
+                return x, rms(x, w_pre, eps)
+            x = x + o
+            return x, rms(x, w_post, eps)
+
+        def activation(gate_up):
+            gate, up = gate_up.chunk(2, dim=-1)
+            return act(gate) * up
+
+        def after_mlp(x, d, w_post_ff, w_next):
+            x = x + (rms(d, w_post_ff, eps) if gemma else d)
+            return x, rms(x, w_next, eps)
+
+        wrap = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if compile_ else (lambda f: f)
+        self.prepare_qkv, self.after_attention = wrap(prepare_qkv), wrap(after_attention)
+        self.activation, self.after_mlp = wrap(activation), wrap(after_mlp)
+
+    @torch.no_grad()
+    def step(self, states, tokens, buffers):
+        from kvviz.runtime.attention import AttentionPlan
+
+        count = len(states)
+        rows = max(self.bucket, count)
+        ids = torch.zeros(rows, dtype=torch.long)
+        ids[:count] = torch.tensor(tokens)
+        positions = torch.zeros(rows, 1, dtype=torch.long)
+        positions[:count, 0] = torch.tensor([s.next_position for s in states])
+        x = self.decoder.embed_tokens(ids)
+        tables = {}
+        for layer_type in set(self.layer_types):
+            cos, sin = (self.decoder.rotary_emb(x, positions, layer_type) if self.gemma else self.decoder.rotary_emb(x, positions))
+            half = cos.shape[-1] // 2
+            tables[layer_type] = (cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1))
+        plans = [AttentionPlan(prefix_positions=s.prefix_positions) for s in states]
+        last = [int(p) for p in positions[:count, 0]]
+        h = self.rms(x, self.norms[0]["input_layernorm"])
+        for index, weights in enumerate(self.layers):
+            norms = self.norms[index]
+            cos, sin = tables[self.layer_types[index]]
+            qkv = apply_linear(h, weights.qkv, weights.qkv_bias)
+            q, kv_new = self.prepare_qkv(qkv, norms["q_norm"], norms["k_norm"], cos, sin)
+            outs = []
+            for b in range(count):
+                keys, values = buffers[b].append(index, kv_new[:, b, :, None])
+                outs.append(self._attend_one(index, q[b, :, None][None], keys, values, plans[b], last[b]))
+            attended = torch.cat(outs + ([x.new_zeros(rows - count, self.num_heads * self.head_dim)] if rows > count else []))
+            o = apply_linear(attended, weights.o)
+            post = norms["post_attention_layernorm"]
+            pre = norms["pre_feedforward_layernorm"] if self.gemma else None
+            x, h = self.after_attention(x, o, post, pre)
+            d = apply_linear(self.activation(apply_linear(h, weights.gate_up)), weights.down)
+            following = self.norms[index + 1]["input_layernorm"] if index + 1 < len(self.layers) else self.final_norm
+            x, h = self.after_mlp(x, d, norms["post_feedforward_layernorm"] if self.gemma else None, following)
+        for state in states:
+            state.next_position += 1
+        return h[:count]  # after the final norm
+
+
 # --- a batched greedy decode loop (the generate() rules, per sequence) ----------------------------
 
 
@@ -343,11 +596,11 @@ def capture_states(pair, request, names):
     captured = []
     original = decode.generate
 
-    def spy(loaded, state, first, settings, on_token=None, max_new_tokens=None, stop_at_newline=None):
+    def spy(loaded, state, first, settings, on_token=None, max_new_tokens=None, stop_at_newline=None, timer=None):
         saved = kv.KVState(cache=kv.copy_cache(state.cache), next_position=state.next_position,
                            prefix_positions=dict(state.prefix_positions), reference_mask=state.reference_mask)
         first_token = first.greedy_token()
-        output = original(loaded, state, first, settings, on_token, max_new_tokens, stop_at_newline)
+        output = original(loaded, state, first, settings, on_token, max_new_tokens, stop_at_newline, timer)
         captured.append([loaded, saved, first_token, output.token_ids, max_new_tokens or settings.max_new_tokens, stop_at_newline])
         return output
 
@@ -462,7 +715,7 @@ def speed(args):
     today's single decode step (kvviz.runtime.decode.prefill of one token + the fast head)."""
     from kvviz.runtime.decode import prefill
     from kvviz.runtime.models import load_model
-    from kvviz.studies.speed import PROMPT_TOKENS, _prompt_ids
+    from kvviz.studies.speed import PROMPT_TOKENS, prompt_ids
 
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     variants = {
@@ -483,13 +736,11 @@ def speed(args):
     sizes = (1, 2, 4, 6)
     for name in args.models.split(","):
         loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
-        prompt = _prompt_ids(loaded, PROMPT_TOKENS)
+        prompt = prompt_ids(loaded, PROMPT_TOKENS)
         base = kv.KVState()
         first, _ = prefill(loaded, base, prompt)
         token = first.greedy_token()
         stack = [p for n, p in loaded.model.model.layers.named_parameters()]
-        from research.lean_step import GrowingKV, LeanStepper
-
         def make(options):
             if options is None:
                 return None
@@ -543,21 +794,323 @@ def speed(args):
             print(f"| {label} | " + " | ".join(cells) + f" | {st[1] / (1000 * s):.2f} | {r6} | {s6} |")
 
 
+def lean(args):
+    """The lean step (``LeanStepper``, was research/lean_step.py) checked against the first
+    prototype and the HF forward (``check_lean``), then its stack time against the first
+    prototype's at B = 1 and 6 (thread CPU time, min of 4 interleaved rounds), beside the stack's
+    weight-stream time."""
+    from kvviz.runtime.decode import prefill
+    from kvviz.runtime.models import load_model
+    from kvviz.studies.speed import prompt_ids
+
+    for name in args.models.split(","):
+        loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
+        check_lean(loaded)
+        base = kv.KVState()
+        first, _ = prefill(loaded, base, prompt_ids(loaded, 32))
+        token = first.greedy_token()
+        steppers = {"first prototype": Stepper(loaded), "lean v2": LeanStepper(loaded)}
+        stack = [p for p in loaded.model.model.layers.parameters()]
+        results, stream = {}, []
+        for round_ in range(5):
+            t = time.thread_time(); [p.sum() for p in stack]; stream.append(time.thread_time() - t)
+            for label, stepper in steppers.items():
+                for B in (1, 6):
+                    states = [copy_state(base) for _ in range(B)]
+                    buffers = [GrowingKV(s.cache) for s in states]
+                    times = []
+                    for _ in range(6):
+                        t = time.thread_time()
+                        if isinstance(stepper, LeanStepper):
+                            stepper.step(states, [token] * B, buffers)
+                        else:
+                            stepper.step(states, [token] * B)
+                        times.append(time.thread_time() - t)
+                    if round_:
+                        results.setdefault((label, B), []).append(statistics.median(times))
+        s = 1000 * min(stream[1:])
+        print(f"{name}: stack stream {s:.1f} ms; stack ms (min of 4 rounds):",
+              {f"{label} B={B}": round(1000 * min(v), 1) for (label, B), v in results.items()},
+              {f"{label} B=1 / stream": round(1000 * min(results[(label, 1)]) / s, 2) for label in steppers})
+
+
+def compiled(args):
+    """torch.compile of the element-wise pieces between the products (``CompiledLean``, was
+    research/compile_pieces.py): the compile time (first call), whether the compiled step is row
+    invariant (a sequence alone vs in a batch of six, bitwise) and its distance to the eager step,
+    then ms per step eager vs compiled vs lean v2 (thread CPU time, min of 4 rounds)."""
+    from kvviz.runtime.decode import prefill
+    from kvviz.runtime.models import load_model
+    from kvviz.studies.speed import prompt_ids
+
+    name = args.model
+    loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
+    base = kv.KVState()
+    first, _ = prefill(loaded, base, prompt_ids(loaded, 32))
+    token = first.greedy_token()
+    eager = CompiledLean(loaded, compile_=False)
+    compiled = CompiledLean(loaded, compile_=True)
+    plain = LeanStepper(loaded)
+    states = [copy_state(base)]
+    started = time.perf_counter()
+    compiled.step(states, [token], [GrowingKV(states[0].cache)])
+    print(f"{name}: first compiled step (compiles) {time.perf_counter() - started:.1f} s wall")
+    # bits: compiled alone vs compiled in a batch of 6 (the sequence at slot 3)
+    a_state = copy_state(base); a = compiled.step([a_state], [token], [GrowingKV(a_state.cache)])[0]
+    batch = [copy_state(base) for _ in range(6)]
+    b = compiled.step(batch, [token, 5, 6, token, 7, 8], [GrowingKV(s.cache) for s in batch])[3]
+    e_state = copy_state(base); e = plain.step([e_state], [token], [GrowingKV(e_state.cache)])[0]
+    print(f"compiled alone == compiled in a batch (slot 3): {torch.equal(a, b)}; compiled vs eager max |diff| {float((a - e).abs().max()):.2e}")
+    results = {}
+    for round_ in range(5):
+        for label, stepper in (("eager pieces", eager), ("compiled pieces", compiled), ("lean v2", plain)):
+            for B in (1, 6):
+                states = [copy_state(base) for _ in range(B)]
+                buffers = [GrowingKV(s.cache) for s in states]
+                times = []
+                for _ in range(6):
+                    t = time.thread_time(); stepper.step(states, [token] * B, buffers); times.append(time.thread_time() - t)
+                if round_:
+                    results.setdefault((label, B), []).append(statistics.median(times))
+    print({f"{label} B={B}": round(1000 * min(v), 1) for (label, B), v in results.items()})
+
+
+def fused(args):
+    """Kernel time of one decode step's matrix products, fused (QKV, gate-up) vs separate, M rows,
+    thread CPU time (min of 9); beside streaming the same fp32 weights once (was
+    research/fused_kernels.py)."""
+    from kvviz.runtime.models import load_model
+
+    for name in args.models.split(","):
+        loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
+        layers = loaded.model.model.layers
+        H = loaded.facts.hidden_size
+        res = {}
+        for fuse in (False, True):
+            lw = [LayerWeights(l, "mkldnn", fuse) for l in layers]
+            for M in (1, 6):
+                x = torch.randn(M, H); xo = torch.randn(M, layers[0].self_attn.o_proj.in_features); xd = torch.randn(M, layers[0].mlp.down_proj.in_features)
+                def run():
+                    for w in lw:
+                        w.qkv_of(x); apply_linear(xo, w.o); w.gate_up_of(x); apply_linear(xd, w.down)
+                run()
+                ts = []
+                for _ in range(9):
+                    t = time.thread_time(); run(); ts.append(time.thread_time() - t)
+                res[f"{'fused' if fuse else 'separate'} M={M}"] = round(1000 * min(ts), 1)
+        stack = list(layers.parameters())
+        ts = []
+        for _ in range(9):
+            t = time.thread_time(); [p.sum() for p in stack]; ts.append(time.thread_time() - t)
+        print(name, "stream", round(1000 * min(ts), 1), res)
+
+
+def overhead(args):
+    """The first prototype's step without its matrix products (every linear replaced by a
+    preallocated output): what the per-layer Python, norms, rotary, cache appends and per-sequence
+    attention cost, by B (thread CPU time, min of 3 rounds; was research/overhead.py)."""
+    from kvviz.runtime.decode import prefill
+    from kvviz.runtime.models import load_model
+    from kvviz.studies.speed import prompt_ids
+
+    module = globals()  # LayerWeights and Stepper call this module's pack and apply_linear
+    real_pack, real_apply = module["pack"], module["apply_linear"]
+    packed_rows, outputs = {}, {}
+
+    def counting_pack(weight, kind):
+        packed = real_pack(weight, kind)
+        packed_rows[id(packed[1])] = weight.shape[0]
+        return packed
+
+    def fake_linear(x, packed, bias=None):
+        kind, w = packed
+        n = w.shape[0] if kind == "mkl" else packed_rows[id(w)]
+        key = (x.shape[:-1], n)
+        if key not in outputs:
+            outputs[key] = torch.zeros(*x.shape[:-1], n)
+        return outputs[key]
+
+    module["pack"] = counting_pack
+    try:
+        for name in args.models.split(","):
+            loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
+            base = kv.KVState(); first, _ = prefill(loaded, base, prompt_ids(loaded, 32)); token = first.greedy_token()
+            st = Stepper(loaded, kind="mkldnn", fuse=True, bucket=6)
+            res = {}
+            for rnd in range(4):
+                for mode in ("real", "no products"):
+                    module["apply_linear"] = real_apply if mode == "real" else fake_linear
+                    for B in (1, 6):
+                        states = [copy_state(base) for _ in range(B)]
+                        times = []
+                        for _ in range(6):
+                            t = time.thread_time(); st.step(states, [token] * B); times.append(time.thread_time() - t)
+                        if rnd: res.setdefault((mode, B), []).append(statistics.median(times))
+            module["apply_linear"] = real_apply
+            print(name, {f"{m} B={B}": round(1000 * min(v), 1) for (m, B), v in res.items()})
+    finally:
+        module["pack"], module["apply_linear"] = real_pack, real_apply
+
+
+def profile(args):
+    """torch.profiler's table of B sequences' steps: the first prototype's (``Stepper``; was
+    research/profile_lean.py) or, with ``--lean``, the lean step's, with its products' share of the
+    step (``LeanStepper``; was research/profile_lean2.py)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    from kvviz.runtime.decode import prefill
+    from kvviz.runtime.models import load_model
+    from kvviz.studies.speed import prompt_ids
+
+    name, B = args.model, args.batch
+    loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
+    base = kv.KVState(); first, _ = prefill(loaded, base, prompt_ids(loaded, 32)); token = first.greedy_token()
+    states = [copy_state(base) for _ in range(B)]
+    if not args.lean:
+        st = Stepper(loaded, kind="mkldnn", fuse=True, bucket=6)
+        for _ in range(3): st.step(states, [token] * B)
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(5): st.step(states, [token] * B)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22))
+        return
+    st = LeanStepper(loaded)
+    bufs = [GrowingKV(s.cache) for s in states]
+    for _ in range(3): st.step(states, [token] * B, bufs)
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(10): st.step(states, [token] * B, bufs)
+    ka = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in ka)
+    lin = sum(e.self_cpu_time_total for e in ka if "linear_pointwise" in e.key)
+    print(f"{name} B={B}: per step total self CPU {total/10/1000:.1f} ms, linear {lin/10/1000:.1f} ms, other {(total-lin)/10/1000:.1f} ms, ops per step {sum(e.count for e in ka)/10:.0f}")
+    print(ka.table(sort_by="self_cpu_time_total", row_limit=14))
+
+
+def tiny(args):
+    """The prototype step on the tiny test models (tests/tiny_models.py: Llama-like with GQA,
+    Gemma-3-like with a sliding window of 8 so decode steps need masks): lean step vs HF forward,
+    and batched vs alone bitwise on every handoff's decode state (was research/tiny_check.py)."""
+    from kvviz.handoffs.registry import build_request
+    from tests.conftest import tiny_pair
+
+    for kind in ("llama", "gemma"):
+        pair = tiny_pair(kind)
+        check_lean(pair.receiver, steps=20)
+        request = build_request("Mira keeps her red bicycle where? Answer briefly.", "Context: Mira keeps her red bicycle in the garden shed behind the old library in Lisbon.", max_new_tokens=20)
+        rows = capture_states(pair, request, ["receiver", "text", "kvcomm", "skyline", "ac", "cipher", "sharer"])
+        stepper = Stepper(pair.receiver, bucket=6)
+        count, differ, largest = teacher_forced_bits(stepper, rows)
+        together, _ = decode_together(stepper, [(copy_state(r[2]), r[3], r[5], r[6]) for r in rows])
+        same = sum(t[: r[5]] == decode_together(stepper, [(copy_state(r[2]), r[3], r[5], r[6])])[0][0][: r[5]] for t, r in zip(together, rows))
+        today = sum(t[: r[5]] == r[4] for t, r in zip(together, rows))
+        print(f"tiny {kind}: {len(rows)} decodes {[r[0] for r in rows]}; steps {count}, not bitwise equal {differ} (max {largest:.1e}); "
+              f"tokens batched == alone {same}/{len(rows)}, == today {today}/{len(rows)}; window {pair.receiver.facts.sliding_window}, "
+              f"cache lengths {[r[2].next_position for r in rows]}")
+
+
+class WithHead:
+    """kvviz.runtime.step's DecodeStep plus the per-row exact greedy head (the prototype loop's interface)."""
+
+    def __init__(self, loaded):
+        from kvviz.runtime.step import DecodeStep
+
+        self.loaded, self.step_ = loaded, DecodeStep(loaded)
+        assert self.step_.supported, self.step_.reason
+
+    def step(self, states, tokens):
+        return self.step_.step(states, tokens)
+
+    def greedy_tokens(self, hidden):
+        return [self.loaded.head.greedy_token(hidden[b : b + 1]) for b in range(hidden.shape[0])]
+
+
+def check_decode_step(pair, requests, names):
+    """``WithHead`` on every handoff's decode states of ``requests``: teacher-forced bits batched vs
+    alone, and its greedy tokens batched vs alone vs today's generate()."""
+    total = {"decodes": 0, "steps": 0, "bit_differences": 0, "tokens_differ_alone": 0, "tokens_differ_today": 0}
+    steppers = {}
+    for request in requests:
+        rows = capture_states(pair, request, names)
+        by_model = {}
+        for row in rows:
+            by_model.setdefault(row[1].name, []).append(row)
+        for group in by_model.values():
+            loaded = group[0][1]
+            stepper = steppers.setdefault(loaded.name, WithHead(loaded))
+            count, differ, _ = teacher_forced_bits(stepper, group)
+            together, _ = decode_together(stepper, [(copy_state(r[2]), r[3], r[5], r[6]) for r in group])
+            for tokens, row in zip(together, group):
+                alone, _ = decode_together(stepper, [(copy_state(row[2]), row[3], row[5], row[6])])
+                total["tokens_differ_alone"] += tokens[: row[5]] != alone[0][: row[5]]
+                total["tokens_differ_today"] += tokens[: row[5]] != row[4]
+                if tokens[: row[5]] != row[4]:
+                    print("  differs from today:", row[0], tokens[: row[5]][:16], row[4][:16])
+            total["decodes"] += len(group); total["steps"] += count; total["bit_differences"] += differ
+    return total
+
+
+def step_check(args):
+    """kvviz/runtime/step.py's DecodeStep on real decode states of every handoff: batched vs alone
+    bitwise (teacher-forced), and its greedy tokens vs today's generate(); tiny test models and
+    (with ``--embedded``) the embedded pair on the presets (was research/step_check.py)."""
+    from kvviz.handoffs.registry import build_request
+
+    names = ["receiver", "text", "c2c", "c2c_control", "kvcomm", "skyline", "ac", "cipher", "sharer"]
+    if args.embedded:
+        from kvviz.app.presets import PRESETS
+        from kvviz.engine.runner import load_pair
+
+        pair = load_pair("embedded", "cpu", "float32", progress=lambda *a: None)
+        print("embedded presets:", check_decode_step(pair, [build_request(p.query, p.context, max_new_tokens=32) for p in PRESETS], names))
+        return
+    from tests.conftest import tiny_pair
+
+    for kind in ("llama", "gemma"):
+        requests = [build_request("Mira keeps her red bicycle where? Answer briefly.",
+                                  "Context: Mira keeps her red bicycle in the garden shed behind the old library in Lisbon.", max_new_tokens=24),
+                    build_request("What is the secret code word?", "The secret code word is pineapple. " * 3, max_new_tokens=24)]
+        print(f"tiny {kind}:", check_decode_step(tiny_pair(kind), requests, names))
+
+
+COMMANDS = {  # name: (function, help)
+    "exact": (exact, "every handoff's decode on the presets: tokens batched vs alone vs today"),
+    "speed": (speed, "ms per batched step for B = 1, 2, 4, 6, per variant"),
+    "lean": (lean, "the lean step (lean v2) against the first prototype"),
+    "compile": (compiled, "torch.compile of the element-wise pieces"),
+    "fused": (fused, "a step's products, fused vs separate"),
+    "overhead": (overhead, "a step without its products"),
+    "profile": (profile, "torch.profiler's table of a step"),
+    "tiny": (tiny, "the prototype on the tiny test models"),
+    "step-check": (step_check, "kvviz's DecodeStep batched vs alone, bitwise"),
+}
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=("exact", "speed"))
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--limit", type=int, default=0)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--models", default="gemma3-270m,smollm2-135m")
-    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
-    parser.add_argument("--all", action="store_true")
-    parser.add_argument("--pick", choices=("min", "median"), default="median")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    threads = argparse.ArgumentParser(add_help=False)
+    threads.add_argument("--threads", type=int, default=1)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, (_, help_text) in COMMANDS.items():
+        commands.add_parser(name, parents=[threads], help=help_text)
+    commands.choices["exact"].add_argument("--tokens", type=int, default=32)
+    commands.choices["exact"].add_argument("--limit", type=int, default=0)
+    speed_options = commands.choices["speed"]
+    speed_options.add_argument("--rounds", type=int, default=5)
+    speed_options.add_argument("--steps", type=int, default=8)
+    speed_options.add_argument("--models", default="gemma3-270m,smollm2-135m")
+    speed_options.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    speed_options.add_argument("--all", action="store_true")
+    speed_options.add_argument("--pick", choices=("min", "median"), default="median")
+    commands.choices["lean"].add_argument("models", nargs="?", default="gemma3-270m,smollm2-135m")
+    commands.choices["compile"].add_argument("model", nargs="?", default="gemma3-270m")
+    commands.choices["fused"].add_argument("models", help="comma-separated model names")
+    commands.choices["overhead"].add_argument("models", help="comma-separated model names")
+    commands.choices["profile"].add_argument("model")
+    commands.choices["profile"].add_argument("batch", type=int)
+    commands.choices["profile"].add_argument("--lean", action="store_true", help="profile LeanStepper instead of Stepper")
+    commands.choices["step-check"].add_argument("--embedded", action="store_true", help="the embedded pair on the presets")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    {"exact": exact, "speed": speed}[args.command](args)
+    COMMANDS[args.command][0](args)
 
 
 if __name__ == "__main__":

@@ -25,11 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "research"))
 
-from mcnemar import compare, format_p  # noqa: E402
-
-from kvviz.data import wilson_interval  # noqa: E402
+from kvviz.data import format_p, paired_mcnemar, wilson_interval  # noqa: E402
 from kvviz.studies.bench.report import replace_section, section_marks  # noqa: E402
 
 START, END = section_marks("steer-table")
@@ -114,7 +111,7 @@ def dataset_section(name: str, folder: Path) -> str:
     for first, second, scores, metric in ([(a, b, correct, "") for a, b in comparisons]
                                           + [(a, b, contains, " (contains)") for a, b in by_content]):
         if first in scores and second in scores:
-            r = compare(scores, first, second)
+            r = paired_mcnemar(scores, first, second)
             lines.append(f"| {first}{metric} | {second}{metric} | {r['n']} | {r['acc_first']:.2f} | {r['acc_second']:.2f} | "
                          f"{r['acc_first'] - r['acc_second']:+.2f} | {r['only_first']} | {r['only_second']} | {format_p(r['p'])} |")
 
@@ -178,8 +175,8 @@ def targets(table: dict, correct: dict, samples: list[str]) -> list[str]:
     compared = [(f"latent_relay@{n}", other) for n in STEPS for other in ("skyline", *(f"latent_relay-{c}@{n}" for c in CONTROLS))]
     done = [pair for pair in compared if pair[0] in correct and pair[1] in correct]
     if done:
-        significant = [f"{a} vs {b} (p = {format_p(compare(correct, a, b)['p'])})" for a, b in done
-                       if compare(correct, a, b)["p"] < 0.05]
+        significant = [f"{a} vs {b} (p = {format_p(paired_mcnemar(correct, a, b)['p'])})" for a, b in done
+                       if paired_mcnemar(correct, a, b)["p"] < 0.05]
         lines.append(f"| N = 2, 4, 8 against Skyline and each of its three controls, McNemar p-values | {len(done)} of "
                      f"{len(compared)} comparisons (table above); significant at 0.05: "
                      f"{', '.join(significant) if significant else 'none'} | {'done' if len(done) == len(compared) else 'partly done'} |")
@@ -198,16 +195,16 @@ def reading(table: dict, correct: dict) -> list[str]:
     steps_vs = {other: [(f"latent_relay@{n}", other.format(n=n)) for n in STEPS]
                 for other in ("skyline", "latent_relay-no_transfer@{n}", "latent_relay-random_map@{n}")}
     measured = {other: all(a in correct and b in correct for a, b in pairs) for other, pairs in steps_vs.items()}
-    if measured["skyline"] and all(compare(correct, a, b)["p"] >= 0.05 for a, b in steps_vs["skyline"]):
+    if measured["skyline"] and all(paired_mcnemar(correct, a, b)["p"] >= 0.05 for a, b in steps_vs["skyline"]):
         said.append("no number of latent steps scores significantly differently from Skyline, which is the relay "
                     "with no latent step")
     if measured["latent_relay-random_map@{n}"] and all(
-            compare(correct, a, b)["p"] >= 0.05 for a, b in steps_vs["latent_relay-random_map@{n}"]):
+            paired_mcnemar(correct, a, b)["p"] >= 0.05 for a, b in steps_vs["latent_relay-random_map@{n}"]):
         said.append("a random map with the same spectrum scores as the computed one at every N")
     no_transfer_is_alone = all(same == total > 0 for same, total in
                                (same_answers(table, f"latent_relay-no_transfer@{n}", "receiver") for n in STEPS))
     if measured["latent_relay-no_transfer@{n}"] and no_transfer_is_alone and "latent_relay@0" in correct:
-        gain0 = compare(correct, "latent_relay@0", "receiver")
+        gain0 = paired_mcnemar(correct, "latent_relay@0", "receiver")
         said.append(f"the relay's whole gain over no transfer (the receiver alone, answer for answer) is there with no "
                     f"latent step (N = 0: {gain0['acc_first']:.2f} against {gain0['acc_second']:.2f}, McNemar p = "
                     f"{format_p(gain0['p'])})")

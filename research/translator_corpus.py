@@ -29,11 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvviz.data import recall  # noqa: E402
-from kvviz.data import load_dataset  # noqa: E402
-from kvviz.data.loaders import DATA_DIR_ENV, DEFAULT_DATA_DIR  # noqa: E402
+from kvviz.data import DATA_DIR_ENV, DEFAULT_DATA_DIR, load_dataset, recall  # noqa: E402
+from kvviz.studies.c2c.translator_eval import countries_split  # noqa: E402
 
-COUNTRIES_HELDOUT = 100  # the evaluators' Countries sample: load_dataset("countries", seed=0)[:100]
 CHECK_SHARE = 0.03
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December"]
@@ -46,13 +44,6 @@ FILLERS = [
     "The library is quiet in the afternoon.", "There is a small park behind the station.",
     "The lift is out of order this week.", "Tickets can be bought at the kiosk.",
 ]
-
-
-def countries_split():
-    records = load_dataset("countries", seed=0)
-    held, train = records[:COUNTRIES_HELDOUT], records[COUNTRIES_HELDOUT:]
-    held_landmarks = {r.meta.get("landmark") for r in held}
-    return [r for r in train if r.meta.get("landmark") not in held_landmarks], held
 
 
 def heldout_words() -> set[str]:
@@ -104,10 +95,10 @@ class Facts:
         job = r.choice(p.jobs)
         return [
             lambda: f"{person} lives in {town}.",
-            lambda: f"{person} works as {recall._article(job)} {job}.",
+            lambda: f"{person} works as {recall.article(job)} {job}.",
             lambda: f"{person}'s favourite colour is {r.choice(p.colours)}.",
             lambda: f"{person} is {r.choice(p.ages)} years old.",
-            lambda: f"{person} has {recall._article(species)} {species} called {r.choice(p.pets)}.",
+            lambda: f"{person} has {recall.article(species)} {species} called {r.choice(p.pets)}.",
             lambda: f"{person}'s {r.choice(p.objects)} is in the {r.choice(p.rooms)}.",
             lambda: f"{person} is at the {r.choice(p.landmarks)}.",
             lambda: f"The code for locker {r.choice(p.lockers)} is {self.code()}.",

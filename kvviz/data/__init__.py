@@ -5,7 +5,8 @@
   ``mmlu_redux``, ``instructions``: Dolly and the small instruction set, ``user_files``: your own
   JSONL), on ``record`` (``Record``, ``LoadReport``) and ``files`` (where the data is, how it is read);
 * ``kvviz.data.recall``: private-context recall records made here (C2C's training data);
-* ``kvviz.data.metrics``: answer metrics (token F1, containment, the page's verdict, Wilson interval, McNemar's test);
+* ``kvviz.data.metrics``: answer metrics (token F1, containment, the page's verdict, Wilson interval, McNemar's test
+  and the paired comparison of two variants it reads from);
 * ``kvviz.data.choices``: multiple choice asked and read one way for every command.
 
 The names below are the package's public face: ``from kvviz.data import load_dataset`` works.
@@ -18,8 +19,10 @@ from kvviz.data.metrics import (
     VERDICT_METRIC,
     contains_answer,
     f1_match,
+    format_p,
     mcnemar_exact,
     normalize_answer,
+    paired_mcnemar,
     token_f1,
     verdict,
     wilson_interval,
@@ -40,12 +43,14 @@ __all__ = [
     "contains_answer",
     "extract_choice_letter",
     "f1_match",
+    "format_p",
     "format_choices",
     "get_data_dir",
     "load_dataset",
     "load_dataset_with_report",
     "mcnemar_exact",
     "normalize_answer",
+    "paired_mcnemar",
     "token_f1",
     "verdict",
     "wilson_interval",

@@ -1,6 +1,7 @@
 """Answer metrics: SQuAD normalisation, token F1 (the KVComm paper's F1 > 0.5 match),
 containment of a gold answer, the page's verdict on one answer, the Wilson interval for an
-accuracy, and McNemar's exact test for two accuracies measured on the same samples."""
+accuracy, and McNemar's exact test for two accuracies measured on the same samples (with the
+paired comparison it reads from, and a p-value as a table prints it)."""
 
 from __future__ import annotations
 
@@ -124,3 +125,26 @@ def mcnemar_exact(only_first: int, only_second: int) -> float:
         return 1.0
     tail = sum(math.comb(n, k) for k in range(min(only_first, only_second) + 1)) / 2**n
     return min(1.0, 2 * tail)
+
+
+def paired_mcnemar(correct: dict[str, dict[str, int]], first: str, second: str) -> dict:
+    """Two variants compared on the samples both answered: ``correct`` maps a variant to
+    ``{sample id: 0 or 1}``. Returns the shared sample count ``n``, each variant's accuracy on
+    them (``acc_first``, ``acc_second``; nan when none is shared), the discordant counts
+    (``only_first``, ``only_second``: samples only that variant got right) and McNemar's exact
+    ``p`` (``mcnemar_exact``), with the two names (``first``, ``second``)."""
+    shared = sorted(set(correct[first]) & set(correct[second]))
+    only_first = sum(1 for s in shared if correct[first][s] and not correct[second][s])
+    only_second = sum(1 for s in shared if correct[second][s] and not correct[first][s])
+    n = len(shared)
+    return {
+        "first": first, "second": second, "n": n,
+        "acc_first": sum(correct[first][s] for s in shared) / n if n else float("nan"),
+        "acc_second": sum(correct[second][s] for s in shared) / n if n else float("nan"),
+        "only_first": only_first, "only_second": only_second, "p": mcnemar_exact(only_first, only_second),
+    }
+
+
+def format_p(p: float) -> str:
+    """A p-value for a table: two significant digits, or scientific notation below 0.001."""
+    return f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"

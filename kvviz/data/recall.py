@@ -118,7 +118,9 @@ def pools(split: str) -> Pools:
     return _POOLS[split]
 
 
-def _article(word: str) -> str:
+def article(word: str) -> str:
+    """The indefinite article the facts put before ``word`` ("an" before a vowel, else "a"), for
+    text written like these records."""
     return "an" if word[0] in "aeiou" else "a"
 
 
@@ -135,13 +137,13 @@ def _fact(kind: str, entity, rng: random.Random, p: Pools) -> tuple[str, str, st
         return f"{entity} is {age} years old.", f"How old is {entity}?", age
     if kind == "job":
         job = rng.choice(p.jobs)
-        return f"{entity} works as {_article(job)} {job}.", f"What is {entity}'s job?", job
+        return f"{entity} works as {article(job)} {job}.", f"What is {entity}'s job?", job
     if kind == "object":
         thing, room = rng.choice(p.objects), rng.choice(p.rooms)
         return f"{entity}'s {thing} is in the {room}.", f"Where is {entity}'s {thing}?", room
     if kind == "pet":
         species, pet = rng.choice(SPECIES), rng.choice(p.pets)
-        return f"{entity} has {_article(species)} {species} called {pet}.", f"What is the name of {entity}'s {species}?", pet
+        return f"{entity} has {article(species)} {species} called {pet}.", f"What is the name of {entity}'s {species}?", pet
     if kind == "landmark":
         landmark = rng.choice(p.landmarks)
         return f"{entity} is at the {landmark}.", f"Where is {entity}?", landmark

@@ -494,6 +494,14 @@ def loaded_facts(name: str) -> ModelFacts | None:
     return None
 
 
+def forget_loaded() -> None:
+    """Forget every model this process loaded: the next ``load_model`` of each loads it afresh
+    (its output head made again, reading ``KVVIZ_FAST_HEAD`` anew). Results already holding a
+    model keep it."""
+    with _load_lock:
+        _loaded.clear()
+
+
 def register_loaded(loaded: LoadedModel, device: str = "cpu", dtype=torch.float32) -> None:
     """Put an already built model into the process cache (tests use this for tiny models)."""
     with _load_lock:

@@ -73,8 +73,10 @@ def _timed(function) -> float:
     return clock() - started
 
 
-def _prompt_ids(loaded, count: int) -> list[int]:
-    """``count`` token ids of plain English text (repeated as needed)."""
+def prompt_ids(loaded, count: int) -> list[int]:
+    """``count`` token ids of plain English text (repeated as needed): the prompt every speed
+    measurement decodes after, the same for every model of a pair (its tokenizer's ids, no special
+    tokens). Raises ``ValueError`` when the text is too short for ``count``."""
     text = (
         "The morning train left the station a few minutes after the bakery opened its doors, and "
         "several visitors stopped to read the notice about the new opening hours of the museum. "
@@ -124,8 +126,8 @@ def model_speed(loaded, repeats: int) -> dict:
     head = loaded.head
     head.scan_index()  # built (or read from disk) before timing
     sizes = BATCH_SIZES if decode_batch(loaded) is not None else (1,)  # (builds the batched step first)
-    prompt = _prompt_ids(loaded, PROMPT_TOKENS)
-    long_prompt = _prompt_ids(loaded, PREFILL_TOKENS)
+    prompt = prompt_ids(loaded, PROMPT_TOKENS)
+    long_prompt = prompt_ids(loaded, PREFILL_TOKENS)
 
     rounds = []  # per repeat: stack and head seconds per batch size, the limits, the prefill
     for _ in range(repeats + 1):  # the first round warms up and is dropped

@@ -17,7 +17,7 @@ QUERY, CONTEXT = "Where does Mira keep her bicycle?", "Mira keeps her red bicycl
 def test_every_handoff_gets_the_same_tokens_in_a_shared_batch_on_the_embedded_presets(embedded_pair, one_thread):
     """The embedded pair's presets: every handoff alone, then all of a preset's handoffs at once
     (Gemma-3-270M and SmolLM2-135M each decode in one shared batch): identical answers; and the
-    steps were shared. (The bitwise comparison behind it: research/step_check.py --embedded.)"""
+    steps were shared. (The bitwise comparison behind it: research/speed_prototype.py step-check --embedded.)"""
     from kvviz.app.presets import PRESETS
 
     names = [handoff.name for handoff in registry.all_handoffs()]

@@ -23,11 +23,13 @@ from kvviz.data import (
     extract_choice_letter,
     f1_match,
     format_choices,
+    format_p,
     get_data_dir,
     load_dataset,
     load_dataset_with_report,
     mcnemar_exact,
     normalize_answer,
+    paired_mcnemar,
     token_f1,
     verdict,
     wilson_interval,
@@ -110,6 +112,16 @@ def test_countries_shape(shared_data_dir):
     assert first.question == "Which country is Uma located in?"
     assert first.answers == ["United States"]
     assert not first.is_multiple_choice and first.answer_letter is None
+
+
+def test_countries_split_holds_out_the_evaluators_sample_and_its_landmarks(shared_data_dir):
+    from kvviz.studies.c2c.translator_eval import countries_split, heldout_sets
+
+    train, held = countries_split()
+    assert [r.id for r in held] == [r.id for r in heldout_sets(0, 100)["countries"]]
+    assert not {r.id for r in train} & {r.id for r in held}
+    assert not {r.meta.get("landmark") for r in train} & {r.meta.get("landmark") for r in held}
+    assert train and len(train) + len(held) <= len(load_dataset("countries"))
 
 
 def test_tipsheets_shape(shared_data_dir):
@@ -545,6 +557,16 @@ def test_mcnemar_exact_known_values(only_first, only_second, p):
 def test_mcnemar_exact_refuses_negative_counts():
     with pytest.raises(ValueError):
         mcnemar_exact(-1, 2)
+
+
+def test_paired_mcnemar_compares_two_variants_on_the_samples_both_answered():
+    correct = {"a": {"s1": 1, "s2": 1, "s3": 0, "s4": 1}, "b": {"s1": 0, "s2": 1, "s3": 1, "s5": 1}}
+    r = paired_mcnemar(correct, "a", "b")
+    assert (r["first"], r["second"], r["n"], r["only_first"], r["only_second"]) == ("a", "b", 3, 1, 1)
+    assert r["acc_first"] == pytest.approx(2 / 3) and r["acc_second"] == pytest.approx(2 / 3)
+    assert r["p"] == mcnemar_exact(1, 1)
+    assert paired_mcnemar({"a": {"s1": 1}, "b": {"s2": 0}}, "a", "b")["n"] == 0
+    assert (format_p(0.04321), format_p(0.0004321)) == ("0.043", "4.3e-04")
 
 
 def test_wilson_interval_edges():

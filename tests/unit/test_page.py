@@ -1,12 +1,11 @@
 """The page without a browser or a server (unit tier): a live run as updates by role, the stop
 flags, figures drawn once and only for the tab in view, refusals in the status line alone, the
-walk-through's targets, and small functions wired by name (issues 18, 20 and 21)."""
+walk-through's targets, and handlers wired by role name (issues 18, 20 and 21); the 80-line rule
+for every kvviz function is a house rule (tests/unit/test_house.py)."""
 
 from __future__ import annotations
 
-import ast
 import threading
-from pathlib import Path
 
 import gradio as gr
 import pytest
@@ -223,17 +222,6 @@ def test_every_walkthrough_step_points_at_an_element_of_the_page_and_says_true_t
     assert sweep in words  # its own case, not lower-cased
     control = next(s for s in steps if registry.get("c2c_control").title in s.title)
     assert "c2c-differs-from-control" in preset(control.preset).shows and "Predict first" in control.text
-
-
-def test_the_functions_are_small():
-    """No function of kvviz over 80 lines (issue 18): the page, the run and the decode loop are
-    built in pieces."""
-    root = Path(ui.__file__).parent
-    for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                length = node.end_lineno - node.lineno + 1
-                assert length <= 80, f"{path.name}:{node.lineno} {node.name} is {length} lines"
 
 
 def test_each_handoffs_title_ink_reads_on_white_and_on_its_tint():

@@ -64,6 +64,17 @@ def heldout_sets(recall_n: int, countries_n: int, seed: int = 0) -> dict:
     return sets
 
 
+def countries_split(heldout: int = 100, seed: int = 0) -> tuple[list, list]:
+    """Countries as the evaluators split it, as (records a trainer may read, held-out records): the
+    held-out ones are the first ``heldout`` of Countries shuffled with ``seed`` (``heldout_sets``'
+    sample, eval-fuser's too); the others, less any record whose landmark a held-out record names
+    (its country would be a held-out answer), are the training side."""
+    records = load_dataset("countries", seed=seed)
+    held, rest = records[:heldout], records[heldout:]
+    held_landmarks = {record.meta.get("landmark") for record in held}
+    return [record for record in rest if record.meta.get("landmark") not in held_landmarks], held
+
+
 class Runner:
     """Builds each row's receiver state for a record and answers / scores from it."""
 
