@@ -76,17 +76,18 @@ def marks(answer: str, applicable: bool, answers: list[str]) -> dict:
 
 
 def measure(pair, candidate: dict, max_new_tokens: int, names: list[str] | None = None) -> dict:
+    from kvviz.app.methods.registry import column_names
     from kvviz.engine.runner import run_handoff
-    from kvviz.handoffs.registry import build_request, page_handoffs
+    from kvviz.handoffs.registry import build_request
 
     request = build_request(candidate["query"], candidate["context"], max_new_tokens=max_new_tokens)
     columns = {}
-    for handoff in page_handoffs():
-        if names is not None and handoff.name not in names:
+    for name in column_names():
+        if names is not None and name not in names:
             continue
         started = time.perf_counter()
-        result = run_handoff(handoff.name, pair, request).to_dict()
-        columns[handoff.name] = {
+        result = run_handoff(name, pair, request).to_dict()
+        columns[name] = {
             "answer": result.get("answer", ""), "applicable": result.get("applicable", True),
             "reason": result.get("reason", ""), "seconds": round(time.perf_counter() - started, 2),
             "message": (result.get("seen") or {}).get("message"),
