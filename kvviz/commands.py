@@ -29,7 +29,7 @@ def main_models(args) -> int:
     names = list(dict.fromkeys(list(EMBEDDED_MODELS) + [n for p in PAIRS.values() for n in p.model_names()]))
     rows = [describe_model(name) for name in names]
     pairs = [
-        {"pair": p.name, "sharer": p.sharer, "receiver": p.receiver, "kvcomm_sender": p.kvcomm_sender_name,
+        {"pair": p.name, "sharer": p.sharer, "receiver": p.receiver, "same_shape_sender": p.same_shape_sender_name,
          "needs_network": p.needs_network, "description": p.description}
         for p in PAIRS.values()
     ]
@@ -39,7 +39,7 @@ def main_models(args) -> int:
     print("Pairs (sharer -> receiver):")
     for p in pairs:
         net = "  [needs network]" if p["needs_network"] else ""
-        print(f"  {p['pair']:<17} {p['sharer']} -> {p['receiver']}  (KVComm sender: {p['kvcomm_sender']}){net}")
+        print(f"  {p['pair']:<17} {p['sharer']} -> {p['receiver']}  (same-shape sender: {p['same_shape_sender']}){net}")
         print(f"  {'':<17} {p['description']}")
     print("\nModels:")
     header = f"  {'model':<34} {'arch':<18} {'layers':>6} {'heads':>5} {'kv':>3} {'hdim':>4} {'vocab':>7} {'chat':>4}  status"

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
             pair = load_pair(args.pair, "cpu", dtype, progress=lambda message: print(message, file=sys.stderr))
             print(f"{dtype}, {'fast' if fast == '1' else 'full'} head ...", file=sys.stderr)
             speed = {}
-            for loaded in {m.name: m for m in (pair.sharer, pair.receiver, pair.kvcomm_sender)}.values():
+            for loaded in {m.name: m for m in (pair.sharer, pair.receiver, pair.same_shape_sender)}.values():
                 decode_and_prefill_ms(loaded, steps=2)  # warm-up
                 speed[loaded.name] = decode_and_prefill_ms(loaded)
             rows.append({"dtype": dtype, "head": "fast" if fast == "1" else "full", "speed": speed,

@@ -136,9 +136,9 @@ def build_pair(pair_name: str, device: str, dtype, tiny: bool):
     sharer_name, receiver_name = PAIRS[pair_name]
     receiver = build_model(receiver_name, device, dtype, tiny, seed=1)
     sharer = receiver if sharer_name == receiver_name else build_model(sharer_name, device, dtype, tiny, seed=2)
-    spec = PairSpec(name=pair_name, sharer=sharer.name, receiver=receiver.name, kvcomm_sender=receiver.name,
+    spec = PairSpec(name=pair_name, sharer=sharer.name, receiver=receiver.name, same_shape_sender=receiver.name,
                     description=f"{sharer_name} -> {receiver_name}, random weights")
-    return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, kvcomm_sender=receiver)
+    return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, same_shape_sender=receiver)
 
 
 def random_fusers(pair) -> Path:

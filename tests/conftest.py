@@ -62,7 +62,7 @@ def tiny_pair(kind: str) -> LoadedPair:
     """sharer and receiver of one tiny architecture (same weights: KVComm == Skyline exactly)."""
     model = tiny_llama() if kind == "llama" else tiny_gemma()
     spec = PairSpec(name=f"tiny-{kind}", sharer=model.name, receiver=model.name, description="tiny test pair")
-    return LoadedPair(spec=spec, sharer=model, receiver=model, kvcomm_sender=model)
+    return LoadedPair(spec=spec, sharer=model, receiver=model, same_shape_sender=model)
 
 
 def untrained_checkpoints(pair: LoadedPair, folder: Path, fuser_width: int | None = 8) -> dict:
@@ -101,7 +101,7 @@ def mixed_tiny_pair() -> LoadedPair:
     """Different architectures: KVComm must say it does not apply."""
     sharer, receiver = tiny_llama(), tiny_gemma()
     spec = PairSpec(name="tiny-mixed", sharer=sharer.name, receiver=receiver.name, description="tiny mixed pair")
-    return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, kvcomm_sender=sharer)
+    return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, same_shape_sender=sharer)
 
 
 @pytest.fixture(scope="session")

@@ -186,8 +186,8 @@ def pair_facts_markdown(pair_name: str) -> str:
     except ValueError as error:
         return f"**{md(error)}**"
     roles = [("sharer", spec.sharer), ("receiver", spec.receiver)]
-    if spec.kvcomm_sender_name != spec.sharer:
-        roles.append(("same-shape sender", spec.kvcomm_sender_name))
+    if spec.same_shape_sender_name != spec.sharer:
+        roles.append(("same-shape sender", spec.same_shape_sender_name))
     lines = [
         md(spec.description),
         "",

@@ -164,7 +164,7 @@ def check_prompt_tokens(pair, request, message_tokens: int = 0) -> None:
     handoff may generate before the answer."""
     generated = request.generation.max_new_tokens + message_tokens
     cap = policy.caps().max_prompt_tokens
-    models = {model.name: model for model in (pair.sharer, pair.receiver, pair.kvcomm_sender)}
+    models = {model.name: model for model in (pair.sharer, pair.receiver, pair.same_shape_sender)}
     for model in models.values():
         length = len(build_segments(model.tokenizer, request.query, request.context).input_ids)
         window = context_window(model)

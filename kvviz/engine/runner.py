@@ -24,13 +24,13 @@ def load_pair(pair_name, device: str | None = None, dtype=None, progress=print) 
     spec = resolve_pair(pair_name)
     sharer = load_model(spec.sharer, device, dtype, progress)
     receiver = load_model(spec.receiver, device, dtype, progress)
-    kvcomm_sender = load_model(spec.kvcomm_sender_name, device, dtype, progress)
-    return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, kvcomm_sender=kvcomm_sender)
+    same_shape_sender = load_model(spec.same_shape_sender_name, device, dtype, progress)
+    return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, same_shape_sender=same_shape_sender)
 
 
 def pair_devices(pair: LoadedPair) -> set:
     """Every device a layer of the pair's models sits on."""
-    return {device for model in (pair.sharer, pair.receiver, pair.kvcomm_sender) for device in model.layer_devices}
+    return {device for model in (pair.sharer, pair.receiver, pair.same_shape_sender) for device in model.layer_devices}
 
 
 def not_applicable(name: str, pair: LoadedPair, request: HandoffRequest) -> HandoffResult | None:

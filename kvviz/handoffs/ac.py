@@ -152,7 +152,7 @@ def receive(model: LoadedModel, token_ids: list[int], activation: torch.Tensor, 
 
 def requirements(pair: LoadedPair, request: HandoffRequest) -> str | None:
     """Same hidden size, and layers k and j inside the two models."""
-    sender, receiver = pair.kvcomm_sender.facts, pair.receiver.facts
+    sender, receiver = pair.same_shape_sender.facts, pair.receiver.facts
     if sender.hidden_size != receiver.hidden_size:
         return (
             "AC merges one hidden-state vector of the sender into the receiver's, so both need the same hidden size: "
@@ -191,7 +191,7 @@ def layer_records(sender_states: list, receiver_states: list, k: int, j: int) ->
 
 def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> HandoffResult:
     values = option_values(request, NAME, OPTIONS)
-    sender, receiver = pair.kvcomm_sender, pair.receiver
+    sender, receiver = pair.same_shape_sender, pair.receiver
     k = layer_index(values["k"], sender.facts.num_layers)
     j = layer_index(values["j"], receiver.facts.num_layers)
     timer = StageTimer()
@@ -245,8 +245,8 @@ def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffRe
     """The receiver after its prompt with the sender's vector merged (the sender reruns: greedy,
     deterministic)."""
     details = result.details
-    sender_ids = build_segments(pair.kvcomm_sender.tokenizer, request.query, request.context).context_ids
-    activation = read_layer_inputs(pair.kvcomm_sender, sender_ids)[details["k"]]
+    sender_ids = build_segments(pair.same_shape_sender.tokenizer, request.query, request.context).context_ids
+    activation = read_layer_inputs(pair.same_shape_sender, sender_ids)[details["k"]]
     prompt_ids = build_segments(pair.receiver.tokenizer, request.query).input_ids
     prompt, _ = receive(pair.receiver, prompt_ids, activation, details["j"], details["f"])
     return prompt

@@ -47,7 +47,7 @@ def needs_same_shape_sender(method: str, positions: str) -> Check:
     own. ``positions``: why the tokenizer must be shared, for this method."""
 
     def check(pair: LoadedPair, request: HandoffRequest) -> str | None:
-        sender, receiver = pair.kvcomm_sender.facts, pair.receiver.facts
+        sender, receiver = pair.same_shape_sender.facts, pair.receiver.facts
         if sender.kv_shape_signature != receiver.kv_shape_signature:
             return (
                 f"{method} needs a sender with the receiver's architecture and KV shape (the pair's same-shape sender): "

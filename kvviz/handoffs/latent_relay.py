@@ -2,7 +2,7 @@
 cache (context + latent steps) becomes the receiver's prefix.
 
 LatentMAS (Gen-Verse/LatentMAS; REFERENCE §7), reduced to one sender and one receiver:
-1. The sender (the pair's ``kvcomm_sender``: the receiver's architecture, KV shape and tokenizer)
+1. The sender (the pair's ``same_shape_sender``: the receiver's architecture, KV shape and tokenizer)
    prefills the receiver's context segment, exactly as KVComm's sender does.
 2. Latent steps: the final hidden state at the last position (after the final norm, what
    ``hidden_states[-1]`` is in transformers) goes through the *alignment map* and is fed back to
@@ -272,7 +272,7 @@ SAME_SHAPE_SENDER = needs_same_shape_sender(
 def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> HandoffResult:
     values = option_values(request, NAME, OPTIONS)
     steps, control = values["steps"], values["control"]
-    sender, receiver = pair.kvcomm_sender, pair.receiver
+    sender, receiver = pair.same_shape_sender, pair.receiver
     segments = build_segments(receiver.tokenizer, request.query, request.context)
     # one-off per model (cached), before the question is asked: not timed here
     alignment = alignment_map(sender, control, request.generation.seed)
@@ -343,8 +343,8 @@ def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffRe
     if values["control"] == "no_transfer":
         return read_prompt(pair.receiver, build_segments(pair.receiver.tokenizer, request.query).input_ids)
     segments = build_segments(pair.receiver.tokenizer, request.query, request.context)
-    alignment = alignment_map(pair.kvcomm_sender, values["control"], request.generation.seed)
-    thought = think(pair.kvcomm_sender, segments.context_ids, values["steps"], alignment)
+    alignment = alignment_map(pair.same_shape_sender, values["control"], request.generation.seed)
+    thought = think(pair.same_shape_sender, segments.context_ids, values["steps"], alignment)
     return read_prompt(pair.receiver, segments.query_ids, receiver_state(pair, thought))
 
 

@@ -12,8 +12,9 @@ Three kinds of model names are understood everywhere (CLI, app, benchmark):
 * a local folder holding a transformers model (``config.json`` + weights) or one ``.gguf`` file.
 
 A *pair* names a sharer (the model that knows the context or writes the message) and a receiver
-(the model that answers). KVComm needs a sender with the receiver's architecture; a pair may name
-one (``kvcomm_sender``), e.g. the receiver itself, which the KVComm paper allows.
+(the model that answers). KVComm, its control, AC and the latent relay need a sender with the
+receiver's architecture (its KV shape, its hidden size, its tokenizer); a pair names that
+*same-shape sender* (``same_shape_sender``), e.g. the receiver itself, which the KVComm paper allows.
 
 Models are loaded once per process and shared (``load_model`` caches them), so the app, the
 benchmark and concurrent users all reuse the same weights.
@@ -120,16 +121,16 @@ class PairSpec:
     sharer: str
     receiver: str
     description: str
-    # KVComm needs a sender with the receiver's architecture; None means "the sharer".
-    kvcomm_sender: str | None = None
+    # the sender with the receiver's architecture (KVComm, AC, the latent relay); None means "the sharer"
+    same_shape_sender: str | None = None
     needs_network: bool = False
 
     @property
-    def kvcomm_sender_name(self) -> str:
-        return self.kvcomm_sender or self.sharer
+    def same_shape_sender_name(self) -> str:
+        return self.same_shape_sender or self.sharer
 
     def model_names(self) -> list[str]:
-        names = [self.sharer, self.receiver, self.kvcomm_sender_name]
+        names = [self.sharer, self.receiver, self.same_shape_sender_name]
         return list(dict.fromkeys(names))
 
 
@@ -138,7 +139,7 @@ PAIRS: dict[str, PairSpec] = {
         name="embedded",
         sharer="smollm2-135m",
         receiver="gemma3-270m",
-        kvcomm_sender="gemma3-270m",
+        same_shape_sender="gemma3-270m",
         description=(
             "Offline default: SmolLM2-135M-Instruct shares, Gemma-3-270M receives. "
             "KVComm uses Gemma-3-270M as its own sender (same architecture required)."
@@ -309,12 +310,12 @@ class LoadedModel:
 @dataclass
 class LoadedPair:
     """A pair's three models, loaded: the sharer, the receiver and the same-shape sender (the pair's
-    ``kvcomm_sender``: the receiver's architecture, for handoffs that need one)."""
+    ``same_shape_sender``: the receiver's architecture, for handoffs that need one)."""
 
     spec: PairSpec
     sharer: LoadedModel
     receiver: LoadedModel
-    kvcomm_sender: LoadedModel
+    same_shape_sender: LoadedModel
 
     @property
     def name(self) -> str:

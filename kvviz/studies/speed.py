@@ -318,7 +318,7 @@ def measure(pair, repeats: int, progress=None, page: bool = False) -> dict:
     """The speed report; ``page``: also the warm run through the served page (``page_run``)."""
     progress = progress or (lambda message: None)
     models = {}
-    for loaded in (pair.sharer, pair.receiver, pair.kvcomm_sender):
+    for loaded in (pair.sharer, pair.receiver, pair.same_shape_sender):
         if loaded.name not in models:
             progress(f"speed of {loaded.name}")
             models[loaded.name] = model_speed(loaded, repeats)

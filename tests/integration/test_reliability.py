@@ -2,7 +2,7 @@
 
 The app is served on 127.0.0.1 in this process and driven with ``gradio_client``; its engine loads
 tiny random models (a Llama-like sharer with a chat template, a Gemma-like receiver that is also
-the KVComm sender), so every live run takes a moment. Each refusal or fault is followed by a
+the same-shape sender), so every live run takes a moment. Each refusal or fault is followed by a
 normal request that must succeed on the same server.
 """
 
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.integration  # every test here serves the page and talk
 def tiny_lab_pair() -> LoadedPair:
     sharer, receiver = tiny_llama(), tiny_gemma()
     spec = PairSpec(name="embedded", sharer=sharer.name, receiver=receiver.name, description="tiny stand-in")
-    return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, kvcomm_sender=receiver)
+    return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, same_shape_sender=receiver)
 
 
 @pytest.fixture(scope="module")

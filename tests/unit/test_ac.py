@@ -81,8 +81,8 @@ def test_not_applicable_without_a_context_another_width_or_a_missing_layer():
     pair = tiny_pair("llama")
     handoff = registry.get("ac")
     assert "private context" in run_handoff("ac", pair, HandoffRequest(query=QUERY)).reason
-    narrow = dataclasses.replace(pair.kvcomm_sender, facts=dataclasses.replace(pair.kvcomm_sender.facts, hidden_size=32))
-    reason = handoff.applicable(dataclasses.replace(pair, kvcomm_sender=narrow), request())
+    narrow = dataclasses.replace(pair.same_shape_sender, facts=dataclasses.replace(pair.same_shape_sender.facts, hidden_size=32))
+    reason = handoff.applicable(dataclasses.replace(pair, same_shape_sender=narrow), request())
     assert "same hidden size" in reason and "32" in reason and "64" in reason
     assert "does not exist" in handoff.applicable(pair, request(j=40))
     assert run_handoff("ac", pair, request(k=-4)).applicable  # -L is layer 0

@@ -405,7 +405,7 @@ def test_published_fuser_for_the_qwen_pair_says_how_to_get_it_offline(tmp_path, 
     spec = PairSpec(name="qwen", sharer=sharer_name, receiver=receiver_name, description="tiny stand-ins")
     sharer = type(base.sharer)(**{**base.sharer.__dict__, "name": sharer_name})
     receiver = type(base.receiver)(**{**base.receiver.__dict__, "name": receiver_name})
-    pair = LoadedPair(spec=spec, sharer=sharer, receiver=receiver, kvcomm_sender=sharer)
+    pair = LoadedPair(spec=spec, sharer=sharer, receiver=receiver, same_shape_sender=sharer)
     request = HandoffRequest(query=QUERY, generation=GenerationSettings(max_new_tokens=4))
     result = run_handoff("c2c", pair, request)
     assert not result.applicable

@@ -132,7 +132,7 @@ def test_a_spliced_cache_moves_to_the_receiver_layers_before_the_forward(monkeyp
 
     pair = tiny_pair("llama")
     sender_state = kv.KVState()
-    prefill(pair.kvcomm_sender, sender_state, pair.sharer.tokenizer("The code is 4471.")["input_ids"], need_logits=False)
+    prefill(pair.same_shape_sender, sender_state, pair.sharer.tokenizer("The code is 4471.")["input_ids"], need_logits=False)
     state = kv.splice_prefix(sender_state.cache, 4, {0, 2})
     placed = []
     monkeypatch.setattr(decode, "place", lambda cache, devices: placed.append((cache, list(devices))))
@@ -169,7 +169,7 @@ def test_every_handoff_runs_the_same_through_accelerate_hooks(kind, tmp_path, mo
 
     plain = tiny_pair(kind)
     model = dispatched(plain.receiver)
-    spread = LoadedPair(spec=plain.spec, sharer=model, receiver=model, kvcomm_sender=model)
+    spread = LoadedPair(spec=plain.spec, sharer=model, receiver=model, same_shape_sender=model)
     monkeypatch.setenv("KVVIZ_CACHE_DIR", str(tmp_path))
     # untrained checkpoints (C2C's and the translation's paths, not their quality) where fusers may come from
     given = dataclasses.replace(request(), options={**request().options,
@@ -210,7 +210,7 @@ def test_device_auto_asks_accelerate_for_a_device_map(tmp_path, monkeypatch, one
     assert asked[0]["device_map"] == "auto"
     assert set(loaded.layer_devices) == {torch.device("cpu")}
     spec = PairSpec(name="auto", sharer=loaded.name, receiver=loaded.name, description="tiny, device auto")
-    result = runner.run_handoff("kvcomm", LoadedPair(spec=spec, sharer=loaded, receiver=loaded, kvcomm_sender=loaded), request())
+    result = runner.run_handoff("kvcomm", LoadedPair(spec=spec, sharer=loaded, receiver=loaded, same_shape_sender=loaded), request())
     assert result.applicable and result.answer_ids
 
 

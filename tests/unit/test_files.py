@@ -30,7 +30,7 @@ QUERY = "What is the secret code word?"
 def pair() -> LoadedPair:
     sharer, receiver = tiny_llama(), tiny_gemma()
     spec = PairSpec(name="tiny-files", sharer=sharer.name, receiver=receiver.name, description="tiny")
-    return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, kvcomm_sender=receiver)
+    return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, same_shape_sender=receiver)
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_a_damaged_fuser_file_fails_its_column_clearly(pair, fuser_home, damage,
 def test_a_fuser_trained_for_another_pair_names_both_pairs(pair, fuser_home):
     allowed, _ = fuser_home
     other = LoadedPair(spec=PairSpec(name="other", sharer="tiny-gemma", receiver="tiny-gemma", description=""),
-                       sharer=pair.receiver, receiver=pair.receiver, kvcomm_sender=pair.receiver)
+                       sharer=pair.receiver, receiver=pair.receiver, same_shape_sender=pair.receiver)
     folder = save_fuser(other, allowed / "other")
     result = c2c(pair, folder)
     assert not result.applicable and "was trained for pair" in result.reason and "tiny-files" in result.reason

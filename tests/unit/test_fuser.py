@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def mixed_pair() -> LoadedPair:
     sharer, receiver = tiny_llama(), tiny_gemma()
     spec = PairSpec(name="tiny-llama+tiny-gemma", sharer=sharer.name, receiver=receiver.name, description="tiny")
-    return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, kvcomm_sender=sharer)
+    return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, same_shape_sender=sharer)
 
 
 def random_layers(layers, heads, tokens, dim, seed=0):

@@ -56,7 +56,7 @@ def test_no_transfer_is_the_receiver_alone_at_the_senders_cost(tiny):
 def test_latent_steps_feed_the_aligned_final_state_back():
     """Step by step by hand: read the context, map the final hidden state, feed it as the next
     input; the relay's cache holds exactly those keys and values after the context's."""
-    sender = tiny_pair("gemma").kvcomm_sender
+    sender = tiny_pair("gemma").same_shape_sender
     context_ids = build_segments(sender.tokenizer, QUERY, CONTEXT).context_ids
     alignment = latent_relay.computed_map(sender)
     thought = latent_relay.think(sender, context_ids, 2, alignment)
@@ -112,7 +112,7 @@ def test_the_alignment_map_is_the_least_squares_map_from_outputs_to_inputs():
 
 
 def test_with_tied_embeddings_the_map_is_a_scaled_identity_so_the_identity_control_answers_alike(tiny):
-    assert latent_relay.computed_map(tiny.kvcomm_sender).distance_from_identity < 1e-3
+    assert latent_relay.computed_map(tiny.same_shape_sender).distance_from_identity < 1e-3
     method = run_handoff("latent_relay", tiny, request(steps=3))
     identity = run_handoff("latent_relay", tiny, request(steps=3, control="identity_map"))
     assert identity.details["alignment"]["map"] == "identity"

@@ -13,7 +13,7 @@ from tests.tiny_models import tiny_gemma, tiny_llama
 def test_registered_pairs_resolve():
     embedded = resolve_pair("embedded")
     assert embedded.sharer == "smollm2-135m" and embedded.receiver == "gemma3-270m"
-    assert embedded.kvcomm_sender_name == "gemma3-270m"
+    assert embedded.same_shape_sender_name == "gemma3-270m"
     assert resolve_pair("qwen").needs_network
 
 
@@ -24,7 +24,7 @@ def test_unknown_pair_lists_the_known_ones():
 
 def test_user_pair_from_two_model_names():
     pair = resolve_pair("smollm2-135m+gemma3-270m")
-    assert (pair.sharer, pair.receiver, pair.kvcomm_sender_name) == ("smollm2-135m", "gemma3-270m", "smollm2-135m")
+    assert (pair.sharer, pair.receiver, pair.same_shape_sender_name) == ("smollm2-135m", "gemma3-270m", "smollm2-135m")
 
 
 def test_hub_id_without_network_says_so(monkeypatch, tmp_path):

@@ -156,7 +156,7 @@ def send_and_answer(pair, request, options, alpha, segments, timer: StageTimer, 
     attention with calibration "query"), the KV is spliced in, the receiver answers. Then, outside
     every stage, this query's importance is measured (instrumentation). Returns (decode output,
     what was sent)."""
-    sender, receiver = pair.kvcomm_sender, pair.receiver
+    sender, receiver = pair.same_shape_sender, pair.receiver
     num_layers = receiver.facts.num_layers
     uses_attention = alpha is not None and alpha > 0
     calibration = None
@@ -211,7 +211,7 @@ def kvcomm_flops(pair, segments, selected: list[int], generated: int, on_this_qu
     if on_this_query:  # the extra pass that chose the layers
         prompt += forward_flops(receiver.facts, query_length, context_length, 0)
     answer = decode_flops(receiver.facts, generated, [count + query_length for count in prefix])
-    return prompt, prompt + answer, forward_flops(pair.kvcomm_sender.facts, context_length, 0, 0)
+    return prompt, prompt + answer, forward_flops(pair.same_shape_sender.facts, context_length, 0, 0)
 
 
 def run_details(pair, options, alpha, alpha_source: str, sent: Sent) -> dict:
@@ -231,7 +231,7 @@ def run_details(pair, options, alpha, alpha_source: str, sent: Sent) -> dict:
         "forced_layers": forced_layers(options, sent.selected),
         "sink_layers": [layer for layer in range(num_layers) if layer not in sent.selected],
         "reference_mask": options.reference_mask,
-        "sender_model": pair.kvcomm_sender.name,
+        "sender_model": pair.same_shape_sender.name,
         "calibration": None if calibration is None else {
             "source": calibration["source"],
             "context": calibration["context"],
@@ -291,7 +291,7 @@ def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffRe
     """The sender's context KV spliced into the layers the run selected, then the query."""
     segments = build_segments(pair.receiver.tokenizer, request.query, request.context)
     sender_state = kv.KVState()
-    prefill(pair.kvcomm_sender, sender_state, segments.context_ids, need_logits=False)
+    prefill(pair.same_shape_sender, sender_state, segments.context_ids, need_logits=False)
     selected = set(result.details.get("selected_layers", []))
     state = kv.splice_prefix(sender_state.cache, pair.receiver.facts.num_layers, selected)
     return read_prompt(pair.receiver, segments.query_ids, state)

@@ -285,14 +285,14 @@ _calibration_lock = threading.Lock()
 
 def calibrate(pair: LoadedPair, context: str, query: str) -> dict:
     """Attention importance per receiver layer on one sample; cached per pair and sample."""
-    key = (pair.kvcomm_sender.name, pair.receiver.name, context, query)
+    key = (pair.same_shape_sender.name, pair.receiver.name, context, query)
     with _calibration_lock:
         if key in _calibration_cache:
             return {**_calibration_cache[key], "cached": True}
     started = time.perf_counter()
     segments = build_segments(pair.receiver.tokenizer, query, context)
     sender_state = kv.KVState()
-    prefill(pair.kvcomm_sender, sender_state, segments.context_ids, need_logits=False)
+    prefill(pair.same_shape_sender, sender_state, segments.context_ids, need_logits=False)
     calibration = {
         "attention": attention_importance(pair, sender_state.cache, segments.query_ids),
         "context": context,
