@@ -258,8 +258,8 @@ def test_fuser_requirement_is_checked_at_once_and_the_option_sets_the_request(pa
         reason = registry.get(name).applicable(pair, HandoffRequest(query="Q?"))
         assert reason and "fuser" in reason
     request = registry.get("c2c").with_options(HandoffRequest(query="Q?"), {"fuser": str(tmp_path)})
-    assert c2c.fuser_option(request) == str(tmp_path)
-    assert c2c.fuser_option(registry.get("c2c").with_options(HandoffRequest(query="Q?"), {})) is None
+    assert locate.fuser_option(request) == str(tmp_path)
+    assert locate.fuser_option(registry.get("c2c").with_options(HandoffRequest(query="Q?"), {})) is None
 
 
 def test_the_communication_measure_stored_beside_the_fusers_reaches_both_columns(tmp_path):

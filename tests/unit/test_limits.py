@@ -15,7 +15,7 @@ from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings
 from kvviz.engine import runner
 from kvviz.handoffs import registry
-from kvviz.handoffs.c2c import handoff as c2c
+from kvviz.handoffs.c2c import locate as c2c_locate
 from kvviz.runtime.models import PAIRS, resolve_pair
 from tests.tiny_models import tiny_tokenizer
 
@@ -167,7 +167,7 @@ def test_public_mode_offers_registered_pairs_only(public, typed):
 def test_public_mode_refuses_a_custom_fuser_folder(public):
     with pytest.raises(ValueError, match="custom fuser folders are turned off"):
         build(options={"c2c": {"fuser": "/tmp/my-fuser"}})
-    assert c2c.fuser_option(build()) is None
+    assert c2c_locate.fuser_option(build()) is None
 
 
 @pytest.mark.parametrize(

@@ -286,7 +286,7 @@ def test_the_evaluator_measures_every_row_and_its_checks_hold(mixed_tiny_pair, o
     assert "communication gain" in translator_eval.format_report(only)
 
 
-# --- the handoff (kvviz.handoffs.translate.handoff) ---------------------------------------------------------
+# --- the handoff (kvviz.handoffs.translate) ----------------------------------------------------------------
 
 
 def run_translation(pair, folder, name="c2c_translate", context=CONTEXT):
@@ -323,15 +323,15 @@ def test_the_handoff_answers_with_its_gates_and_bytes(mixed_tiny_pair, one_threa
 
 def test_the_handoff_without_a_translator_says_why(mixed_tiny_pair, tiny, tmp_path):
     """No translator found, one for another pair, or a corrupt one: "not applicable" with the reason."""
-    from kvviz.handoffs.translate import handoff as translate
+    from kvviz.handoffs.translate import locate
 
     missing = run_translation(mixed_tiny_pair, tmp_path / "nowhere")
     assert not missing.applicable and "No KV translator" in missing.reason
-    assert translate.shipped_translator(tiny, tmp_path) is None
+    assert locate.shipped_translator(tiny, tmp_path) is None
     other = run_translation(tiny, random_translator(mixed_tiny_pair).save(tmp_path / "mixed"))
     assert not other.applicable and "was trained for pair" in other.reason
     (tmp_path / "mixed" / tr.WEIGHTS_FILE).write_bytes(b"not safetensors")
-    translate._loaded.clear()
+    locate._loaded.clear()  # the cache of loaded translators (the file's modification time is also in its key)
     corrupt = run_translation(mixed_tiny_pair, tmp_path / "mixed")
     assert not corrupt.applicable and "corrupt" in corrupt.reason
 
@@ -341,7 +341,7 @@ def test_the_shipped_translator_is_small_and_for_the_embedded_pair():
     its held-out numbers beside it (files only; no model is loaded)."""
     from safetensors import safe_open
 
-    from kvviz.handoffs.translate.handoff import ASSETS_DIR, MEASURED_FILE
+    from kvviz.handoffs.translate.locate import ASSETS_DIR, MEASURED_FILE
 
     folder = ASSETS_DIR / "embedded"
     assert (folder / tr.WEIGHTS_FILE).stat().st_size <= 25 * 1024 * 1024

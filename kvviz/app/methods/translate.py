@@ -10,7 +10,7 @@ from plotly.subplots import make_subplots
 from kvviz.app.methods.registry import MethodPage
 from kvviz.core.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
 from kvviz.handoffs.common import UNRELATED_CONTEXT
-from kvviz.handoffs.translate.handoff import CONTROL, NAME
+from kvviz.handoffs.translate.locate import CONTROL, NAME
 
 OPEN_COLOR, CLOSED_COLOR = "#AA4499", "#d9d9d9"
 

@@ -31,21 +31,25 @@ from dataclasses import asdict
 
 import torch
 
-from kvviz.core import policy
 from kvviz.core.results import HandoffRequest, HandoffResult
 from kvviz.handoffs.c2c.align import align_prompt, describe
-from kvviz.handoffs.c2c.fuser import C2CFuser, FuserError
+from kvviz.handoffs.c2c.fuser import C2CFuser
 from kvviz.handoffs.c2c.fusion import fuse_prompt
-from kvviz.handoffs.c2c.locate import communication_details, get_fuser, resolve_fuser
+from kvviz.handoffs.c2c.locate import (
+    CONTROL,
+    NAME,
+    OPTIONS,
+    communication_details,
+    fuser_for,
+    fuser_found,
+)
 from kvviz.handoffs.common import HandoffIO, handoff_result, read_prompt
-from kvviz.handoffs.registry import Handoff, NotApplicable, Option, ReceiverPrompt, option_values
+from kvviz.handoffs.registry import Handoff, ReceiverPrompt
 from kvviz.runtime.checkpoints import checkpoint_label
 from kvviz.runtime.decode import generate, prefill
 from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
 from kvviz.runtime.models import LoadedPair
 
-NAME = "c2c"
-CONTROL = "c2c_control"
 
 def receiver_sees_context_for(fuser: C2CFuser) -> bool:
     """The context setting the fuser was trained in (the paper's shared input when unrecorded)."""
@@ -88,23 +92,6 @@ def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO, control: bool 
         layers=[asdict(record) for record in fused.records],
         details=run_details(pair, fuser, folder, alignment, fused),
     )
-
-
-def fuser_for(pair: LoadedPair, request: HandoffRequest, control: bool) -> tuple[C2CFuser, object]:
-    """(the fuser, its folder); ``NotApplicable`` saying why when none of this kind is found or it
-    does not load (a corrupt checkpoint, one made for another pair)."""
-    name = CONTROL if control else NAME
-    folder, reason = resolve_fuser(pair, fuser_option(request), control)
-    if folder is None:
-        raise NotApplicable(reason)
-    try:
-        fuser = get_fuser(folder, pair)
-    except FuserError as error:
-        raise NotApplicable(str(error)) from error
-    if fuser.config.control != control:
-        kind = "a control" if fuser.config.control else "a real (non-control)"
-        raise NotApplicable(f"The fuser at {folder} is {kind} fuser; {name} needs the other kind.")
-    return fuser, folder
 
 
 def request_alignment(pair: LoadedPair, request: HandoffRequest, fuser: C2CFuser):
@@ -195,33 +182,6 @@ def run_control(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> Han
 
 
 # --- descriptors ------------------------------------------------------------------------------
-
-
-def fuser_found(control: bool):
-    """Applicable when a fuser of this kind is found for the pair (config files only, no weights)."""
-
-    def check(pair: LoadedPair, request: HandoffRequest) -> str | None:
-        folder, reason = resolve_fuser(pair, fuser_option(request), control)
-        return reason if folder is None else None
-
-    return check
-
-
-def refuse_in_public_mode(folder: str) -> None:
-    """A public server runs the shipped fusers only (``kvviz.core.policy``)."""
-    if folder.strip() and policy.public_mode():
-        raise ValueError(policy.PUBLIC_FUSER_REFUSAL)
-
-
-OPTIONS = (
-    Option("fuser", "C2C fuser checkpoint folder (default: the pair's shipped one)", "", kind="text",
-           flag="--fuser", on_page=False, check=refuse_in_public_mode),
-)
-
-
-def fuser_option(request: HandoffRequest) -> str | None:
-    """The fuser folder the request names (C2C's option, read by its control too), or None."""
-    return option_values(request, NAME, OPTIONS)["fuser"].strip() or None
 
 
 HANDOFFS = (

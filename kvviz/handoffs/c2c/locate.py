@@ -1,4 +1,5 @@
-"""Which fuser a C2C run reads: the one asked for, the pair's shipped one, or the paper's.
+"""Which fuser a C2C run reads: the one asked for (C2C's ``fuser`` option, read by its control too),
+the pair's shipped one, or the paper's; the fuser loaded for a run, or why it cannot be (``fuser_for``).
 
 Shipped fusers live in ``assets/fusers/<sharer>__<receiver>/c2c`` and ``.../control``
 (``kvviz.core.paths.SHIPPED_FUSERS``) and are found by matching the pair's architecture fingerprint
@@ -22,6 +23,7 @@ import torch
 
 from kvviz.core import policy
 from kvviz.core.paths import SHIPPED_FUSERS
+from kvviz.core.results import HandoffRequest
 from kvviz.handoffs.c2c import reference
 from kvviz.handoffs.c2c.fuser import (
     CONFIG_FILE,
@@ -32,10 +34,13 @@ from kvviz.handoffs.c2c.fuser import (
     load_fuser,
     read_config,
 )
+from kvviz.handoffs.registry import NotApplicable, Option, option_values
 from kvviz.runtime.checkpoints import checkpoint_label, fingerprints_match, model_fingerprint
 from kvviz.runtime.models import LoadedPair
 
 KINDS = ("c2c", "control")
+
+NAME, CONTROL = "c2c", "c2c_control"  # the C2C handoff and its control fuser
 
 
 def shipped_folder(sharer: str, receiver: str) -> Path:
@@ -181,3 +186,47 @@ def communication_details(fuser: C2CFuser, folder: Path | None = None) -> dict |
     if measured and not fuser.config.control:
         return dict(measured, source="the fuser's config (train-fuser --measure)")
     return stored_communication(folder) if folder is not None and not reference.is_hub_path(str(folder)) else None
+
+
+def fuser_for(pair: LoadedPair, request: HandoffRequest, control: bool) -> tuple[C2CFuser, object]:
+    """(the fuser, its folder); ``NotApplicable`` saying why when none of this kind is found or it
+    does not load (a corrupt checkpoint, one made for another pair)."""
+    name = CONTROL if control else NAME
+    folder, reason = resolve_fuser(pair, fuser_option(request), control)
+    if folder is None:
+        raise NotApplicable(reason)
+    try:
+        fuser = get_fuser(folder, pair)
+    except FuserError as error:
+        raise NotApplicable(str(error)) from error
+    if fuser.config.control != control:
+        kind = "a control" if fuser.config.control else "a real (non-control)"
+        raise NotApplicable(f"The fuser at {folder} is {kind} fuser; {name} needs the other kind.")
+    return fuser, folder
+
+
+def fuser_found(control: bool):
+    """Applicable when a fuser of this kind is found for the pair (config files only, no weights)."""
+
+    def check(pair: LoadedPair, request: HandoffRequest) -> str | None:
+        folder, reason = resolve_fuser(pair, fuser_option(request), control)
+        return reason if folder is None else None
+
+    return check
+
+
+def refuse_in_public_mode(folder: str) -> None:
+    """A public server runs the shipped fusers only (``kvviz.core.policy``)."""
+    if folder.strip() and policy.public_mode():
+        raise ValueError(policy.PUBLIC_FUSER_REFUSAL)
+
+
+OPTIONS = (
+    Option("fuser", "C2C fuser checkpoint folder (default: the pair's shipped one)", "", kind="text",
+           flag="--fuser", on_page=False, check=refuse_in_public_mode),
+)
+
+
+def fuser_option(request: HandoffRequest) -> str | None:
+    """The fuser folder the request names (C2C's option, read by its control too), or None."""
+    return option_values(request, NAME, OPTIONS)["fuser"].strip() or None

@@ -1,66 +1,7 @@
-"""KVComm: the receiver attends to the sender's KV of the context in a selected set of layers.
-
-Protocol (KVComm, arXiv 2510.03346, and its reference code; REFERENCE.md §2):
-1. The sender prefills the context C (its cache, keys after RoPE, positions 0..|C|-1).
-2. Calibration, once per pair and calibration sample: the receiver prefills the calibration
-   question with the sender's KV of the calibration context present in every layer; for each
-   layer, the attention importance S_a(l) is the mean over heads and query tokens of the attention
-   mass on the context keys (the first key, the attention sink, excluded).
-3. Score S = alpha * minmax(S_a) + (1 - alpha) * minmax(P) with the Gaussian prior
-   P(l) = exp(-(l - mu)^2 / (2 sigma^2)); the top M = ceil(r * L) layers are sent (non-contiguous).
-   alpha is 1.0 unless set (the reference code's default); ``alpha="paper"`` takes the paper's
-   value for the receiver's family (PAPER_ALPHAS; the paper gives none for Gemma).
-4. Selected receiver layers see the whole context KV before their own; the others keep only the
-   sender's first token as an attention sink. Query positions continue after |C| in every layer,
-   and the mask is causal by real positions. ``reference_mask=True`` reproduces the reference
-   code's mask instead (query tokens see later query tokens in the unselected layers during the
-   prefill; ``kvviz.runtime.attention.AttentionPlan.reference_mask``), so its numbers can be compared.
-
-Calibration sample (``KVCommOptions.calibration``): "builtin" (the sentence below, the same for
-every task), "sample" (a given (context, question), e.g. a task's first item as the reference
-code does) or "query" (this request itself: the receiver then reads the question twice, once with
-the context in every layer to choose the layers, once for real; both passes are on the critical
-path and timed as its prefill).
-
-This query's importance: every run also measures S_a(l) of *this* question on *this* context
-(one extra receiver pass with the context in every layer, after the answer is written). It is
-instrumentation, to show whether one-sample calibration transfers: timed in
-``details["query_importance"]["seconds"]``, never in the handoff's stages or first-token time
-(except with calibration "query", where that pass is the calibration itself).
-
-Layer 0: with ``always_send_layer0`` (the default, as the reference code does) layer 0 is one of
-the M sent layers whenever M >= 1, and the other M - 1 are the best-scoring of layers 1..L-1.
-So "exactly M layers" holds in every strategy, and r = 0 sends nothing but the sink.
-
-Strategies (``kvviz.handoffs.kvcomm.layers``, one small pick each over one shared step): "kvcomm"
-(the score above), "attention" (alpha = 1), "prior" (alpha = 0), "contiguous" (the best-scoring
-block of consecutive layers), "random" (seeded; no score), "explicit" (the layers given; no score).
-The options (``KVCommOptions``) live in ``request.options["kvcomm"]``.
-
-Per-layer records (``HandoffResult.layers``, one per receiver layer; plots read these):
-  layer                      receiver layer index
-  sent                       "context" (the whole context KV) or "sink" (only its first token)
-  selected                   sent == "context"
-  forced                     True for layer 0 when ``always_send_layer0`` put it in the set (its
-                             score was not consulted)
-  calibration_attention      S_a(l) measured on the calibration sample; None when the strategy
-                             used no attention (prior, random, explicit, or alpha = 0)
-  calibration_attention_norm the same, min-max normalised over layers; None likewise
-  query_attention            S_a(l) of this question on this context (always measured)
-  query_attention_norm       the same, min-max normalised over layers
-  prior                      the normalised Gaussian prior, the score's second term (its weight is
-                             1 - alpha: 0 by default); None when no score was used
-  score                      alpha * calibration_attention_norm + (1 - alpha) * prior, the value
-                             the layers were ranked by; None when no score was used (random,
-                             explicit)
-
-``details`` keys: strategy, ratio, alpha (None when no score was used), alpha_source, mu, sigma,
-selected_layers, num_selected, forced_layers, sink_layers, reference_mask, sender_model,
-calibration (None when no attention was used; else source "builtin" | "sample" | "query",
-context, query, alpha, seconds, cached), query_importance (seconds, instrumentation),
-importance_spearman (Spearman rank correlation between calibration_attention and
-query_attention over layers; None without calibration), stopped_by.
-"""
+"""KVComm's run and its descriptors: the sender reads the context, the layers are chosen
+(``kvviz.handoffs.kvcomm.layers``), the sender's KV is spliced into them, the receiver answers, and
+this query's importance is measured after the answer. The protocol, the per-layer records and the
+``details`` keys: the package's docstring (``kvviz.handoffs.kvcomm``)."""
 
 from __future__ import annotations
 
@@ -79,12 +20,12 @@ from kvviz.handoffs.common import (
 )
 from kvviz.handoffs.kvcomm.layers import (
     NAME,
-    STRATEGIES,
+    OPTIONS,
+    apply_options,
     attention_importance,
     calibrate,
     calibrate_on_sample,
     calibration_texts,
-    configure,
     forced_layers,
     layer_records,
     layer_scores,
@@ -92,8 +33,9 @@ from kvviz.handoffs.kvcomm.layers import (
     resolve_alpha,
     select_layers,
     spearman,
+    variant_label,
 )
-from kvviz.handoffs.registry import Handoff, Option, TaskCalibration, all_of, needs_context
+from kvviz.handoffs.registry import Handoff, TaskCalibration, all_of, needs_context
 from kvviz.runtime import cache as kv
 from kvviz.runtime.decode import generate, prefill, read_prompt_once
 from kvviz.runtime.measure import StageTimer, decode_flops, forward_flops
@@ -254,39 +196,6 @@ def run_details(pair, options, alpha, alpha_source: str, sent: Sent) -> dict:
 COLOR = "#009E73"  # green
 
 
-def parse_layers(text: str) -> tuple[int, ...] | None:
-    """ "7, 0,3" -> (0, 3, 7); empty -> None."""
-    if not text or not text.strip():
-        return None
-    try:
-        return tuple(sorted({int(part) for part in text.replace(" ", ",").split(",") if part.strip()}))
-    except ValueError as error:
-        raise ValueError(f"Explicit layers must be numbers separated by commas, e.g. 0,3,7 (got {text!r}).") from error
-
-
-def apply_options(request: HandoffRequest, values: dict) -> HandoffRequest:
-    """The page's and the CLI's options into the request's ``KVCommOptions`` (the others kept);
-    explicit layers override the strategy."""
-    layers = parse_layers(values["layers"])
-    return configure(
-        request,
-        ratio=values["ratio"],
-        strategy="explicit" if layers else values["strategy"],
-        alpha=values["alpha"],
-        sigma=values["sigma"],
-        layers=layers,
-        seed=request.generation.seed,
-        calibration=values.get("calibration") or "builtin",
-        calibration_sample=None,
-    )
-
-
-def variant_label(values: dict) -> str:
-    """Bench rows: "kvcomm@0.3" (the paper's score), "kvcomm-random@0.5" ..."""
-    prefix = "kvcomm" if values["strategy"] == "kvcomm" else f"kvcomm-{values['strategy']}"
-    return f"{prefix}@{values['ratio']:g}"
-
-
 def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult):
     """The sender's context KV spliced into the layers the run selected, then the query."""
     segments = build_segments(pair.receiver.tokenizer, request.query, request.context)
@@ -302,11 +211,6 @@ def control_receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: H
     return receiver_prompt(pair, dataclasses.replace(request, context=UNRELATED_CONTEXT), result)
 
 
-SELECTABLE_STRATEGIES = tuple(s for s in STRATEGIES if s != "explicit")  # explicit: give layers
-# page and ``run``: the built-in sample or this query; ``bench`` calibrates on the task's first sample
-# unless --calibration is given (kvviz.studies.bench.run)
-CALIBRATION_CHOICES = ("builtin", "query")
-
 HANDOFFS = (
     Handoff(
         name=NAME,
@@ -321,20 +225,7 @@ HANDOFFS = (
             needs_context("KVComm shares the KV of a private context; this request has none."),
             SAME_SHAPE_SENDER,
         ),
-        options=(
-            Option("ratio", "KVComm ratio r (share of layers sent)", 0.5, minimum=0.0, maximum=1.0, step=0.05,
-                   flag="--ratio", sweep_flag="--ratios", sweep_default="0.3,0.5,0.7"),
-            Option("strategy", "KVComm layer selection", "kvcomm", kind="choice", choices=SELECTABLE_STRATEGIES,
-                   flag="--strategy", sweep_flag="--strategies", sweep_default="kvcomm"),
-            Option("alpha", "alpha (weight of attention vs prior)", 1.0, minimum=0.0, maximum=1.0, step=0.05,
-                   flag="--alpha", auto="The reference code's alpha, 1.0"),
-            Option("sigma", "sigma (width of the Gaussian prior, layers)", 10.0, minimum=0.5, maximum=30.0, step=0.5,
-                   flag="--sigma"),
-            Option("layers", "KVComm explicit layers (e.g. 0,3,7; overrides the strategy)", "", kind="text",
-                   flag="--layers"),
-            Option("calibration", "KVComm calibration (whose attention chooses the layers: the builtin sample or this query)", "builtin", kind="choice",
-                   choices=CALIBRATION_CHOICES, flag="--calibration"),
-        ),
+        options=OPTIONS,
         apply_options=apply_options,
         task_calibration=TaskCalibration(calibrate_on_sample, unless_option="calibration"),
         variant_label=variant_label,

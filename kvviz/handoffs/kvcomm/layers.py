@@ -1,4 +1,5 @@
-"""Which layers KVComm sends: the options, the attention importance, and the strategies.
+"""Which layers KVComm sends: the options (as ``KVCommOptions`` in a request, and as the
+descriptor's page widgets and flags, ``OPTIONS``), the attention importance, and the strategies.
 
 Every strategy is one small scorer over one shared step (kvpress style): ``select_layers`` takes
 the layer budget M = ceil(r * L), puts layer 0 in the set by rule (``always_send_layer0``), and
@@ -35,6 +36,7 @@ from typing import Callable
 
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import HandoffRequest
+from kvviz.handoffs.registry import Option
 from kvviz.runtime import cache as kv
 from kvviz.runtime.decode import prefill
 from kvviz.runtime.models import LoadedPair
@@ -353,3 +355,62 @@ def layer_records(
         }
         for layer in range(num_layers)
     ]
+
+
+# --- the options as page widgets and command-line flags ------------------------------------
+
+
+def parse_layers(text: str) -> tuple[int, ...] | None:
+    """ "7, 0,3" -> (0, 3, 7); empty -> None."""
+    if not text or not text.strip():
+        return None
+    try:
+        return tuple(sorted({int(part) for part in text.replace(" ", ",").split(",") if part.strip()}))
+    except ValueError as error:
+        raise ValueError(f"Explicit layers must be numbers separated by commas, e.g. 0,3,7 (got {text!r}).") from error
+
+
+def apply_options(request: HandoffRequest, values: dict) -> HandoffRequest:
+    """The page's and the CLI's options into the request's ``KVCommOptions`` (the others kept);
+    explicit layers override the strategy."""
+    layers = parse_layers(values["layers"])
+    return configure(
+        request,
+        ratio=values["ratio"],
+        strategy="explicit" if layers else values["strategy"],
+        alpha=values["alpha"],
+        sigma=values["sigma"],
+        layers=layers,
+        seed=request.generation.seed,
+        calibration=values.get("calibration") or "builtin",
+        calibration_sample=None,
+    )
+
+
+def variant_label(values: dict) -> str:
+    """Bench rows: "kvcomm@0.3" (the paper's score), "kvcomm-random@0.5" ..."""
+    prefix = "kvcomm" if values["strategy"] == "kvcomm" else f"kvcomm-{values['strategy']}"
+    return f"{prefix}@{values['ratio']:g}"
+
+
+SELECTABLE_STRATEGIES = tuple(s for s in STRATEGIES if s != "explicit")  # explicit: give layers
+# page and ``run``: the built-in sample or this query; ``bench`` calibrates on the task's first sample
+# unless --calibration is given (kvviz.studies.bench.run)
+CALIBRATION_CHOICES = ("builtin", "query")
+
+# the descriptor's options: apply_options puts their values into the request's KVCommOptions
+OPTIONS = (
+    Option("ratio", "KVComm ratio r (share of layers sent)", 0.5, minimum=0.0, maximum=1.0, step=0.05,
+           flag="--ratio", sweep_flag="--ratios", sweep_default="0.3,0.5,0.7"),
+    Option("strategy", "KVComm layer selection", "kvcomm", kind="choice", choices=SELECTABLE_STRATEGIES,
+           flag="--strategy", sweep_flag="--strategies", sweep_default="kvcomm"),
+    Option("alpha", "alpha (weight of attention vs prior)", 1.0, minimum=0.0, maximum=1.0, step=0.05,
+           flag="--alpha", auto="The reference code's alpha, 1.0"),
+    Option("sigma", "sigma (width of the Gaussian prior, layers)", 10.0, minimum=0.5, maximum=30.0, step=0.5,
+           flag="--sigma"),
+    Option("layers", "KVComm explicit layers (e.g. 0,3,7; overrides the strategy)", "", kind="text",
+           flag="--layers"),
+    Option("calibration", "KVComm calibration (whose attention chooses the layers: the builtin sample or this query)", "builtin", kind="choice",
+           choices=CALIBRATION_CHOICES, flag="--calibration"),
+)
+

@@ -36,7 +36,7 @@ from kvviz.data import contains_answer, load_dataset, recall, wilson_interval
 from kvviz.data.metrics import mcnemar_exact
 from kvviz.engine.runner import load_pair
 from kvviz.handoffs.translate import translator as tr
-from kvviz.handoffs.translate.handoff import shipped_translator
+from kvviz.handoffs.translate.locate import shipped_translator
 from kvviz.runtime import cache as kv
 from kvviz.runtime.cache import KVState
 from kvviz.runtime.decode import generate, prefill
