@@ -28,8 +28,8 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from kvviz.engine.runner import load_pair, run_handoff
     from kvviz.engine.events import Done
+    from kvviz.engine.runner import load_pair, run_handoff
     from kvviz.engine.stream import ALL_AT_ONCE, run
     from kvviz.handoffs.registry import default_handoffs
     from kvviz.studies.speed import full_run_request

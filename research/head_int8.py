@@ -5,7 +5,6 @@ min of 5), beside the int4 and bf16 scans; and how often the exact winner is in 
 import time
 
 import torch
-import torch.nn.functional as F
 
 from kvviz.runtime.head import GROUP_SIZE
 from kvviz.runtime.models import load_model

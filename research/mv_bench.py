@@ -1,7 +1,6 @@
 """Matrix-vector products of the decoder stacks' weights, one thread: how close to streaming?"""
 
 import statistics
-import sys
 import time
 
 import torch

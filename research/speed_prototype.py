@@ -588,8 +588,10 @@ def capture_states(pair, request, names):
     and the first token it decodes from, plus today's tokens. Returns [(label, model, state, first
     token, today's tokens, limit, stop_at_newline)]."""
     from kvviz.engine.runner import run_handoff
-    from kvviz.handoffs import ac, cipher, common
+    from kvviz.handoffs import common
+    from kvviz.handoffs.ac import handoff as ac
     from kvviz.handoffs.c2c import handoff as c2c
+    from kvviz.handoffs.cipher import handoff as cipher
     from kvviz.handoffs.kvcomm import handoff as kvcomm
     from kvviz.runtime import decode
 
@@ -956,7 +958,8 @@ def profile(args):
     """torch.profiler's table of B sequences' steps: the first prototype's (``Stepper``; was
     research/profile_lean.py) or, with ``--lean``, the lean step's, with its products' share of the
     step (``LeanStepper``; was research/profile_lean2.py)."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     from kvviz.runtime.decode import prefill
     from kvviz.runtime.models import load_model

@@ -16,7 +16,8 @@ from kvviz.core.plotkit import bar_counts
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings, HandoffRequest
 from kvviz.engine.runner import run_handoff
-from kvviz.handoffs import ac, registry
+from kvviz.handoffs import registry
+from kvviz.handoffs.ac import merge as ac_merge
 from kvviz.handoffs.common import read_prompt
 from tests.conftest import tiny_pair
 
@@ -38,8 +39,8 @@ def test_merging_the_receivers_own_state_equals_the_receiver_alone(tiny, f):
     prompt_ids = build_segments(model.tokenizer, QUERY).input_ids
     alone = read_prompt(model, prompt_ids)
     for j in (0, model.facts.num_layers - 1):
-        own = ac.read_layer_inputs(model, prompt_ids)[j]
-        merged, states = ac.receive(model, prompt_ids, own, j, f)
+        own = ac_merge.read_layer_inputs(model, prompt_ids)[j]
+        merged, states = ac_merge.receive(model, prompt_ids, own, j, f)
         assert torch.equal(merged.next_token.logits, alone.next_token.logits)
         assert torch.equal(states[j], own)
 
@@ -49,9 +50,9 @@ def test_a_zero_vector_summed_in_changes_nothing_and_a_real_one_does(tiny):
     prompt_ids = build_segments(model.tokenizer, QUERY).input_ids
     alone = read_prompt(model, prompt_ids).next_token.logits
     zero = torch.zeros(model.facts.hidden_size)
-    assert torch.equal(ac.receive(model, prompt_ids, zero, 1, "sum")[0].next_token.logits, alone)
-    context_state = ac.read_layer_inputs(model, build_segments(model.tokenizer, QUERY, CONTEXT).context_ids)[1]
-    assert not torch.allclose(ac.receive(model, prompt_ids, context_state, 1, "replace")[0].next_token.logits, alone)
+    assert torch.equal(ac_merge.receive(model, prompt_ids, zero, 1, "sum")[0].next_token.logits, alone)
+    context_state = ac_merge.read_layer_inputs(model, build_segments(model.tokenizer, QUERY, CONTEXT).context_ids)[1]
+    assert not torch.allclose(ac_merge.receive(model, prompt_ids, context_state, 1, "replace")[0].next_token.logits, alone)
 
 
 def test_the_run_reports_the_vector_the_layers_and_the_costs(tiny):
@@ -128,7 +129,7 @@ def test_the_merge_ends_with_its_block_even_on_error():
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
-        with ac.on_layer_inputs(model, {0: explode}):
+        with ac_merge.on_layer_inputs(model, {0: explode}):
             read_prompt(model, prompt_ids)
     assert torch.equal(read_prompt(model, prompt_ids).next_token.logits, alone)
 

@@ -15,7 +15,6 @@ from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings, HandoffRequest
 from kvviz.engine.runner import run_handoff
 from kvviz.handoffs import HANDOFFS
-from kvviz.handoffs.c2c import handoff as c2c
 from kvviz.handoffs.c2c import locate
 from kvviz.handoffs.c2c.align import align_prompt
 from kvviz.handoffs.c2c.fuser import new_fuser

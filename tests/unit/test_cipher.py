@@ -15,7 +15,8 @@ from kvviz.core.plotkit import bar_counts
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
 from kvviz.engine.runner import run_handoff
-from kvviz.handoffs import cipher, registry
+from kvviz.handoffs import registry
+from kvviz.handoffs.cipher import message as cipher_message
 from kvviz.handoffs.common import read_prompt
 from kvviz.handoffs.text import sharer_message_segments
 from kvviz.runtime.cache import KVState
@@ -37,7 +38,7 @@ def test_at_temperature_zero_the_message_is_the_greedy_tokens_own_embeddings():
     pair = tiny_pair("llama")
     sharer = pair.sharer
     prompt_ids = sharer_message_segments(pair, request()).input_ids
-    message = cipher.write_message(sharer, prompt_ids, 0.0, 6)
+    message = cipher_message.write_message(sharer, prompt_ids, 0.0, 6)
     state = KVState()
     first, _ = prefill(sharer, state, prompt_ids)
     greedy = generate(sharer, state, first, GenerationSettings(max_new_tokens=6), max_new_tokens=6)
@@ -50,9 +51,9 @@ def test_at_temperature_zero_the_message_is_the_greedy_tokens_own_embeddings():
 
 def test_the_receiver_reads_one_hot_vectors_exactly_as_the_tokens(tiny):
     receiver = tiny.receiver
-    message = cipher.write_message(tiny.sharer, sharer_message_segments(tiny, request()).input_ids, 0.0, 5)
-    prompt, attention = cipher.read_message(receiver, request(), message.vectors)
-    before, after, _, _ = cipher.receiver_pieces(receiver, request())
+    message = cipher_message.write_message(tiny.sharer, sharer_message_segments(tiny, request()).input_ids, 0.0, 5)
+    prompt, attention = cipher_message.read_message(receiver, request(), message.vectors)
+    before, after, _, _ = cipher_message.receiver_pieces(receiver, request())
     by_tokens = read_prompt(receiver, before + message.likeliest_ids + after)
     assert torch.allclose(prompt.next_token.logits, by_tokens.next_token.logits, atol=1e-5)
     assert prompt.state.next_position == len(before) + len(message.likeliest_ids) + len(after)
@@ -65,14 +66,14 @@ def test_the_receiver_reads_one_hot_vectors_exactly_as_the_tokens(tiny):
 
 def test_an_empty_message_leaves_the_receiver_alone(tiny):
     empty = torch.zeros(0, tiny.receiver.facts.hidden_size)
-    prompt, attention = cipher.read_message(tiny.receiver, request(), empty)
+    prompt, attention = cipher_message.read_message(tiny.receiver, request(), empty)
     alone = read_prompt(tiny.receiver, build_segments(tiny.receiver.tokenizer, QUERY).input_ids)
     assert torch.equal(prompt.next_token.logits, alone.next_token.logits) and attention == []
 
 
 def test_above_zero_each_vector_is_a_blend_of_embeddings():
     pair = tiny_pair("gemma")
-    message = cipher.write_message(pair.sharer, sharer_message_segments(pair, request()).input_ids, 1.0, 4)
+    message = cipher_message.write_message(pair.sharer, sharer_message_segments(pair, request()).input_ids, 1.0, 4)
     assert message.vectors.shape[1] == pair.sharer.facts.hidden_size
     for step in message.steps:
         assert 0.0 < step["top_probability"] < 1.0 and step["entropy"] > 0.0

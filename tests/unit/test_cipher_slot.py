@@ -16,7 +16,7 @@ import pytest
 
 from kvviz.core.prompts import build_segments, split_at_context, unmark
 from kvviz.core.results import HandoffRequest
-from kvviz.handoffs import cipher
+from kvviz.handoffs.cipher import message as cipher_message
 from tests.tiny_models import tiny_tokenizer
 
 QUERY = "What is the code for locker 12?"
@@ -26,7 +26,7 @@ MESSAGE = "Locker twelve opens with four four seven one."
 @pytest.mark.parametrize("chat", [False, True], ids=["base", "chat"])
 def test_the_receiver_reads_its_vectors_where_the_text_handoff_reads_the_message(chat):
     tokenizer = tiny_tokenizer(chat=chat)
-    before_ids, after_ids, before, after = cipher.receiver_pieces(SimpleNamespace(tokenizer=tokenizer), HandoffRequest(query=QUERY))
+    before_ids, after_ids, before, after = cipher_message.receiver_pieces(SimpleNamespace(tokenizer=tokenizer), HandoffRequest(query=QUERY))
     text_prompt = build_segments(tokenizer, QUERY, context=MESSAGE).text  # the text handoff's receiver prompt
     assert "kvviz" not in before + after
     assert before + MESSAGE + after == text_prompt

@@ -14,9 +14,11 @@ from kvviz.app.methods import registry as methods
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
 from kvviz.engine.runner import run_handoff
-from kvviz.handoffs import kv_steering, registry
+from kvviz.handoffs import registry
 from kvviz.handoffs.common import read_prompt
-from kvviz.handoffs.kv_steering import Demo
+from kvviz.handoffs.kv_steering import handoff as kv_steering
+from kvviz.handoffs.kv_steering import vectors as kv_steering_vectors
+from kvviz.handoffs.kv_steering.vectors import Demo
 from kvviz.runtime import cache as kv
 from kvviz.runtime.decode import prefill
 from kvviz.studies.bench.run import expand_variants
@@ -66,16 +68,16 @@ def stock_kv_at(model, token_ids, position):
 
 def test_the_vectors_are_the_mean_contrastive_difference_at_the_second_to_last_token(tiny):
     model = tiny.receiver
-    demos = kv_steering.parse_my_pairs(TWO_PAIRS)
-    prompts = kv_steering.contrastive_prompts(model.tokenizer, demos)
+    demos = kv_steering_vectors.parse_my_pairs(TWO_PAIRS)
+    prompts = kv_steering_vectors.contrastive_prompts(model.tokenizer, demos)
     decode = model.tokenizer.decode
     positive, negative = prompts[0]
     assert "7." in decode(positive) and "No idea." in decode(negative)  # the other demo, answered both ways
     assert "Tomas." not in decode(positive)  # a demo never shows its own answer
     question = build_segments(model.tokenizer, demos[0].question).query_ids
     assert positive[-len(question):] == negative[-len(question):] == question
-    vectors, cached = kv_steering.steering_vectors(model, demos)
-    assert vectors.pairs == 2 and kv_steering.steering_vectors(model, demos)[1] is True
+    vectors, cached = kv_steering_vectors.steering_vectors(model, demos)
+    assert vectors.pairs == 2 and kv_steering_vectors.steering_vectors(model, demos)[1] is True
     for layer in range(model.facts.num_layers):
         expected_keys = sum(stock_kv_at(model, p, -2)[layer][0] - stock_kv_at(model, n, -2)[layer][0] for p, n in prompts) / 2
         expected_values = sum(stock_kv_at(model, p, -2)[layer][1] - stock_kv_at(model, n, -2)[layer][1] for p, n in prompts) / 2
@@ -86,12 +88,12 @@ def test_the_vectors_are_the_mean_contrastive_difference_at_the_second_to_last_t
 def test_the_edit_is_c_times_the_vector_at_one_position_in_the_steered_layers_only(tiny):
     model = tiny.receiver
     prompt_ids = build_segments(model.tokenizer, QUERY).input_ids
-    vectors, _ = kv_steering.steering_vectors(model, kv_steering.BUILT_IN["answer_briefly"])
+    vectors, _ = kv_steering_vectors.steering_vectors(model, kv_steering_vectors.BUILT_IN["answer_briefly"])
     plain = kv.KVState()
     prefill(model, plain, prompt_ids[:-1], need_logits=False)
     edited = kv.KVState()
     prefill(model, edited, prompt_ids[:-1], need_logits=False)
-    records = kv_steering.steer(edited, vectors, [2, 3], c_keys=0.5, c_values=3.0)
+    records = kv_steering_vectors.steer(edited, vectors, [2, 3], c_keys=0.5, c_values=3.0)
     for layer in range(model.facts.num_layers):
         (k0, v0), (k1, v1) = kv.layer_kv(plain.cache, layer), kv.layer_kv(edited.cache, layer)
         assert torch.equal(k0[..., :-1, :], k1[..., :-1, :]) and torch.equal(v0[..., :-1, :], v1[..., :-1, :])
@@ -123,7 +125,7 @@ def test_no_sharer_runs_and_nothing_is_sent(tiny):
 
 
 def test_the_users_own_pairs_are_read_or_refused_with_a_reason():
-    demos = kv_steering.parse_my_pairs(TWO_PAIRS)
+    demos = kv_steering_vectors.parse_my_pairs(TWO_PAIRS)
     assert demos == (Demo("Who wrote the letter?", "Tomas.", "Nobody knows."),
                      Demo("What is the code?", "7.", "No idea.", context="The code is 7."))
     pair = tiny_pair("llama")
@@ -132,7 +134,7 @@ def test_the_users_own_pairs_are_read_or_refused_with_a_reason():
     assert "at least 2" in handoff.applicable(pair, request(pairs="my_pairs", my_pairs=""))
     assert "needs 3 fields" in handoff.applicable(pair, request(pairs="my_pairs", my_pairs="a | b\nc | d | e"))
     assert "non-empty" in handoff.applicable(pair, request(pairs="my_pairs", my_pairs="a | | c\nd | e | f"))
-    too_many = "\n".join(f"q{i} | a | b" for i in range(kv_steering.MAX_PAIRS + 1))
+    too_many = "\n".join(f"q{i} | a | b" for i in range(kv_steering_vectors.MAX_PAIRS + 1))
     assert "limit" in handoff.applicable(pair, request(pairs="my_pairs", my_pairs=too_many))
     assert "does not exist" in handoff.applicable(pair, request(first_layer=4))
     result = run_handoff("kv_steering", pair, request(pairs="my_pairs", my_pairs=TWO_PAIRS))
@@ -167,8 +169,8 @@ def test_the_receiver_alone_prompt_reads_the_same_as_the_split_prefill(tiny):
     prefill of the whole prompt (what makes zero coefficients the receiver alone)."""
     model = tiny.receiver
     prompt_ids = build_segments(model.tokenizer, QUERY).input_ids
-    vectors, _ = kv_steering.steering_vectors(model, kv_steering.BUILT_IN["use_the_context"])
+    vectors, _ = kv_steering_vectors.steering_vectors(model, kv_steering_vectors.BUILT_IN["use_the_context"])
     values = {"keys": 0.0, "values": 0.0, "first_layer": 0}
-    split, _ = kv_steering.read_steered(model, prompt_ids, vectors, values)
+    split, _ = kv_steering_vectors.read_steered(model, prompt_ids, vectors, values)
     whole = read_prompt(model, prompt_ids)
     assert torch.allclose(split.next_token.logits, whole.next_token.logits, atol=1e-5)

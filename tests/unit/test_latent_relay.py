@@ -16,7 +16,8 @@ from kvviz.app.methods import registry as methods
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings, HandoffRequest, HandoffResult
 from kvviz.engine.runner import run_handoff
-from kvviz.handoffs import latent_relay, registry
+from kvviz.handoffs import registry
+from kvviz.handoffs.latent_relay import thinking as latent_relay_thinking
 from kvviz.runtime import cache as kv
 from kvviz.runtime.decode import prefill, prefill_vectors
 from kvviz.studies.bench.run import expand_variants
@@ -58,8 +59,8 @@ def test_latent_steps_feed_the_aligned_final_state_back():
     input; the relay's cache holds exactly those keys and values after the context's."""
     sender = tiny_pair("gemma").same_shape_sender
     context_ids = build_segments(sender.tokenizer, QUERY, CONTEXT).context_ids
-    alignment = latent_relay.computed_map(sender)
-    thought = latent_relay.think(sender, context_ids, 2, alignment)
+    alignment = latent_relay_thinking.computed_map(sender)
+    thought = latent_relay_thinking.think(sender, context_ids, 2, alignment)
     state = kv.KVState()
     next_token, _ = prefill(sender, state, context_ids)
     for _ in range(2):
@@ -101,18 +102,18 @@ def test_the_alignment_map_is_the_least_squares_map_from_outputs_to_inputs():
     vector has the mean input-embedding norm."""
     for kind in ("llama", "gemma"):
         model = untied(tiny_pair(kind).receiver)
-        alignment = latent_relay.computed_map(model)
+        alignment = latent_relay_thinking.computed_map(model)
         embedding = model.model.get_input_embeddings()
         w_in = embedding.weight.float() * float(getattr(embedding, "embed_scale", 1.0))
         w_out = model.model.get_output_embeddings().weight.float()
-        lhs = (w_out.T @ w_out + latent_relay.RIDGE * torch.eye(w_out.shape[1])) @ alignment.matrix
+        lhs = (w_out.T @ w_out + latent_relay_thinking.RIDGE * torch.eye(w_out.shape[1])) @ alignment.matrix
         assert torch.allclose(lhs, w_out.T @ w_in, atol=1e-3 * float((w_out.T @ w_in).abs().max()))
         assert alignment.target_norm == pytest.approx(float(w_in.norm(dim=1).mean()), rel=1e-5)
         assert alignment.distance_from_identity > 0.1  # an untied head gives a real map
 
 
 def test_with_tied_embeddings_the_map_is_a_scaled_identity_so_the_identity_control_answers_alike(tiny):
-    assert latent_relay.computed_map(tiny.same_shape_sender).distance_from_identity < 1e-3
+    assert latent_relay_thinking.computed_map(tiny.same_shape_sender).distance_from_identity < 1e-3
     method = run_handoff("latent_relay", tiny, request(steps=3))
     identity = run_handoff("latent_relay", tiny, request(steps=3, control="identity_map"))
     assert identity.details["alignment"]["map"] == "identity"
@@ -123,14 +124,14 @@ def test_with_tied_embeddings_the_map_is_a_scaled_identity_so_the_identity_contr
 
 def test_the_random_map_keeps_the_spectrum_and_changes_the_directions():
     model = untied(tiny_pair("llama").receiver)
-    computed = latent_relay.computed_map(model)
-    random_map = latent_relay.alignment_map(model, "random_map", seed=0)
+    computed = latent_relay_thinking.computed_map(model)
+    random_map = latent_relay_thinking.alignment_map(model, "random_map", seed=0)
     assert random_map.kind == "random" and random_map.target_norm == computed.target_norm
     assert torch.allclose(torch.linalg.svdvals(random_map.matrix), torch.linalg.svdvals(computed.matrix), rtol=1e-4, atol=1e-5)
     assert (random_map.matrix - computed.matrix).norm() > 0.5 * computed.matrix.norm()
-    assert torch.equal(latent_relay.alignment_map(model, "random_map", seed=0).matrix, random_map.matrix)
-    assert not torch.equal(latent_relay.alignment_map(model, "random_map", seed=1).matrix, random_map.matrix)
-    identity = latent_relay.alignment_map(model, "identity_map", seed=0)
+    assert torch.equal(latent_relay_thinking.alignment_map(model, "random_map", seed=0).matrix, random_map.matrix)
+    assert not torch.equal(latent_relay_thinking.alignment_map(model, "random_map", seed=1).matrix, random_map.matrix)
+    identity = latent_relay_thinking.alignment_map(model, "identity_map", seed=0)
     hidden = torch.randn(model.facts.hidden_size)
     vector, _ = identity.apply(hidden)
     assert torch.allclose(vector, hidden / hidden.norm() * identity.target_norm, atol=1e-5)
@@ -142,7 +143,7 @@ def test_each_step_reports_its_nearest_tokens_labelled_as_such(tiny):
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
     for step in steps:
         cosines = [n["cosine"] for n in step["nearest"]]
-        assert len(cosines) == latent_relay.NEAREST and cosines == sorted(cosines, reverse=True)
+        assert len(cosines) == latent_relay_thinking.NEAREST and cosines == sorted(cosines, reverse=True)
         assert all(-1.0001 <= c <= 1.0001 for c in cosines)
     assert steps[0]["cosine_to_previous"] is None and steps[1]["cosine_to_previous"] is not None
     assert "read as nearest tokens" in result.seen["latent"] and CONTEXT not in result.seen["receiver"]

@@ -8,7 +8,7 @@ from plotly.subplots import make_subplots
 
 from kvviz.app.methods.registry import MethodPage
 from kvviz.core.plotkit import SELECTED_OUTLINE, layout, not_run_figure
-from kvviz.handoffs.ac import COLOR, NAME
+from kvviz.handoffs.ac.handoff import COLOR, NAME
 
 FIGURE_HEIGHT = 440
 

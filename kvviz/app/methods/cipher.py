@@ -8,7 +8,7 @@ from plotly.subplots import make_subplots
 
 from kvviz.app.methods.registry import MethodPage
 from kvviz.core.plotkit import as_dict, empty_figure, layout
-from kvviz.handoffs.cipher import COLOR, NAME
+from kvviz.handoffs.cipher.handoff import COLOR, NAME
 
 FIGURE_HEIGHT = 480
 

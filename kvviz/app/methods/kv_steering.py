@@ -8,7 +8,7 @@ from plotly.subplots import make_subplots
 
 from kvviz.app.methods.registry import MethodPage
 from kvviz.core.plotkit import as_dict, layout, not_run_figure
-from kvviz.handoffs.kv_steering import COLOR, NAME
+from kvviz.handoffs.kv_steering.handoff import COLOR, NAME
 
 FIGURE_HEIGHT = 500
 

@@ -8,7 +8,8 @@ from plotly.subplots import make_subplots
 
 from kvviz.app.methods.registry import MethodPage
 from kvviz.core.plotkit import as_dict, layout, not_run_figure
-from kvviz.handoffs.latent_relay import COLOR, NAME, shown
+from kvviz.handoffs.latent_relay.handoff import COLOR, NAME
+from kvviz.handoffs.latent_relay.thinking import shown
 
 FIGURE_HEIGHT = 500
 
