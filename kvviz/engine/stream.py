@@ -224,7 +224,8 @@ def _batches(
     """The run in its worker thread (``_RunWorker``) and its events in batches, as ``run`` says."""
     worker = _RunWorker(pair_name, request, list(names), workers, max_seconds, loaded)
     events = worker.events
-    threading.Thread(target=worker.run, name="kvviz-run", daemon=True).start()
+    thread = threading.Thread(target=worker.run, name="kvviz-run", daemon=True)
+    thread.start()
     waits = [wait for wait in (None if stop is None else STOP_POLL_SECONDS, idle) if wait is not None]
     quiet_since = time.monotonic()
     try:
@@ -248,6 +249,9 @@ def _batches(
             ended = batch[-1] is _END
             if ended:
                 batch.pop()
+                # the worker has put its last event: let it finish before the caller goes on (a
+                # command that exits right after its run must not leave a thread inside torch)
+                thread.join()
             if batch:
                 yield batch
             if ended:
