@@ -1,5 +1,6 @@
 """The lab in the browser and its Space: the page (``ui`` puts ``page`` together), results as
 text and tables (``present``), figures across handoffs (``plots``), what crossed drawn
-(``tokenview``), two runs side by side (``compare``), the sweep (``sweep``), the presets and
-their lessons (``presets``, ``lessons``), and the Space export (``space``).
+(``tokenview``), two runs side by side (``compare``), the sweep (``sweep``), what the page shows of
+each method (``methods``: its figure, the facts under its answer, its copy), the presets and their
+lessons (``presets``, ``lessons``), and the Space export (``space``).
 """
