@@ -53,6 +53,22 @@ def pair_differences(saved_sharer: dict, saved_receiver: dict, sharer_facts, rec
     return differ or ["their fingerprints"]
 
 
+def check_pair(kind: str, config, folder, sharer_facts, receiver_facts, pair_name: str, error: type[CheckpointError],
+               remedy: str) -> None:
+    """Raise ``error`` naming both pairs when a checkpoint (a ``kind``: "fuser", "translator") was made
+    for another pair than the loaded one; ``config`` holds the fingerprints it was made for
+    (``sharer``, ``receiver``) and the pair's name (``pair``); ``remedy`` says what to do."""
+    differ = pair_differences(config.sharer, config.receiver, sharer_facts, receiver_facts)
+    if not differ:
+        return
+    made_for = f"'{config.pair or '?'}' (sharer {config.sharer['name']} -> receiver {config.receiver['name']})"
+    raise error(
+        f"The {kind} at {folder} was trained for pair {made_for}, but the loaded pair is '{pair_name or '?'}' "
+        f"(sharer {sharer_facts.name} -> receiver {receiver_facts.name}); their models, KV shapes or tokenizers "
+        f"differ in: {'; '.join(differ[:3])}. {remedy}"
+    )
+
+
 def read_weights(folder: Path, name: str, kind: str, error: type[CheckpointError]) -> dict:
     """The tensors of ``folder/name`` (safetensors, on the CPU; never unpickled), or ``error``
     saying in words that the file is missing or corrupt (``kind``: "fuser", "translator")."""

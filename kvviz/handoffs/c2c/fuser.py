@@ -49,7 +49,8 @@ import torch
 from torch import nn
 
 from kvviz.handoffs.c2c.align import TOKEN_ALIGNMENTS, terminal_layer_map
-from kvviz.runtime.checkpoints import CheckpointError, model_fingerprint, pair_differences, read_weights
+from kvviz.runtime import checkpoints
+from kvviz.runtime.checkpoints import CheckpointError, model_fingerprint, read_weights
 from kvviz.runtime.rope import apply_rotation, undo_rotation
 
 WEIGHTS_FILE = "fuser.safetensors"
@@ -113,9 +114,6 @@ class FuserConfig:
     @property
     def inner_width(self) -> int:
         return self.intermediate or self.width
-
-    def pair_label(self) -> str:
-        return f"'{self.pair or '?'}' (sharer {self.sharer['name']} -> receiver {self.receiver['name']})"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -442,14 +440,8 @@ def read_config(folder: str | Path) -> FuserConfig:
 
 def check_pair(config: FuserConfig, folder, sharer_facts, receiver_facts, pair_name: str = "") -> None:
     """Raise FuserError naming both pairs when a fuser was made for another pair."""
-    differ = pair_differences(config.sharer, config.receiver, sharer_facts, receiver_facts)
-    if not differ:
-        return
-    raise FuserError(
-        f"The fuser at {folder} was trained for pair {config.pair_label()}, "
-        f"but the loaded pair is '{pair_name or '?'}' (sharer {sharer_facts.name} -> receiver {receiver_facts.name}); "
-        f"they differ in: {'; '.join(differ[:3])}. Train a fuser for this pair with: python -m kvviz train-fuser"
-    )
+    checkpoints.check_pair("fuser", config, folder, sharer_facts, receiver_facts, pair_name, FuserError,
+                           "Train a fuser for this pair with: python -m kvviz train-fuser")
 
 
 def build_from_tensors(config: FuserConfig, tensors: dict, where, dtype: torch.dtype | None = torch.float32) -> C2CFuser:

@@ -55,7 +55,8 @@ from torch import nn
 
 from kvviz.core.prompts import encode_with_offsets, render, unmark
 from kvviz.runtime import cache as kv
-from kvviz.runtime.checkpoints import CheckpointError, model_fingerprint, pair_differences, read_weights
+from kvviz.runtime import checkpoints
+from kvviz.runtime.checkpoints import CheckpointError, model_fingerprint, read_weights
 from kvviz.runtime.decode import forward_kwargs, prefill
 from kvviz.runtime.rope import apply_rotation, rotary_tables, undo_rotation
 
@@ -254,9 +255,6 @@ class TranslatorConfig:
     def out_width(self) -> int:
         return self.receiver["num_layers"] * 2 * self.kv_width
 
-    def pair_label(self) -> str:
-        return f"'{self.pair or '?'}' (sharer {self.sharer['name']} -> receiver {self.receiver['name']})"
-
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -351,14 +349,8 @@ def read_config(folder: str | Path) -> TranslatorConfig:
 
 def check_pair(config: TranslatorConfig, folder, sharer_facts, receiver_facts, pair_name: str = "") -> None:
     """Raise TranslatorError naming both pairs when a translator was made for another pair."""
-    differ = pair_differences(config.sharer, config.receiver, sharer_facts, receiver_facts)
-    if not differ:
-        return
-    raise TranslatorError(
-        f"The translator at {folder} was trained for pair {config.pair_label()}, but the loaded pair is "
-        f"'{pair_name or '?'}' (sharer {sharer_facts.name} -> receiver {receiver_facts.name}): their models, KV "
-        f"shapes or tokenizers differ ({'; '.join(differ[:3])}). A translator maps one sharer's KV into one receiver's."
-    )
+    checkpoints.check_pair("translator", config, folder, sharer_facts, receiver_facts, pair_name, TranslatorError,
+                           "A translator maps one sharer's KV into one receiver's: fit one for this pair (docs/C2C.md).")
 
 
 def load_translator(folder: str | Path, sharer_facts=None, receiver_facts=None, pair_name: str = "", device="cpu") -> KVTranslator:
