@@ -6,6 +6,7 @@ import json
 import sys
 
 from kvviz.app.present import notes_of
+from kvviz.data.swaps import Swap, replace_fact
 from kvviz.engine import flags, runner, stream
 from kvviz.handoffs import registry
 from kvviz.runtime.models import (
@@ -94,7 +95,16 @@ def configure_run(parser):
     parser.add_argument("--seed", type=int, default=0)
     flags.add_option_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--gold", default=None, help="the gold answer: the logit lens also follows its first token")
+    parser.add_argument("--gold", default=None, help="the gold answer: the logit lens also follows its first token, "
+                        "and with a swap, 'kept' means the answer on the swapped note still gives it")
+    parser.add_argument("--swap-context", default=None,
+                        help="the note with its answer-bearing fact changed: every handoff also runs on it, and each "
+                             "result's swap says whether its answer followed the swap (needs --swap-answer)")
+    parser.add_argument("--swap-word", default=None, metavar="OLD=NEW",
+                        help="make the swapped note from --context by replacing the word(s) OLD with NEW (instead of "
+                             "--swap-context; --swap-answer defaults to NEW)")
+    parser.add_argument("--swap-answer", action="append", default=None,
+                        help="what the swapped note answers (repeat for several accepted answers)")
     parser.add_argument("--no-inspect", action="store_true",
                         help="do not record what crossed (token_attention, logit_lens and, for a handoff run beside "
                              "its control, token_change in the JSON)")
@@ -118,16 +128,44 @@ def format_table(results) -> str:
         answer = answer if len(answer) <= 40 else answer[:37] + "..."
         ttft = f"{r.first_token_seconds:.3f}" if r.first_token_seconds is not None else ""
         notes = "; ".join(notes_of(r.to_dict()))
+        if r.swap:
+            notes = f"swap: {r.swap['outcome'] or 'not judged'} ({r.swap['answer']!r})" + (f"; {notes}" if notes else "")
         lines.append(f"{r.handoff:<12} {answer:<40} {r.total_seconds:>8.3f} {ttft:>7} {r.bytes_communicated:>10}  {notes}")
     return "\n".join(lines)
+
+
+def swap_from_args(args) -> Swap | None:
+    """The swap the flags ask for (``--swap-context`` or ``--swap-word``, with ``--swap-answer``), or
+    None; a ValueError says what is missing."""
+    if args.swap_context is None and args.swap_word is None:
+        if args.swap_answer:
+            raise ValueError("--swap-answer needs --swap-context or --swap-word.")
+        return None
+    if not args.context:
+        raise ValueError("A swap changes the note: give the note with --context.")
+    if args.swap_context is not None and args.swap_word is not None:
+        raise ValueError("Give --swap-context or --swap-word, not both.")
+    answers = args.swap_answer
+    if args.swap_word is not None:
+        old, sep, new = args.swap_word.partition("=")
+        if not sep:
+            raise ValueError(f"--swap-word takes OLD=NEW, got {args.swap_word!r}.")
+        context, answers = replace_fact(args.context, old, new), answers or [new.strip()]
+        changed = f"{old.strip()} -> {new.strip()}"
+    else:
+        context, changed = args.swap_context, "the note as given by --swap-context"
+    if not answers:
+        raise ValueError("Say what the swapped note answers with --swap-answer.")
+    return Swap(context=context, answers=tuple(answers), changed=changed)
 
 
 def main_run(args) -> int:
     flags.apply_threads(args)
     names = registry.parse_handoffs(args.handoffs)
     request = request_from_args(args)
+    swap = swap_from_args(args)
     pair = runner.load_pair(args.pair, args.device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
-    results = stream.results(pair, request, names)
+    results = stream.results(pair, request, names, swap=swap, gold=[args.gold] if args.gold else None)
     if args.json:
         print(json.dumps({"pair": pair.name, "request": request.to_dict(), "results": [r.to_dict() for r in results]}, indent=2))
     else:

@@ -106,6 +106,11 @@ class HandoffResult:
     logit_lens: dict = field(default_factory=dict)
     # this answer's tokens scored under this handoff and under its control (Handoff.control), when both ran
     token_change: dict = field(default_factory=dict)
+    # the same handoff on the swapped note (the answer-bearing fact changed), when a swap ran:
+    # context, answers (the swapped gold), changed, answer, answer_ids, applicable, reason, and
+    # outcome ("followed" | "kept" | "neither"), right (this answer against the original gold)
+    # (kvviz.data.swaps.swap_record); empty when no swap ran
+    swap: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -33,6 +33,7 @@ from kvviz.data.hotpotqa import load_hotpotqa
 from kvviz.data.instructions import load_dolly, load_instructions
 from kvviz.data.mmlu_redux import load_mmlu_redux
 from kvviz.data.openbookqa import load_openbookqa
+from kvviz.data.recall import load_recall
 from kvviz.data.record import LoadReport, Record
 from kvviz.data.tipsheets import load_tipsheets
 from kvviz.data.user_files import load_user_file
@@ -43,6 +44,7 @@ DATASETS: dict[str, Callable[..., list[Record]]] = {
     "countries": load_countries,
     "tipsheets": load_tipsheets,
     "hotpotqa": load_hotpotqa,
+    "recall": load_recall,
     "arc_challenge": load_arc_challenge,
     "openbookqa": load_openbookqa,
     "mmlu_redux": load_mmlu_redux,

@@ -164,6 +164,19 @@ def _entity(kind: str, rng: random.Random, p: Pools):
     return rng.choice(getattr(p, _ENTITY_POOL.get(kind, "people")))
 
 
+# the pool each kind's answer comes from
+_VALUE_POOL = {"town": "towns", "colour": "colours", "age": "ages", "job": "jobs", "object": "rooms", "pet": "pets",
+               "landmark": "landmarks", "locker": "codes", "train": "times"}
+
+
+def values_of(kind: str, split: str) -> list[str]:
+    """Every value a fact of ``kind`` may answer with in ``split`` (as text): what a swapped fact
+    draws from (``kvviz.data.swaps``)."""
+    if kind not in _VALUE_POOL:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    return [str(value) for value in getattr(pools(split), _VALUE_POOL[kind])]
+
+
 def generate(split: str = "train", n: int = 1000, seed: int = 0, max_distractors: int = 2) -> list[Record]:
     """``n`` recall records of one split; the same (split, n, seed) gives the same records."""
     p = pools(split)
@@ -199,3 +212,10 @@ def generate(split: str = "train", n: int = 1000, seed: int = 0, max_distractors
             )
         )
     return records
+
+
+def load_recall(*, split: str = "heldout", n: int = 200, data_seed: int = 0, data_dir=None, report=None) -> list[Record]:
+    """The recall records as a registered dataset (``--dataset recall``): ``n`` records of ``split``
+    (held out by default: names and values never used in training), made here, no file read."""
+    return generate(split, int(n), int(data_seed))
+

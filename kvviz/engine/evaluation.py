@@ -18,11 +18,13 @@ label names the rows.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterable, Iterator
 
 from kvviz.core.results import HandoffRequest, HandoffResult
 from kvviz.data import wilson_interval
+from kvviz.data.swaps import Swap
 from kvviz.engine import runner
 
 
@@ -35,13 +37,15 @@ class Variant:
 
 @dataclass(frozen=True)
 class Evaluated:
-    """One record answered by one variant."""
+    """One record answered by one variant (and, with a swap arm, on its swapped note too)."""
 
     index: int  # the record's position in the task
     record: object
     variant: Variant
     request: HandoffRequest
     result: HandoffResult
+    swap: Swap | None = None  # the record's swapped note, when the loop has a swap arm
+    swapped: HandoffResult | None = None  # the same variant on it
 
 
 def evaluate(
@@ -51,15 +55,23 @@ def evaluate(
     request_for: Callable[[object, Variant], HandoffRequest],
     done: set[tuple[str, str]] = frozenset(),
     record_id: Callable[[object], str] = lambda record: record.id,
+    swap_of: Callable[[object], Swap | None] | None = None,
 ) -> Iterator[Evaluated]:
     """Each (record, variant) pair not in ``done`` ((record id, variant label) pairs), in record
-    order, the variants in their order."""
+    order, the variants in their order. ``swap_of``: a record's swapped note (or None); the same
+    variant then also answers on it (the swap arm), with the same options."""
     for index, record in items:
+        swap = swap_of(record) if swap_of is not None else None
         for variant in variants:
             if (record_id(record), variant.label) in done:
                 continue
             request = request_for(record, variant)
-            yield Evaluated(index, record, variant, request, runner.run_handoff(variant.handoff, pair, request))
+            result = runner.run_handoff(variant.handoff, pair, request)
+            swapped = None
+            if swap is not None:
+                swapped_request = dataclasses.replace(request, context=swap.context)
+                swapped = runner.run_handoff(variant.handoff, pair, swapped_request)
+            yield Evaluated(index, record, variant, request, result, swap, swapped)
 
 
 def pending(items: list[tuple[int, object]], variants: list[Variant], done: set[tuple[str, str]],

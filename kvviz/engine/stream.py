@@ -19,6 +19,7 @@ timings.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import queue
@@ -31,6 +32,7 @@ import torch
 
 from kvviz.core import policy, zerogpu
 from kvviz.core.results import HandoffRequest, HandoffResult
+from kvviz.data.swaps import Swap, swap_record
 from kvviz.engine import runner
 from kvviz.engine.events import Done, Event, Failed, Lens, Message, Scored, Started, Status, Stopped, Token
 from kvviz.handoffs import registry
@@ -100,12 +102,32 @@ def run(
                                 here={"stop": stop, "loaded": loaded, "idle": idle})
 
 
-def results(pair: LoadedPair, request: HandoffRequest, names) -> list[HandoffResult]:
+def results(pair: LoadedPair, request: HandoffRequest, names, swap: Swap | None = None,
+            gold: list[str] | None = None) -> list[HandoffResult]:
     """The handoffs (names as ``registry.parse_handoffs`` reads them) one after another as one run
     on a loaded pair, without a time cap: their results in the order named. A prompt that several
     read is read once, and each answer is scored against its control where both ran (its
     ``Scored`` event, for a method that finished before its control). A ValueError says why the
-    run could not start (a prompt too long for the pair)."""
+    run could not start (a prompt too long for the pair).
+
+    With ``swap`` (the note with its answer-bearing fact changed) the same handoffs run again on
+    the swapped note, as a second run, and each result's ``swap`` says what it answered there and
+    whether it followed the swap (``kvviz.data.swaps.swap_record``; ``gold``: the original answers)."""
+    first = _results(pair, request, names)
+    if swap is None:
+        return first
+    swapped = _results(pair, swapped_request(request, swap), names)
+    for result, other in zip(first, swapped):
+        result.swap = swap_record(result.to_dict(), other.to_dict(), swap, gold)
+    return first
+
+
+def swapped_request(request: HandoffRequest, swap: Swap) -> HandoffRequest:
+    """The request on the swapped note (what crossed is recorded on the original run only)."""
+    return dataclasses.replace(request, context=swap.context, inspect=None)
+
+
+def _results(pair: LoadedPair, request: HandoffRequest, names) -> list[HandoffResult]:
     names = registry.parse_handoffs(names)
     done: list[tuple[str, dict]] = []  # (handoff, result) as they finished
     for batch in _batches(pair.name, request, names, workers=1, max_seconds=math.inf, loaded=pair):

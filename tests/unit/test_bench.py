@@ -390,3 +390,28 @@ def test_steer_results_section_pairs_samples_and_says_what_was_measured(tmp_path
     assert "| `kv_steering-answer_briefly@4` | 3/10 | 1/3 | 0/3 | 0.10 (0.00) |" in text
     assert "So on this dataset" not in text  # the controls behind it were not run
     assert text.startswith(steer_results.START) and text.rstrip().endswith(steer_results.END)
+
+
+def test_the_swap_arm_runs_each_sample_again_on_its_swapped_note(tmp_path, tiny_engine):
+    """bench --swap on recall (made here, no file): every row has its swapped note's answer and
+    outcome, the receiver (which never reads the note) answers the same on both, and the summary
+    holds the content table, each variant paired against the receiver alone."""
+    pair, calls = tiny_engine
+    out = tmp_path / "swap"
+    args = build_parser().parse_args(
+        ["bench", "--pair", "tiny", "--dataset", "recall", "--dataset-option", "n=6", "--swap", "--limit", "3",
+         "--handoffs", "receiver,skyline", "--out", str(out), "--quiet", "--max-new-tokens", "4"])
+    assert bench.main(args) == 0
+    rows = read_csv(out / "rows.csv")
+    assert len(rows) == 3 * 2 and len(calls) == 3 * 2 * 2  # each sample and variant twice: the note and its swap
+    assert all(row["swap_gold"] and row["swap_changed"] and row["swap_outcome"] in ("followed", "kept", "neither") for row in rows)
+    receiver = [row for row in rows if row["variant"] == "receiver"]
+    assert all(row["swap_answer"] == row["answer"] for row in receiver)  # the receiver never reads the note
+    content = json.loads((out / "content.json").read_text())
+    assert [entry["variant"] for entry in content] == ["receiver", "skyline"]
+    skyline = content[1]
+    assert skyline["follow"]["n"] == 3 and set(skyline["paired"]) == {"receiver"}
+    assert "Content or prompt?" in (out / "summary.md").read_text()
+    again = bench.main(args)  # resumed: nothing runs twice
+    assert again == 0 and len(calls) == 12
+

@@ -99,9 +99,16 @@ def test_named_dataset_counts(shared_data_dir, name, options, expected):
 
 def test_every_registered_name_is_tested():
     assert set(DATASETS) == {
-        "countries", "tipsheets", "hotpotqa", "arc_challenge",
+        "countries", "tipsheets", "hotpotqa", "recall", "arc_challenge",
         "openbookqa", "mmlu_redux", "dolly", "instructions",
     }
+
+
+def test_recall_is_a_dataset_made_here_held_out_by_default():
+    records = load_dataset("recall", n=12)
+    assert len(records) == 12 and all(r.source == "recall" and "-heldout-" in r.id for r in records)
+    assert load_dataset("recall", n=12) == records  # seeded
+    assert load_dataset("recall", n=5, split="train", data_seed=1)[0].id == "recall-train-1-0"
 
 
 def test_countries_shape(shared_data_dir):

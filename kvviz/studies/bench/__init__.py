@@ -36,7 +36,7 @@ from kvviz.handoffs import registry
 from kvviz.studies import perf
 from kvviz.studies.bench.rows import row_files
 from kvviz.studies.bench.run import run_bench
-from kvviz.studies.bench.summary import summary_markdown, write_summary
+from kvviz.studies.bench.summary import write_summary
 
 
 def configure_parser(parser) -> None:
@@ -52,6 +52,10 @@ def configure_parser(parser) -> None:
     parser.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="take the first --limit samples in file order")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--no-likelihood", action="store_true", help="skip the multiple-choice likelihood column")
+    parser.add_argument("--swap", action="store_true",
+                        help="content or prompt? every sample also runs on its swapped note (the answer-bearing fact "
+                             "changed: countries, recall, hotpotqa); the summary adds each handoff's follow rate, keep "
+                             "rate and content share, paired against Skyline and the receiver alone"),
     parser.add_argument("--out", default=None, help="output folder (default runs/bench-DATASET)")
     parser.add_argument("--fresh", action="store_true", help="delete earlier rows in --out instead of resuming")
     parser.add_argument("--redo", default=None, metavar="VARIANTS",
@@ -84,7 +88,7 @@ def main(args) -> int:
         order = None
         if (out / "config.json").exists():
             order = json.loads((out / "config.json").read_text(encoding="utf-8")).get("variants")
-        summary = write_summary(out, order, title=f"{args.dataset} on pair {args.pair}")
-        print(summary_markdown(summary))
+        write_summary(out, order, title=f"{args.dataset} on pair {args.pair}")
+        print((out / "summary.md").read_text(encoding="utf-8"))
         return 0
     return run_bench(args)

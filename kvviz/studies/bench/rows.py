@@ -16,6 +16,9 @@ import pandas as pd
 from kvviz.core.results import STAGES
 
 TIME_COLUMNS = [f"time_{stage}" for stage in STAGES] + ["time_total", "ttft"]
+# the swap arm's columns (bench --swap; kvviz.studies.bench.content): what changed, the swapped gold, the
+# answer on the swapped note, its outcome, and 0/1 for right (on the original note), followed and kept
+SWAP_COLUMNS = ["swap_changed", "swap_gold", "swap_answer", "swap_outcome", "right", "followed", "kept"]
 COLUMNS = [
     "dataset",
     "pair",
@@ -50,6 +53,7 @@ COLUMNS = [
     "generated_tokens",
     "message",
     "selected_layers",
+    *SWAP_COLUMNS,
     "rank",
     "world_size",
     "seed",

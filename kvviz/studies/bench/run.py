@@ -30,19 +30,21 @@ from tqdm.auto import tqdm
 
 from kvviz.core.results import HandoffRequest
 from kvviz.data import choice_query, load_dataset_with_report
+from kvviz.data.swaps import swaps_for
 from kvviz.engine import runner
 from kvviz.engine.evaluation import Variant, evaluate, pending
 from kvviz.engine.flags import option_arguments
 from kvviz.handoffs import registry
 from kvviz.handoffs.registry import build_request
+from kvviz.studies.bench.content import swap_columns
 from kvviz.studies.bench.rows import RowWriter, done_pairs, drop_variants, part_path, row_files
 from kvviz.studies.bench.scoring import likelihood_columns, result_row
-from kvviz.studies.bench.summary import summary_markdown, write_summary
+from kvviz.studies.bench.summary import write_summary
 
 # The settings a resumed run must share with the run it continues.
 RESUME_KEYS = (
     "pair", "dataset", "dataset_options", "seed", "max_new_tokens", "message_tokens", "shuffle", "options",
-    "calibration_sample",
+    "calibration_sample", "swap",
 )
 
 
@@ -182,6 +184,7 @@ class Plan:
     records: list[tuple[int, object]]  # (index in the task, record), this process's share
     calibration_record: object | None
     calibrated: list[str]  # the handoffs calibrated on it
+    swaps: dict | None = None  # record id -> its swapped note (bench --swap), None without a swap arm
 
 
 def plan(args) -> Plan:
@@ -217,6 +220,10 @@ def plan(args) -> Plan:
         calibration_record = records.pop(0)[1] if records else None
         config["calibration_sample"] = calibration_record.id if calibration_record else None
         config["calibrated_handoffs"] = calibrated
+    swaps = None
+    if getattr(args, "swap", False):
+        swaps, records = swapped_records(args, records)
+        config["swap"] = {"samples": len(records), "rule": f"kvviz.data.swaps ({args.dataset}), seed {args.seed}"}
     if rank == 0 or world == 1 or (out / "config.json").exists():
         # the other ranks check against what rank 0 wrote (or will write: same command line)
         check_config(out, config)
@@ -224,7 +231,18 @@ def plan(args) -> Plan:
         dropped = drop_variants(out, set(parse_names(args.redo)))
         print(f"--redo: removed {dropped} row(s) of {args.redo} to run them again", file=sys.stderr)
     mine = [(index, record) for index, record in records if index % world == rank]
-    return Plan(out, rank, world, local, variants, options, mine, calibration_record, calibrated)
+    return Plan(out, rank, world, local, variants, options, mine, calibration_record, calibrated, swaps)
+
+
+def swapped_records(args, records: list[tuple[int, object]]) -> tuple[dict, list[tuple[int, object]]]:
+    """(record id -> swap, the records that have one): ``bench --swap`` scores only samples whose
+    note has a swapped fact (``kvviz.data.swaps``), and says how many it left out."""
+    swaps = swaps_for(args.dataset, [record for _, record in records], args.seed)
+    kept = [(index, record) for index, record in records if record.id in swaps]
+    if len(kept) < len(records):
+        print(f"--swap: {len(records) - len(kept)} of {len(records)} sample(s) have no swapped fact and are left out",
+              file=sys.stderr)
+    return {record.id: swaps[record.id] for _, record in kept}, kept
 
 
 def write_rows(args, run: Plan) -> None:
@@ -244,10 +262,13 @@ def write_rows(args, run: Plan) -> None:
     bar = tqdm(total=todo, desc=f"bench {args.dataset}" + (f" [{run.rank}/{run.world}]" if run.world > 1 else ""),
                position=run.rank if run.world > 1 else 0, disable=args.quiet)
     request_for = lambda record, variant: variant_request(record, variant, args, run.options, run.calibration_record)  # noqa: E731
+    swap_of = None if run.swaps is None else (lambda record: run.swaps.get(record.id))
     try:
-        for item in evaluate(pair, run.records, run.variants, request_for, done):
+        for item in evaluate(pair, run.records, run.variants, request_for, done, swap_of=swap_of):
             bar.set_postfix_str(item.variant.label, refresh=False)
             row = result_row(item.record, item.index, item.variant, item.result, args, run.rank, run.world)
+            if item.swapped is not None:
+                row.update(swap_columns(item.record, item.result, item.swapped, item.swap))
             record = item.record
             if item.result.applicable and record.choices is not None and not args.no_likelihood:
                 row.update(likelihood_columns(pair, record, item.variant.handoff, item.request, item.result))
@@ -273,7 +294,7 @@ def run_bench(args) -> int:
             title += f"\n\n{calibration_note(run.calibration_record, run.calibrated)}"
         summary = write_summary(out, [v.label for v in run.variants], title=title)
         if not args.quiet:
-            print(summary_markdown(summary, title))
+            print((out / "summary.md").read_text(encoding="utf-8"))
         print(f"wrote {out}/summary.csv, summary.md, figures.html and {part_path(out, run.rank, world).name}", file=sys.stderr)
     else:
         print(f"rank {run.rank}: rows written to {part_path(out, run.rank, world)}; the last process to finish writes the summary",

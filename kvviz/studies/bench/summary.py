@@ -4,6 +4,7 @@ table and plotly figures."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pandas as pd
 
 from kvviz.core.results import STAGES
 from kvviz.data import wilson_interval
+from kvviz.studies.bench.content import content_markdown, content_summary
 from kvviz.studies.bench.rows import TIME_COLUMNS, read_rows, write_frame
 
 COST_COLUMNS = TIME_COLUMNS + ["bytes", "flops_sharer", "flops_receiver", "flops_total", "generated_tokens"]
@@ -185,10 +187,17 @@ def write_figures(path: Path, summary: pd.DataFrame, title: str = "") -> None:
 
 
 def write_summary(out: Path, order: list[str] | None = None, title: str = "") -> pd.DataFrame:
-    """summary.csv, summary.md and figures.html from every rows file in ``out``."""
-    summary = summarize(read_rows(out), order)
+    """summary.csv, summary.md and figures.html from every rows file in ``out``; with a swap arm
+    (``bench --swap``) also content.json and the content table in summary.md."""
+    rows = read_rows(out)
+    summary = summarize(rows, order)
     if not summary.empty:
         write_frame(out / "summary.csv", summary)
-    _atomic_text(out / "summary.md", summary_markdown(summary, title))
+    text = summary_markdown(summary, title)
+    content = content_summary(rows, order) if not rows.empty else []
+    if content:
+        _atomic_text(out / "content.json", json.dumps(content, indent=2))
+        text += "\n" + content_markdown(content)
+    _atomic_text(out / "summary.md", text)
     write_figures(out / "figures.html", summary, title)
     return summary
