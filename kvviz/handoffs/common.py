@@ -36,9 +36,20 @@ class HandoffIO:
         receiver layers that hold them (None: every layer)."""
         self.sent = SentTokens.of(kind, positions, token_ids, layers)
 
-# What a control handoff's sender reads instead of the private context: a fixed sentence that shares
-# nothing with any preset or dataset record (the translation's and KVComm's controls).
-UNRELATED_CONTEXT = "Mira keeps her red bicycle in the garden shed behind the old library in Lisbon."
+# What a control handoff's sender reads instead of the note (the KVComm and translation controls):
+# function words only, so that the control's note names nothing a question could ask for (no person,
+# place, number or object) and its answer cannot repeat one; as many words as the note, so that what
+# the receiver attends to has the note's length.
+CONTENT_FREE_WORDS = ("it", "is", "as", "it", "was", "and", "so", "it", "will", "be")
+CONTROL_NOTE = "a note of the note's length that names nothing (function words only)"
+
+
+def content_free_note(note: str | None) -> str:
+    """The control's note: as many words as ``note`` (at least three), cycling ``CONTENT_FREE_WORDS``,
+    as a sentence ("It is as it was and so it will be.")."""
+    count = max(3, len((note or "").split()))
+    words = [CONTENT_FREE_WORDS[i % len(CONTENT_FREE_WORDS)] for i in range(count)]
+    return " ".join(words).capitalize() + "."
 
 
 def needs_same_shape_sender(method: str, positions: str) -> Check:

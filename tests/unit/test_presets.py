@@ -1,4 +1,4 @@
-"""The presets' lessons hold in their precomputed results (issue 21), with no model run.
+"""The presets' lessons hold in their precomputed results, with no model run.
 
 Two layers of checks over assets/precomputed/presets.json, the file the page paints from:
 
@@ -12,11 +12,14 @@ fails here: then change the preset or its lesson, never the test's definitions.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kvviz.app.lessons import failures, mark, sent_layers
 from kvviz.app.presets import PRESETS, _preset, load_precomputed, preset
 from kvviz.handoffs import registry
+from kvviz.handoffs.common import CONTENT_FREE_WORDS, content_free_note
 
 PRECOMPUTED = load_precomputed()
 
@@ -135,3 +138,27 @@ def test_a_preset_with_an_unknown_field_or_claim_is_refused():
         _preset({**raw, "check": {"rigth": ["text"]}})
     with pytest.raises(ValueError, match="scenario"):
         _preset({**raw, "scenario": "public"})
+
+
+# function words: a word outside this list could name what a question asks for
+FUNCTION_WORDS = set("""a an the it its is are was were be been being as and or but so if then than that this these those
+of in on at to for from by with without will would shall should can could may might must do does did has have had
+not no nor very just also too here there what which who whom whose when where why how""".split())
+
+
+def content_words(text: str | None) -> set[str]:
+    return {word for word in re.findall(r"[a-z0-9']+", (text or "").lower()) if word not in FUNCTION_WORDS}
+
+
+def test_the_controls_note_names_nothing_any_preset_asks_or_answers():
+    """The KVComm and translation controls read ``content_free_note`` instead of the note: it must
+    share no content word with any preset's question, note or answer, so that a control's answer
+    cannot repeat one (the old control sentence named a person, a shed, a bicycle and Lisbon)."""
+    assert not content_words(" ".join(CONTENT_FREE_WORDS))
+    asked = set().union(*(content_words(p.query) | content_words(p.context) | content_words(" ".join(p.answers))
+                          for p in PRESETS))
+    for p in PRESETS:
+        note = content_free_note(p.context)
+        assert len(note.split()) == max(3, len((p.context or "").split())), p.key  # the note's length
+        assert not content_words(note) & asked, (p.key, note)
+

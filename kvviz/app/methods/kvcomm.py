@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from kvviz.app.methods.registry import MethodPage, Sweep
 from kvviz.core.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
-from kvviz.handoffs.common import UNRELATED_CONTEXT
+from kvviz.handoffs.common import CONTROL_NOTE, content_free_note
 from kvviz.handoffs.kvcomm.handoff import COLOR, CONTROL, NAME
 from kvviz.handoffs.kvcomm.layers import CALIBRATION_CONTEXT, CALIBRATION_QUERY
 
@@ -276,7 +276,8 @@ PAGES = (
         column=41,
         explanation=(
             "The same KVComm (same options, so with the built-in calibration the same layers are sent), but the "
-            f"sender reads a fixed unrelated sentence (*{UNRELATED_CONTEXT}*) instead of the private context. "
+            f"sender reads {CONTROL_NOTE} instead of the private context (for a six-word note: "
+            f"*{content_free_note('Mei is hiking near Mount Fuji.')}*). "
             "What KVComm answers and this does not came through the context's KV; what both answer, the splice "
             "alone (or the question) gave. Tick it beside KVComm: the What crossed tab then colours KVComm's answer "
             "tokens by how much likelier the real context made each one."

@@ -9,7 +9,7 @@ from plotly.subplots import make_subplots
 
 from kvviz.app.methods.registry import MethodPage
 from kvviz.core.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
-from kvviz.handoffs.common import UNRELATED_CONTEXT
+from kvviz.handoffs.common import CONTROL_NOTE, content_free_note
 from kvviz.handoffs.translate.locate import CONTROL, NAME
 
 OPEN_COLOR, CLOSED_COLOR = "#AA4499", "#d9d9d9"
@@ -98,8 +98,9 @@ PAGES = (
         name=CONTROL,
         column=28,
         explanation=(
-            "The same translator and receiver, but the sharer reads a fixed unrelated sentence instead of the note "
-            f"(*{UNRELATED_CONTEXT}*). If the translation column gives the note's fact and this one does not, the "
+            f"The same translator and receiver, but the sharer reads {CONTROL_NOTE} instead of the note "
+            f"(for a six-word note: *{content_free_note('one two three four five six')}*). If the translation column "
+            "gives the note's fact and this one does not, the "
             "fact crossed in the translated KV."
         ),
         figure=gates_figure,

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import HandoffRequest, HandoffResult
 from kvviz.handoffs.common import (
-    UNRELATED_CONTEXT,
     HandoffIO,
+    content_free_note,
     handoff_result,
     needs_same_shape_sender,
     read_prompt,
@@ -87,10 +87,12 @@ CONTROL = "kvcomm_control"
 
 def run_control(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> HandoffResult:
     """KVComm with the same options (so, calibrated on the built-in sample, the same layers) whose
-    sender reads a fixed unrelated sentence instead of the private context: what the receiver
-    answers when the splice carries nothing about the question."""
-    result = run(pair, dataclasses.replace(request, context=UNRELATED_CONTEXT), io)
-    return dataclasses.replace(result, handoff=CONTROL, details={**result.details, "control_context": UNRELATED_CONTEXT})
+    sender reads a note of the note's length that names nothing (``content_free_note``) instead of
+    the private context: what the receiver answers when the splice carries nothing about the
+    question."""
+    note = content_free_note(request.context)
+    result = run(pair, dataclasses.replace(request, context=note), io)
+    return dataclasses.replace(result, handoff=CONTROL, details={**result.details, "control_context": note})
 
 
 def send_and_answer(pair, request, options, alpha, segments, timer: StageTimer, io: HandoffIO):
@@ -208,7 +210,7 @@ def receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffRe
 
 def control_receiver_prompt(pair: LoadedPair, request: HandoffRequest, result: HandoffResult):
     """The control's prompt: the unrelated sentence's KV in the layers its run selected, then the query."""
-    return receiver_prompt(pair, dataclasses.replace(request, context=UNRELATED_CONTEXT), result)
+    return receiver_prompt(pair, dataclasses.replace(request, context=content_free_note(request.context)), result)
 
 
 HANDOFFS = (

@@ -6,7 +6,8 @@ as a prefix in front of its question (its own one-token sink and context-free ``
 first, as KVComm keeps a sink) and answers. The receiver never reads the context: no text of it
 reaches the receiver, only the translated KV.
 
-``c2c_translate_control`` runs the same translator on a fixed unrelated context (``UNRELATED_CONTEXT``):
+``c2c_translate_control`` runs the same translator on a note of the note's length that names nothing
+(``kvviz.handoffs.common.content_free_note``):
 whatever it answers comes from the receiver and the question,
 not from this request's context.
 
@@ -21,7 +22,7 @@ import torch
 
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import HandoffRequest, HandoffResult
-from kvviz.handoffs.common import UNRELATED_CONTEXT, HandoffIO, handoff_result
+from kvviz.handoffs.common import HandoffIO, content_free_note, handoff_result
 from kvviz.handoffs.registry import Handoff, NotApplicable, all_of, needs_context
 from kvviz.handoffs.translate import translator as tr
 from kvviz.handoffs.translate.locate import CONTROL, NAME, OPTIONS, get_translator, locate, measured_numbers, translator_found
@@ -41,7 +42,7 @@ def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO, control: bool 
     except tr.TranslatorError as error:
         raise NotApplicable(str(error)) from error
     receiver, sharer = pair.receiver, pair.sharer
-    context = UNRELATED_CONTEXT if control else request.context
+    context = content_free_note(request.context) if control else request.context
     timer = StageTimer()
     alignment = tr.align_context(receiver.tokenizer, sharer.tokenizer, context, translator.config.sharer_start)
     with torch.no_grad():
@@ -72,7 +73,7 @@ def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO, control: bool 
         tokens={"context": len(alignment.sharer_ids), "translated": alignment.translated_count,
                 "receiver_prompt": len(segments.query_ids)},
         layers=layer_records(translator, prefix),
-        details=run_details(pair, translator, folder, alignment, prefix, control),
+        details=run_details(pair, translator, folder, alignment, prefix, context if control else None),
     )
 
 
@@ -97,13 +98,13 @@ def layer_records(translator, prefix) -> list[dict]:
     ]
 
 
-def run_details(pair, translator, folder, alignment, prefix, control: bool) -> dict:
+def run_details(pair, translator, folder, alignment, prefix, control_context: str | None) -> dict:
     """``HandoffResult.details`` of a run (but ``stopped_by``)."""
     receiver, sharer = pair.receiver, pair.sharer
     return {
         "translator_path": checkpoint_label(folder),
-        "control": control,
-        "control_context": UNRELATED_CONTEXT if control else None,
+        "control": control_context is not None,
+        "control_context": control_context,
         "open_gates": sum(g > 0 for g in prefix.gates),
         "layers": len(prefix.gates),
         "applied_gates": [int(g > 0) for g in prefix.gates],
