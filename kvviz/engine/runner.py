@@ -12,7 +12,7 @@ from kvviz.engine.events import Lens, Scored
 from kvviz.handoffs import get, registry
 from kvviz.handoffs.common import HandoffIO, TokenCallback
 from kvviz.runtime import crossed
-from kvviz.runtime.decode import SharedPrompts, answer_logprobs
+from kvviz.runtime.decode import SharedPrompts, answer_logprobs, lens_at_first_content_token
 from kvviz.runtime.measure import PeakGpuMemory
 from kvviz.runtime.models import LoadedPair, load_model, resolve_pair
 from kvviz.runtime.recording import recording
@@ -82,6 +82,7 @@ def run_handoff(
         io = HandoffIO(on_token=on_token, on_message=on_message, prompts=run.prompts)
         with PeakGpuMemory(pair_devices(pair)) as memory, recording(request, pair.receiver) as recorded:
             result = get(name).run(pair, request, io)
+        lens_at_first_content_token(recorded.inspection)
         crossed.attach(result, recorded.inspection, io.sent, NOTHING_SENT)
         try:
             score_against_controls(result, recorded.inspection, run.records)

@@ -69,6 +69,9 @@ class Inspection:
     gold: str | None = None
     rows: list[dict] = field(default_factory=list)  # one per answer token: layer -> (probs, positions)
     lens_hidden: torch.Tensor | None = None  # [layers, hidden], each layer's output after the final norm
+    # which answer token the lens follows: the first that is not whitespace alone (a leading " " chosen
+    # at the prompt's end says nothing about the answer); lens_hidden is taken where it was chosen
+    lens_index: int = 0
     answer_ids: list[int] = field(default_factory=list)
     model: object = None  # the receiver (LoadedModel) that wrote the answer
     # the receiver's state after its prompt and the final hidden state there (KVState, tensor): what
@@ -164,10 +167,18 @@ def token_attention(inspection: Inspection, sent: SentTokens | None, nothing_sen
     return data
 
 
+def first_content_index(tokenizer, token_ids: list[int]) -> int:
+    """The position of the answer's first token that is not whitespace alone (0 when there is none)."""
+    for index, token in enumerate(token_ids):
+        if _token_text(tokenizer, token).strip():
+            return index
+    return 0
+
+
 def lens_tokens(inspection: Inspection) -> list[int]:
-    """The tokens the lens follows: the answer's first, then the gold answer's first as the receiver
-    might write it (``gold_candidates``); at least one token."""
-    tokens = list(inspection.answer_ids[:1])
+    """The tokens the lens follows: the answer's first content token (``lens_index``), then the gold
+    answer's first as the receiver might write it (``gold_candidates``); at least one token."""
+    tokens = list(inspection.answer_ids[inspection.lens_index:inspection.lens_index + 1])
     if inspection.gold and inspection.gold.strip():
         tokens += [t for t in gold_candidates(inspection.model.tokenizer, inspection.gold) if t not in tokens]
     return tokens or [0]
@@ -186,7 +197,8 @@ def lens_record(inspection: Inspection, tokens: list[int], probabilities: torch.
     column = {token: probabilities[:, i] for i, token in enumerate(tokens)}
     data = {
         "measured_on": (
-            "this query, in this run: at the prompt's last position (where the first answer token is chosen), "
+            "this query, in this run: where the answer's first token that is not whitespace is chosen (the prompt's "
+            "last position, or after a leading space, teacher-forced), "
             "the output of each receiver layer put through the receiver's own final norm and output head "
             "(a logit lens: a probability, 0 to 1, not what the model 'thinks'); the softmax's normaliser takes the "
             "likeliest tokens exact and the vocabulary's tail from the head's bfloat16 copy where the CPU has one"
@@ -199,7 +211,7 @@ def lens_record(inspection: Inspection, tokens: list[int], probabilities: torch.
         "gold_probability": None,
     }
     if inspection.answer_ids:
-        first = inspection.answer_ids[0]
+        first = inspection.answer_ids[inspection.lens_index]
         data["answer_token"] = _token_text(tokenizer, first)
         data["answer_probability"] = column[first].round(decimals=6).tolist()
     candidates = gold_candidates(tokenizer, inspection.gold) if inspection.gold and inspection.gold.strip() else []

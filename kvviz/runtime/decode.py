@@ -235,6 +235,26 @@ def answer_logprobs(loaded: LoadedModel, state: KVState, first_hidden: torch.Ten
     return loaded.head.log_probabilities(torch.cat(hidden), token_ids)
 
 
+@torch.no_grad()
+def lens_at_first_content_token(inspection) -> None:
+    """Move a recorded answer's logit lens (``kvviz.runtime.crossed``) to where its first content
+    token was chosen: when the answer starts with whitespace-only tokens (" "), the receiver reads
+    them teacher-forced on a copy of its prompt's state and every layer's output is taken at the
+    last of them (one extra forward of those tokens). Nothing changes for an answer that starts
+    with content, or without a recorded prompt."""
+    if inspection is None or inspection.model is None or inspection.prompt is None or not inspection.answer_ids:
+        return
+    loaded = inspection.model
+    index = crossed.first_content_index(loaded.tokenizer, inspection.answer_ids)
+    if index == 0:
+        return
+    state = inspection.prompt[0].copy()
+    leading = inspection.answer_ids[:index]
+    output = loaded.model.model(input_ids=torch.tensor([leading], device=loaded.device), output_hidden_states=True,
+                                **forward_kwargs(loaded, state, len(leading)))
+    inspection.lens_hidden, inspection.lens_index = crossed.layer_outputs(loaded, output), index
+
+
 @dataclass
 class DecodeOutput:
     token_ids: list[int]

@@ -1,4 +1,4 @@
-"""What crossed (kvviz.runtime.crossed, issue 22): the per-token attention onto the sent tokens and the
+"""What crossed (kvviz.runtime.crossed): the per-token attention onto the sent tokens and the
 logit lens, recorded in the run through the one attention capture, on the tiny models.
 
 The attention a run records (prefill for the first answer token, the batched decode step for the
@@ -17,7 +17,8 @@ from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings, HandoffRequest
 from kvviz.engine.runner import run_handoff
 from kvviz.runtime import crossed
-from kvviz.runtime.decode import prefill
+from kvviz.runtime.cache import KVState
+from kvviz.runtime.decode import lens_at_first_content_token, prefill
 from tests.conftest import tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -166,3 +167,29 @@ def test_a_streamed_run_sends_each_lens_after_the_handoffs(pair, monkeypatch):
     lenses = {event.handoff: event.logit_lens for event in events if isinstance(event, Lens)}
     assert set(lenses) == {"skyline", "receiver"} and all(len(data["layers"]) == pair.receiver.facts.num_layers
                                                           for data in lenses.values())
+
+
+def test_the_lens_follows_the_first_content_token_not_a_leading_space(pair):
+    """An answer that starts with a whitespace-only token: the lens moves to the position that chose
+    the first content token, and there equals each layer's output of a plain forward over the prompt
+    and the leading space (the last layer: the model's own next-token distribution)."""
+    loaded = pair.receiver
+    tokenizer = loaded.tokenizer
+    space = tokenizer(" ", add_special_tokens=False)["input_ids"]
+    word = tokenizer("pineapple", add_special_tokens=False)["input_ids"][:1]
+    assert crossed.first_content_index(tokenizer, space + word) == len(space)
+    prompt = build_segments(tokenizer, QUERY, CONTEXT).input_ids
+    state = KVState()
+    first, _ = prefill(loaded, state, prompt)
+    inspection = crossed.Inspection(answer_ids=space + word, model=loaded, lens_hidden=torch.zeros(1),
+                                    prompt=(state.copy(), first.hidden))
+    lens_at_first_content_token(inspection)
+    assert inspection.lens_index == len(space)
+    with torch.no_grad():
+        full = loaded.model.model(input_ids=torch.tensor([prompt + space]), output_hidden_states=True)
+    expected = crossed.layer_outputs(loaded, full)
+    assert torch.allclose(inspection.lens_hidden, expected, atol=1e-4)
+    assert crossed.lens_tokens(inspection)[0] == word[0]
+    plain = crossed.Inspection(answer_ids=word + space, model=loaded, lens_hidden=torch.zeros(1), prompt=(state.copy(), first.hidden))
+    lens_at_first_content_token(plain)
+    assert plain.lens_index == 0 and plain.lens_hidden.shape == (1,)  # an answer that starts with content: unchanged
