@@ -4,8 +4,9 @@ show. ``tests/unit/test_presets.py`` runs it over assets/precomputed/presets.jso
 preset that stops showing its lesson fails the tests) and ``scripts/precompute_presets.py`` prints
 it after writing the file.
 
-Verdicts are the page's (``kvviz.data.metrics.verdict``: the answer contains a gold answer), plus
-"na" for a column whose handoff does not apply.
+Verdicts are the page's (``kvviz.data.metrics.verdict``: the answer states a gold answer, not only
+denied and not as one of several candidates), plus "na" for a column whose handoff does not apply.
+The ``says`` and ``writes`` claims are plain containment (``contains_answer``): the words are there.
 """
 
 from __future__ import annotations

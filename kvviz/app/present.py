@@ -229,8 +229,8 @@ MARK_WORDS = {
     "notrun": "not run",
 }
 MARK_HINTS = {
-    "right": "the answer contains an expected answer",
-    "wrong": "the answer does not contain an expected answer",
+    "right": "the answer states an expected answer",
+    "wrong": "the answer does not state an expected answer (or only denies it, or lists it among other candidates)",
     "none": "the answer is empty",
     "na": "this handoff does not apply to this pair or question",
     "failed": "the handoff failed: its details say why",
@@ -284,6 +284,10 @@ def card_stats(result: dict | None, state: str = "", message: str | None = None)
     return " · ".join(parts)
 
 
+VERDICT_RULE_HINT = ("read as a person reads it (markup and Unicode forms read through); an answer that only "
+                     "denies it (\"not X\") or offers it as one of several candidates (\"X or Y\") is wrong")
+
+
 def verdict_strip_html(subject: str, marks: dict[str, str], answers) -> str:
     """One line: which columns got the answer through and which did not (``marks``: column -> mark,
     in page order), and what "right" means here. Expected answers may be user text: escaped."""
@@ -304,8 +308,8 @@ def verdict_strip_html(subject: str, marks: dict[str, str], answers) -> str:
         parts.append(f"unfinished: {cut}")
     gold = " or ".join(f"“{html.escape(answer)}”" for answer in answers)
     sentence = "; ".join(parts)
-    return (f'<div class="kv-verdict">{sentence[:1].upper() + sentence[1:]}. <span class="kv-verdict-rule">Right means the answer '
-            f"contains {gold}.</span></div>")
+    return (f'<div class="kv-verdict">{sentence[:1].upper() + sentence[1:]}. <span class="kv-verdict-rule" '
+            f'title="{html.escape(VERDICT_RULE_HINT)}">Right means the answer states {gold}.</span></div>')
 
 
 # --- the status line ------------------------------------------------------------------------------
