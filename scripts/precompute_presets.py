@@ -34,17 +34,28 @@ from kvviz.handoffs.registry import build_request  # noqa: E402
 
 
 def precomputed_run(pair, key: str, query: str, context: str | None, max_new_tokens: int, names: list[str],
-                    options: dict | None = None, inspect: dict | None = None) -> dict:
+                    options: dict | None = None, inspect: dict | None = None, swap=None, gold=None) -> dict:
     """One run of ``names`` on a preset's question, as the page shows it: the request and the results
-    (with what crossed, ``kvviz.runtime.crossed``, when ``inspect`` is given: the page's token view and lens)."""
+    (with what crossed, ``kvviz.runtime.crossed``, when ``inspect`` is given: the page's token view and lens;
+    with ``swap``, each result's answer on the swapped note too)."""
     request = build_request(query, context, max_new_tokens=max_new_tokens, options=options, inspect=inspect)
     results = []
-    # one run, as the page's: each answer is also scored against its control where both ran (token_change)
-    for handoff in stream.results(pair, request, names):
+    # one run, as the page's: each answer is also scored against its control where both ran (token_change),
+    # one handoff after another, so each one's times are its own (solo) on this machine
+    for handoff in stream.results(pair, request, names, swap=swap, gold=gold):
         result = {**handoff.to_dict(), "precomputed": True}
         results.append(result)
-        print(f"{key:<10} {handoff.handoff:<11} {handoff.total_seconds:6.2f} s  {result['answer'] or result['reason']!r}")
-    return {"request": request.to_dict(), "results": results}
+        swapped = f"  swap: {handoff.swap['outcome']} {handoff.swap['answer']!r}" if handoff.swap else ""
+        print(f"{key:<10} {handoff.handoff:<11} {handoff.total_seconds:6.2f} s  {result['answer'] or result['reason']!r}{swapped}",
+              flush=True)
+    return {"request": request.to_dict(), "results": results, "swap": None if swap is None else swap.to_dict()}
+
+
+def warm_up(pair, names: list[str]) -> None:
+    """One throwaway run of every column first, so that no preset's times include a cold start (the
+    output head's index, the first decode step's allocations): the cards compare warm, solo runs."""
+    first = PRESETS[0]
+    stream.results(pair, build_request(first.query, first.context, max_new_tokens=4), names)
 
 
 def compact_dumps(data: dict) -> str:
@@ -86,11 +97,14 @@ def main(argv=None) -> int:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.machine()} CPU" if str(pair.receiver.device) == "cpu" else str(pair.receiver.device)
     if not args.sweep_only:
-        out = {"pair": pair.name, "generated": f"{stamp}, {machine}", "max_new_tokens": args.max_new_tokens, "presets": {}}
+        out = {"pair": pair.name, "generated": f"{stamp}, {machine}, warm, one handoff at a time",
+               "max_new_tokens": args.max_new_tokens, "presets": {}}
+        warm_up(pair, column_names())
         for preset in PRESETS:
             entry = precomputed_run(pair, preset.key, preset.query, preset.context, args.max_new_tokens,
                                     column_names(),
-                                    inspect={"gold": preset.answers[0] if preset.answers else None})
+                                    inspect={"gold": preset.answers[0] if preset.answers else None},
+                                    swap=preset.swap, gold=list(preset.answers))
             entry["runs"] = {
                 run.label: precomputed_run(pair, f"{preset.key}+", preset.query, preset.context, args.max_new_tokens,
                                            list(run.handoffs), run.options)

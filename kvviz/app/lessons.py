@@ -60,6 +60,13 @@ def claim_failures(check: dict, results: list[dict], answers, where: str) -> lis
         sent = sent_layers(result)
         if (len(sent) != wanted) if isinstance(wanted, int) else (sent != sorted(wanted)):
             out.append(f"{where}: {name} should send {wanted} layer(s), sent {sent}")
+    for kind in ("followed", "kept", "neither"):
+        for name in check.get(kind, []):
+            result = result_of(name)
+            outcome = ((result or {}).get("swap") or {}).get("outcome")
+            if result is not None and outcome != kind:
+                out.append(f"{where}: {name} should have {kind} the swap, has {outcome or 'no swap run'} "
+                           f"({((result or {}).get('swap') or {}).get('answer', '')!r})")
     for name in check.get("gain_spans_zero", []):
         result = result_of(name)
         measured = ((result or {}).get("details") or {}).get("communication") or {}

@@ -288,17 +288,64 @@ VERDICT_RULE_HINT = ("read as a person reads it (markup and Unicode forms read t
                      "denies it (\"not X\") or offers it as one of several candidates (\"X or Y\") is wrong")
 
 
-def verdict_strip_html(subject: str, marks: dict[str, str], answers) -> str:
+# What a right answer is evidence of, by what its control and the swapped note did (``evidence_of``):
+# only "carried" says the note's content got through.
+EVIDENCE = ("carried", "not needed", "did not follow", "unchecked", "own")
+
+
+def evidence_of(name: str, results: dict[str, dict], answers) -> str | None:
+    """For a right answer: "carried" (its control ran and was wrong and, where the swapped note ran,
+    it followed the swap), "not needed" (its control was right too), "did not follow" (right, but
+    on the swapped note it did not give the swapped answer), "unchecked" (its control did not run),
+    "own" (a column with no control: nothing was sent to it); None for a column that is not right."""
+    result = results.get(name)
+    if result is None or mark_of(result, answers) != "right":
+        return None
+    control = registry.control_of(name)
+    if not control:
+        return "own"
+    if control not in results:
+        return "unchecked"
+    if mark_of(results[control], answers) == "right":
+        return "not needed"
+    outcome = (result.get("swap") or {}).get("outcome")
+    return "did not follow" if outcome not in (None, "followed") else "carried"
+
+
+def _evidence_parts(evidence: dict[str, str]) -> list[str]:
+    """The strip's clauses for the right answers that are not evidence that the note got through."""
+    named = lambda kind: ", ".join(registry.label_of(n) for n, e in evidence.items() if e == kind)  # noqa: E731
+    controls = lambda kind: "; ".join(f"{registry.label_of(n)} (and {registry.label_of(registry.control_of(n))})"  # noqa: E731
+                                      for n, e in evidence.items() if e == kind)
+    parts = []
+    if named("not needed"):
+        parts.append(f"right, and so is its control (not evidence that anything crossed): <b>{controls('not needed')}</b>")
+    if named("did not follow"):
+        parts.append(f"right, but it did not follow the swapped fact: <b>{named('did not follow')}</b>")
+    if named("unchecked"):
+        parts.append(f"right, its control not run (tick it to tell): <b>{named('unchecked')}</b>")
+    if named("own"):
+        parts.append(f"right without anything sent: <b>{named('own')}</b>")
+    return parts
+
+
+def verdict_strip_html(subject: str, marks: dict[str, str], answers, evidence: dict[str, str] | None = None) -> str:
     """One line: which columns got the answer through and which did not (``marks``: column -> mark,
-    in page order), and what "right" means here. Expected answers may be user text: escaped."""
+    in page order), and what "right" means here. "Got through by" lists only the right answers the
+    note's content carried (``evidence``: column -> ``evidence_of``; without it, every right one);
+    the other right ones are named with why they are not evidence. Expected answers may be user
+    text: escaped."""
     if not answers:
         return ('<div class="kv-verdict">No expected answer: type one beside the question to mark the columns '
                 "(alternatives split by ;).</div>")
     label = lambda kinds: ", ".join(registry.label_of(n) for n, k in marks.items() if k in kinds)  # noqa: E731
     finished = [k for k in marks.values() if k in ("right", "wrong", "none")]
+    evidence = {n: evidence.get(n, "carried") for n, k in marks.items() if k == "right"} if evidence is not None else \
+        {n: "carried" for n, k in marks.items() if k == "right"}
+    carried = ", ".join(registry.label_of(n) for n, e in evidence.items() if e == "carried")
     parts = []
     if finished:
-        parts = [f"{html.escape(subject)} got through by: <b>{label({'right'}) or 'none'}</b>",
+        parts = [f"{html.escape(subject)} got through by: <b>{carried or 'none'}</b>", *_evidence_parts(evidence),
                  f"not by: <b>{label({'wrong', 'none'}) or 'none'}</b>"]
     pending = label({"waiting", "running"})
     if pending:

@@ -22,13 +22,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kvviz.core.paths import ASSETS, PRECOMPUTED
+from kvviz.data.swaps import Swap, replace_fact
 
 PRESETS_PATH = ASSETS / "presets.toml"
 PRECOMPUTED_PATH = PRECOMPUTED / "presets.json"
 PRECOMPUTED_SWEEP_PATH = PRECOMPUTED / "sweep.json"
 SCENARIOS = ("private", "shared")
 TABS = ("layers", "cost")
-CHECK_KINDS = ("right", "wrong", "none", "na", "says", "writes", "sent_layers", "gain_spans_zero")
+CHECK_KINDS = ("right", "wrong", "none", "na", "says", "writes", "sent_layers", "gain_spans_zero", "followed", "kept", "neither")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Preset:
     shows: tuple[str, ...] = ()  # the kinds of lesson it stands for
     check: dict = field(default_factory=dict)  # claims about its run (see assets/presets.toml)
     runs: tuple[PresetRun, ...] = ()
+    swap: Swap | None = None  # its note with the answer-bearing fact changed (a stored swap run)
 
     @property
     def label(self) -> str:
@@ -65,6 +67,7 @@ class Preset:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["answers"] = list(self.answers)
+        data["swap"] = None if self.swap is None else self.swap.to_dict()
         return data
 
 
@@ -86,7 +89,24 @@ def _preset(raw: dict) -> Preset:
     runs = tuple(PresetRun(run["label"], tuple(run["handoffs"]), run.get("options", {}), run.get("check", {}))
                  for run in raw.get("runs", []))
     return Preset(**{**raw, "context": raw.get("context") or None, "answers": tuple(raw["answers"]),
-                     "handoffs": tuple(raw.get("handoffs", ())), "shows": tuple(raw.get("shows", ())), "runs": runs})
+                     "handoffs": tuple(raw.get("handoffs", ())), "shows": tuple(raw.get("shows", ())), "runs": runs,
+                     "swap": _swap(key, raw)})
+
+
+def _swap(key: str, raw: dict) -> Swap | None:
+    """A preset's ``swap = {replace, by, answers}``: its note with ``replace`` changed to ``by``."""
+    given = raw.get("swap")
+    if given is None:
+        return None
+    if set(given) - {"replace", "by", "answers"} or not {"replace", "by", "answers"} <= set(given):
+        raise ValueError(f"preset {key}: swap takes replace, by and answers")
+    if not raw.get("context"):
+        raise ValueError(f"preset {key}: a swap changes the note, and this preset has none")
+    try:
+        context = replace_fact(raw["context"], given["replace"], given["by"])
+    except ValueError as error:
+        raise ValueError(f"preset {key}: {error}") from error
+    return Swap(context=context, answers=tuple(given["answers"]), changed=f"{given['replace']} -> {given['by']}")
 
 
 def load_presets(path: Path = PRESETS_PATH) -> list[Preset]:

@@ -57,8 +57,16 @@ def marks(payload: dict | None, names: list[str], answers, states: dict[str, str
             for name in column_names() if name in names}
 
 
+def evidence(payload: dict | None, names: list[str], answers) -> dict[str, str]:
+    """What each ticked right column's answer is evidence of (``present.evidence_of``), its control's
+    result read from the payload whether or not its column is ticked (a preset's holds every column)."""
+    found = results_by_name(payload)
+    return {name: kind for name in names if (kind := present.evidence_of(name, found, answers)) is not None}
+
+
 def verdict(payload: dict | None, names: list[str], answers, subject: str, states: dict | None = None) -> dict:
-    return {"verdict": present.verdict_strip_html(subject, marks(payload, names, answers, states), answers)}
+    return {"verdict": present.verdict_strip_html(subject, marks(payload, names, answers, states), answers,
+                                                  evidence(payload, names, answers))}
 
 
 def cards_and_verdict(payload: dict | None, names: list[str], answers, subject: str) -> dict:
