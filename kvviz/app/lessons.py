@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from kvviz.app.presets import Preset
 from kvviz.data.metrics import contains_answer, verdict
+from kvviz.handoffs import registry
 
 VERDICT_KINDS = ("right", "wrong", "none", "na")
 
@@ -22,6 +23,30 @@ def mark(result: dict, answers) -> str | None:
     if not result.get("applicable", True):
         return "na"
     return verdict(result.get("answer", ""), answers)
+
+
+# What a right answer is evidence of, by what its control and the swapped note did (``evidence_of``):
+# only "carried" says the note's content got through.
+EVIDENCE = ("carried", "not needed", "did not follow", "unchecked", "own")
+
+
+def evidence_of(name: str, results: dict[str, dict], answers) -> str | None:
+    """For a right answer: "carried" (its control ran and was wrong and, where the swapped note ran,
+    it followed the swap), "not needed" (its control was right too), "did not follow" (right, but
+    on the swapped note it did not give the swapped answer), "unchecked" (its control did not run),
+    "own" (a column with no control: nothing was sent to it); None for a column that is not right."""
+    result = results.get(name)
+    if result is None or mark(result, answers) != "right":
+        return None
+    control = registry.control_of(name)
+    if not control:
+        return "own"
+    if control not in results:
+        return "unchecked"
+    if mark(results[control], answers) == "right":
+        return "not needed"
+    outcome = (result.get("swap") or {}).get("outcome")
+    return "did not follow" if outcome not in (None, "followed") else "carried"
 
 
 def sent_layers(result: dict) -> list[int]:
@@ -60,6 +85,12 @@ def claim_failures(check: dict, results: list[dict], answers, where: str) -> lis
         sent = sent_layers(result)
         if (len(sent) != wanted) if isinstance(wanted, int) else (sent != sorted(wanted)):
             out.append(f"{where}: {name} should send {wanted} layer(s), sent {sent}")
+    carried = check.get("carried")
+    if carried is not None:
+        found = sorted(name for name in by_name if evidence_of(name, by_name, answers) == "carried")
+        if found != sorted(carried):
+            out.append(f"{where}: the note's content should be carried by {sorted(carried)} (right, control wrong, "
+                       f"followed the swap), is by {found}")
     for kind in ("followed", "kept", "neither"):
         for name in check.get(kind, []):
             result = result_of(name)

@@ -288,30 +288,6 @@ VERDICT_RULE_HINT = ("read as a person reads it (markup and Unicode forms read t
                      "denies it (\"not X\") or offers it as one of several candidates (\"X or Y\") is wrong")
 
 
-# What a right answer is evidence of, by what its control and the swapped note did (``evidence_of``):
-# only "carried" says the note's content got through.
-EVIDENCE = ("carried", "not needed", "did not follow", "unchecked", "own")
-
-
-def evidence_of(name: str, results: dict[str, dict], answers) -> str | None:
-    """For a right answer: "carried" (its control ran and was wrong and, where the swapped note ran,
-    it followed the swap), "not needed" (its control was right too), "did not follow" (right, but
-    on the swapped note it did not give the swapped answer), "unchecked" (its control did not run),
-    "own" (a column with no control: nothing was sent to it); None for a column that is not right."""
-    result = results.get(name)
-    if result is None or mark_of(result, answers) != "right":
-        return None
-    control = registry.control_of(name)
-    if not control:
-        return "own"
-    if control not in results:
-        return "unchecked"
-    if mark_of(results[control], answers) == "right":
-        return "not needed"
-    outcome = (result.get("swap") or {}).get("outcome")
-    return "did not follow" if outcome not in (None, "followed") else "carried"
-
-
 def _evidence_parts(evidence: dict[str, str]) -> list[str]:
     """The strip's clauses for the right answers that are not evidence that the note got through."""
     named = lambda kind: ", ".join(registry.label_of(n) for n, e in evidence.items() if e == kind)  # noqa: E731

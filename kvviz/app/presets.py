@@ -29,7 +29,8 @@ PRECOMPUTED_PATH = PRECOMPUTED / "presets.json"
 PRECOMPUTED_SWEEP_PATH = PRECOMPUTED / "sweep.json"
 SCENARIOS = ("private", "shared")
 TABS = ("layers", "cost")
-CHECK_KINDS = ("right", "wrong", "none", "na", "says", "writes", "sent_layers", "gain_spans_zero", "followed", "kept", "neither")
+CHECK_KINDS = ("right", "wrong", "none", "na", "says", "writes", "sent_layers", "gain_spans_zero", "followed", "kept", "neither",
+               "carried")
 
 
 @dataclass(frozen=True)

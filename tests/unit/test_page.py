@@ -72,7 +72,8 @@ def test_each_event_updates_only_what_it_changed_and_no_figure_is_built_during_t
     done = next(u for u in middle if "head:receiver" in u and 'data-verdict="wrong"' in u["head:receiver"])
     assert {"verdict", "status", "answer:receiver"} <= set(done)
     assert [r["handoff"] for r in last["results"]["results"]] == NAMES
-    assert "finished" in last["status"] and "got through by: <b>Text, KVComm</b>" in last["verdict"]
+    assert "finished" in last["status"] and "got through by: <b>Text</b>" in last["verdict"]
+    assert "its control not run (tick it to tell): <b>KVComm</b>" in last["verdict"]  # right, but unchecked
 
 
 def test_events_that_wait_together_give_one_update_and_streamed_text_is_throttled(monkeypatch):

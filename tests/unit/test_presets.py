@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from kvviz.app.lessons import failures, mark, sent_layers
+from kvviz.app.lessons import evidence_of, failures, mark, sent_layers
 from kvviz.app.presets import PRESETS, _preset, load_precomputed, preset
 from kvviz.handoffs import registry
 from kvviz.handoffs.common import CONTENT_FREE_WORDS, content_free_note
@@ -50,10 +50,22 @@ def marks(key: str) -> dict[str, str]:
     return {name: mark(result, preset(key).answers) for name, result in results_of(PRECOMPUTED["presets"][key]).items()}
 
 
+def carried(key: str) -> set[str]:
+    """The columns whose right answer the note's content carried (control wrong, swap followed)."""
+    found = results_of(PRECOMPUTED["presets"][key])
+    return {name for name in found if evidence_of(name, found, preset(key).answers) == "carried"}
+
+
 def only_text_crosses(key: str) -> bool:
     shown = [name for name in registry.default_handoffs() if name not in ("skyline", "sharer")]
     verdicts = marks(key)
-    return verdicts["text"] == "right" and all(verdicts[name] == "wrong" for name in shown if name != "text")
+    return "text" in carried(key) and all(verdicts[name] == "wrong" for name in shown if name != "text")
+
+
+def right_without_content(key: str) -> bool:
+    """A column right on the note, its control wrong, that does not follow the swapped fact."""
+    found = results_of(PRECOMPUTED["presets"][key])
+    return any(evidence_of(name, found, preset(key).answers) == "did not follow" for name in found)
 
 
 def kvcomm_crosses_with_few_layers(key: str) -> bool:
@@ -82,13 +94,14 @@ def c2c_differs_from_its_control_while_held_out_says_zero(key: str) -> bool:
 KINDS = {
     "only-text-crosses": only_text_crosses,
     "kvcomm-few-layers": kvcomm_crosses_with_few_layers,
+    "right-without-content": right_without_content,
     "kvcomm-layers": kvcomm_has_a_threshold,
     "shared-reference": shared_question_with_a_reference,
     "c2c-differs-from-control": c2c_differs_from_its_control_while_held_out_says_zero,
     "reference-wrong": lambda key: marks(key)[reference(key)] == "wrong",
     "receiver-knows": lambda key: marks(key)["receiver"] == "right",
 }
-REQUIRED = ("only-text-crosses", "kvcomm-few-layers", "shared-reference", "c2c-differs-from-control")
+REQUIRED = ("only-text-crosses", "right-without-content", "shared-reference", "c2c-differs-from-control")
 
 
 @pytest.fixture(autouse=True)
@@ -161,4 +174,27 @@ def test_the_controls_note_names_nothing_any_preset_asks_or_answers():
         note = content_free_note(p.context)
         assert len(note.split()) == max(3, len((p.context or "").split())), p.key  # the note's length
         assert not content_words(note) & asked, (p.key, note)
+
+
+@pytest.mark.parametrize("key", [p.key for p in PRESETS if p.scenario == "private"])
+def test_no_strip_says_the_note_got_through_a_column_whose_control_was_right_or_that_did_not_follow(key):
+    """The verdict strip of every private preset, with every column and its control ticked: each
+    column it lists under "got through by" is right, its control wrong, and it followed the swap;
+    every private preset declares which columns carried its note and has a swap."""
+    from kvviz.app.page import views
+
+    p = preset(key)
+    assert p.swap is not None and "carried" in p.check
+    found = results_of(PRECOMPUTED["presets"][key])
+    strip = views.verdict({"results": list(found.values())}, list(found), list(p.answers), p.subject)["verdict"]
+    listed = re.search(r"got through by: <b>(.*?)</b>", strip).group(1)
+    labels = {registry.label_of(name): name for name in found}
+    for label in filter(None, listed.split(", ")):
+        if label == "none":
+            continue
+        name = labels[label]
+        control = registry.control_of(name)
+        assert mark(found[name], p.answers) == "right", (key, name)
+        assert control and mark(found[control], p.answers) != "right", (key, name, "its control is right too")
+        assert found[name]["swap"]["outcome"] == "followed", (key, name, found[name]["swap"])
 

@@ -18,7 +18,7 @@ import threading
 
 import plotly.graph_objects as go
 
-from kvviz.app import plots, present, tokenview
+from kvviz.app import lessons, plots, present, tokenview
 from kvviz.app.page.spec import FIXED_PLOTS, LENS_PLOT, column_names, tab_figures, token_view_column
 from kvviz.app.presets import PRESETS, preset
 from kvviz.core.plotkit import compact as compact_figure
@@ -61,7 +61,7 @@ def evidence(payload: dict | None, names: list[str], answers) -> dict[str, str]:
     """What each ticked right column's answer is evidence of (``present.evidence_of``), its control's
     result read from the payload whether or not its column is ticked (a preset's holds every column)."""
     found = results_by_name(payload)
-    return {name: kind for name in names if (kind := present.evidence_of(name, found, answers)) is not None}
+    return {name: kind for name in names if (kind := lessons.evidence_of(name, found, answers)) is not None}
 
 
 def verdict(payload: dict | None, names: list[str], answers, subject: str, states: dict | None = None) -> dict:
