@@ -3,7 +3,9 @@ columns as a diff: the answers token by token, what each answer token read, and 
 attention on the sent tokens and the logit lens. No Gradio.
 
 A side is ``"N:handoff"``: column ``handoff`` of run number N of the session's history. "C2C minus
-its control" is two columns of one run; "KVComm r = 0.3 minus r = 0.5" one column of two runs.
+its control" is two columns of one run; "KVComm r = 0.3 minus r = 0.5" one column of two runs;
+``"N:handoff:swapped"`` is that column's answer on the swapped note (*Swap the fact*), so "KVComm
+on the note minus KVComm on the swapped note" shows, token by token, what the swap changed.
 """
 
 from __future__ import annotations
@@ -66,8 +68,28 @@ def entries(history: list[dict]) -> dict[int, dict]:
     return {entry["number"]: entry for entry in history or []}
 
 
+SWAPPED = ":swapped"  # a side's suffix: the column's answer on the swapped note
+
+
+def swapped_result(result: dict) -> dict | None:
+    """A column's answer on the swapped note as a result of its own (its answer and tokens; what it
+    read is recorded on the note's run only), or None where no swapped note ran."""
+    swap = result.get("swap") or {}
+    if not swap or not swap.get("applicable", True) or swap.get("answer") is None:
+        return None
+    tokens = swap.get("answer_tokens") or []
+    return {"handoff": result["handoff"], "answer": swap["answer"], "answer_ids": swap.get("answer_ids") or [],
+            "applicable": True, "token_attention": {"answer_tokens": tokens} if tokens else {},
+            "on_swapped_note": swap.get("changed") or "the swapped note"}
+
+
 def side_result(history: list[dict], key: str | None) -> tuple[dict | None, dict | None]:
-    """(run entry, result) of a side ``"N:handoff"``; (None, None) when it is not in the history."""
+    """(run entry, result) of a side ``"N:handoff"`` (or ``"N:handoff:swapped"``); (None, None) when
+    it is not in the history."""
+    if key and key.endswith(SWAPPED):
+        entry, result = side_result(history, key[: -len(SWAPPED)])
+        swapped = swapped_result(result) if result is not None else None
+        return (entry, swapped) if swapped is not None else (None, None)
     if not key or ":" not in key:
         return None, None
     number, name = key.split(":", 1)
@@ -86,7 +108,18 @@ def choices(history: list[dict]) -> list[tuple[str, str]]:
             if result.get("applicable", True) and result.get("answer") is not None:
                 out.append((f"{run_label(entry)} · {registry.label_of(result['handoff'])}",
                             f"{entry['number']}:{result['handoff']}"))
+                if swapped_result(result) is not None:
+                    out.append((f"{run_label(entry)} · {registry.label_of(result['handoff'])} on the swapped note",
+                                f"{entry['number']}:{result['handoff']}{SWAPPED}"))
     return out
+
+
+def swapped_side(history: list[dict], key: str | None) -> str | None:
+    """The side holding ``key``'s column on the swapped note, if the swap ran for it."""
+    if not key or key.endswith(SWAPPED):
+        return None
+    other = key + SWAPPED
+    return other if side_result(history, other)[1] is not None else None
 
 
 def control_side(history: list[dict], key: str | None) -> str | None:
@@ -209,7 +242,8 @@ def request_differences(a: dict, b: dict) -> list[str]:
 
 
 def side_title(entry: dict, result: dict) -> str:
-    return f"{registry.title_of(result['handoff'])} · {run_label(entry)}"
+    note = f" on the swapped note ({result['on_swapped_note']})" if result.get("on_swapped_note") else ""
+    return f"{registry.title_of(result['handoff'])}{note} · {run_label(entry)}"
 
 
 def compare_html(history: list[dict], key_a: str | None, key_b: str | None) -> str:
@@ -225,11 +259,14 @@ def compare_html(history: list[dict], key_a: str | None, key_b: str | None) -> s
     same_run = entry_a["number"] == entry_b["number"]
     differences = [] if same_run else request_differences(entry_a["payload"].get("request") or {},
                                                            entry_b["payload"].get("request") or {})
-    setting = ("two columns of the same run (the same question and settings)" if same_run else
+    swapped = a.get("on_swapped_note") or b.get("on_swapped_note")
+    setting = (f"the same run, {'A' if a.get('on_swapped_note') else 'B'} on the swapped note ({swapped}): the same "
+               "question and settings, one fact of the note changed" if same_run and swapped else
+               "two columns of the same run (the same question and settings)" if same_run else
                ("two runs; what differs: " + "; ".join(differences)) if differences else
                "two runs with the same question and settings")
     parts = [
-        f'<div class="kv-cmp-what">{html.escape(setting.capitalize())}.</div>',
+        f'<div class="kv-cmp-what">{html.escape(setting[:1].upper() + setting[1:])}.</div>',
         '<table class="kv-cmp"><tr><th></th><th>A</th><th>B</th></tr>',
         f'<tr><th>column</th><td>{html.escape(side_title(entry_a, a))}</td><td>{html.escape(side_title(entry_b, b))}</td></tr>',
         f'<tr><th>answer</th><td>{left}</td><td>{right}</td></tr>',

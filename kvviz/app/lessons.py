@@ -25,6 +25,13 @@ def mark(result: dict, answers) -> str | None:
     return verdict(result.get("answer", ""), answers)
 
 
+def timed_of(result: dict) -> str:
+    """How a result's times were taken: "alone" (the handoff ran by itself on a warm process, as a
+    precomputed preset's do: its own cost) or "shared" (a live run's wall clock while its columns
+    shared the CPU: compare those within one run only)."""
+    return result.get("timed") or ("alone" if result.get("precomputed") else "shared")
+
+
 # What a right answer is evidence of, by what its control and the swapped note did (``evidence_of``):
 # only "carried" says the note's content got through.
 EVIDENCE = ("carried", "not needed", "did not follow", "unchecked", "own")

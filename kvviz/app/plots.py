@@ -16,6 +16,7 @@ from typing import Iterable
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvviz.app.lessons import timed_of
 from kvviz.app.methods import registry as methods
 from kvviz.core.plotkit import as_dicts, bar_counts, empty_figure, human_bytes, layout
 from kvviz.core.results import STAGES
@@ -102,8 +103,11 @@ def first_token_hover(result: dict) -> str:
 def latency_figure(results) -> go.Figure:
     """Stacked bars per handoff, one segment per stage (seconds). The bar colour is the handoff's
     colour; stages are told apart by their fill pattern."""
-    title = "Latency by stage (seconds, wall clock)"
     rows = _applicable(results)
+    title = ("Latency by stage (seconds)" if not rows else
+             "Latency by stage (seconds, each handoff timed alone)" if all(timed_of(r) == "alone" for r in rows)
+             else "Latency by stage (seconds of wall clock in one run:<br><sup>its columns shared the CPU, so compare "
+                  "them within this run only)</sup>")
     if not rows:
         return empty_figure(title, "No results yet: pick a preset or press Run.", HEIGHTS["latency"])
     names = [r["handoff"] for r in rows]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvviz.app.lessons import mark
+from kvviz.app.lessons import mark, timed_of
 from kvviz.app.methods import registry as methods
 from kvviz.core.facts import facts_from_config
 from kvviz.core.plotkit import human_bytes, ink
@@ -54,8 +54,7 @@ def stats_markdown(result: dict | None, state: str = "") -> str:
         return {"running": "*running ...*", "waiting": "*waiting for its turn*"}.get(state, "*not run yet*")
     if not result.get("applicable", True):
         return f"**Not applicable:** {md(result.get('reason', ''))}"
-    timings = result.get("timings", {})
-    parts = [f"**{format_seconds(float(timings.get('total', 0.0)))}** total"]
+    parts = [f"**{time_text(result)}**"]
     if result.get("first_token_seconds") is not None:
         parts.append(f"first token {format_seconds(float(result['first_token_seconds']))}")
     if result.get("receiver_first_token_seconds") is not None and result.get("receiver_first_token_seconds") != result.get(
@@ -251,9 +250,9 @@ def mark_of(result: dict | None, answers) -> str:
     return mark(result, answers) or "unmarked"
 
 
-def card_head_html(name: str, kind: str) -> str:
+def card_head_html(name: str, kind: str, swap_row: str = "") -> str:
     """A card's head: the handoff's title in its ink shade (>= 4.5:1), its summary on hover, and the
-    mark (project text only, no user input)."""
+    mark (project text only, no user input); ``swap_row`` (``swap_row_html``) below them."""
     handoff = registry.get(name)
     word, hint = MARK_WORDS[kind], MARK_HINTS.get(kind, "")
     return (
@@ -261,8 +260,21 @@ def card_head_html(name: str, kind: str) -> str:
         f'<span class="kv-card-title" title="{html.escape(handoff.title)}: {html.escape(handoff.summary)}">'
         f"{html.escape(handoff.label)}</span>"
         f'<span class="kv-mark kv-mark-{kind}" id="kv-mark-{name}" data-verdict="{kind}" title="{html.escape(hint)}">'
-        f"{html.escape(word)}</span></div>"
+        f"{html.escape(word)}</span></div>{swap_row}"
     )
+
+
+def time_text(result: dict) -> str:
+    """A result's time as what it is: "alone" (this handoff timed by itself on a warm process, as
+    a precomputed preset is, or the only column of a live run) or "in a shared run" (a live run's
+    wall clock while its columns shared the CPU: not this handoff's own cost), with the time alone
+    beside it where one was measured for this question (``alone_total``, a precomputed preset)."""
+    total = format_seconds(float(result.get("timings", {}).get("total", 0.0)))
+    if timed_of(result) == "alone":
+        return f"{total} alone"
+    if result.get("alone_total") is not None:
+        return f"{format_seconds(float(result['alone_total']))} alone (precomputed) · {total} in this shared run"
+    return f"{total} in this shared run"
 
 
 def card_stats(result: dict | None, state: str = "", message: str | None = None) -> str:
@@ -275,13 +287,66 @@ def card_stats(result: dict | None, state: str = "", message: str | None = None)
                 "notstarted": "*not started*"}.get(state, "")
     if not result.get("applicable", True):
         return md(result.get("reason", ""))
-    timings = result.get("timings", {})
-    parts = [f"{format_seconds(float(timings.get('total', 0.0)))} total"]
+    parts = [time_text(result)]
     if result.get("first_token_seconds") is not None:
         parts.append(f"first token {format_seconds(float(result['first_token_seconds']))}")
     sent = int(result.get("bytes_communicated", 0))
     parts.append("nothing sent" if sent == 0 else f"{human_bytes(sent)} sent")
     return " · ".join(parts)
+
+
+# --- the swapped note ------------------------------------------------------------------------------
+
+SWAP_WORDS = {"followed": "⇄ followed", "kept": "= kept", "neither": "≠ neither", "none": "no swap run"}
+SWAP_MEANINGS = {
+    "followed": "followed the swap: what it answers is the note's content",
+    "kept": "kept its answer: it did not come from this fact of the note",
+    "neither": "gave neither the old answer nor the swapped one: no sign it read this fact",
+}
+
+
+def swap_outcome_of(result: dict | None) -> str:
+    """followed / kept / neither, or "none" when no swapped note ran (or it could not be judged)."""
+    return ((result or {}).get("swap") or {}).get("outcome") or "none"
+
+
+def swap_meaning(result: dict) -> str:
+    """One line: what the column did with the swapped note and what that says ("KVComm followed
+    the swap: what it answers is the note's content")."""
+    outcome = swap_outcome_of(result)
+    return f"{registry.label_of(result.get('handoff', ''))} {SWAP_MEANINGS[outcome]}" if outcome in SWAP_MEANINGS else ""
+
+
+def swap_row_html(name: str, result: dict | None) -> str:
+    """Under a card's title, once the swapped note ran: the outcome's mark (``data-swap`` for tests
+    and CSS; what it means on hover) and the answer on the swapped note (escaped: model text)."""
+    outcome = swap_outcome_of(result)
+    record = (result or {}).get("swap") or {}
+    answer = record.get("answer", "") if record.get("applicable", True) else "(does not apply)"
+    hint = swap_meaning(result or {}) or "the swapped note did not run for this column"
+    return (f'<div class="kv-swap-row"><span class="kv-swap kv-swap-{outcome}" id="kv-swap-{name}" data-swap="{outcome}" '
+            f'title="{html.escape(hint)}">{html.escape(SWAP_WORDS[outcome])}</span>'
+            f'<span class="kv-swap-answer" title="its answer on the swapped note">on the swapped note: '
+            f"“{html.escape(answer)}”</span></div>")
+
+
+# the status line's clause per outcome, for the columns that had it
+SWAP_SUMMARIES = {
+    "followed": "followed the swap (what they answer is the note's content)",
+    "kept": "kept their answer (it did not come from this fact)",
+    "neither": "gave neither answer (no sign they read this fact)",
+}
+
+
+def swap_status(swap: dict, results: list[dict]) -> str:
+    """The status line once the swapped note ran: what changed, which columns followed it, and
+    what each outcome means."""
+    by = {kind: ", ".join(registry.label_of(r["handoff"]) for r in results if swap_outcome_of(r) == kind)
+          for kind in SWAP_SUMMARIES}
+    said = "; ".join(f"{SWAP_SUMMARIES[kind]}: **{names}**" for kind, names in by.items() if names)
+    answers = " or ".join(f"“{md(a)}”" for a in swap.get("answers") or [])
+    return (f'<span class="kv-badge">swapped note</span> **{md(swap.get("changed", ""))}**, so the note now answers '
+            f"{answers}. {said[:1].upper() + said[1:] if said else 'No column could be judged'}.")
 
 
 VERDICT_RULE_HINT = ("read as a person reads it (markup and Unicode forms read through); an answer that only "
@@ -340,8 +405,8 @@ def verdict_strip_html(subject: str, marks: dict[str, str], answers, evidence: d
 
 def precomputed_status(title: str, pair: str, when: str = "") -> str:
     stamp = f" ({md(when)})" if when else ""
-    return (f'<span class="kv-badge">precomputed</span> **{md(title)}** on the pair *{md(pair)}*, computed ahead of '
-            f"time{stamp}. **Run live** runs it on this machine.")
+    return f'<span class="kv-badge">precomputed</span> **{md(title)}** on *{md(pair)}*{stamp}. **Run live** runs it here.'
+
 
 
 def live_status(done: int, total: int, log: str) -> str:

@@ -59,6 +59,7 @@ class Preset:
     check: dict = field(default_factory=dict)  # claims about its run (see assets/presets.toml)
     runs: tuple[PresetRun, ...] = ()
     swap: Swap | None = None  # its note with the answer-bearing fact changed (a stored swap run)
+    swap_words: tuple[str, ...] = ()  # (what the swap replaces, by what): the page's swap fields
 
     @property
     def label(self) -> str:
@@ -91,7 +92,8 @@ def _preset(raw: dict) -> Preset:
                  for run in raw.get("runs", []))
     return Preset(**{**raw, "context": raw.get("context") or None, "answers": tuple(raw["answers"]),
                      "handoffs": tuple(raw.get("handoffs", ())), "shows": tuple(raw.get("shows", ())), "runs": runs,
-                     "swap": _swap(key, raw)})
+                     "swap": _swap(key, raw),
+                     "swap_words": (raw["swap"]["replace"], raw["swap"]["by"]) if raw.get("swap") else ()})
 
 
 def _swap(key: str, raw: dict) -> Swap | None:

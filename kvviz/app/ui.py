@@ -72,7 +72,8 @@ def initial_values(precomputed: dict, default_pair: str) -> tuple[dict, dict, li
     payload, status = views.precomputed_payload(precomputed, DEFAULT_PRESET, default_pair)
     shown = preset_columns(first)
     values = {"presets": DEFAULT_PRESET, "query": first.query, "context": first.context or "",
-              "expected": expected_text(first.answers), "status": status, "lesson": views.lesson_of(payload)}
+              "expected": expected_text(first.answers), "status": status, "lesson": views.lesson_of(payload),
+              **views.swap_fields(first)}
     values.update(views.cards_and_verdict(payload, shown, list(first.answers), first.subject))
     return values, payload, shown
 

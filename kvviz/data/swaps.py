@@ -66,7 +66,9 @@ def swap_record(result: dict, swapped: dict, swap: Swap, gold=None) -> dict:
     """What one handoff did with the swap (``HandoffResult.swap``): its answer on the swapped note
     and the outcome. ``gold``: the original answers, when known; without them "kept" means the
     answer did not change (the same words, ignoring case and punctuation)."""
+    tokens = (swapped.get("token_attention") or {}).get("answer_tokens") or []
     record = {**swap.to_dict(), "answer": swapped.get("answer", ""), "answer_ids": list(swapped.get("answer_ids") or []),
+              "answer_tokens": list(tokens),  # its answer as tokens, where the swapped run recorded them
               "applicable": bool(swapped.get("applicable", True)), "reason": swapped.get("reason", ""),
               "outcome": None, "right": None}
     if not record["applicable"] or not result.get("applicable", True):

@@ -123,8 +123,10 @@ def results(pair: LoadedPair, request: HandoffRequest, names, swap: Swap | None 
 
 
 def swapped_request(request: HandoffRequest, swap: Swap) -> HandoffRequest:
-    """The request on the swapped note (what crossed is recorded on the original run only)."""
-    return dataclasses.replace(request, context=swap.context, inspect=None)
+    """The request on the swapped note. Where the original run records what crossed, so does this
+    one, its logit lens tracking the swapped answer (the answer's tokens go into the swap record)."""
+    inspect = None if request.inspect is None else {**request.inspect, "gold": swap.answers[0] if swap.answers else None}
+    return dataclasses.replace(request, context=swap.context, inspect=inspect)
 
 
 def _results(pair: LoadedPair, request: HandoffRequest, names) -> list[HandoffResult]:

@@ -127,6 +127,12 @@ def marks(page) -> dict[str, str]:
                          ".filter(e => e.offsetParent).map(e => [e.id.slice(8), e.dataset.verdict]))")
 
 
+def swap_marks(page) -> dict[str, str]:
+    """Each shown card's swap mark (``data-swap``: followed / kept / neither / none)."""
+    return page.evaluate("() => Object.fromEntries([...document.querySelectorAll('[id^=kv-swap-]')]"
+                         ".filter(e => e.offsetParent && e.dataset.swap).map(e => [e.id.slice(8), e.dataset.swap]))")
+
+
 def choose_preset(page, label: str) -> None:
     page.locator("#kv-presets input").click()
     page.get_by_role("option", name=label, exact=True).click()
@@ -324,6 +330,58 @@ BAR_COUNTS_JS = """
   return out;
 }
 """
+
+
+def test_swap_the_fact_on_a_preset_marks_every_card_with_what_it_did_on_the_swapped_note(page):
+    """The opening preset's stored swap: every card shows its answer on the swapped note and the
+    outcome stored with the preset, the status line sums them up, and Compare two puts A beside A
+    on the swapped note."""
+    from kvviz.app import ui
+    from kvviz.app.presets import DEFAULT_PRESET, load_precomputed, preset
+
+    picked = preset(DEFAULT_PRESET)
+    assert picked.swap is not None, "the opening preset carries a swap"
+    assert page.locator("#kv-swap-replace textarea, #kv-swap-replace input").first.input_value() == picked.swap_words[0]
+    assert swap_marks(page) == {}  # nothing about the swap before it is asked for
+    page.locator("#kv-swap-button").click()
+    page.locator("#kv-status").get_by_text("swapped note").wait_for(timeout=60_000)
+    stored = {r["handoff"]: (r.get("swap") or {}).get("outcome") or "none"
+              for r in load_precomputed()["presets"][DEFAULT_PRESET]["results"]}
+    shown = swap_marks(page)
+    assert set(shown) == set(ui.default_columns())
+    assert shown == {name: stored[name] for name in shown}
+    assert "followed" in shown.values()  # Skyline reads the note: the swap is one the receiver can follow
+    for name, outcome in shown.items():  # each mark says on hover what it means
+        title = page.locator(f"#kv-swap-{name}").get_attribute("title")
+        assert outcome == "none" or title.startswith(registry_label(name)), (name, title)
+    page.screenshot(path=str(artifacts_dir() / "browser-swap.png"), full_page=False)
+    open_tab(page, "Compare two")
+    page.locator("#kv-compare-swapped").click()
+    page.locator("#kv-compare").get_by_text("on the swapped note").first.wait_for(timeout=30_000)
+    assert "one fact of the note changed" in page.locator("#kv-compare").inner_text()
+    assert not page.errors, page.errors
+
+
+def registry_label(name: str) -> str:
+    from kvviz.handoffs import registry
+
+    return registry.label_of(name)
+
+
+def test_swap_the_fact_on_a_typed_note_runs_it_live_and_marks_each_card(page):
+    page.locator("#kv-query textarea").fill("What is the code for locker 7?")
+    page.locator("#kv-context textarea").fill("The code for locker 7 is 5316.")
+    page.locator("#kv-expected textarea, #kv-expected input").first.fill("5316")
+    page.locator("#kv-swap-replace textarea, #kv-swap-replace input").first.fill("5316")
+    page.locator("#kv-swap-by textarea, #kv-swap-by input").first.fill("8042")
+    page.locator("#kv-swap-answer textarea, #kv-swap-answer input").first.fill("")
+    page.locator("#kv-swap-button").click()
+    page.locator("#kv-status").get_by_text("swapped note").first.wait_for(timeout=RUN_TIMEOUT_MS)
+    page.locator("#kv-status").get_by_text("so the note now answers").wait_for(timeout=RUN_TIMEOUT_MS)
+    shown = swap_marks(page)
+    assert set(shown) == set(marks(page)) and set(shown.values()) <= {"followed", "kept", "neither"}, shown
+    assert "8042" in page.locator("#kv-status").inner_text()
+    assert not page.errors, page.errors
 
 
 def test_html_typed_into_the_query_is_shown_as_text(page):

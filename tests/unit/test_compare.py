@@ -51,6 +51,21 @@ def test_the_shortcuts_pick_the_control_in_the_same_run_and_the_column_in_the_ru
     assert [key for _, key in compare.choices(history)] == ["2:kvcomm", "2:kvcomm_control", "1:kvcomm"]
 
 
+def test_b_can_be_a_with_the_swapped_note_token_by_token():
+    swapped = dict(result("kvcomm", [" 44", "71"], [0.5, 0.1, 0.6]),
+                   swap={"context": "The code is 3902.", "answers": ["3902"], "changed": "4471 -> 3902", "answer": "3902",
+                         "answer_ids": [5, 6], "answer_tokens": [" 39", "02"], "applicable": True, "outcome": "followed"})
+    history = compare.remember([], payload("run:1", [swapped, result("receiver", [" 12"])]))
+    assert compare.swapped_side(history, "1:kvcomm") == "1:kvcomm:swapped"
+    assert compare.swapped_side(history, "1:receiver") is None  # no swapped note ran for it
+    assert "1:kvcomm:swapped" in [key for _, key in compare.choices(history)]
+    html = compare.compare_html(history, "1:kvcomm", "1:kvcomm:swapped")
+    assert "B on the swapped note (4471 -&gt; 3902)" in html and "one fact of the note changed" in html
+    assert html.count("kv-cmp-a") == 2 and html.count("kv-cmp-b") == 2  # both tokens differ, shown as tokens
+    assert "B: no attention onto sent tokens recorded" in html  # what the swapped answer read is not kept
+    compare.compare_figure(history, "1:kvcomm", "1:kvcomm:swapped")  # draws A alone without failing
+
+
 def test_the_diff_marks_the_tokens_that_differ_and_says_what_differs_between_the_runs():
     history = compare.remember([], payload("run:1", [result("kvcomm", [" 44", "71"], [0.5, 0.1, 0.6])], ratio=0.3))
     history = compare.remember(history, payload("run:2", [result("kvcomm", [" 44", "12"], [0.5, 0.3, 0.1])], ratio=0.5))

@@ -274,3 +274,82 @@ def test_every_component_a_live_run_on_the_page_may_change_is_among_its_outputs(
     for update in updates:
         update.pop("error", None)
         assert set(update) - {"results"} <= streamed_roles, sorted(update)
+
+
+# --- Swap the fact ----------------------------------------------------------------------------------
+
+
+def swap_handler(demo):
+    return next(fn for fn in demo.fns.values() if fn.api_name == "swap_on_page").fn
+
+
+def swap_updates(demo, query, context, expected, names, fields, payload):
+    page = demo.kvviz_page
+    request = type("Request", (), {"session_hash": "swap"})()
+    settings = [4, False, 0.7, 0] + [spec_default(option) for option in page.specs for _ in range(option.inputs)]
+    shown = ["" for _ in page_stream_roles()]
+    updates = list(swap_handler(demo)("embedded", query, context, expected, names, *fields, payload, request,
+                                      *settings, *shown))
+    roles = page_stream_roles()
+    return [dict(zip(roles, values[:-1]), results=values[-1]) for values in updates]
+
+
+def test_swap_the_fact_on_a_preset_shows_its_stored_swap_without_running_a_model(monkeypatch):
+    from kvviz.app.page import events
+
+    monkeypatch.setattr(events, "stream_run", lambda *a, **k: pytest.fail("a stored swap runs no model"))
+    demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
+    key = next(p.key for p in PRESETS if p.swap is not None)
+    picked = preset(key)
+    payload, _ = views.precomputed_payload(PRECOMPUTED, key, "embedded")
+    names = spec.preset_columns(picked)
+    fields = (*picked.swap_words, spec.expected_text(picked.swap.answers))
+    (update,) = swap_updates(demo, picked.query, picked.context, spec.expected_text(picked.answers), names, fields, payload)
+    stored = {r["handoff"]: r["swap"]["outcome"] or "none" for r in payload["results"]}
+    for name in names:
+        assert f'data-swap="{stored[name]}"' in update[f"head:{name}"], name
+    assert update["results"]["swap_shown"] and "swapped note" in update["status"]
+    assert "Followed the swap" in update["status"]
+
+
+def test_swap_the_fact_on_a_typed_note_runs_the_swapped_note_and_judges_each_column(monkeypatch):
+    from kvviz.app.page import events, run as page_run
+
+    said = {"It is 4471.": {"receiver": "12", "text": "4471", "kvcomm": "4471"},
+            "It is 3902.": {"receiver": "12", "text": "3902", "kvcomm": "4471"}}
+    ran = []
+
+    def scripted(run, workers, stop):
+        ran.append((run.request.context, list(run.names)))
+        script = [Done(name, fake_result(name, said[run.request.context][name])) for name in run.names]
+        return page_run.stream_run(run, workers, stop, batches=one_by_one(script))
+
+    monkeypatch.setattr(events, "stream_run", scripted)
+    demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
+    updates = swap_updates(demo, "What is the code?", "It is 4471.", "4471", NAMES, ("4471", "3902", ""), None)
+    assert ran == [("It is 4471.", NAMES), ("It is 3902.", NAMES)]  # nothing on the page yet: the note runs first
+    final = updates[-1]
+    outcomes = {r["handoff"]: r["swap"]["outcome"] for r in final["results"]["results"]}
+    assert outcomes == {"receiver": "neither", "text": "followed", "kvcomm": "kept"}
+    assert 'data-swap="followed"' in final["head:text"] and 'data-swap="kept"' in final["head:kvcomm"]
+    assert "Text followed the swap" in final["head:text"]  # what it means, on hover
+    assert all(u["results"] == gr.skip() for u in updates[:-1])  # the tabs draw once, at the end
+
+    ran.clear()  # the same swap again: what the page holds is shown, nothing runs
+    assert swap_updates(demo, "What is the code?", "It is 4471.", "4471", NAMES, ("4471", "3902", ""),
+                        final["results"])[-1]["results"]["swap_shown"] and ran == []
+    said["It is 8125."] = {"receiver": "12", "text": "8125", "kvcomm": "8125"}
+    again = swap_updates(demo, "What is the code?", "It is 4471.", "4471", NAMES, ("4471", "8125", ""), final["results"])
+    assert ran == [("It is 8125.", NAMES)]  # the note's answers are on the page, for these settings: only the swap runs
+    assert {r["handoff"]: r["swap"]["outcome"] for r in again[-1]["results"]["results"]}["kvcomm"] == "followed"
+
+
+@pytest.mark.parametrize("context, fields, said", [
+    ("It is 4471.", ("1234", "3902", ""), "'1234' is not in the note"),
+    ("", ("4471", "3902", ""), "this question has none"),
+    ("It is 4471.", ("4471", "4471", ""), "must differ"),
+])
+def test_a_swap_the_page_cannot_make_says_why_in_the_status_line_alone(context, fields, said):
+    demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
+    (update,) = swap_updates(demo, "What is the code?", context, "4471", NAMES, fields, None)
+    assert "Not run" in update["status"] and said in update["status"] and update["results"] == gr.skip()

@@ -30,11 +30,39 @@ def test_user_text_is_escaped_in_markdown():
 
 def test_stats_show_time_bytes_and_the_handoffs_own_notes():
     stats = present.stats_markdown(kvcomm_result())
-    assert "**50 ms** total" in stats and "first token 20 ms" in stats
+    assert "**50 ms in this shared run**" in stats and "first token 20 ms" in stats
     assert "**2.0 KB** sent as kv" in stats and "2 tokens answered" in stats
     assert "layers sent: 0, 3" in stats  # the KVComm descriptor's note
     assert present.stats_markdown(None, "running") == "*running ...*"
     assert "precomputed" in present.stats_markdown(dict(kvcomm_result(), precomputed=True))
+
+
+def test_a_time_says_whether_it_was_taken_alone_or_in_a_shared_run():
+    shared = kvcomm_result()  # a live run's result: its wall clock while other columns ran
+    assert present.time_text(shared) == "50 ms in this shared run"
+    assert present.time_text(dict(shared, precomputed=True)) == "50 ms alone"  # precomputed one handoff at a time
+    assert present.time_text(dict(shared, timed="alone")) == "50 ms alone"
+    beside = present.time_text(dict(shared, alone_total=0.012))
+    assert beside == "12 ms alone (precomputed) · 50 ms in this shared run"
+    assert present.card_stats(dict(shared, timed="alone")).startswith("50 ms alone · first token 20 ms")
+
+
+def test_a_card_says_what_it_did_with_the_swapped_note_and_what_that_means():
+    swap = {"context": "The code is 3902.", "answers": ["3902"], "changed": "4471 -> 3902", "answer": "<b>3902</b>",
+            "applicable": True, "outcome": "followed"}
+    result = dict(kvcomm_result(), swap=swap)
+    row = present.swap_row_html("kvcomm", result)
+    assert 'data-swap="followed"' in row and "&lt;b&gt;3902&lt;/b&gt;" in row and "<b>3902" not in row
+    assert "KVComm followed the swap: what it answers is the note&#x27;s content" in row  # on hover
+    assert present.swap_meaning(result) == "KVComm followed the swap: what it answers is the note's content"
+    kept = dict(result, swap=dict(swap, outcome="kept"))
+    assert 'data-swap="kept"' in present.swap_row_html("kvcomm", kept)
+    assert "did not come from this fact" in present.swap_meaning(kept)
+    assert 'data-swap="none"' in present.swap_row_html("kvcomm", kvcomm_result())  # no swapped note ran
+    status = present.swap_status(swap, [result, dict(kept, handoff="receiver")])
+    assert present.md("4471 -> 3902") in status and "so the note now answers “3902”" in status
+    assert "Followed the swap (what they answer is the note's content): **KVComm**" in status
+    assert "kept their answer (it did not come from this fact): **Receiver**" in status
 
 
 def test_seen_text_lists_what_each_model_read_in_order():

@@ -26,6 +26,7 @@ from kvviz.app.page.layout import Page, walk_markdown
 from kvviz.app.page.run import LiveRun, StopFlags, stream_run
 from kvviz.app.presets import preset
 from kvviz.app.sweep import page_sweep
+from kvviz.engine import stream
 from kvviz.runtime.models import resolve_pair
 
 PRIVATE = dict(api_visibility="private", show_progress="hidden")
@@ -57,10 +58,22 @@ class Lab:
         names = spec.preset_columns(picked)
         updates = {"presets": key, "query": picked.query, "context": picked.context or "",
                    "expected": spec.expected_text(picked.answers), "chosen": names, "shown": names, "status": status,
-                   "lesson": views.lesson_of(payload), "results": payload}
+                   "lesson": views.lesson_of(payload), "results": payload, **views.swap_fields(picked)}
         updates.update(views.cards_and_verdict(payload, names, list(picked.answers), picked.subject))
         figures, view = views.tab_updates(view.get("tab", spec.DEFAULT_TAB), payload, names, view, self.cache)
         return {**updates, **figures, "view": view}
+
+    def live_run(self, pair: str, request, names: list[str], expected: str | None, key: str | None) -> LiveRun:
+        """A live run of ``names``; on a preset's question, at its precomputed settings, each column's
+        time alone (its precomputed run's) goes beside its time in the shared run."""
+        entry = (self.precomputed.get("presets") or {}).get(key) if key else None
+        if entry is not None and not views.same_request(entry, request.to_dict()):
+            entry = None
+        alone = {r["handoff"]: float(r["timings"]["total"]) for r in (entry or {}).get("results", [])
+                 if r.get("applicable", True) and (r.get("timings") or {}).get("total") is not None}
+        subject = preset(key).subject if key else "The expected answer"
+        return LiveRun(pair, request, names, spec.expected_answers(expected), subject, key,
+                       alone={name: alone[name] for name in names if name in alone})
 
     def tab_view(self, tab: str, payload: dict, names: list[str], view: dict) -> dict:
         figures, view = views.tab_updates(tab, payload, names, view, self.cache)
@@ -210,7 +223,8 @@ def wire_ticks_and_expected(lab: Lab) -> None:
 
     def on_expected(expected, payload, names):
         answers, found = spec.expected_answers(expected), views.results_by_name(payload)
-        updates = {f"head:{name}": present.card_head_html(name, present.mark_of(found.get(name), answers))
+        swapped = bool((payload or {}).get("swap_shown"))
+        updates = {f"head:{name}": views.card(name, found[name], answers, swapped=swapped)[f"head:{name}"]
                    for name in spec.column_names() if name in found}
         return {**updates, **views.verdict(payload, names or [], answers, views.subject_of(payload))}
 
@@ -334,43 +348,40 @@ def request_from_form(lab: Lab, pair, query, context, settings: list, ticked, ex
 
 
 def wire_run(lab: Lab) -> None:
+    """Run live and Swap the fact: each streams into the cards and the status line, then shows its
+    results in the tabs; both wait in the models' queue and stop on Stop."""
     page = lab.page
     form = [page["pair"], page["query"], page["context"], *page.settings_inputs, page["chosen"]]
-
-    def begin(request: gr.Request):
-        lab.flags.begin(request.session_hash)
-        return page.resolve({"run_button": True})
-
+    asked = [page["pair"], page["query"], page["context"], page["expected"], page["chosen"]]
     streamed = page_stream_roles()
     streamed_components = page_stream_outputs(page)
 
-    def run_on_page(pair, query, context, expected, ticked, request: gr.Request, *rest):
-        settings, shown = rest[: len(page.settings_inputs)], dict(zip(streamed, rest[len(page.settings_inputs):]))
+    def streamed_to_page(updates, rest: tuple):
+        """Each ``{role: value}`` update as the stream's outputs: what it sets, else what the output
+        shows now (``rest``: the settings, then the streamed outputs' current values)."""
+        shown = dict(zip(streamed, rest[len(page.settings_inputs):]))
 
-        def every_output(update: dict) -> list:  # what the update sets, else what the output shows now
+        def every_output(update: dict) -> list:
             shown.update({role: value for role, value in update.items() if role in shown})
             return [shown[role] for role in streamed] + [update.get("results", gr.skip())]
 
         try:
-            for update in page_run_updates(pair, query, context, expected, ticked, settings, request.session_hash):
+            for update in updates:
                 yield every_output(update)
         except Exception as error:  # noqa: BLE001 (said in the status line; an error raised would mark every output)
             LOG.exception("the page's run failed")
             yield every_output({"status": present.refused_status(f"the run failed ({type(error).__name__}: {error})")})
 
-    def page_run_updates(pair, query, context, expected, ticked, settings, session):
-        stop = lab.flags.current(session)
-        try:
-            handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked, expected)
-        except ValueError as error:  # one message, in the status line; nothing else changes
-            yield {"status": present.refused_status(str(error))}
-            return
-        key = views.preset_matching(query, context)
-        run = LiveRun(pair, handoff_request, names, spec.expected_answers(expected),
-                      preset(key).subject if key else "The expected answer", key)
-        for update in stream_run(run, lab.workers, stop):
-            update.pop("error", None)
-            yield update
+    def run_on_page(pair, query, context, expected, ticked, request: gr.Request, *rest):
+        settings = rest[: len(page.settings_inputs)]
+        yield from streamed_to_page(run_updates(lab, pair, query, context, expected, ticked, settings,
+                                                request.session_hash), rest)
+
+    def swap_on_page(pair, query, context, expected, ticked, replace, by, swapped_answer, payload, request: gr.Request,
+                     *rest):
+        settings = rest[: len(page.settings_inputs)]
+        yield from streamed_to_page(swap_updates(lab, pair, query, context, expected, ticked, (replace, by, swapped_answer),
+                                                 payload, settings, request.session_hash), rest)
 
     def show_finished_run(payload, view, names):
         """After the stream: the run's results on the page, and the tab in view drawn from them."""
@@ -381,19 +392,25 @@ def wire_run(lab: Lab) -> None:
         update.pop("tab")
         return update
 
+    def begin(request: gr.Request):
+        lab.flags.begin(request.session_hash)
+        return page.resolve({"run_button": True})
+
     def finish(request: gr.Request):
         lab.flags.end(request.session_hash)
         return page.resolve({"run_button": False})
 
-    live = page["run_button"].click(begin, outputs=[page["run_button"]], queue=False, api_name="begin_run", **PRIVATE).then(
-        run_on_page, inputs=[page["pair"], page["query"], page["context"], page["expected"], page["chosen"],
-                             *page.settings_inputs, *streamed_components],
-        outputs=[*streamed_components, page["finished_run"]], api_name="run_on_page", concurrency_id=spec.MODEL_QUEUE,
-        concurrency_limit=lab.concurrency, **PRIVATE)
-    shown = live.then(resolved(page, show_finished_run), inputs=[page["finished_run"], page["view"], page["chosen"]],
-                      outputs=finished_run_outputs(page), api_name="show_finished_run", **PRIVATE)
-    shown.then(finish, outputs=[page["run_button"]], queue=False, api_name="end_run", **PRIVATE)
-    lab.result_events.append(shown)
+    swap_fields = [page["swap_replace"], page["swap_by"], page["swap_answer"], page["results"]]
+    for button, handler, inputs, name in ((page["run_button"], run_on_page, asked, "run"),
+                                          (page["swap_button"], swap_on_page, asked + swap_fields, "swap")):
+        live = button.click(begin, outputs=[page["run_button"]], queue=False, api_name=f"begin_{name}", **PRIVATE).then(
+            handler, inputs=[*inputs, *page.settings_inputs, *streamed_components],
+            outputs=[*streamed_components, page["finished_run"]], api_name=f"{name}_on_page",
+            concurrency_id=spec.MODEL_QUEUE, concurrency_limit=lab.concurrency, **PRIVATE)
+        shown = live.then(resolved(page, show_finished_run), inputs=[page["finished_run"], page["view"], page["chosen"]],
+                          outputs=finished_run_outputs(page), api_name=f"show_finished_{name}", **PRIVATE)
+        shown.then(finish, outputs=[page["run_button"]], queue=False, api_name=f"end_{name}", **PRIVATE)
+        lab.result_events.append(shown)
 
     def stop_run(request: gr.Request):
         lab.flags.stop(request.session_hash)
@@ -402,6 +419,60 @@ def wire_run(lab: Lab) -> None:
     page["stop_button"].click(stop_run, api_name="stop", queue=False,
                               cancels=[sweep_event] if sweep_event is not None else None)
     wire_run_api(lab, form)
+
+
+def run_updates(lab: Lab, pair, query, context, expected, ticked, settings, session):
+    """Run live: the ticked columns on the form's question, as ``{role: value}`` updates."""
+    stop = lab.flags.current(session)
+    try:
+        handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked, expected)
+    except ValueError as error:  # one message, in the status line; nothing else changes
+        yield {"status": present.refused_status(str(error))}
+        return
+    run = lab.live_run(pair, handoff_request, names, expected, views.preset_matching(query, context))
+    for update in stream_run(run, lab.workers, stop):
+        update.pop("error", None)
+        yield update
+
+
+def swap_updates(lab: Lab, pair, query, context, expected, ticked, fields, payload, settings, session):
+    """Swap the fact: the ticked columns on the swapped note, beside their answers on the note.
+    A preset's stored swap is shown as it is; else the swapped note runs live (and the note too,
+    for the columns whose answers on it are not on the page for these settings)."""
+    stop = lab.flags.current(session)
+    try:
+        swap = spec.swap_from_form(context, *fields)
+        handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked, expected)
+    except ValueError as error:
+        yield {"status": present.refused_status(str(error))}
+        return
+    answers, key = spec.expected_answers(expected), views.preset_matching(query, context)
+    subject = preset(key).subject if key else "The expected answer"
+    if views.holds_swap(payload, names, swap):
+        yield views.swap_view({**payload, "swap_shown": True}, names, answers, subject)
+        return
+    held = views.results_by_name(payload) if views.same_request(payload, handoff_request.to_dict()) else {}
+    originals = {name: held[name] for name in names if name in held}
+    missing = [name for name in names if name not in originals]
+    for request, columns, found, label in ((handoff_request, missing, originals, "the note"),
+                                           (stream.swapped_request(handoff_request, swap), names, None, "the swapped note")):
+        if not columns:
+            continue
+        run = lab.live_run(pair, request, columns, expected if found is not None else spec.expected_text(swap.answers), key)
+        for update in stream_run(run, lab.workers, stop):
+            update.pop("error", None)
+            ended = update.pop("results", None)
+            if found is None:  # the swapped note's answers stay off the cards until they are all in
+                update = {"status": f"**Swap the fact**, on {label}: " + update.get("status", "")} if "status" in update else {}
+            yield update
+        if stop.is_set() or ended is None:
+            return
+        if found is not None:
+            found.update(run.results)
+        else:
+            swapped = run.results
+    base = {**(payload or {}), "pair": pair, "request": handoff_request.to_dict(), "preset": key}
+    yield views.swap_view(views.with_swap(base, originals, swapped, names, swap, answers), names, answers, subject)
 
 
 # What a live run streams on the page (``run_on_page``): the status, the strip, and every column's
@@ -619,6 +690,11 @@ def wire_compare(lab: Lab) -> None:
                                   **PRIVATE)
     page["compare_previous"].click(quiet(with_previous), inputs=sides, outputs=outputs, api_name="compare_with_previous",
                                    **PRIVATE)
+    with_swapped = shortcut(compare.swapped_side, "A's column has no answer on a swapped note: press <b>Swap the fact</b> "
+                                                  "first (and pick A on the note).")
+    with_swapped.__name__ = "compare_with_swapped"
+    page["compare_swapped"].click(quiet(with_swapped), inputs=sides, outputs=outputs, api_name="compare_with_swapped",
+                                  **PRIVATE)
 
 
 def wire_all(lab: Lab) -> None:

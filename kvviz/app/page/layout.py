@@ -215,10 +215,24 @@ def build_cards(page: Page, shown: list[str]) -> None:
                                     interactive=False, container=False, elem_id=f"kv-answer-{name}")
                 stats = gr.Markdown(page.value(f"stats:{name}"), elem_id=f"kv-stats-{name}", elem_classes=["kv-card-stats"])
             page.cards[name] = Card(block, head, answer, stats)
+    build_swap(page)
     with gr.Row(elem_id="kv-lesson-row", visible=bool(page.value("lesson"))) as lesson_row:
         page.add("lesson_row", lesson_row)
         page.add("lesson", gr.Markdown(page.value("lesson"), elem_id="kv-lesson"))
         page.add("lesson_show", gr.Button("Show me", size="sm", scale=0, min_width=100, elem_id="kv-lesson-show"))
+
+
+def build_swap(page: Page) -> None:
+    """Swap the fact: a word of the note, what it becomes and what the note then answers; the button
+    shows each card's answer on the swapped note (a preset's stored one, else run live)."""
+    with gr.Row(elem_id="kv-swap", equal_height=False):
+        page.add("swap_replace", gr.Textbox(value=page.value("swap_replace", ""), label="In the note, replace", lines=1,
+                                            max_lines=1, scale=2, min_width=140, elem_id="kv-swap-replace"))
+        page.add("swap_by", gr.Textbox(value=page.value("swap_by", ""), label="by", lines=1, max_lines=1, scale=2,
+                                       min_width=140, elem_id="kv-swap-by"))
+        page.add("swap_answer", gr.Textbox(value=page.value("swap_answer", ""), label="then the answer is (empty: the new words)",
+                                           lines=1, max_lines=1, scale=2, min_width=160, elem_id="kv-swap-answer"))
+        page.add("swap_button", gr.Button("Swap the fact", scale=0, min_width=170, elem_id="kv-swap-button"))
 
 
 def build_tabs(page: Page, shown: list[str], sweep: dict | None) -> None:
@@ -268,7 +282,8 @@ def build_compare(page: Page) -> None:
     gr.Markdown("Pick any two columns of this session's last runs (presets and live runs, newest first). "
                 "**A's control** puts beside A the column it is measured against in the same run (C2C against its "
                 "control fuser, KVComm against KVComm with another context, text against the receiver alone); "
-                "**the run before** puts A's column from the previous run (change a setting, run again, compare).",
+                "**the run before** puts A's column from the previous run (change a setting, run again, compare); "
+                "**the swapped note** puts A's answer once the note's fact was changed (*Swap the fact*).",
                 elem_id="kv-compare-intro")
     with gr.Row(equal_height=True):
         page.add("compare_a", gr.Dropdown(choices=[], value=None, label="A", scale=3, elem_id="kv-compare-a"))
@@ -276,6 +291,7 @@ def build_compare(page: Page) -> None:
         with gr.Column(scale=1, min_width=170):
             page.add("compare_control", gr.Button("B = A's control", size="sm", elem_id="kv-compare-control"))
             page.add("compare_previous", gr.Button("B = A in the run before", size="sm", elem_id="kv-compare-previous"))
+            page.add("compare_swapped", gr.Button("B = A with the swapped note", size="sm", elem_id="kv-compare-swapped"))
     page.add("compare_html", gr.HTML(page.value("compare_html", ""), elem_id="kv-compare", js_on_load=None))
     page.add("compare_plot", gr.Plot(None, show_label=False, elem_id="kv-plot-compare"))
 

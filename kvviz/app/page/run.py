@@ -76,6 +76,8 @@ class LiveRun:
     log: str = "starting …"
     out_of_time: str = ""  # why the run stopped at its time cap (``Stopped``)
     failed: str = ""  # why the run could not start (``Failed``)
+    alone: dict[str, float] = field(default_factory=dict)  # column -> its time alone on this question (a preset's)
+    timed: str = "shared"  # "alone" when one column ran at a time: what its times are (``present.time_text``)
 
     @property
     def seconds(self) -> float:
@@ -106,6 +108,7 @@ def stream_run(run: LiveRun, workers: int, stop: threading.Event,
     together, the latest text of each column that changed (an idle batch sends what was held back).
     ``batches``: another source of batches, called as ``stream.run`` is (tests)."""
     run.states = {name: "waiting" for name in run.names}
+    run.timed = "alone" if workers == 1 or len(run.names) == 1 else "shared"
     first = {**run.status(), **run.verdict()}
     for name in run.names:
         first.update(views.card(name, None, run.answers, "waiting"))
@@ -153,6 +156,7 @@ def apply_event(run: LiveRun, event: Event, update: dict, held: dict[str, str | 
         case Message(name, text):
             held[name] = text
         case Done(name, result):
+            result = {**result, "timed": run.timed, **({"alone_total": run.alone[name]} if name in run.alone else {})}
             run.results[name] = result
             run.states.pop(name, None)
             run.partial.pop(name, None)

@@ -13,6 +13,7 @@ from kvviz.app.methods import registry as methods
 from kvviz.app.methods.registry import MethodPage
 from kvviz.app.plots import layer_figure_handoffs
 from kvviz.app.presets import DEFAULT_PRESET, Preset, preset
+from kvviz.data.swaps import Swap, replace_fact
 from kvviz.handoffs import registry
 from kvviz.handoffs.registry import Handoff, Option
 
@@ -167,6 +168,17 @@ def expected_text(answers) -> str:
     return f"{EXPECTED_SEPARATOR} ".join(answers)
 
 
+def swap_from_form(context: str | None, replace: str | None, by: str | None, swapped_answer: str | None) -> Swap:
+    """The swapped note the page's swap fields ask for (every ``replace`` in the note becomes
+    ``by``; it answers ``swapped_answer``, else ``by``), or a ValueError saying what is missing."""
+    if not (context or "").strip():
+        raise ValueError("Swap the fact changes the private context, and this question has none: type a note with "
+                         "the fact in it first.")
+    note = replace_fact(context, replace or "", by or "")
+    answers = expected_answers(swapped_answer) or [str(by).strip()]
+    return Swap(context=note, answers=tuple(answers), changed=f"{str(replace).strip()} -> {str(by).strip()}")
+
+
 # --- the walk-through ---------------------------------------------------------------------------
 
 
@@ -229,7 +241,9 @@ def walkthrough_steps() -> list[WalkStep]:
             "is big but needs no writing. Nothing here crosses a network: the bytes are counted and KVComm's "
             "transfer is a copy in memory, so which is better on a real link is not measured here. *First token* "
             "is timed from the question to the receiver's first answer token, the sender's work included; "
-            "*receiver side* leaves that work out.",
+            "*receiver side* leaves that work out. A precomputed preset's times were taken one handoff at a time on "
+            "a warm process (its own cost: *alone*); a live run's are wall clock while its columns shared the CPU, so "
+            "compare them within that run only (the plot's title says which it shows).",
             None, "cost", "kv-plot-bytes",
         ),
         WalkStep(

@@ -76,6 +76,13 @@ CSS = """
 .kv-mark-none, .kv-mark-failed {background: #e5e7eb; color: #374151 !important}
 .kv-mark-stopped, .kv-mark-notstarted, .kv-mark-notrun {background: #fef3c7; color: #713f12 !important}
 .kv-mark-running, .kv-mark-waiting {background: #dbeafe; color: #1e3a8a !important}
+.kv-swap-row {display: flex; flex-wrap: wrap; align-items: baseline; gap: 2px 6px; font-size: 12.5px;
+  color: #1f2937 !important; border-top: 1px dashed #cbd5e1; padding-top: 2px; margin-top: 2px}
+.kv-swap-answer {overflow-wrap: anywhere; min-width: 0}
+.kv-swap {font-weight: 700; padding: 0 5px; border-radius: 8px; white-space: nowrap}
+.kv-swap-followed {background: #dbeafe; color: #1e3a8a !important}
+.kv-swap-kept {background: #fef3c7; color: #713f12 !important}
+.kv-swap-neither, .kv-swap-none {background: #e5e7eb; color: #374151 !important}
 .kv-card textarea {font-size: 15px !important; color: #0f172a !important; border: none !important; box-shadow: none !important;
   padding: 2px 0 !important; background: transparent !important}
 .kv-card-stats {min-height: 1.3em}

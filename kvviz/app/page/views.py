@@ -19,9 +19,10 @@ import threading
 import plotly.graph_objects as go
 
 from kvviz.app import lessons, plots, present, tokenview
-from kvviz.app.page.spec import FIXED_PLOTS, LENS_PLOT, column_names, tab_figures, token_view_column
+from kvviz.app.page.spec import FIXED_PLOTS, LENS_PLOT, column_names, expected_text, tab_figures, token_view_column
 from kvviz.app.presets import PRESETS, preset
 from kvviz.core.plotkit import compact as compact_figure
+from kvviz.data.swaps import Swap, swap_record
 from kvviz.handoffs import registry
 
 _run_numbers = itertools.count(1)
@@ -38,11 +39,14 @@ def results_by_name(payload: dict | None) -> dict[str, dict]:
 # --- cards, strip, lesson -----------------------------------------------------------------------
 
 
-def card(name: str, result: dict | None, answers, state: str = "", partial: str | None = None) -> dict:
-    """Every role of one column's card (and its "What each model saw" section)."""
+def card(name: str, result: dict | None, answers, state: str = "", partial: str | None = None,
+         swapped: bool = False) -> dict:
+    """Every role of one column's card (and its "What each model saw" section). ``swapped``: the
+    swapped note's outcome and answer show under the title (what the outcome means on hover)."""
     kind = state if state and result is None else present.mark_of(result, answers)
+    swap_row = present.swap_row_html(name, result) if swapped and result is not None else ""
     return {
-        f"head:{name}": present.card_head_html(name, kind),
+        f"head:{name}": present.card_head_html(name, kind, swap_row),
         f"answer:{name}": present.answer_text(result, partial),
         f"stats:{name}": present.card_stats(result, state),
         f"notes:{name}": present.stats_markdown(result, state) if result is not None or state else "",
@@ -70,13 +74,57 @@ def verdict(payload: dict | None, names: list[str], answers, subject: str, state
 
 
 def cards_and_verdict(payload: dict | None, names: list[str], answers, subject: str) -> dict:
-    """Every column's card (ticked or not, so that ticking one shows it at once) and the strip."""
-    found = results_by_name(payload)
+    """Every column's card (ticked or not, so that ticking one shows it at once) and the strip; with
+    the swapped note shown (``swap_shown``, after *Swap the fact*) each card says what it did with it."""
+    found, swapped = results_by_name(payload), bool((payload or {}).get("swap_shown"))
     updates = {}
     for name in column_names():
-        updates.update(card(name, found.get(name), answers))
+        updates.update(card(name, found.get(name), answers, swapped=swapped))
     updates.update(verdict(payload, names, answers, subject))
     return updates
+
+
+# --- the swapped note (Swap the fact) --------------------------------------------------------------
+
+
+def swap_fields(picked) -> dict:
+    """The swap fields for a preset: its stored swap's words and answer (empty without one)."""
+    old, new = picked.swap_words or ("", "")
+    return {"swap_replace": old, "swap_by": new,
+            "swap_answer": expected_text(picked.swap.answers) if picked.swap else ""}
+
+
+def same_request(payload: dict | None, request: dict) -> bool:
+    """Whether the payload's results answer this request (question, note, settings, options)."""
+    held = (payload or {}).get("request") or {}
+    return all(held.get(part) == request.get(part) for part in ("query", "context", "generation", "options"))
+
+
+def holds_swap(payload: dict | None, names: list[str], swap: Swap) -> bool:
+    """Whether every column in ``names`` already ran on this swapped note (a preset's stored swap)."""
+    found = results_by_name(payload)
+    return bool(names) and all(((found.get(name) or {}).get("swap") or {}).get("context") == swap.context for name in names)
+
+
+def with_swap(payload: dict, originals: dict[str, dict], swapped: dict[str, dict], names: list[str], swap: Swap,
+              answers: list[str]) -> dict:
+    """A new payload: each column's result on the note (``originals``) with what it did on the
+    swapped note (``swapped``; ``kvviz.data.swaps.swap_record``, judged by ``answers`` where given)."""
+    results = []
+    for name in names:
+        other = swapped.get(name) or {"applicable": False, "reason": "it did not run on the swapped note"}
+        results.append({**originals[name], "swap": swap_record(originals[name], other, swap, answers or None)})
+    data = present.payload(payload["pair"], payload["request"], results, False, payload.get("preset"))
+    return dict(data, stamp=live_stamp(), swap=swap.to_dict(), swap_shown=True)
+
+
+def swap_view(payload: dict, names: list[str], answers, subject: str) -> dict:
+    """The page once the swapped note ran: every card with its swapped answer and outcome, the
+    strip, the status line that sums them up, and the results."""
+    found = results_by_name(payload)
+    ticked = [found[name] for name in names if name in found]
+    return {**cards_and_verdict(payload, names, answers, subject), "results": payload,
+            "status": present.swap_status(payload.get("swap") or {}, ticked)}
 
 
 def lesson_of(payload: dict | None) -> str:
@@ -115,9 +163,11 @@ def precomputed_payload(precomputed: dict, key: str, default_pair: str) -> tuple
         payload = dict(present.payload(default_pair, None, [], True, key), stamp=f"preset:{key}")
         return payload, (f"No precomputed results for **{present.md(title)}**: press **Run live** to compute them "
                          "on this machine.")
-    results = [dict(r, precomputed=True) for r in entry["results"] if r.get("handoff") in registry.HANDOFFS]
+    timed = precomputed.get("timed", "alone")  # how its times were taken (scripts/precompute_presets.py)
+    results = [dict(r, precomputed=True, timed=timed) for r in entry["results"] if r.get("handoff") in registry.HANDOFFS]
     pair = precomputed.get("pair", default_pair)
-    payload = dict(present.payload(pair, entry.get("request"), results, True, key), stamp=f"preset:{key}")
+    payload = dict(present.payload(pair, entry.get("request"), results, True, key), stamp=f"preset:{key}",
+                   swap=entry.get("swap"))
     return payload, present.precomputed_status(title, pair, precomputed.get("generated", ""))
 
 
