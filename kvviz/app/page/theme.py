@@ -62,13 +62,16 @@ CSS = """
 .kv-verdict {font-size: 14px; padding: 6px 10px; border-radius: 6px; background: #f1f5f9; color: #0f172a;
   border: 1px solid #cbd5e1}
 .kv-verdict-rule {color: #334155}
-#kv-answers {gap: 8px; flex-wrap: nowrap; align-items: stretch}
+/* the cards: a grid of equal columns at least 168 px wide, so that any number of them wraps into rows
+   and no title is cut (tests/integration/test_browser.py measures every title at 6, 11 and 14) */
+#kv-answers {display: grid !important; grid-template-columns: repeat(auto-fill, minmax(168px, 1fr)); gap: 8px;
+  align-items: stretch}
 #kv-answers > .kv-card {background: #ffffff; border-radius: 6px; padding: 0 8px 6px 8px !important; gap: 2px !important;
-  box-shadow: 0 1px 2px rgba(0, 0, 0, .15); min-width: 0 !important; flex: 1 1 0 !important; border: 1px solid #e2e8f0}
-.kv-card-head {display: flex; justify-content: space-between; align-items: baseline; gap: 4px; flex-wrap: nowrap;
+  box-shadow: 0 1px 2px rgba(0, 0, 0, .15); min-width: 0 !important; width: auto !important; border: 1px solid #e2e8f0}
+.kv-card-head {display: flex; justify-content: space-between; align-items: baseline; gap: 2px 4px; flex-wrap: wrap;
   border-top: 5px solid var(--kv-hue); margin: 0 -8px; padding: 4px 8px 0 8px}
 .kv-card-head .kv-card-title {color: var(--kv-ink) !important; font-weight: 700; font-size: 13.5px; line-height: 1.25;
-  white-space: nowrap; overflow: hidden; text-overflow: ellipsis; min-width: 0}
+  min-width: 0}
 .kv-mark {font-size: 12px; font-weight: 700; padding: 0 5px; border-radius: 8px; white-space: nowrap;
   background: #f1f5f9; color: #334155 !important}
 .kv-mark-right {background: #dcfce7; color: #14532d !important}
@@ -115,7 +118,7 @@ CSS = """
   #kv-ask {flex-direction: column}
   #kv-ask > * {min-width: 0 !important; width: 100% !important}
   #kv-runbox {flex-direction: row !important}
-  #kv-answers {overflow-x: auto; scroll-snap-type: x mandatory; padding-bottom: 4px}
+  #kv-answers {display: flex !important; overflow-x: auto; scroll-snap-type: x mandatory; padding-bottom: 4px}
   #kv-answers > .kv-card {flex: 0 0 78vw !important; scroll-snap-align: start}
   #kv-layer-plots > * {min-width: 0 !important; flex-basis: 100% !important}
 }
