@@ -114,8 +114,11 @@ def test_the_run_endpoint_streams_every_output_and_ends_with_the_results(client,
         assert len(outputs) == 1 + 3 * len(columns) + len(ui.plot_names()) + 2 and outputs[0]
         assert outputs[1 + 3 * columns.index("kvcomm")] is None and outputs[-1] is None  # not set by this run
         assert outputs[1 + 3 * len(columns)] is None and outputs[-2]["data"] == []  # no figure, an empty table
-    assert final["columns"]["receiver"] == {"answer": "4471", "stats": present.stats_markdown(fake),
+    ran = final["json"]["results"][0]
+    assert ran["timed"] == "alone"  # the only column of its run: its wall clock is its own cost
+    assert final["columns"]["receiver"] == {"answer": "4471", "stats": present.stats_markdown(ran),
                                             "seen": present.seen_text(fake)}
+    assert "500 ms alone" in final["columns"]["receiver"]["stats"]
     assert [r["handoff"] for r in final["json"]["results"]] == ["receiver"] and "finished" in final["status"]
     assert set(final["plots"]) == set(ui.plot_names())
 
@@ -149,7 +152,7 @@ def test_run_a_preset_live_gets_every_column_and_every_plot(client, embedded_pai
         assert results[name]["applicable"], results[name]["reason"]
         assert view["columns"][name]["answer"] == results[name]["answer"]
         assert results[name]["tokens"]["generated"] <= 4
-        assert "total" in view["columns"][name]["stats"]
+        assert "in this shared run" in view["columns"][name]["stats"]  # its columns shared the CPU
         assert view["columns"][name]["seen"]
     if not results["c2c"]["applicable"]:
         assert view["columns"]["c2c"]["stats"].startswith("**Not applicable:**")
