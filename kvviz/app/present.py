@@ -404,7 +404,7 @@ def verdict_strip_html(subject: str, marks: dict[str, str], answers, evidence: d
 
 
 def precomputed_status(title: str, pair: str, when: str = "") -> str:
-    stamp = f" ({md(when)})" if when else ""
+    stamp = f'<span class="kv-when"> ({md(when)})</span>' if when else ""  # left out on a phone
     return f'<span class="kv-badge">precomputed</span> **{md(title)}** on *{md(pair)}*{stamp}. **Run live** runs it here.'
 
 
@@ -455,21 +455,36 @@ HOW_INTRO = (
 )
 
 
+# Every term the page uses before it explains it: How it works ends with them, the setup line hovers one.
+GLOSSARY = {
+    "KV cache": "the keys and values a model computes for every token it has read, per layer: what its attention reads "
+                "later. Handing it over lets the receiver attend to text it never read.",
+    "layer": "one of the model's stacked blocks (attention, then a small network); Gemma-3-270M has 18.",
+    "control": "the same handoff with the note's content taken out: what the receiver answers anyway. A right answer "
+               "whose control is right too is no evidence that the note crossed.",
+    "swapped note": "the same note with its answer-bearing fact changed: an answer that follows it came from the note.",
+    "logit lens": "the receiver's own output head read after each layer: how likely the answer's first token is there.",
+    "attention sink": "the first token, which attention heads look at when they look at nothing in particular; left "
+                      "out of the per-token sums.",
+    "nats": "log-probability in natural-log units; +1 nat per token makes each answer token e (2.7) times likelier.",
+    "softmax": "turns a model's scores into probabilities that sum to one.",
+    "Spearman": "a rank correlation, from -1 to 1: whether two orderings agree.",
+}
+
+
+def glossary_markdown() -> str:
+    return "**Words used on this page**\n\n" + "\n".join(f"- **{term}**: {meaning}" for term, meaning in GLOSSARY.items())
+
+
 def how_it_works_page(names: list[str]) -> str:
     """The "How it works" tab: an introduction, then one folded section per handoff with its
-    diagram and explanation (project text only: descriptors and assets/diagrams)."""
+    diagram and explanation (project text only: the descriptors and their flows)."""
     sections = [HOW_INTRO]
     for name in names:
         sections.append(f'<details id="kv-how-{name}"><summary><b>{html.escape(registry.get(name).title)}</b></summary>\n\n'
                         f"{diagram_html(name)}\n\n{how_it_works_markdown(name)}\n\n</details>")
-    return "\n\n".join(sections)
+    return "\n\n".join(sections + [glossary_markdown()])
 
 
 def diagram_html(name: str) -> str:
-    path = methods.page_of(name).diagram
-    if path is None:
-        return ""
-    try:
-        return f'<div class="kv-diagram">{Path(path).read_text(encoding="utf-8")}</div>'
-    except OSError:
-        return ""
+    return f'<div class="kv-diagram">{methods.page_of(name).diagram()}</div>'

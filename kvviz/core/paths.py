@@ -19,7 +19,6 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ASSETS = PROJECT_ROOT / "assets"
 SHIPPED_FUSERS = ASSETS / "fusers"
-DIAGRAMS = ASSETS / "diagrams"
 PRECOMPUTED = ASSETS / "precomputed"
 # the shared folder sits next to the repository checkout, not inside it: the data is never committed
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"

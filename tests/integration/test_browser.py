@@ -384,6 +384,63 @@ def test_swap_the_fact_on_a_typed_note_runs_it_live_and_marks_each_card(page):
     assert not page.errors, page.errors
 
 
+# Each shown card: whether its title is cut (its text wider than its box) and its mark inside the card.
+CARD_TITLES_JS = """() => [...document.querySelectorAll('.kv-card')].filter(c => c.offsetParent).map(c => {
+  const t = c.querySelector('.kv-card-title'), m = c.querySelector('.kv-mark');
+  const card = c.getBoundingClientRect(), mark = m.getBoundingClientRect(), title = t.getBoundingClientRect();
+  return {id: c.id, cut: t.scrollWidth > t.clientWidth + 1 || title.width < 20,
+          mark_inside: mark.left >= card.left - 1 && mark.right <= card.right + 1};
+})"""
+
+
+def tick(page, names) -> None:
+    import re
+
+    from kvviz.handoffs import registry
+
+    for name in names:  # the exact label: "C2C" is in three chips' labels
+        exact = re.compile(rf"^\s*{re.escape(registry.get(name).label)}\s*$")
+        page.locator("#kv-handoffs label").filter(has_text=exact).click()
+        page.locator(f"#kv-col-{name}").wait_for(state="visible", timeout=10_000)
+
+
+@pytest.mark.parametrize("viewport", [LAPTOP, PHONE], ids=["1280x800", "390x844"])
+def test_every_card_keeps_its_title_and_its_mark_at_6_11_and_14_columns(browser, app_url, viewport):
+    from kvviz.app import ui
+    from kvviz.app.page import spec
+
+    context, page = open_page(browser, app_url, viewport)
+    try:
+        others = [name for name in spec.column_names() if name not in ui.default_columns()]
+        for count, more in ((6, []), (11, others[:5]), (14, others[5:])):
+            tick(page, more)
+            cards = page.evaluate(CARD_TITLES_JS)
+            assert len(cards) == count
+            assert [c["id"] for c in cards if c["cut"] or not c["mark_inside"]] == [], (count, cards)
+        if viewport is LAPTOP:
+            page.screenshot(path=str(artifacts_dir() / "page-1280x800-every-column.png"), full_page=False)
+        assert not page.errors, page.errors
+    finally:
+        context.close()
+
+
+def test_run_is_within_ten_tab_presses_and_the_closed_settings_take_no_focus(page):
+    for presses in range(1, 11):
+        page.keyboard.press("Tab")
+        focused = page.evaluate("() => [(document.activeElement.closest('[id]') || {}).id,"
+                                " Math.round(document.activeElement.getBoundingClientRect().x)]")
+        assert focused[1] >= 0, f"press {presses} focused {focused[0]!r} off screen"
+        if focused[0] == "kv-run":
+            break
+    else:
+        raise AssertionError("Run is not reached within 10 Tab presses")
+    page.locator("#kv-settings .toggle-button").click()  # opened, the settings take focus again
+    page.wait_for_function("() => !document.querySelector('#kv-settings .sidebar-content').inert", timeout=5_000)
+    named = page.evaluate("() => [...document.querySelectorAll('[id^=kv-plot-]')].filter(e => e.offsetParent)"
+                          ".map(e => e.getAttribute('aria-label'))")
+    assert named and all(named), named  # every plot shown has an accessible name (its title)
+
+
 def test_html_typed_into_the_query_is_shown_as_text(page):
     payload = '<img src=x onerror="window.__kvxss=1"><script>window.__kvxss=2</script> Where is it?'
     page.locator("#kv-query textarea").fill(payload)

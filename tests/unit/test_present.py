@@ -97,7 +97,20 @@ def test_column_head_and_how_it_works_come_from_the_descriptor_and_the_page_entr
     text = present.how_it_works_markdown("skyline")
     assert text.startswith(methods.page_of("skyline").explanation) and "*Needs:* a private context." in text
     assert "<svg" in present.diagram_html("skyline")
-    assert present.diagram_html("c2c_control") == ""  # no diagram drawn for it
+
+
+def test_every_handoff_has_a_diagram_from_one_template_and_its_text_reads_at_4_5_to_1():
+    import re
+
+    from kvviz.core.plotkit import contrast_ratio
+
+    for name in methods.column_names():
+        drawn = present.diagram_html(name)
+        assert 'role="img"' in drawn and "aria-label=" in drawn and "Receiver" in drawn, name
+        fills = dict(re.findall(r'<rect x="(\d+)"[^>]*fill="(#[0-9a-fA-F]{6})"', drawn))
+        for x, color in re.findall(r'<text x="(\d+)"[^>]*fill="(#[0-9a-fA-F]{6})"', drawn):
+            box = next((fill for left, fill in fills.items() if int(left) <= int(x) <= int(left) + 138), "#ffffff")
+            assert contrast_ratio(color, box) >= 4.5, (name, color, box)
 
 
 def test_pair_facts_need_no_weights():

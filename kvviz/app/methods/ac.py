@@ -6,6 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvviz.app.methods.diagram import Flow
 from kvviz.app.methods.registry import MethodPage
 from kvviz.core.plotkit import SELECTED_OUTLINE, layout, not_run_figure
 from kvviz.handoffs.ac.handoff import COLOR, NAME
@@ -63,6 +64,7 @@ def notes(result: dict) -> list[str]:
 PAGES = (
     MethodPage(
         name=NAME,
+        flow=Flow(sender="the note", crosses="one hidden-state vector (its last token entering layer k)", receiver="the question, that vector merged in at layer j", sender_name="Sender"),
         column=45,
         explanation=(
             "Activation Communication. The sender reads the private context; the state of its residual stream "

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from kvviz.app.methods.diagram import Flow
 from kvviz.app.methods.registry import MethodPage
 
 PAGES = (
     MethodPage(
         name="receiver",
+        flow=Flow(sender="", crosses="nothing", receiver="the question alone"),
         column=0,
         explanation=(
             "The receiver model answers the question by itself. Nothing comes from the other model, so "
@@ -19,6 +21,7 @@ PAGES = (
     ),
     MethodPage(
         name="sharer",
+        flow=Flow(sender="the note and the question; its own answer is the column's", crosses="nothing: it answers itself", receiver="not used"),
         column=90,
         explanation=(
             "The sharer answers by itself, with the private context it holds. Not a handoff: it shows what "
@@ -27,6 +30,7 @@ PAGES = (
     ),
     MethodPage(
         name="skyline",
+        flow=Flow(sender="", crosses="nothing: the note is in the receiver's own prompt", receiver="the note and the question in one prompt"),
         column=50,
         explanation=(
             "The receiver gets the context and the question in one prompt, as if it knew everything itself. "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvviz.app.methods.diagram import Flow
 from kvviz.app.methods.registry import MethodPage
 from kvviz.core.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
 from kvviz.handoffs.c2c.handoff import CONTROL, NAME
@@ -175,6 +176,7 @@ def notes(result: dict) -> list[str]:
 PAGES = (
     MethodPage(
         name=NAME,
+        flow=Flow(sender="the note and the question", crosses="its KV cache at the question's tokens, projected by the fuser", receiver="the question, its cache fused layer by layer"),
         column=20,
         explanation=(
             "Cache-to-Cache. Only the sharer reads the context (the note); both models read the question. A small "
@@ -197,6 +199,7 @@ PAGES = (
     ),
     MethodPage(
         name=CONTROL,
+        flow=Flow(sender="", crosses="nothing: a fuser trained without the sharer", receiver="the question, its own cache adapted"),
         column=25,
         explanation=(
             "The control fuser has C2C's architecture, data, steps and seed, but was trained with the sharer's "

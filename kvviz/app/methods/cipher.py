@@ -6,6 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvviz.app.methods.diagram import Flow
 from kvviz.app.methods.registry import MethodPage
 from kvviz.core.plotkit import as_dict, empty_figure, layout
 from kvviz.handoffs.cipher.handoff import COLOR, NAME
@@ -61,6 +62,7 @@ def notes(result: dict) -> list[str]:
 PAGES = (
     MethodPage(
         name=NAME,
+        flow=Flow(sender="the note and the question", crosses="a message of blended token embeddings, one vector a step", receiver="the vectors where the words would be, then the question"),
         column=15,
         explanation=(
             "CIPHER. The sharer writes a message as the text handoff does, but never picks a word: at each step it "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvviz.app.methods.diagram import Flow
 from kvviz.app.methods.registry import MethodPage
 from kvviz.core.plotkit import as_dict, layout, not_run_figure
 from kvviz.handoffs.kv_steering.handoff import COLOR, NAME
@@ -77,6 +78,7 @@ def notes(result: dict) -> list[str]:
 PAGES = (
     MethodPage(
         name=NAME,
+        flow=Flow(sender="", crosses="no sharer: one edit of its own cache from contrastive pairs", receiver="the question, its cache edited once"),
         column=48,
         explanation=(
             "KV-cache steering. Nothing comes from another model. From pairs of example prompts that differ only in "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from kvviz.app.methods.diagram import Flow
 from kvviz.app.methods.registry import MethodPage, Sweep
 from kvviz.core.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
 from kvviz.handoffs.common import CONTROL_NOTE, content_free_note
@@ -221,6 +222,7 @@ def notes(result: dict) -> list[str]:
 PAGES = (
     MethodPage(
         name=NAME,
+        flow=Flow(sender="the note (a copy of the receiver's model)", crosses="its KV cache of the note, in selected layers only (a one-token sink elsewhere)", receiver="the sent KV, then the question", sender_name="Sender"),
         column=40,
         opens_token_view=True,  # its layer choice is what the token view explains best
         explanation=(
@@ -273,6 +275,7 @@ PAGES = (
     ),
     MethodPage(
         name=CONTROL,
+        flow=Flow(sender="a note of the note's length that names nothing", crosses="its KV cache, in the same layers", receiver="the sent KV, then the question", sender_name="Sender"),
         column=41,
         explanation=(
             "The same KVComm (same options, so with the built-in calibration the same layers are sent), but the "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvviz.app.methods.diagram import Flow
 from kvviz.app.methods.registry import MethodPage
 from kvviz.core.plotkit import as_dict, layout, not_run_figure
 from kvviz.handoffs.latent_relay.handoff import COLOR, NAME
@@ -93,6 +94,7 @@ def notes(result: dict) -> list[str]:
 PAGES = (
     MethodPage(
         name=NAME,
+        flow=Flow(sender="the note, then N latent steps of thought", crosses="its KV cache of the note and the steps, every layer", receiver="that KV, then the question", sender_name="Sender"),
         column=42,
         explanation=(
             "LatentMAS-style latent relay. A second copy of the receiver's model reads the private context, then "

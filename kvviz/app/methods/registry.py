@@ -13,10 +13,9 @@ A registered handoff without a page entry runs everywhere (CLI, bench, API) but 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
-from kvviz.core.paths import DIAGRAMS
+from kvviz.app.methods.diagram import Flow, svg
 from kvviz.handoffs import registry
 
 OPENING_PRESET = "opening"  # a walk-through step that reloads the page's opening preset
@@ -60,7 +59,9 @@ class MethodPage:
     # what its step points at: "" its own figure (its column when it has none); "cost": time and bytes
     walkthrough_shows: str = ""
     sweep: Sweep | None = None
-    diagram: Path | None = field(default=None)  # default: assets/diagrams/NAME.svg when present
+    # "How it works" draws it (kvviz.app.methods.diagram): who reads what, what crosses; None: the
+    # handoff's one-line summary is what crosses
+    flow: Flow | None = None
     # what a latency stage is for this handoff, where the shared stage name would say more (or less)
     # than was measured, e.g. {"transfer": "splice in memory (no network)"}
     stage_labels: dict = field(default_factory=dict)
@@ -71,12 +72,16 @@ class MethodPage:
     def __post_init__(self):
         if self.walkthrough_shows not in WALKTHROUGH_TARGETS:
             raise ValueError(f"page of {self.name}: walkthrough_shows must be one of {WALKTHROUGH_TARGETS}")
-        if self.diagram is None and (DIAGRAMS / f"{self.name}.svg").is_file():
-            object.__setattr__(self, "diagram", DIAGRAMS / f"{self.name}.svg")
 
     @property
     def handoff(self) -> registry.Handoff:
         return registry.get(self.name)
+
+    def diagram(self) -> str:
+        """Its "How it works" diagram (SVG), from its flow."""
+        handoff = self.handoff
+        flow = self.flow or Flow(sender="what its sharer holds", crosses=handoff.summary, receiver="the question")
+        return svg(self.name, handoff.title, handoff.color, flow)
 
 
 PAGES: dict[str, MethodPage] = {}

@@ -3,6 +3,7 @@ receiver waits for the whole message)."""
 
 from __future__ import annotations
 
+from kvviz.app.methods.diagram import Flow
 from kvviz.app.methods.registry import MethodPage
 from kvviz.handoffs.text import NAME
 
@@ -16,6 +17,7 @@ def notes(result: dict) -> list[str]:
 PAGES = (
     MethodPage(
         name=NAME,
+        flow=Flow(sender="the note and the question", crosses="a short message it writes in words", receiver="the message, then the question"),
         column=10,
         explanation=(
             "The sharer reads what it knows and writes a short message in words. The receiver reads that "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvviz.app.methods.diagram import Flow
 from kvviz.app.methods.registry import MethodPage
 from kvviz.core.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
 from kvviz.handoffs.common import CONTROL_NOTE, content_free_note
@@ -82,6 +83,7 @@ def notes(result: dict) -> list[str]:
 PAGES = (
     MethodPage(
         name=NAME,
+        flow=Flow(sender="the note", crosses="its KV cache of the note, translated into the receiver's format", receiver="the translated note's KV, then the question"),
         column=27,  # beside C2C and its control; ticked from the column chips (not a default column)
         explanation=(
             "Only the sharer reads the note. A trained translator turns the sharer's memory of each of the note's "
@@ -96,6 +98,7 @@ PAGES = (
     ),
     MethodPage(
         name=CONTROL,
+        flow=Flow(sender="a note of the note's length that names nothing", crosses="its KV cache, translated", receiver="the translated KV, then the question"),
         column=28,
         explanation=(
             f"The same translator and receiver, but the sharer reads {CONTROL_NOTE} instead of the note "

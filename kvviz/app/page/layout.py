@@ -10,6 +10,7 @@ and the initial values by role (``kvviz.app.page.views``) and stores what it mad
 from __future__ import annotations
 
 import html
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,13 +179,16 @@ def walk_markdown(steps: list[spec.WalkStep], index: int) -> str:
 
 
 def build_ask(page: Page) -> None:
-    """Question, context, expected answer, Run and Stop on one row (stacked on a phone)."""
+    """The setup in one sentence; question, context, Run and Stop on one row (stacked on a phone)."""
+    # the chips' headings and hover texts, the inert closed sidebar and the plots' names: PAGE_JS
+    gr.HTML(spec.setup_html(), elem_id="kv-setup", js_on_load=PAGE_JS.replace("DECORATIONS",
+                                                                            json.dumps(spec.chip_decorations())))
     with gr.Row(elem_id="kv-ask", equal_height=False):
         page.add("query", gr.Textbox(value=page.value("query"), label="Question (both models read it)", lines=2, max_lines=6,
                                      scale=3, elem_id="kv-query"))
         page.add("context", gr.Textbox(
-            value=page.value("context"), label="Private context (not for the receiver; empty: a shared question)",
-            lines=2, max_lines=8, scale=4, elem_id="kv-context"))
+            value=page.value("context"), label="Private note (the receiver never sees it)",
+            placeholder="empty: a shared question, both models read only it", lines=2, max_lines=8, scale=4, elem_id="kv-context"))
         with gr.Column(scale=0, min_width=150, elem_id="kv-runbox"):
             page.add("run_button", gr.Button(spec.RUN_LABEL, variant="primary", elem_id="kv-run"))
             page.add("stop_button", gr.Button("Stop", variant="stop", size="sm", elem_id="kv-stop"))
@@ -192,15 +196,66 @@ def build_ask(page: Page) -> None:
             page.add("run_api", gr.Button("run", visible=False, elem_id="kv-run-api"))
 
 
+# What the page does in the browser that Gradio's components do not: the column chips get a heading
+# before each group's first chip and a hover text each (a CheckboxGroup has no per-choice title),
+# again whenever Gradio redraws them; the closed Settings sidebar is inert (its controls, drawn off
+# screen, leave the Tab order: Run is a few presses from the top); every plot gets an accessible
+# name, its title.
+PAGE_JS = """
+(() => {  // its own scope: Gradio's js_on_load already names some of its variables
+const decorations = DECORATIONS;
+const decorate = () => {
+  const box = document.querySelector('#kv-handoffs');
+  if (!box) return;
+  box.querySelectorAll('label').forEach((label) => {
+    const found = decorations[label.textContent.trim()];
+    if (!found) return;
+    label.title = found.hint;
+    label.dataset.kvGroup = found.group;
+    const before = label.previousElementSibling;
+    if (found.heading && !(before && before.classList.contains('kv-chip-group'))) {
+      const heading = document.createElement('span');
+      heading.className = 'kv-chip-group';
+      heading.textContent = found.heading;
+      heading.title = found.why;
+      label.before(heading);
+    }
+  });
+};
+const opts = {childList: true, subtree: true};
+const observer = new MutationObserver(() => { observer.disconnect(); decorate(); watchChips(); });
+const watchChips = () => { const box = document.querySelector('#kv-handoffs'); if (box) observer.observe(box, opts); };
+const start = (tries) => {  // the chips mount after this component: wait for them
+  if (!document.querySelector('#kv-handoffs label')) { if (tries > 0) setTimeout(() => start(tries - 1), 100); return; }
+  decorate(); watchChips();
+};
+start(100);
+const sidebarInert = () => {
+  const sidebar = document.querySelector('#kv-settings');
+  const content = sidebar && sidebar.querySelector('.sidebar-content');
+  if (content) content.inert = !sidebar.classList.contains('open');
+};
+const namePlots = () => document.querySelectorAll('[id^=kv-plot-]').forEach((plot) => {
+  const title = plot.querySelector('.gtitle');
+  const name = title ? title.textContent.trim() : '';
+  if (name && plot.getAttribute('aria-label') !== name) { plot.setAttribute('role', 'img'); plot.setAttribute('aria-label', name); }
+});
+const keep = () => { sidebarInert(); namePlots(); };
+keep();
+setInterval(keep, 500);  // cheap: a class check and a few title reads
+})();
+"""
+
+
 def build_columns(page: Page, shown: list[str]) -> None:
     """The columns to run and the expected answer that marks them (below the cards on a phone)."""
     with gr.Row(elem_id="kv-columns", equal_height=True):
         page.add("chosen", gr.CheckboxGroup(
-            choices=[(registry.get(name).label, name) for name in spec.column_names()], value=shown,
-            label="Columns (Run live runs the ticked ones)", scale=4, elem_id="kv-handoffs"))
+            choices=[(registry.get(name).label, name) for name in spec.grouped_columns()], value=shown,
+            label="Columns (Run live runs the ticked ones)", show_label=False, scale=5, elem_id="kv-handoffs"))
         page.add("expected", gr.Textbox(
             value=page.value("expected"), label="Expected answer", placeholder="e.g. United Kingdom; UK (either counts)",
-            lines=1, max_lines=2, scale=1, min_width=220, elem_id="kv-expected"))
+            lines=1, max_lines=2, scale=1, min_width=190, elem_id="kv-expected"))
 
 
 def build_cards(page: Page, shown: list[str]) -> None:
@@ -225,14 +280,15 @@ def build_cards(page: Page, shown: list[str]) -> None:
 def build_swap(page: Page) -> None:
     """Swap the fact: a word of the note, what it becomes and what the note then answers; the button
     shows each card's answer on the swapped note (a preset's stored one, else run live)."""
-    with gr.Row(elem_id="kv-swap", equal_height=False):
-        page.add("swap_replace", gr.Textbox(value=page.value("swap_replace", ""), label="In the note, replace", lines=1,
-                                            max_lines=1, scale=2, min_width=140, elem_id="kv-swap-replace"))
-        page.add("swap_by", gr.Textbox(value=page.value("swap_by", ""), label="by", lines=1, max_lines=1, scale=2,
-                                       min_width=140, elem_id="kv-swap-by"))
-        page.add("swap_answer", gr.Textbox(value=page.value("swap_answer", ""), label="then the answer is (empty: the new words)",
-                                           lines=1, max_lines=1, scale=2, min_width=160, elem_id="kv-swap-answer"))
-        page.add("swap_button", gr.Button("Swap the fact", scale=0, min_width=170, elem_id="kv-swap-button"))
+    with gr.Row(elem_id="kv-swap", equal_height=True):  # one line: "in the note, replace [ ] by [ ], then ..."
+        fields = (("swap_replace", "In the note, replace", "a word of the note"), ("swap_by", "by", "other words"),
+                  ("swap_answer", "then the answer is", "empty: the new words"))
+        for role, label, hint in fields:
+            gr.Markdown(label, elem_classes=["kv-swap-label"])
+            page.add(role, gr.Textbox(value=page.value(role, ""), label=label, show_label=False, placeholder=hint, lines=1,
+                                      max_lines=1, scale=2, min_width=110, container=False,
+                                      elem_id=f"kv-{role.replace('_', '-')}"))
+        page.add("swap_button", gr.Button("Swap the fact", size="sm", scale=0, min_width=130, elem_id="kv-swap-button"))
 
 
 def build_tabs(page: Page, shown: list[str], sweep: dict | None) -> None:

@@ -5,6 +5,7 @@ the page is built from these (``kvviz.app.page.layout``) and tests read them dir
 
 from __future__ import annotations
 
+import html
 import os
 from dataclasses import dataclass
 from urllib.parse import urlencode
@@ -12,6 +13,7 @@ from urllib.parse import urlencode
 from kvviz.app.methods import registry as methods
 from kvviz.app.methods.registry import MethodPage
 from kvviz.app.plots import layer_figure_handoffs
+from kvviz.app.present import GLOSSARY
 from kvviz.app.presets import DEFAULT_PRESET, Preset, preset
 from kvviz.data.swaps import Swap, replace_fact
 from kvviz.handoffs import registry
@@ -54,6 +56,52 @@ def column_names() -> list[str]:
 
 def default_columns() -> list[str]:
     return methods.default_columns()
+
+
+# The column chips in three groups, each with what its columns are for (``column_group``).
+COLUMN_GROUPS = (
+    ("baseline", "Baselines", "what the receiver answers with nothing sent, and with the note in its own prompt"),
+    ("method", "Handoffs", "ways for the note to reach the receiver: a text message, a cache, vectors"),
+    ("control", "Controls", "a handoff's own machinery with the note's content taken out: what it answers anyway"),
+)
+
+
+def column_group(name: str) -> str:
+    """"control" for a column that is another's control (not the receiver alone), "baseline" for
+    the receiver alone, Skyline and the sharer alone, else "method"."""
+    handoff = registry.get(name)
+    if name in {h.control for h in registry.all_handoffs()} - {"receiver", ""}:
+        return "control"
+    return "baseline" if handoff.role in ("floor", "ceiling") or name == "sharer" else "method"
+
+
+def grouped_columns() -> list[str]:
+    """The page's columns in chip order: baselines, handoffs, controls (page order within each)."""
+    order = [group for group, _, _ in COLUMN_GROUPS]
+    return sorted(column_names(), key=lambda name: order.index(column_group(name)))
+
+
+# The first screen's one sentence: who read what and who must answer (its terms in the glossary, on hover).
+SETUP_SENTENCE = (
+    'The <b>sharer</b> reads the private note; the <b>receiver</b> answers without it. Each column below hands the '
+    'note over one way (text, a <abbr title="{kv}">KV cache</abbr>, vectors), beside its control.')
+
+
+def setup_html() -> str:
+    return '<div class="kv-setup">' + SETUP_SENTENCE.format(kv=html.escape(GLOSSARY["KV cache"])) + "</div>"
+
+
+def chip_decorations() -> dict:
+    """Per chip label: its group's heading where a group starts, and its plain-language hover text."""
+    out, seen = {}, set()
+    headings = {group: (title, why) for group, title, why in COLUMN_GROUPS}
+    for name in grouped_columns():
+        group, handoff = column_group(name), registry.get(name)
+        title, why = headings[group]
+        out[handoff.label] = {"group": group, "hint": f"{handoff.title} — {handoff.summary}",
+                              "heading": None if group in seen else title, "why": why}
+        seen.add(group)
+    return out
 
 
 def preset_columns(picked: Preset) -> list[str]:

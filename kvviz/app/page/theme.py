@@ -106,7 +106,17 @@ CSS = """
 .gradio-container .value.bool, .gradio-container .value.null {color: #86198f !important}
 .gradio-container .square-bracket {color: #9f1239 !important}
 #kv-columns {align-items: center; gap: 8px}
-#kv-handoffs label {padding: 5px 9px !important}
+#kv-handoffs label {padding: 3px 8px !important}
+.kv-chip-group {align-self: center; font-size: 12.5px; font-weight: 700; color: #334155; margin: 0 2px 0 8px;
+  text-transform: uppercase; letter-spacing: .04em; cursor: help}
+.kv-chip-group:first-child {margin-left: 0}
+#kv-swap {align-items: center; gap: 6px; flex-wrap: nowrap}
+#kv-swap .kv-swap-label {flex: 0 0 auto !important; min-width: 0 !important; width: auto !important}
+#kv-swap .kv-swap-label p {margin: 0; font-size: 13.5px; color: #1f2937; white-space: nowrap}
+#kv-swap textarea, #kv-swap input {border: 1px solid #94a3b8 !important; border-radius: 6px !important;
+  padding: 3px 8px !important}
+.kv-setup {font-size: 14px; color: #1f2937; margin: 0 0 2px 0}
+.kv-setup abbr {cursor: help; text-decoration: underline dotted}
 @media (max-width: 640px) {
   #kv-top {flex-wrap: wrap}
   #kv-title {flex: 1 1 100% !important}
@@ -117,7 +127,13 @@ CSS = """
   #kv-presets {max-width: none}
   #kv-ask {flex-direction: column}
   #kv-ask > * {min-width: 0 !important; width: 100% !important}
-  #kv-runbox {flex-direction: row !important}
+  #kv-runbox {flex-direction: row !important; flex-wrap: nowrap !important; align-items: stretch}
+  #kv-runbox > #kv-run {flex: 1 1 auto !important}
+  #kv-runbox > #kv-stop {flex: 0 0 96px !important; min-width: 0 !important}
+  #kv-swap {flex-wrap: wrap}
+  .kv-when {display: none}
+  .kv-setup {font-size: 13px; line-height: 1.35}
+  #kv-setup {margin-bottom: -8px}
   #kv-answers {display: flex !important; overflow-x: auto; scroll-snap-type: x mandatory; padding-bottom: 4px}
   #kv-answers > .kv-card {flex: 0 0 78vw !important; scroll-snap-align: start}
   #kv-layer-plots > * {min-width: 0 !important; flex-basis: 100% !important}
