@@ -226,6 +226,7 @@ MARK_WORDS = {
     "stopped": "■ stopped",
     "notstarted": "not started",
     "notrun": "not run",
+    "stale": "other question",
 }
 MARK_HINTS = {
     "right": "the answer states an expected answer",
@@ -237,6 +238,7 @@ MARK_HINTS = {
     "stopped": "stopped by you before it finished",
     "notstarted": "the run was stopped before this handoff started",
     "notrun": "the run did not reach this handoff",
+    "stale": "this answer is to the results' own question (or pair), not to what the page asks now: press Run live",
 }
 
 
@@ -370,6 +372,14 @@ def _evidence_parts(evidence: dict[str, str]) -> list[str]:
     return parts
 
 
+def stale_strip_html(held_query: str, held_pair: str, pair: str) -> str:
+    """The strip while the cards answer another question or pair than the page now asks: what they
+    answer, and how to get this question's answers (the question is user text: escaped)."""
+    held = f"“{html.escape(held_query)}”" + (f" on the pair {html.escape(held_pair)}" if held_pair != pair else "")
+    return (f'<div class="kv-verdict kv-stale">The greyed answers are to {held}, not to this question'
+            f"{'' if held_pair == pair else ' and pair'}: press <b>Run live</b> to answer it.</div>")
+
+
 def verdict_strip_html(subject: str, marks: dict[str, str], answers, evidence: dict[str, str] | None = None) -> str:
     """One line: which columns got the answer through and which did not (``marks``: column -> mark,
     in page order), and what "right" means here. "Got through by" lists only the right answers the
@@ -409,8 +419,15 @@ def precomputed_status(title: str, pair: str, when: str = "") -> str:
 
 
 
-def live_status(done: int, total: int, log: str) -> str:
-    return f"**Live run** ({done} of {total} done): {md(log)}"
+def live_status(done: int, total: int, states: dict[str, str], log: str = "") -> str:
+    """A live run's line as it stands: how many columns are done, which are running now (all of
+    them, not the last one started) and how many wait; ``log``: what the run does before any column
+    starts (loading the pair, only while it loads)."""
+    running = [registry.title_of(name) for name, state in states.items() if state == "running"]
+    waiting = sum(state == "waiting" for state in states.values())
+    parts = ([f"running {', '.join(running)}"] if running else []) + ([f"{waiting} waiting"] if waiting else [])
+    now = "; ".join(parts) if running or not log else md(log)
+    return f"**Live run** ({done} of {total} done): {now or 'finishing …'}"
 
 
 def finished_status(seconds: float, workers: int, stopped: str = "") -> str:

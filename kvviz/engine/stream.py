@@ -181,7 +181,7 @@ class _RunWorker:
         try:
             pair = self.loaded
             if pair is None:
-                self.put(Status(f"Loading the pair '{self.pair_name}' (once per server) ..."))
+                # load_model says "Loading ..." only for a model not loaded yet in this process
                 pair = runner.load_pair(self.pair_name, progress=lambda message: self.put(Status(str(message))))
             runner.check_fits(pair, self.request)
             runnable = []

@@ -426,6 +426,7 @@ def load_model(name: str, device: str | None = None, dtype=None, progress=print)
     with _load_lock:
         if cache_key in _loaded:
             return _loaded[cache_key]
+        progress(f"Loading {name} (once per server) ...")
         loaded = _load_uncached(name, device, torch_dtype, progress)
         _loaded[cache_key] = loaded
         # The model, its libraries and the app around it are hundreds of thousands of Python objects

@@ -468,25 +468,115 @@ def test_ticking_a_handoff_shows_its_column_with_no_page_code_for_it(page):
     assert not page.errors, page.errors
 
 
-def test_the_walkthrough_loads_its_preset_and_outlines_what_it_talks_about(page):
+# Where the walk-through's text, its Next button and its target are on screen, and the room the
+# docked panel leaves above it.
+WALK_BOXES_JS = """(target) => {
+  const rect = (el) => { const r = el.getBoundingClientRect(); return {top: r.top, bottom: r.bottom}; };
+  return {text: rect(document.getElementById('kv-walk-text')), next: rect(document.getElementById('kv-walk-next')),
+          panel: rect(document.getElementById('kv-walk')), target: rect(document.getElementById(target)),
+          height: window.innerHeight};
+}"""
+
+
+def on_one_screen(boxes: dict) -> bool:
+    """Text and Next wholly in the viewport, and the target's top in the room above the panel with
+    at least 120 px of it (or all of it, when shorter) showing there."""
+    inside = all(0 <= boxes[part]["top"] and boxes[part]["bottom"] <= boxes["height"] for part in ("text", "next"))
+    target, panel_top = boxes["target"], boxes["panel"]["top"]
+    shown = min(target["bottom"], panel_top) - max(target["top"], 0)
+    return inside and target["top"] >= 0 and shown >= min(120, target["bottom"] - target["top"])
+
+
+@pytest.mark.parametrize("viewport", [LAPTOP, PHONE], ids=["1280x800", "390px"])
+def test_every_walkthrough_step_shows_its_text_its_next_button_and_its_target_on_one_screen(browser, app_url, viewport):
+    """The walk-through loads each step's preset, outlines its target and scrolls it into the room
+    above the docked panel: text, Next and target on one screen at 1280x800 and at 390 px."""
     from kvviz.app import ui
     from kvviz.app.presets import preset
 
-    steps = ui.walkthrough_steps()
-    page.locator("#kv-walkthrough").click()
-    page.locator("#kv-walk-text").get_by_text(steps[0].title).wait_for(timeout=30_000)
-    for index, step in enumerate(steps[1:], start=1):
-        page.locator("#kv-walk-next").click()
-        page.locator("#kv-walk-text").get_by_text(step.title).wait_for(timeout=30_000)
-        if step.preset:
-            page.wait_for_function("(q) => document.querySelector('#kv-query textarea').value === q",
-                                   arg=preset(step.preset).query,
-                                   timeout=30_000)
-        page.wait_for_function("(id) => document.getElementById(id) && document.getElementById(id)"
-                               ".classList.contains('kv-highlight')", arg=step.target, timeout=10_000)
-        try:  # scrolled into view (a smooth scroll takes a moment)
-            page.wait_for_function("(id) => { const r = document.getElementById(id).getBoundingClientRect();"
-                                   " return r.top < window.innerHeight && r.bottom > 0; }", arg=step.target, timeout=5_000)
-        except Exception:
-            raise AssertionError(f"step {index + 1} did not scroll to {step.target}: {box(page, step.target)}") from None
-    assert not page.errors, page.errors
+    context, page = open_page(browser, app_url, viewport)
+    try:
+        steps = ui.walkthrough_steps()
+        page.locator("#kv-walkthrough").click()
+        page.locator("#kv-walk-text").get_by_text(steps[0].title).wait_for(timeout=30_000)
+        for index, step in enumerate(steps):
+            if index:
+                page.locator("#kv-walk-next").click()
+                page.locator("#kv-walk-text").get_by_text(step.title).wait_for(timeout=30_000)
+            if step.preset:
+                page.wait_for_function("(q) => document.querySelector('#kv-query textarea').value === q",
+                                       arg=preset(step.preset).query, timeout=30_000)
+            page.wait_for_function("(id) => document.getElementById(id) && document.getElementById(id)"
+                                   ".classList.contains('kv-highlight')", arg=step.target, timeout=10_000)
+            page.wait_for_timeout(300)  # the scroll lands after the outline
+            boxes = page.evaluate(WALK_BOXES_JS, step.target)
+            assert on_one_screen(boxes), f"step {index + 1} ({step.title}, {step.target}) at {viewport}: {boxes}"
+            if viewport == LAPTOP and step.target == "kv-plot-kvcomm":
+                page.screenshot(path=str(artifacts_dir() / "walkthrough-kvcomm-1280x800.png"))
+        assert not page.errors, page.errors
+    finally:
+        context.close()
+
+
+def stale_state(page) -> dict:
+    """The signals a learner reads the page's state from: the shown cards' marks, the preset box,
+    the lesson and the strip."""
+    return {"marks": set(marks(page).values()), "preset": page.locator("#kv-presets input").first.input_value(),
+            "lesson": page.evaluate("() => ((document.getElementById('kv-lesson') || {}).innerText || '').trim()"),
+            "strip": page.locator("#kv-verdict").inner_text()}
+
+
+def wait_for_marks(page, kinds: set[str]) -> None:
+    page.wait_for_function("(kinds) => { const shown = [...document.querySelectorAll('[id^=kv-mark-]')]"
+                           ".filter(e => e.offsetParent); return shown.length > 0 && shown.every(e => kinds.includes("
+                           "e.dataset.verdict)); }", arg=sorted(kinds), timeout=15_000)
+
+
+def test_a_typed_question_greys_the_presets_cards_clears_its_lesson_and_a_link_opens_the_same_way(browser, app_url, page):
+    """Typing a question clears the preset box and its lesson and marks every card "other question"
+    (greyed, no ✓ or ✗), the strip says which question they answer; typing the preset's question back
+    brings its marks back; a typed-question link opens in the greyed state."""
+    from urllib.parse import urlencode
+
+    before = stale_state(page)
+    assert before["preset"] and before["lesson"] and "stale" not in before["marks"], before
+    type_into(page, "kv-query", "Where is Tomas?")
+    try:
+        wait_for_marks(page, {"stale"})
+    except Exception:
+        raise AssertionError(f"not greyed: {stale_state(page)}; status {page.locator('#kv-status').inner_text()!r}") from None
+    typed = stale_state(page)
+    assert typed["preset"] == "" and typed["lesson"] == "" and "Run live" in typed["strip"], typed
+    color = page.evaluate("() => getComputedStyle(document.querySelector('#kv-answer-receiver textarea')).fontStyle")
+    assert color == "italic"  # greyed (the theme's stale card)
+    type_into(page, "kv-query", textbox_value_of_preset())
+    wait_for_marks(page, {"right", "wrong", "none", "na"})
+    assert stale_state(page)["lesson"] == before["lesson"]
+
+    context = browser.new_context(viewport=LAPTOP)
+    try:
+        linked = context.new_page()
+        linked.goto(f"{app_url}?{urlencode({'q': 'Where is Tomas?', 'c': 'Tomas moved to Lisbon.'})}",
+                    wait_until="domcontentloaded")
+        linked.locator("#kv-answer-receiver textarea").first.wait_for(timeout=60_000)
+        wait_for_marks(linked, {"stale"})
+        state = stale_state(linked)
+        assert state["preset"] == "" and state["lesson"] == "" and "Where is Tomas?" in textbox_value(linked, "kv-query"), state
+    finally:
+        context.close()
+
+
+def type_into(page, elem_id: str, text: str) -> None:
+    """Type as a learner does: Gradio's input event comes from the keyboard (a bare ``fill`` sets the
+    value without it), so the last character is typed."""
+    box = page.locator(f"#{elem_id} textarea").first
+    box.fill(text[:-1])
+    box.press_sequentially(text[-1:])
+
+
+def textbox_value_of_preset() -> str:
+    """The opening preset's question (the page opens on it)."""
+    from kvviz.app.page.spec import DEFAULT_PRESET
+    from kvviz.app.presets import preset
+
+    return preset(DEFAULT_PRESET).query

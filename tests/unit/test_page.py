@@ -17,7 +17,7 @@ from kvviz.app.page.events import page_stream_roles
 from kvviz.app.page.run import LiveRun, StopFlags, stream_run
 from kvviz.app.presets import DEFAULT_PRESET, PRESETS, load_precomputed, preset
 from kvviz.core.results import HandoffRequest
-from kvviz.engine.events import Done, Failed, Message, Started, Token
+from kvviz.engine.events import Done, Failed, Message, Started, Status, Token
 from kvviz.handoffs import registry
 
 PRECOMPUTED = load_precomputed()
@@ -353,3 +353,23 @@ def test_a_swap_the_page_cannot_make_says_why_in_the_status_line_alone(context, 
     demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
     (update,) = swap_updates(demo, "What is the code?", context, "4471", NAMES, fields, None)
     assert "Not run" in update["status"] and said in update["status"] and update["results"] == gr.skip()
+
+
+def test_the_status_line_names_every_running_column_and_says_loading_only_while_it_loads(monkeypatch):
+    """The live line names all the columns running now (not the last one started), counts the
+    done and the waiting, and shows the pair's loading only until a column starts."""
+    from kvviz.app.page import run as page_run
+
+    monkeypatch.setattr(page_run, "STREAM_INTERVAL", 0.0)
+    script = [Status("Loading smollm2-135m (once per server) ..."), Started("receiver"), Started("text"),
+              Done("receiver", fake_result("receiver", "12")), Started("kvcomm"),
+              Done("text", fake_result("text", "4471")), Done("kvcomm", fake_result("kvcomm", "4471"))]
+    lines = [update["status"] for update in stream_run(live_run(), 2, threading.Event(), batches=one_by_one(script))
+             if "status" in update]
+    assert "Loading smollm2-135m" in lines[1] and "running" not in lines[1]  # the first line is every column waiting
+    assert lines[2] == "**Live run** (0 of 3 done): running Receiver alone; 2 waiting"
+    assert lines[3] == "**Live run** (0 of 3 done): running Receiver alone, Text message; 1 waiting"
+    assert lines[4] == "**Live run** (1 of 3 done): running Text message; 1 waiting"
+    assert lines[5] == "**Live run** (1 of 3 done): running Text message, KVComm: selected layers"
+    assert not any("Loading" in line for line in lines[2:])
+    assert "finished" in lines[-1]

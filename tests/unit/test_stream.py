@@ -110,7 +110,7 @@ def test_batches_hold_the_same_events_in_order_and_idle_batches_are_empty(monkey
     names = ["receiver", "text", "skyline"]
     batches = list(run("tiny", request, names, ALL_AT_ONCE, idle=0.001))
     events = [event for batch in batches for event in batch]
-    assert all(batch for batch in batches[:1]) and not [e for e in events if isinstance(e, Failed)]
+    assert any(batches) and not [e for e in events if isinstance(e, Failed)]  # idle ones may come first: nothing loads
     done = {event.handoff: event.result["answer"] for event in events if isinstance(event, Done)}
     alone = {event.handoff: event.result["answer"] for event in flat_run("tiny", request, names, 1) if isinstance(event, Done)}
     assert done == alone and sorted(done) == sorted(names)

@@ -142,8 +142,8 @@ def restored(lab: Lab, link: dict, payload: dict, names: list[str], view: dict) 
         payload, names, view = updates["results"], updates["chosen"], updates.pop("view")
     elif query is not None:
         updates = {"query": query, "context": context or "", "presets": None,
-                   "status": "Opened from a link: press **Run live** to run this question (the answers below are "
-                             "from the opening preset)."}
+                   "status": "Opened from a link: press **Run live** to run this question (the greyed answers below "
+                             "are the opening preset's)."}
     if "h" in link:
         names = link["h"]
         answers = spec.expected_answers(link.get("expected", updates.get("expected", page.value("expected"))))
@@ -159,6 +159,8 @@ def restored(lab: Lab, link: dict, payload: dict, names: list[str], view: dict) 
         updates[f"option:{index}"] = value
     if link.get("column"):
         view = {**view, "tokens_column": link["column"]}
+    if query is not None and not match:  # a typed question: the opening preset's cards do not answer it
+        updates.update(views.stale_view(payload, updates.get("pair", lab.default_pair)))
     return updates, payload, names, view
 
 
@@ -209,27 +211,33 @@ def wire_presets(lab: Lab) -> None:
 
 
 def wire_ticks_and_expected(lab: Lab) -> None:
-    """Ticking a column shows its card, details and figure; typing an expected answer re-marks."""
+    """Ticking a column shows its card, details and figure; typing an expected answer re-marks;
+    typing a question or note, or choosing another pair, greys the cards that do not answer it
+    (``views.question_view``) and ungreys them when the page asks their question again."""
     page = lab.page
+    asked = [page["query"], page["context"], page["pair"]]
 
-    def on_ticks(names, payload, expected, view):
+    def on_ticks(names, payload, expected, view, query, context, pair):
         names = [name for name in spec.column_names() if name in (names or [])]
-        answers = spec.expected_answers(expected)
-        updates = {"shown": names, **views.verdict(payload, names, answers, views.subject_of(payload))}
+        updates = {"shown": names, **views.question_view(payload, query, context, pair, names, spec.expected_answers(expected))}
         return {**updates, **lab.tab_view(view.get("tab", spec.DEFAULT_TAB), payload, names, view)}
 
-    page["chosen"].input(resolved(page, on_ticks), inputs=[page["chosen"], page["results"], page["expected"], page["view"]],
+    page["chosen"].input(resolved(page, on_ticks), inputs=[page["chosen"], page["results"], page["expected"], page["view"],
+                                                            *asked],
                          outputs=page.outputs(), api_name="show_handoffs", **PRIVATE)
 
-    def on_expected(expected, payload, names):
-        answers, found = spec.expected_answers(expected), views.results_by_name(payload)
-        swapped = bool((payload or {}).get("swap_shown"))
-        updates = {f"head:{name}": views.card(name, found[name], answers, swapped=swapped)[f"head:{name}"]
-                   for name in spec.column_names() if name in found}
-        return {**updates, **views.verdict(payload, names or [], answers, views.subject_of(payload))}
+    def on_expected(expected, payload, names, query, context, pair):
+        return views.question_view(payload, query, context, pair, names or [], spec.expected_answers(expected))
 
-    page["expected"].input(resolved(page, on_expected), inputs=[page["expected"], page["results"], page["chosen"]],
+    page["expected"].input(resolved(page, on_expected), inputs=[page["expected"], page["results"], page["chosen"], *asked],
                            outputs=page.outputs(), api_name="mark", trigger_mode="always_last", **PRIVATE)
+
+    def on_question(query, context, pair, payload, names, expected):
+        return views.question_view(payload, query, context, pair, names or [], spec.expected_answers(expected))
+
+    for role in ("query", "context", "pair"):
+        page[role].input(resolved(page, on_question), inputs=[*asked, page["results"], page["chosen"], page["expected"]],
+                         outputs=page.outputs(), api_name=f"ask_{role}", trigger_mode="always_last", **PRIVATE)
 
 
 def wire_tabs(lab: Lab) -> None:
@@ -277,12 +285,37 @@ FIRST_PLOT_JS = f"""() => {{
 }}"""
 
 
+# The walk-through's scroll: the target's top just under the sticky verdict strip, so that it sits in
+# the room above the docked walk-through panel (theme: #kv-walk) and text, Next and target share a screen.
+WALK_TARGET_JS = """
+(target) => {
+  let tries = 0;
+  const go = () => {
+    const el = document.getElementById(target);
+    if (!el || !el.offsetParent) { if (tries++ < 30) setTimeout(go, 100); return; }
+    document.body.style.paddingBottom = '70vh';  // room to scroll a target near the page's end above the panel
+    const strip = document.getElementById('kv-verdict');
+    const stuck = strip && getComputedStyle(strip).position === 'sticky' ? strip.getBoundingClientRect().height : 0;
+    const panel = document.getElementById('kv-walk');
+    const room = window.innerHeight - stuck - (panel ? panel.getBoundingClientRect().height + 24 : 0);
+    const r = el.getBoundingClientRect();
+    // a target taller than the room starts at its top; a shorter one is centred in the room
+    const offset = stuck + 8 + Math.max(0, (room - r.height) / 2);
+    window.scrollTo({top: window.scrollY + r.top - offset, behavior: 'instant'});
+    el.classList.add('kv-highlight');
+    setTimeout(() => el.classList.remove('kv-highlight'), 2000);
+  };
+  setTimeout(go, 50);
+}
+"""
+
+
 def highlight_js(targets: list[str]) -> str:
-    """JS that outlines the target of the step shown in the walk-through strip ("Step i of n")."""
+    """JS that outlines the target of the step shown in the walk-through panel ("Step i of n")."""
     return f"""() => {{
   const text = (document.getElementById('kv-walk-text') || {{}}).innerText || '';
   const step = parseInt((text.match(/Step (\\d+) of/) || [0, 1])[1]) - 1;
-  ({HIGHLIGHT_JS})({json.dumps(targets)}[step]);
+  ({WALK_TARGET_JS})({json.dumps(targets)}[step]);
 }}"""
 
 
@@ -325,7 +358,7 @@ def wire_walkthrough(lab: Lab) -> None:
         step.then(
             None, js=highlight_js([step.target for step in steps]))
     page["walk_close"].click(lambda: gr.update(visible=False), outputs=[page["walk"]], api_name="walkthrough_close",
-                             **PRIVATE)
+                             **PRIVATE).then(None, js="() => { document.body.style.paddingBottom = ''; }")
 
 
 # --- the run: busy, stop, stream; and the /run API ------------------------------------------------

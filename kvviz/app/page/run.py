@@ -24,7 +24,6 @@ from kvviz.app.page.spec import STREAM_INTERVAL
 from kvviz.core.results import HandoffRequest
 from kvviz.engine import stream
 from kvviz.engine.events import Done, Event, Failed, Lens, Message, Scored, Started, Status, Stopped, Token
-from kvviz.handoffs import registry
 
 
 class StopFlags:
@@ -73,7 +72,7 @@ class LiveRun:
     partial: dict[str, str] = field(default_factory=dict)
     results: dict[str, dict] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
-    log: str = "starting …"
+    log: str = ""  # what the run does before a column starts (loading the pair)
     out_of_time: str = ""  # why the run stopped at its time cap (``Stopped``)
     failed: str = ""  # why the run could not start (``Failed``)
     alone: dict[str, float] = field(default_factory=dict)  # column -> its time alone on this question (a preset's)
@@ -89,7 +88,7 @@ class LiveRun:
         return dict(data, stamp=views.live_stamp())
 
     def status(self) -> dict:
-        return {"status": present.live_status(len(self.results), len(self.names), self.log)}
+        return {"status": present.live_status(len(self.results), len(self.names), self.states, self.log)}
 
     def verdict(self) -> dict:
         states = {name: self.states.get(name, "notrun") for name in self.names}
@@ -147,7 +146,7 @@ def apply_event(run: LiveRun, event: Event, update: dict, held: dict[str, str | 
         case Started(name):
             run.states[name] = "running"
             run.partial[name] = ""
-            run.log = f"running {registry.title_of(name)} …"
+            run.log = ""  # a column runs: the pair is loaded
             update.update(views.card(name, None, run.answers, "running", ""))
             return True
         case Token(name, text):

@@ -79,6 +79,10 @@ CSS = """
 .kv-mark-none, .kv-mark-failed {background: #e5e7eb; color: #374151 !important}
 .kv-mark-stopped, .kv-mark-notstarted, .kv-mark-notrun {background: #fef3c7; color: #713f12 !important}
 .kv-mark-running, .kv-mark-waiting {background: #dbeafe; color: #1e3a8a !important}
+.kv-mark-stale {background: #e2e8f0; color: #334155 !important}
+/* a card whose answer is to another question: greyed until a run replaces it */
+.kv-card:has(.kv-mark-stale) {background: #f1f5f9 !important}
+.kv-card:has(.kv-mark-stale) textarea {color: #475569 !important; font-style: italic}
 .kv-swap-row {display: flex; flex-wrap: wrap; align-items: baseline; gap: 2px 6px; font-size: 12.5px;
   color: #1f2937 !important; border-top: 1px dashed #cbd5e1; padding-top: 2px; margin-top: 2px}
 .kv-swap-answer {overflow-wrap: anywhere; min-width: 0}
@@ -93,7 +97,12 @@ CSS = """
 #kv-lesson {font-size: 14px}
 #kv-lesson p {margin: 0}
 #kv-lesson-row {align-items: center; gap: 8px}
-#kv-walk {border-left: 4px solid #0072B2; padding-left: 12px; background: #f8fafc}
+/* the walk-through is a panel docked at the viewport's foot: its text and Next stay on screen while
+   the page scrolls its target into the room above it (walk_target_js) */
+#kv-walk {position: fixed; right: 16px; bottom: 16px; width: min(460px, calc(100vw - 32px)); max-height: 34vh;
+  overflow-y: auto; z-index: 50; border: 1px solid #cbd5e1; border-left: 5px solid #0072B2; border-radius: 8px;
+  padding: 8px 12px !important; background: #f8fafc; box-shadow: 0 6px 24px rgba(15, 23, 42, 0.25)}
+#kv-walk-text p {margin: 0 0 4px 0}
 .kv-highlight {outline: 3px solid #1d4ed8 !important; outline-offset: 4px; border-radius: 6px;
   transition: outline-color 0.3s}
 .kv-details-title {font-weight: 700; color: var(--kv-ink) !important; border-left: 5px solid var(--kv-hue); padding-left: 6px}
@@ -118,6 +127,8 @@ CSS = """
 .kv-setup {font-size: 14px; color: #1f2937; margin: 0 0 2px 0}
 .kv-setup abbr {cursor: help; text-decoration: underline dotted}
 @media (max-width: 640px) {
+  #kv-verdict {position: static}  /* sticky, it would cover 13% of a phone's screen over every plot */
+  #kv-walk {right: 8px; bottom: 8px; width: calc(100vw - 16px); max-height: 38vh; font-size: 14px}
   #kv-top {flex-wrap: wrap}
   #kv-title {flex: 1 1 100% !important}
   #kv-title h1 {font-size: 18px}

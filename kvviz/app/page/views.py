@@ -84,6 +84,36 @@ def cards_and_verdict(payload: dict | None, names: list[str], answers, subject: 
     return updates
 
 
+def answers_this(payload: dict | None, query: str, context: str, pair: str) -> bool:
+    """Whether the results on the page answer this question and note on this pair (no results: yes,
+    there is nothing to contradict it)."""
+    if not payload or not payload.get("results"):
+        return True
+    held = payload.get("request") or {}
+    return ((held.get("query") or "").strip() == (query or "").strip()
+            and (held.get("context") or "").strip() == (context or "").strip() and payload.get("pair", pair) == pair)
+
+
+def stale_view(payload: dict, pair: str) -> dict:
+    """The page while its results answer another question or pair than the one it now asks: every
+    card keeps its answer, greyed and marked "other question" (no ✓ or ✗ for a question it was not
+    asked), the strip says which question they answer, and no preset or lesson is claimed."""
+    found = results_by_name(payload)
+    held = payload.get("request") or {}
+    updates = {f"head:{name}": present.card_head_html(name, "stale") for name in column_names() if name in found}
+    return {**updates, "presets": None, "lesson": "",
+            "verdict": present.stale_strip_html(held.get("query") or "", payload.get("pair", pair), pair)}
+
+
+def question_view(payload: dict | None, query: str, context: str, pair: str, names: list[str], answers) -> dict:
+    """What the page shows for the question, note and pair it now asks: the results as they are when
+    they answer it (marks, strip, the preset's lesson), else ``stale_view``."""
+    if answers_this(payload, query, context, pair):
+        return {**cards_and_verdict(payload, names, answers, subject_of(payload)), "lesson": lesson_of(payload),
+                "presets": (payload or {}).get("preset") if (payload or {}).get("precomputed") else None}
+    return stale_view(payload, pair)
+
+
 # --- the swapped note (Swap the fact) --------------------------------------------------------------
 
 
