@@ -116,6 +116,12 @@ RESULT_COLUMNS = (
 )
 
 
+def reading_frame(data: dict) -> pd.DataFrame:
+    """The page's "Results as data" table: ``results_frame`` with its seconds rounded to the
+    millisecond for reading (the CSV export and the JSON keep full precision)."""
+    return results_frame(data).round(3)
+
+
 def results_frame(data: dict) -> pd.DataFrame:
     """One row per handoff of a payload: the page's "Results as data" table and the CSV export."""
     rows = []

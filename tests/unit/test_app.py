@@ -109,7 +109,8 @@ def test_ticking_a_handoff_shows_its_column_and_figure():
     show = next(fn for fn in demo.fns.values() if fn.api_name == "show_handoffs")
     shown = ["receiver", "kvcomm"]
     view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
-    updates = show.fn(shown, page["results"].value, "", view)  # columns are layout blocks: called directly
+    updates = show.fn(shown, page["results"].value, "", view, page["query"].value, page["context"].value,
+                      page["pair"].value)  # columns are layout blocks: called directly
     for name in ui.column_names():
         assert updates[page.cards[name].block]["visible"] == (name in shown)
         assert updates[page.details[name].block]["visible"] == (name in shown)

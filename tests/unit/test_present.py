@@ -81,6 +81,15 @@ def test_results_frame_has_one_row_per_result_and_a_fixed_layout():
     assert present.results_frame({}).empty
 
 
+def test_the_pages_table_rounds_seconds_to_the_millisecond_and_the_csv_keeps_them_whole(tmp_path):
+    result = {**kvcomm_result(), "timings": {"total": 2.192389952000667}, "first_token_seconds": 0.123456789}
+    payload = present.payload("hand", None, [result], False)
+    shown = present.reading_frame(payload)
+    assert shown.loc[0, "total_s"] == 2.192 and shown.loc[0, "first_token_s"] == 0.123
+    assert list(shown.columns) == present.RESULT_COLUMNS and shown.loc[0, "answer"] == result["answer"]
+    assert present.results_frame(payload).loc[0, "total_s"] == 2.192389952000667  # the export's table
+
+
 def test_exports_write_the_payload_and_its_table(tmp_path):
     data = present.payload("hand", {"query": "Q"}, [kvcomm_result()], False)
     json_path, csv_path = present.write_exports(data, tmp_path)

@@ -586,7 +586,7 @@ def wire_run_api(lab: Lab, form: list) -> None:
                 values += [present.answer_text(found.get(name)), present.stats_markdown(found.get(name)),
                            present.seen_text(found.get(name))]
             values += [figures[name] for name in spec.plot_names()]
-            yield dict(zip(outputs, values + [present.results_frame(payload), payload, payload]))
+            yield dict(zip(outputs, values + [present.reading_frame(payload), payload, payload]))
 
     run.__signature__ = inspect.Signature(  # the API's parameter names
         [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in spec.run_parameter_names(page.specs)])

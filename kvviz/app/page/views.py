@@ -305,7 +305,7 @@ def tab_updates(tab: str, payload: dict, names: list[str], view: dict, cache: Fi
         updates["how"] = present.how_it_works_page(column_names())
         drawn["how"] = True
     if tab == "data" and drawn.get("data") != payload.get("stamp"):
-        updates["table"] = present.results_frame(payload)
+        updates["table"] = present.reading_frame(payload)
         updates["json"] = {**payload, "results": [tokenview.without_arrays(r) for r in payload.get("results", [])]}
         drawn["data"] = payload.get("stamp")
     return updates, {**view, "tab": tab, "drawn": drawn}
