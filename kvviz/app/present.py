@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import html
 import json
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -336,6 +337,30 @@ def swap_row_html(name: str, result: dict | None) -> str:
             f'title="{html.escape(hint)}">{html.escape(SWAP_WORDS[outcome])}</span>'
             f'<span class="kv-swap-answer" title="its answer on the swapped note">on the swapped note: '
             f"“{html.escape(answer)}”</span></div>")
+
+
+def what_if_label(label: str) -> str:
+    """A stored run's short name on a card: its label's parenthesis ("7 of 18 layers" -> "7 layers"),
+    else the label after "at" ("ratio 0.35"), else the label."""
+    if "(" in label and label.endswith(")"):
+        return re.sub(r"^(\d+) of \d+ layers$", r"\1 layers", label[label.index("(") + 1:-1])
+    return label.split(" at ", 1)[-1]
+
+
+def what_if_html(name: str, runs: list[tuple[str, dict]], answers) -> str:
+    """Under a card's answer: this column's answer in the preset's stored runs at other settings
+    (``runs``: (label, result)), each with its mark, painted from the stored runs without a model.
+    Model text is escaped."""
+    if not runs:
+        return ""
+    items = []
+    for label, result in runs:
+        kind, answer = mark_of(result, answers), answer_text(result)
+        answer = answer if len(answer) <= 40 else answer[:39] + "…"
+        items.append(f'<span class="kv-whatif-item" data-verdict="{kind}" title="{html.escape(label)}: stored run, '
+                     f'no model needed">{html.escape(what_if_label(label))}: {html.escape(answer)} '
+                     f'<span class="kv-mark-{kind} kv-whatif-mark">{html.escape(MARK_WORDS[kind].split()[0])}</span></span>')
+    return f'<div class="kv-whatif" id="kv-whatif-{name}"><span class="kv-whatif-lead">what if</span> {" · ".join(items)}</div>'
 
 
 # the status line's clause per outcome, for the columns that had it

@@ -373,3 +373,26 @@ def test_the_status_line_names_every_running_column_and_says_loading_only_while_
     assert lines[5] == "**Live run** (1 of 3 done): running Text message, KVComm: selected layers"
     assert not any("Loading" in line for line in lines[2:])
     assert "finished" in lines[-1]
+
+
+def test_a_presets_stored_runs_show_on_their_cards_as_what_ifs_with_their_marks():
+    """Each stored run of a preset at other settings (KVComm at other ratios) is on its column's card
+    as a what-if, with its answer and its mark by the preset's answers, painted without a model."""
+    import re
+
+    for picked in PRESETS:
+        payload, _ = views.precomputed_payload(PRECOMPUTED, picked.key, "embedded")
+        entry = PRECOMPUTED["presets"][picked.key]
+        heads = views.cards_and_verdict(payload, spec.preset_columns(picked), list(picked.answers), picked.subject)
+        for label, run in (entry.get("runs") or {}).items():
+            for result in run["results"]:
+                head = heads[f"head:{result['handoff']}"]
+                item = re.search(rf'data-verdict="(\w+)" title="{re.escape(label)}: stored run[^>]*>([^<]*)', head)
+                assert item, (picked.key, label, head)
+                assert item.group(1) == present.mark_of(result, list(picked.answers))
+                assert present.what_if_label(label) in item.group(2) and result["answer"][:20] in item.group(2)
+    locker = views.cards_and_verdict(views.precomputed_payload(PRECOMPUTED, "locker", "embedded")[0], ["kvcomm"],
+                                     ["4471"], "The code")["head:kvcomm"]
+    assert "7 layers: 4471" in locker and "6 layers: 12" in locker
+    assert 'id="kv-whatif-receiver"' not in views.cards_and_verdict(
+        views.precomputed_payload(PRECOMPUTED, "locker", "embedded")[0], ["receiver"], ["4471"], "The code")["head:receiver"]

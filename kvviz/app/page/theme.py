@@ -79,6 +79,10 @@ CSS = """
 .kv-mark-none, .kv-mark-failed {background: #e5e7eb; color: #374151 !important}
 .kv-mark-stopped, .kv-mark-notstarted, .kv-mark-notrun {background: #fef3c7; color: #713f12 !important}
 .kv-mark-running, .kv-mark-waiting {background: #dbeafe; color: #1e3a8a !important}
+.kv-whatif {font-size: 12px; color: #334155 !important; margin-top: 2px; line-height: 1.45}
+.kv-whatif-lead {font-weight: 700; text-transform: uppercase; font-size: 10.5px; letter-spacing: 0.03em; margin-right: 2px}
+.kv-whatif-item {white-space: nowrap}
+.kv-whatif-mark {padding: 0 4px; border-radius: 6px; font-weight: 700}
 .kv-mark-stale {background: #e2e8f0; color: #334155 !important}
 /* a card whose answer is to another question: greyed until a run replaces it */
 .kv-card:has(.kv-mark-stale) {background: #f1f5f9 !important}
@@ -125,6 +129,7 @@ CSS = """
 #kv-swap textarea, #kv-swap input {border: 1px solid #94a3b8 !important; border-radius: 6px !important;
   padding: 3px 8px !important}
 .kv-setup {font-size: 14px; color: #1f2937; margin: 0 0 2px 0}
+#kv-setup {margin: -6px 0 -10px 0}  /* the setup line sits close to the question it sets up */
 .kv-setup abbr {cursor: help; text-decoration: underline dotted}
 @media (max-width: 640px) {
   #kv-verdict {position: static}  /* sticky, it would cover 13% of a phone's screen over every plot */

@@ -40,13 +40,15 @@ def results_by_name(payload: dict | None) -> dict[str, dict]:
 
 
 def card(name: str, result: dict | None, answers, state: str = "", partial: str | None = None,
-         swapped: bool = False) -> dict:
+         swapped: bool = False, what_ifs: list | None = None) -> dict:
     """Every role of one column's card (and its "What each model saw" section). ``swapped``: the
-    swapped note's outcome and answer show under the title (what the outcome means on hover)."""
+    swapped note's outcome and answer show under the title (what the outcome means on hover);
+    ``what_ifs``: the column's answers in a preset's stored runs at other settings."""
     kind = state if state and result is None else present.mark_of(result, answers)
     swap_row = present.swap_row_html(name, result) if swapped and result is not None else ""
+    what_if = present.what_if_html(name, what_ifs or [], answers) if result is not None else ""
     return {
-        f"head:{name}": present.card_head_html(name, kind, swap_row),
+        f"head:{name}": present.card_head_html(name, kind, swap_row + what_if),
         f"answer:{name}": present.answer_text(result, partial),
         f"stats:{name}": present.card_stats(result, state),
         f"notes:{name}": present.stats_markdown(result, state) if result is not None or state else "",
@@ -77,9 +79,10 @@ def cards_and_verdict(payload: dict | None, names: list[str], answers, subject: 
     """Every column's card (ticked or not, so that ticking one shows it at once) and the strip; with
     the swapped note shown (``swap_shown``, after *Swap the fact*) each card says what it did with it."""
     found, swapped = results_by_name(payload), bool((payload or {}).get("swap_shown"))
+    what_ifs = (payload or {}).get("what_ifs") or {}
     updates = {}
     for name in column_names():
-        updates.update(card(name, found.get(name), answers, swapped=swapped))
+        updates.update(card(name, found.get(name), answers, swapped=swapped, what_ifs=what_ifs.get(name)))
     updates.update(verdict(payload, names, answers, subject))
     return updates
 
@@ -196,8 +199,12 @@ def precomputed_payload(precomputed: dict, key: str, default_pair: str) -> tuple
     timed = precomputed.get("timed", "alone")  # how its times were taken (scripts/precompute_presets.py)
     results = [dict(r, precomputed=True, timed=timed) for r in entry["results"] if r.get("handoff") in registry.HANDOFFS]
     pair = precomputed.get("pair", default_pair)
+    what_ifs: dict[str, list] = {}  # column -> [(label, result)]: the preset's stored runs at other settings
+    for label, run in (entry.get("runs") or {}).items():
+        for result in run.get("results", []):
+            what_ifs.setdefault(result.get("handoff"), []).append((label, result))
     payload = dict(present.payload(pair, entry.get("request"), results, True, key), stamp=f"preset:{key}",
-                   swap=entry.get("swap"))
+                   swap=entry.get("swap"), what_ifs=what_ifs)
     return payload, present.precomputed_status(title, pair, precomputed.get("generated", ""))
 
 
