@@ -210,6 +210,10 @@ def test_at_390_px_no_plot_title_or_legend_is_cut_and_the_first_answer_is_on_the
     phone.screenshot(path=str(artifacts_dir() / "page-390x844.png"))
     answer = box(phone, "kv-answer-receiver")
     assert answer[1] + answer[3] <= PHONE["height"], answer
+    rows = phone.evaluate("() => new Set([...document.querySelectorAll('#kv-inside [role=tab]')]"
+                          ".map(t => Math.round(t.getBoundingClientRect().top))).size")
+    assert rows == 1, f"the tabs take {rows} rows"  # one row that scrolls sideways
+    assert phone.evaluate("() => getComputedStyle(document.getElementById('kv-verdict')).position") != "sticky"
     checked = 0
     for title in ("Layers", "Depth", "Time and bytes", "Sweep"):
         open_tab(phone, title)

@@ -132,7 +132,10 @@ CSS = """
 #kv-setup {margin: -6px 0 -10px 0}  /* the setup line sits close to the question it sets up */
 .kv-setup abbr {cursor: help; text-decoration: underline dotted}
 @media (max-width: 640px) {
-  #kv-verdict {position: static}  /* sticky, it would cover 13% of a phone's screen over every plot */
+  #kv-verdict {position: static}
+  /* the tabs in one row that scrolls sideways, not four rows */
+  #kv-inside [role="tablist"] {flex-wrap: nowrap !important; overflow-x: auto !important; overflow-y: hidden}
+  #kv-inside [role="tablist"] > * {flex: 0 0 auto !important}  /* sticky, it would cover 13% of a phone's screen over every plot */
   #kv-walk {right: 8px; bottom: 8px; width: calc(100vw - 16px); max-height: 38vh; font-size: 14px}
   #kv-top {flex-wrap: wrap}
   #kv-title {flex: 1 1 100% !important}
