@@ -149,8 +149,10 @@ def results_frame(data: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 
-def write_exports(data: dict, folder: str | Path) -> list[str]:
-    """The payload as a JSON file and its table as a CSV file, in ``folder``; returns both paths."""
+def write_exports(data: dict, folder: str | Path, attention: dict | None = None) -> list[str]:
+    """The payload as a JSON file and its table as a CSV file, in ``folder``, and, given the
+    per-token attention apart (``attention``: column -> its ``token_attention``, the large part of
+    a run: ``data`` then holds its shape only), that as a third file; returns the paths, small first."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -158,7 +160,12 @@ def write_exports(data: dict, folder: str | Path) -> list[str]:
     csv_path = folder / f"kvviz-results-{stamp}.csv"
     json_path.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
     results_frame(data).to_csv(csv_path, index=False)
-    return [str(json_path), str(csv_path)]
+    paths = [str(json_path), str(csv_path)]
+    if attention:
+        attention_path = folder / f"kvviz-attention-{stamp}.json"
+        attention_path.write_text(json.dumps(attention, ensure_ascii=False), encoding="utf-8")
+        paths.append(str(attention_path))
+    return paths
 
 
 @functools.lru_cache(maxsize=32)

@@ -40,13 +40,13 @@ def columns_with_view(results: list[dict]) -> list[str]:
 
 def without_arrays(result: dict) -> dict:
     """The result with its token_attention arrays (thousands of numbers) replaced by their shape, for
-    a JSON viewer; the export and the run endpoint keep them whole."""
+    a JSON viewer and the small export; the attention export and the run endpoint keep them whole."""
     data = result.get("token_attention") or {}
     if not data.get("attention"):
         return result
     shape = (f"[{len(data['attention'])} answer tokens x {data.get('layers')} layers x {data.get('heads')} heads x "
-             f"{len(data.get('sent_tokens') or [])} sent tokens]: in the JSON export")
-    return {**result, "token_attention": {**data, "attention": shape, "other": "in the JSON export"}}
+             f"{len(data.get('sent_tokens') or [])} sent tokens]: in the attention export (kvviz-attention-*.json)")
+    return {**result, "token_attention": {**data, "attention": shape, "other": "in the attention export"}}
 
 
 CHANGE_FULL = 4.0  # nats of change drawn at the full shade

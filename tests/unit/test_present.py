@@ -98,6 +98,25 @@ def test_exports_write_the_payload_and_its_table(tmp_path):
     assert list(table.columns) == present.RESULT_COLUMNS and table.loc[0, "answer"] == 4471
 
 
+def test_the_page_export_keeps_the_per_token_attention_in_a_file_of_its_own(tmp_path, monkeypatch):
+    """The page's Export: the answers and per-layer numbers in a small JSON, the per-token attention
+    (thousands of numbers per column) apart, whole."""
+    import tempfile
+
+    from kvviz.app import ui
+
+    attention = {"attention": [[[[0.25, 0.75]]]], "other": [[[0.0]]], "layers": 1, "heads": 1, "sent_tokens": ["a", "b"]}
+    data = present.payload("hand", {"query": "Q"}, [{**kvcomm_result(), "token_attention": attention}], False)
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda prefix="": str(tmp_path))
+    demo = ui.build_demo(precomputed={}, sweep=None)
+    export = next(fn for fn in demo.fns.values() if fn.api_name == "export")
+    small, table, large = export.fn(data)
+    assert json.loads(open(large, encoding="utf-8").read()) == {"kvcomm": attention}
+    kept = json.loads(open(small, encoding="utf-8").read())["results"][0]
+    assert "in the attention export" in kept["token_attention"]["attention"] and kept["answer"] == data["results"][0]["answer"]
+    assert table.endswith(".csv")
+
+
 def test_column_head_and_how_it_works_come_from_the_descriptor_and_the_page_entry():
     handoff = registry.get("skyline")
     head = present.card_head_html("skyline", "right")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from kvviz.app import compare, plots, present
+from kvviz.app import compare, plots, present, tokenview
 from kvviz.app.methods import registry as methods
 from kvviz.app.page import spec, views
 from kvviz.app.page.layout import Page, walk_markdown
@@ -623,9 +623,14 @@ def wire_export_and_pair(lab: Lab) -> None:
     page = lab.page
 
     def export(results):
-        """Write the current results as JSON and CSV files to download."""
+        """Write the current results to download: the answers and per-layer numbers (JSON, small),
+        the table (CSV) and, apart, the per-token attention (JSON, the large part)."""
+        results = results or {}
+        ran = results.get("results", [])
+        attention = {r["handoff"]: r["token_attention"] for r in ran if (r.get("token_attention") or {}).get("attention")}
+        small = {**results, "results": [tokenview.without_arrays(r) for r in ran]} if ran else results
         try:
-            return present.write_exports(results or {}, tempfile.mkdtemp(prefix="kvviz-export-"))
+            return present.write_exports(small, tempfile.mkdtemp(prefix="kvviz-export-"), attention)
         except OSError as error:  # a full or read-only disk: say so; the results stay on the page
             raise gr.Error(
                 f"Could not write the export files ({error.strerror or error}). The results are still on the "

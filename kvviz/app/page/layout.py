@@ -320,7 +320,7 @@ def build_tabs(page: Page, shown: list[str], sweep: dict | None) -> None:
         with tab(page, "how"):
             build_how(page)
         with tab(page, "data"):
-            page.add("export_button", gr.Button("Export JSON and CSV", elem_id="kv-export", size="sm"))
+            page.add("export_button", gr.Button("Export: results (JSON, CSV) and attention (JSON, large)", elem_id="kv-export", size="sm"))
             page.add("export_files", gr.File(label="Downloads", file_count="multiple", interactive=False))
             page.add("table", gr.Dataframe(None, label="One row per handoff", interactive=False, elem_id="kv-results-table"))
             page.add("json", gr.JSON(None, label="Structured results (what the run endpoint returns)", elem_id="kv-json"))
