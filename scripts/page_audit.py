@@ -14,6 +14,11 @@ runs) on a free loopback port. For each viewport size it loads the page in Debia
   through the ancestors), as WCAG contrast ratios, grouped, worst first; plot text (SVG) included.
 
 ``--shots DIR`` also saves a screenshot of the first screen and of the whole page per size.
+
+``--beside-plain N`` measures only the first answer: the page and a one-textbox Gradio page (its
+value set on the server, as the page's first answer is) served here side by side, loaded N times
+each, interleaved, at 1280x800 in fresh browser contexts; it prints each page's median and their
+ratio (the target: the page's median <= 1.5 s on an idle machine).
 """
 
 from __future__ import annotations
@@ -44,6 +49,43 @@ def served_page():
     from tests.conftest import served_on_loopback
 
     return served_on_loopback(ui.build_demo())
+
+
+def plain_page():
+    """The baseline: one Gradio textbox whose value the server sets, served on a free loopback port."""
+    import gradio as gr
+
+    from tests.conftest import served_on_loopback
+
+    with gr.Blocks() as demo:
+        gr.Textbox(value="4471", elem_id="kv-answer-receiver", label="answer")
+    return served_on_loopback(demo)
+
+
+def seconds_to_first_answer(browser, url: str) -> float:
+    """From navigation to the first answer's text painted, in a fresh browser context."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    started = time.perf_counter()
+    page.goto(url, wait_until="domcontentloaded")
+    page.wait_for_function(
+        f"() => {{ const e = document.querySelector({json.dumps(FIRST_ANSWER)}); "
+        "return e && ((e.value || e.textContent || '').trim().length > 0); }", timeout=120_000)
+    seconds = time.perf_counter() - started
+    context.close()
+    return seconds
+
+
+def beside_plain(browser, url: str, plain_url: str, times: int) -> dict:
+    page, plain = [], []
+    seconds_to_first_answer(browser, url)  # a first load warms the server's caches (figures, assets)
+    for _ in range(times):
+        page.append(seconds_to_first_answer(browser, url))
+        plain.append(seconds_to_first_answer(browser, plain_url))
+    median = lambda values: sorted(values)[len(values) // 2]  # noqa: E731
+    return {"page_s": [round(v, 2) for v in page], "plain_s": [round(v, 2) for v in plain],
+            "page_median_s": round(median(page), 2), "plain_median_s": round(median(plain), 2),
+            "ratio": round(median(page) / median(plain), 2)}
 
 
 def audit_size(browser, url: str, width: int, height: int, shots: Path | None) -> dict:
@@ -105,6 +147,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="1280x800,1400x900,390x844")
     parser.add_argument("--shots", type=Path, default=None, help="folder for screenshots")
     parser.add_argument("--json", type=Path, default=None, help="also write every measurement here")
+    parser.add_argument("--beside-plain", type=int, default=0, metavar="N",
+                        help="only the first answer, N loads each beside a one-textbox Gradio page")
     args = parser.parse_args(argv)
     if not Path(CHROMIUM).exists():
         print(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)", file=sys.stderr)
@@ -116,7 +160,14 @@ def main(argv=None) -> int:
     with served as url, sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         try:
-            for size in args.sizes.split(","):
+            if args.beside_plain:
+                with plain_page() as plain_url:
+                    out["beside_plain"] = beside_plain(browser, url, plain_url, args.beside_plain)
+                print(f"first answer after navigation, 1280x800, median of {args.beside_plain}: "
+                      f"the page {out['beside_plain']['page_median_s']} s, a one-textbox Gradio page "
+                      f"{out['beside_plain']['plain_median_s']} s (ratio {out['beside_plain']['ratio']}); "
+                      f"each load: {out['beside_plain']}", flush=True)
+            for size in ([] if args.beside_plain else args.sizes.split(",")):
                 width, height = map(int, size.split("x"))
                 out[size] = audit_size(browser, url, width, height, args.shots)
                 print(report(size, height, out[size]) + "\n", flush=True)
