@@ -62,15 +62,19 @@ def plain_page():
     return served_on_loopback(demo)
 
 
+def wait_for_first_answer(page) -> None:
+    page.wait_for_function(
+        f"() => {{ const e = document.querySelector({json.dumps(FIRST_ANSWER)}); "
+        "return e && ((e.value || e.textContent || '').trim().length > 0); }", timeout=120_000)
+
+
 def seconds_to_first_answer(browser, url: str) -> float:
     """From navigation to the first answer's text painted, in a fresh browser context."""
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     started = time.perf_counter()
     page.goto(url, wait_until="domcontentloaded")
-    page.wait_for_function(
-        f"() => {{ const e = document.querySelector({json.dumps(FIRST_ANSWER)}); "
-        "return e && ((e.value || e.textContent || '').trim().length > 0); }", timeout=120_000)
+    wait_for_first_answer(page)
     seconds = time.perf_counter() - started
     context.close()
     return seconds
@@ -92,9 +96,7 @@ def audit_size(browser, url: str, width: int, height: int, shots: Path | None) -
     page = browser.new_page(viewport={"width": width, "height": height})
     started = time.perf_counter()
     page.goto(url, wait_until="domcontentloaded")
-    page.wait_for_function(
-        f"() => {{ const e = document.querySelector({json.dumps(FIRST_ANSWER)}); "
-        "return e && ((e.value || e.textContent || '').trim().length > 0); }", timeout=120_000)
+    wait_for_first_answer(page)
     first_answer = time.perf_counter() - started
     page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=120_000)
     first_plot = time.perf_counter() - started
