@@ -49,6 +49,14 @@ def without_arrays(result: dict) -> dict:
     return {**result, "token_attention": {**data, "attention": shape, "other": "in the attention export"}}
 
 
+def payload_without_arrays(payload: dict) -> dict:
+    """A payload whose results hold their attention arrays' shapes only (``without_arrays``): the
+    Data tab's JSON and the small export."""
+    if "results" not in payload:  # no results (nothing ran yet): nothing to shorten
+        return payload
+    return {**payload, "results": [without_arrays(r) for r in payload["results"]]}
+
+
 CHANGE_FULL = 4.0  # nats of change drawn at the full shade
 CHANGE_MARKED = 1.0  # nats: a change counted as "changed" in the summary line
 

@@ -628,9 +628,9 @@ def wire_export_and_pair(lab: Lab) -> None:
         results = results or {}
         ran = results.get("results", [])
         attention = {r["handoff"]: r["token_attention"] for r in ran if (r.get("token_attention") or {}).get("attention")}
-        small = {**results, "results": [tokenview.without_arrays(r) for r in ran]} if ran else results
         try:
-            return present.write_exports(small, tempfile.mkdtemp(prefix="kvviz-export-"), attention)
+            return present.write_exports(tokenview.payload_without_arrays(results), tempfile.mkdtemp(prefix="kvviz-export-"),
+                                         attention)
         except OSError as error:  # a full or read-only disk: say so; the results stay on the page
             raise gr.Error(
                 f"Could not write the export files ({error.strerror or error}). The results are still on the "

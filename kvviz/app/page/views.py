@@ -313,6 +313,6 @@ def tab_updates(tab: str, payload: dict, names: list[str], view: dict, cache: Fi
         drawn["how"] = True
     if tab == "data" and drawn.get("data") != payload.get("stamp"):
         updates["table"] = present.reading_frame(payload)
-        updates["json"] = {**payload, "results": [tokenview.without_arrays(r) for r in payload.get("results", [])]}
+        updates["json"] = tokenview.payload_without_arrays(payload)
         drawn["data"] = payload.get("stamp")
     return updates, {**view, "tab": tab, "drawn": drawn}
