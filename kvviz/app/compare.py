@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvviz.app.tokenview import change_row_html, chip_text
-from kvviz.core.plotkit import layout
+from kvviz.core.plotkit import layout, wrap
 from kvviz.handoffs import registry
 
 HISTORY_SIZE = 6  # runs kept per session (the oldest goes first)
@@ -334,9 +334,10 @@ def shade(weight: float) -> str:
 def compare_figure(history: list[dict], key_a: str | None, key_b: str | None) -> go.Figure:
     """Per receiver layer, for A and B: the attention on the sent tokens (top) and the logit lens of
     each first answer token (bottom), each labelled as what was measured."""
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=(
-        "attention on the sent tokens (sink left out), mean over heads and captured answer tokens",
-        "logit lens: probability of the side's first answer token after each layer"))
+    # the subplot titles in lines that fit a 390 px phone's plot (this figure has no compact form)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.16, subplot_titles=(
+        wrap("attention on the sent tokens (sink left out), mean over heads and captured answer tokens", 40),
+        wrap("logit lens: probability of the side's first answer token after each layer", 40)))
     drawn = 0
     for side, key, color in (("A", key_a, A_COLOR), ("B", key_b, B_COLOR)):
         entry, result = side_result(history, key)
@@ -360,10 +361,11 @@ def compare_figure(history: list[dict], key_a: str | None, key_b: str | None) ->
                                                    + html.escape(label) + "</extra>"), row=2, col=1)
             drawn += 1
     title = "A and B per receiver layer" if drawn else "A and B per receiver layer: nothing recorded to draw"
-    fig.update_xaxes(title_text="receiver layer", dtick=1, row=2, col=1)
+    fig.update_xaxes(title_text="receiver layer", row=2, col=1)  # ticks spaced by the width
     fig.update_yaxes(title_text="attention share (0 to 1)", row=1, col=1)
     fig.update_yaxes(title_text="probability (0 to 1)", range=[0, 1.02], row=2, col=1)
-    return layout(fig, title, height=560, margin=dict(l=60, r=20, t=90, b=110))
+    fig.update_annotations(font_size=12)
+    return layout(fig, title, height=580, margin=dict(l=60, r=20, t=100, b=110))
 
 
 COMPARE_CSS = """

@@ -19,6 +19,15 @@ FONT = dict(family="Inter, system-ui, sans-serif", size=12)
 MIN_CONTRAST = 4.5  # WCAG AA for text
 COMPACT_TITLE_CHARACTERS = 36  # a figure title line that fits a 390 px phone at 14 px
 COMPACT_LEGEND_CHARACTERS = 40  # a legend entry's line at 10 px, beside its swatch
+# Line heights of the compact figure's texts in px (plotly: 1.3 x the font size), measured in Chromium.
+TITLE_PAD = 14
+TITLE_LINE = 18  # 13 px title
+SUP_LINE = 13  # its <sup> lines
+NOTE_LINE = 13  # 10 px subplot titles and notes
+AXIS_TITLE_LINE = 24  # 12 px axis title, with plotly's gap above it
+LEGEND_LINE = 18  # 10 px legend entry with its swatch
+TICK_CHARACTER = 6.2  # width of one character of an 11 px tick label
+COMPACT_PLOT_CHARACTERS = 46  # 10 px characters across the plot area of a 390 px phone
 SELECTED_OUTLINE = "#111111"  # outline of a highlighted bar (a selected layer, an open gate)
 MUTED = "#bdbdbd"
 TRACE_KINDS = ("bar", "heatmap", "scatter")  # every trace type a kvviz figure draws
@@ -171,40 +180,95 @@ def ink(color: str, target: float = 4.6) -> str:
 
 def compact(fig: go.Figure) -> go.Figure:
     """The figure for a narrow screen (390 px): title, subplot titles and notes wrapped to short
-    lines, the legend below in small type, narrow margins, no colour bars (values stay in the
-    hover), and the height grown by what the wrapped lines and the legend need, so nothing is cut."""
+    lines (a subplot title to its own column's width), the legend below in small type, narrow
+    margins, no colour bars (values stay in the hover), category labels at 45 degrees, and the
+    height grown by what the wrapped lines, the labels and the legend need, so nothing is cut and
+    nothing overlaps. The title is pinned to the top, the subplot titles sit between it and the plot."""
     head, _, sub = (fig.layout.title.text or "").partition("<br>")
     title = wrap(_plain(head), COMPACT_TITLE_CHARACTERS)
-    if sub:
-        title += "<br>" + "<br>".join(f"<sup>{line}</sup>" for line in wrap(_plain(sub), COMPACT_TITLE_CHARACTERS + 12).split("<br>"))
-    title_lines = title.count("<br>") + 1
-    above = 0  # extra lines of the subplot titles over the top row (they grow upwards, into the margin)
+    sub_lines = wrap(_plain(sub), COMPACT_TITLE_CHARACTERS + 12).split("<br>") if sub else []
+    if sub_lines:
+        title += "<br>" + "<br>".join(f"<sup>{line}</sup>" for line in sub_lines)
+    title_px = TITLE_PAD + TITLE_LINE * (title.count("<br>") + 1 - len(sub_lines)) + SUP_LINE * len(sub_lines)
+    above = 0  # lines of the subplot titles over the top row (they grow upwards, into the margin)
+    below = 0  # lines of the notes under the plot (a paper annotation at y < 0)
     for annotation in fig.layout.annotations or ():
-        if annotation.text:
-            annotation.text = wrap(_plain(annotation.text), COMPACT_TITLE_CHARACTERS + 8)
-            annotation.font = dict(size=min(10, (annotation.font.size or 10)), color=annotation.font.color)
-            if annotation.yanchor == "bottom" and (annotation.y or 0) >= 0.9:
-                above = max(above, annotation.text.count("<br>") + 1)
+        if not annotation.text:
+            continue
+        characters = max(12, round(COMPACT_PLOT_CHARACTERS * _column_share(fig, annotation)))
+        annotation.text = wrap(_plain(annotation.text), characters)
+        annotation.font = dict(size=min(10, (annotation.font.size or 10)), color=annotation.font.color)
+        lines = annotation.text.count("<br>") + 1
+        if annotation.yanchor == "bottom" and (annotation.y or 0) >= 0.9:
+            above = max(above, lines)
+        elif annotation.yref == "paper" and (annotation.y or 0) < 0:
+            below = max(below, lines)
     fig.update_traces(showscale=False, selector=dict(type="heatmap"))
-    fig.for_each_xaxis(lambda axis: axis.update(title_text=wrap(_plain(axis.title.text), COMPACT_TITLE_CHARACTERS + 8))
+    fig.for_each_xaxis(lambda axis: axis.update(title_text=wrap(_plain(axis.title.text), COMPACT_TITLE_CHARACTERS))
                        if axis.title.text else None)
+    labels_px = _slant_category_labels(fig)
+    for _, axis in _x_axes(fig):  # a right-hand column's y title would lie over its left neighbour's plot;
+        if (axis.domain or (0, 1))[0] > 0.05 and axis.anchor:  # on a phone its subplot title names it
+            fig.layout["yaxis" + axis.anchor[1:]].title.text = None
     for trace in fig.data:  # a legend entry longer than the screen is wrapped (plotly does not)
         if trace.name and len(trace.name) > COMPACT_LEGEND_CHARACTERS:
             trace.name = wrap(_plain(trace.name), COMPACT_LEGEND_CHARACTERS)
     rows = _legend_rows(fig)
-    axis_lines = max([1] + [str(axis.title.text).count("<br>") + 1 for axis in fig.select_xaxes() if axis.title.text])
-    top = 20 + 18 * title_lines + 13 * above
-    under_axis = 52 + 14 * (axis_lines - 1)  # tick labels and the axis title, above the legend
-    bottom = under_axis + 4 + 18 * rows
-    height = (fig.layout.height or 340) + 18 * (title_lines - 1) + 13 * above + 14 * (axis_lines - 1) + 18 * rows
-    plot_height = max(60, height - top - bottom)
+    axis_lines = max([0] + [str(axis.title.text).count("<br>") + 1 for axis in fig.select_xaxes() if axis.title.text])
+    top = title_px + NOTE_LINE * above + 8
+    under_axis = labels_px + AXIS_TITLE_LINE * axis_lines + 10  # tick labels and the axis title, above the notes
+    notes_px = NOTE_LINE * below + (4 if below else 0)
+    bottom = max(under_axis + notes_px + 4 + LEGEND_LINE * rows, 40)
+    old = fig.layout.margin
+    plot_height = max(140, (fig.layout.height or 340) - (old.t or 64) - (old.b or 90))
+    for annotation in fig.layout.annotations or ():  # the notes under the plot go under the tick labels
+        if annotation.text and annotation.yref == "paper" and (annotation.y or 0) < 0:
+            annotation.update(y=-under_axis / plot_height, yanchor="top")
     fig.update_layout(
-        title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),
+        title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left", y=1, yref="container", yanchor="top",
+                   pad=dict(t=TITLE_PAD)),
         margin=dict(l=44, r=8, t=top, b=bottom),
-        height=height,
-        legend=dict(orientation="h", yanchor="top", y=-under_axis / plot_height, x=0.0, xanchor="left", font=dict(size=10)),
+        height=top + plot_height + bottom,
+        legend=dict(orientation="h", yanchor="top", y=-(under_axis + notes_px) / plot_height, x=0.0, xanchor="left",
+                    font=dict(size=10)),
     )
     return fig
+
+
+def _column_share(fig: go.Figure, annotation) -> float:
+    """The share of the plot's width that a subplot title's column takes (1 when it is not one)."""
+    if annotation.xref != "paper" or annotation.x is None:
+        return 1.0
+    for axis in fig.select_xaxes():
+        low, high = axis.domain or (0, 1)
+        if high - low < 0.99 and low <= annotation.x <= high:
+            return high - low
+    return 1.0
+
+
+def _slant_category_labels(fig: go.Figure) -> int:
+    """Category axes whose labels would not fit side by side get them at 45 degrees; the px that the
+    tallest label takes under its axis."""
+    width = 390 - 44 - 8 - 30  # the plot area of a 390 px phone, the page's own padding out
+    tallest = 24  # one line of horizontal tick labels, with its gap to the axis
+    for name, axis in _x_axes(fig):
+        labels = [str(x) for trace in fig.data if (getattr(trace, "xaxis", None) or "x") == name
+                  for x in (getattr(trace, "x", None) or ()) if isinstance(x, str)]
+        if not labels:
+            continue
+        low, high = axis.domain or (0, 1)
+        longest = max(len(label) for label in labels)
+        if len(set(labels)) * (longest + 1) * TICK_CHARACTER > (high - low) * width:
+            axis.update(tickangle=-45, tickfont=dict(size=11))
+            tallest = max(tallest, round(0.71 * longest * TICK_CHARACTER + 22))
+    return tallest
+
+
+def _x_axes(fig: go.Figure):
+    """(the trace's name for it, "x", "x2", ...; the axis) for every x axis of the figure."""
+    for key in fig.layout:
+        if key.startswith("xaxis"):
+            yield "x" + key[len("xaxis"):], fig.layout[key]
 
 
 def _plain(text: str) -> str:

@@ -13,6 +13,7 @@ Screenshots go to $KVVIZ_TEST_ARTIFACTS (default test-artifacts/): ``page-1280x8
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -156,6 +157,11 @@ EVENTS_PENDING_JS = r"""() => [...document.querySelectorAll('body *')].some(e =>
   && /^(queue:|processing\b|\d+(\.\d+)?(\/\d+(\.\d+)?)?s$)/.test((e.textContent || '').trim()))"""
 
 
+def overlapping(one, two, slack: float = 1.0) -> bool:
+    """Two boxes [left, top, right, bottom] that share more than ``slack`` px each way."""
+    return (one[0] < two[2] - slack and two[0] < one[2] - slack and one[1] < two[3] - slack and two[1] < one[3] - slack)
+
+
 def low_contrast(page) -> list[dict]:
     """The texts under MIN_CONTRAST once the page's events are done (a pending event's tracker is not
     text a learner reads)."""
@@ -206,7 +212,7 @@ def test_no_text_on_the_page_is_below_4_5_to_1_in_any_tab(browser, app_url, view
         context.close()
 
 
-def test_at_390_px_no_plot_title_or_legend_is_cut_and_the_first_answer_is_on_the_first_screen(phone):
+def test_at_390_px_no_plot_title_or_legend_is_cut_or_overlaps_another_and_the_first_answer_is_on_the_first_screen(phone):
     phone.screenshot(path=str(artifacts_dir() / "page-390x844.png"))
     answer = box(phone, "kv-answer-receiver")
     assert answer[1] + answer[3] <= PHONE["height"], answer
@@ -215,7 +221,7 @@ def test_at_390_px_no_plot_title_or_legend_is_cut_and_the_first_answer_is_on_the
     assert rows == 1, f"the tabs take {rows} rows"  # one row that scrolls sideways
     assert phone.evaluate("() => getComputedStyle(document.getElementById('kv-verdict')).position") != "sticky"
     checked = 0
-    for title in ("Layers", "Depth", "Time and bytes", "Sweep"):
+    for title in ("Layers", "Depth", "Compare two", "Time and bytes", "Sweep"):
         open_tab(phone, title)
         wait_for_plots(phone)
         for plot in phone.evaluate(PLOT_PARTS_JS):
@@ -223,8 +229,12 @@ def test_at_390_px_no_plot_title_or_legend_is_cut_and_the_first_answer_is_on_the
             for kind, text, (x0, y0, x1, y1) in plot["parts"]:
                 inside = x0 >= left - 1 and x1 <= right + 1 and y0 >= top - 1 and y1 <= bottom + 1
                 assert inside, f"{plot['id']}: {kind} {text!r} at {[x0, y0, x1, y1]} is cut by the plot {plot['svg']}"
+            for (kind, text, one), (other_kind, other_text, two) in itertools.combinations(plot["parts"], 2):
+                assert not overlapping(one, two), f"{plot['id']}: {kind} {text!r} lies over {other_kind} {other_text!r}"
             checked += 1
-    assert checked >= 5  # C2C, its control, KVComm, the logit lens, latency, bytes, sweep
+    assert checked >= 6  # C2C, its control, KVComm, the logit lens, compare, latency, bytes, sweep
+    # plotly's toolbar would lie over the titles of a phone's plot (a tap shows it): none is shown
+    assert phone.evaluate("() => [...document.querySelectorAll('.modebar-container')].every(e => !e.offsetParent)")
     phone.screenshot(path=str(artifacts_dir() / "page-390x844-plots.png"), full_page=True)
 
 

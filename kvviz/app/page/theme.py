@@ -156,6 +156,9 @@ CSS = """
   #kv-answers {display: flex !important; overflow-x: auto; scroll-snap-type: x mandatory; padding-bottom: 4px}
   #kv-answers > .kv-card {flex: 0 0 78vw !important; scroll-snap-align: start}
   #kv-layer-plots > * {min-width: 0 !important; flex-basis: 100% !important}
+  /* plotly's toolbar lies over the titles of a narrow plot, and a tap shows it: on a phone the plots
+     go without it (pinch to zoom; the export holds the numbers) */
+  .js-plotly-plot .modebar-container {display: none !important}
 }
 """
 
