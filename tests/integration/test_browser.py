@@ -594,3 +594,36 @@ def textbox_value_of_preset() -> str:
     from kvviz.app.presets import preset
 
     return preset(DEFAULT_PRESET).query
+
+
+def test_a_predict_step_hides_its_answers_until_the_learner_picks_then_says_what_the_stored_run_did(page):
+    from kvviz.app import ui
+
+    steps = ui.walkthrough_steps()
+    index = next(i for i, step in enumerate(steps) if step.predict is not None and step.predict.rule == "follows_swap")
+    column = steps[index].predict.column
+    page.locator("#kv-walkthrough").click()
+    page.locator("#kv-walk-text").get_by_text(steps[0].title).wait_for(timeout=30_000)
+    for step in steps[1:index + 1]:
+        page.locator("#kv-walk-next").click()
+        page.locator("#kv-walk-text").get_by_text(step.title).wait_for(timeout=30_000)
+    blurred = "(id) => getComputedStyle(document.getElementById(id)).filter.includes('blur')"
+    page.wait_for_function(blurred, arg=f"kv-answer-{column}", timeout=10_000)
+    assert page.evaluate(blurred, "kv-verdict") and page.locator("#kv-walk-guess").is_visible()
+    assert page.locator("#kv-walk-next").is_visible()  # the panel's buttons stay in view beside the choices
+    page.locator("#kv-walk-guess").get_by_text("Yes", exact=True).click()  # the stored run: it does not follow
+    page.locator("#kv-walk-reveal").get_by_text("Not this time").wait_for(timeout=10_000)
+    assert not page.evaluate(blurred, f"kv-answer-{column}") and not page.evaluate(blurred, "kv-verdict")
+    page.locator("#kv-walk-next").click()
+    page.locator("#kv-walk-text").get_by_text(steps[index + 1].title).wait_for(timeout=30_000)
+    assert not page.locator("#kv-walk-guess").is_visible()
+    assert not page.errors, page.errors
+
+
+def test_the_data_tab_paints_its_table_as_it_opens_and_draws_the_json_when_its_box_opens(page):
+    open_tab(page, "Data")
+    page.wait_for_function("() => document.querySelector('#kv-results-table').innerText.includes('kvcomm')",
+                           timeout=10_000)
+    page.locator("#kv-json-box").get_by_text("Structured results", exact=False).first.click()
+    page.wait_for_function("() => (document.querySelector('#kv-json') || {}).innerText?.includes('results')", timeout=30_000)
+    assert not page.errors, page.errors

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from kvviz.app import present, ui  # noqa: E402
@@ -47,6 +49,70 @@ def test_walkthrough_steps_forward_and_back_load_their_presets_and_tabs():
     out = walk["walkthrough_back"](1, view, payload, names)
     assert out[page["walk_step"]] == 0 and "Step 1 of" in out[page["walk_text"]]
     assert out[page["presets"]] == steps[0].preset
+
+
+def test_each_predict_step_is_graded_by_its_presets_stored_run_as_the_presets_own_check_says():
+    """A predict-then-reveal step's right choice comes from the stored run, and agrees with what
+    the preset's check (tests/unit/test_presets.py) holds about that run."""
+    from kvviz.app.page import spec, views
+
+    steps = [step for step in ui.walkthrough_steps() if step.predict is not None]
+    assert {step.predict.rule for step in steps} >= {"beats_control", "follows_swap"}
+    for step in steps:
+        loaded = PRESETS_BY_KEY[step.preset]
+        stored, _ = views.precomputed_payload(load_precomputed(), step.preset, "embedded")
+        right, said = spec.prediction_outcome(step.predict, stored, loaded.answers)
+        column = step.predict.column
+        if step.predict.rule == "beats_control":
+            expected = column in loaded.check["right"] and step.predict.control in loaded.check["wrong"]
+        else:
+            expected = column in loaded.check.get("followed", [])
+        assert right == (0 if expected else 1), (step.title, said)
+        assert step.reveal == loaded.lesson and loaded.lesson not in step.text  # the lesson tells: it waits
+        assert "{" not in step.predict.question  # the preset's swap is named
+
+
+def test_a_prediction_rule_reads_marks_and_swaps_and_says_when_results_cannot_tell():
+    from kvviz.app.methods.registry import Prediction
+    from kvviz.app.page import spec
+
+    def result(name, answer, swap=None):
+        return {"handoff": name, "applicable": True, "answer": answer, "swap": swap}
+
+    payload = {"results": [result("kvcomm", "4471", {"applicable": True, "outcome": "kept", "answer": "4471",
+                                                      "changed": "4471 -> 3902"}),
+                           result("kvcomm_control", "12")]}
+    assert spec.prediction_outcome(Prediction("q", "kvcomm"), payload, ["4471"])[0] == 0
+    assert spec.prediction_outcome(Prediction("q", "kvcomm"), payload, ["3902"])[0] == 1
+    assert spec.prediction_outcome(Prediction("q", "kvcomm", "beats_control", "kvcomm_control"), payload, ["4471"])[0] == 0
+    assert spec.prediction_outcome(Prediction("q", "kvcomm", "beats_control", "kvcomm_control"), payload, ["12"])[0] == 1
+    right, said = spec.prediction_outcome(Prediction("q", "kvcomm", "follows_swap"), payload, ["4471"])
+    assert right == 1 and "did not follow" in said
+    right, said = spec.prediction_outcome(Prediction("q", "text"), payload, ["4471"])
+    assert right is None and "cannot say" in said
+    with pytest.raises(ValueError):
+        Prediction("q", "kvcomm", "beats_control")  # no control named
+    veil = spec.prediction_veil_css(Prediction("q", "kvcomm", "beats_control", "kvcomm_control"))
+    assert "#kv-answer-kvcomm" in veil and "#kv-answer-kvcomm_control" in veil and "#kv-verdict" in veil
+
+
+def test_a_guess_on_a_predict_step_lifts_the_veil_and_says_which_choice_the_stored_run_makes_right():
+    demo = ui.build_demo()
+    page = demo.kvviz_page
+    fns = {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name}
+    view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
+    steps = ui.walkthrough_steps()
+    index = next(i for i, step in enumerate(steps) if step.predict is not None and step.predict.rule == "follows_swap")
+    out = fns["walkthrough_next"](index - 1, view, page["results"].value, ui.default_columns())
+    assert "blur" in out[page["walk_veil"]] and out[page["walk_guess"]]["visible"] is True
+    assert out[page["walk_guess"]]["value"] is None and out[page["walk_reveal"]] == ""
+    wrong = fns["walkthrough_guess"]("Yes", index)  # the stored run: KVComm does not follow the swap
+    assert out is not wrong and wrong[page["walk_veil"]] == ""
+    assert wrong[page["walk_reveal"]].startswith("**Not this time:** the answer is No.")
+    assert steps[index].reveal in wrong[page["walk_reveal"]]
+    assert fns["walkthrough_guess"]("No", index)[page["walk_reveal"]].startswith("**Right.**")
+    out = fns["walkthrough_next"](index, view, page["results"].value, ui.default_columns())
+    assert out[page["walk_veil"]] == "" and out[page["walk_guess"]]["visible"] is False
 
 
 def test_a_preset_paints_its_cards_and_its_tab_draws_its_figures():

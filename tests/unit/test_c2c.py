@@ -301,10 +301,14 @@ def test_the_walkthrough_step_of_the_control_loads_the_preset_where_they_differ_
     from kvviz.app.presets import preset
     from kvviz.handoffs import registry
 
-    steps = {step.title.split(": ", 1)[1]: (step.preset, step.text) for step in ui.walkthrough_steps()}
-    key, text = steps[registry.get("c2c_control").title]
+    by_title = {step.title.split(": ", 1)[1]: step for step in ui.walkthrough_steps()}
+    steps = {title: (step.preset, step.text) for title, step in by_title.items()}
+    step = by_title[registry.get("c2c_control").title]
+    key, text = step.preset, step.text
     assert "c2c-differs-from-control" in preset(key).shows  # its lesson: one example against the held-out gain
-    assert "Predict first" in text and "control" in text and preset(key).lesson in text
+    # the learner predicts before the lesson (which tells the outcome) shows: it comes with the reveal
+    assert "Predict first" in step.predict.question and "control" in text
+    assert step.predict.rule == "beats_control" and step.reveal == preset(key).lesson and preset(key).lesson not in text
     # C2C's own step claims no gain: it names no preset where C2C "shines"
     assert "shines" not in steps[registry.get("c2c").title][1]
     assert {"c2c", "c2c_control"} <= set(registry.default_handoffs())

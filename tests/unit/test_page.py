@@ -150,7 +150,8 @@ def test_a_tab_draws_its_figures_once_and_only_its_own():
     names = spec.default_columns()
     view = {"tab": "layers", "compact": False, "drawn": {}}
     first, view = views.tab_updates("layers", payload, names, view, cache)
-    assert set(first) == {f"figure:{name}" for name in spec.layer_figure_names() if name in names}
+    # the Data tab's small table comes with any tab's first drawing, so that the tab paints as it opens
+    assert set(first) == {f"figure:{name}" for name in spec.layer_figure_names() if name in names} | {"table"}
     again, view = views.tab_updates("layers", payload, names, view, cache)
     assert again == {}  # nothing changed: nothing is sent
     cost, view = views.tab_updates("cost", payload, names, view, cache)
@@ -222,7 +223,7 @@ def test_every_walkthrough_step_points_at_an_element_of_the_page_and_says_true_t
     sweep = methods.with_sweep()[0].sweep.title
     assert sweep in words  # its own case, not lower-cased
     control = next(s for s in steps if registry.get("c2c_control").title in s.title)
-    assert "c2c-differs-from-control" in preset(control.preset).shows and "Predict first" in control.text
+    assert "c2c-differs-from-control" in preset(control.preset).shows and "Predict first" in control.predict.question
 
 
 def test_each_handoffs_title_ink_reads_on_white_and_on_its_tint():

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvviz.app.methods.diagram import Flow
-from kvviz.app.methods.registry import MethodPage
+from kvviz.app.methods.registry import MethodPage, Prediction
 from kvviz.core.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
 from kvviz.handoffs.c2c.handoff import CONTROL, NAME
 from kvviz.handoffs.registry import color_of
@@ -211,11 +211,14 @@ PAGES = (
         figure=control_gates_figure,
         notes=notes,
         walkthrough=(
-            "**Predict first:** did the sharer's cache add anything? C2C control (light blue) runs a fuser with "
+            "Did the sharer's cache add anything? C2C control (light blue) runs a fuser with "
             "C2C's architecture, data, steps and seed, trained with the sharer's cache replaced by zeros: it can "
             "only adapt the receiver. We loaded **{preset}**: {lesson} The held-out numbers measured by "
             "eval-fuser (NLL and the communication gain) are in *What each model saw*."
         ),
         walkthrough_preset="plants",
+        walkthrough_predicts=Prediction("Predict first (both cards are hidden until you pick): on this question, is C2C right "
+                                        "where its control is wrong?",
+                                        column=NAME, rule="beats_control", control=CONTROL),
     ),
 )

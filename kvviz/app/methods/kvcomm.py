@@ -7,7 +7,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from kvviz.app.methods.diagram import Flow
-from kvviz.app.methods.registry import MethodPage, Sweep
+from kvviz.app.methods.registry import MethodPage, Prediction, Sweep
 from kvviz.core.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
 from kvviz.handoffs.common import CONTROL_NOTE, content_free_note
 from kvviz.handoffs.kvcomm.handoff import COLOR, CONTROL, NAME
@@ -240,17 +240,17 @@ PAGES = (
         figure=layers_figure,
         notes=notes,
         walkthrough=(
-            "KVComm (green) sends no words. Its sender, a second copy of the receiver's model (the sharer cannot "
-            "be used: the shapes must match), reads the note and puts its internal memory of it (the *KV cache*) "
-            "into some of the receiver's layers; the others keep only the note's first token, and layer 0 is "
-            "always sent. The plot **KVComm: which layers get the context** shows, per layer, the attention "
-            "importance measured on the calibration sample (which chose the layers) next to the importance "
-            "measured on *this* question after it was answered, with their rank correlation, so you can see "
-            "whether one calibration sample speaks for your question. Triangles mark the layers sent, a star "
-            "layer 0 (sent by rule), a dash the layers that kept only the sink. We loaded **{preset}**: {lesson} "
-            "In *Settings* change the ratio, or calibrate on this query instead of the built-in sample."
+            "KVComm (green) sends no words. A second copy of the receiver's model reads the note and puts its "
+            "memory of it (the *KV cache*) into some of the receiver's layers; the others keep only the note's "
+            "first token, and layer 0 is always sent. The plot shows, per layer, the attention importance on the "
+            "calibration sample (which chose the layers) beside the importance on *this* question; triangles mark "
+            "the layers sent. We loaded **{preset}**: {lesson} In *Settings* change the ratio."
         ),
         walkthrough_preset="fuji",
+        walkthrough_predicts=Prediction(
+            "Predict first (KVComm's card is hidden until you pick): swap {old} for {new} in the note, so that the "
+            "right answer becomes {swapped}. Will KVComm's answer follow to {swapped}?",
+            column=NAME, rule="follows_swap"),
         sweep=Sweep(
             title="Sweep: how many layers does KVComm need?",
             explanation=(

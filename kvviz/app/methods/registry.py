@@ -20,6 +20,28 @@ from kvviz.handoffs import registry
 
 OPENING_PRESET = "opening"  # a walk-through step that reloads the page's opening preset
 WALKTHROUGH_TARGETS = ("", "cost")
+PREDICTION_RULES = ("right", "beats_control", "follows_swap")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A walk-through step's question, asked before its answer shows: the learner picks yes or no,
+    then the stored run of the step's preset says which it was (never a hand-written answer).
+
+    ``rule``: "right" (does ``column``'s answer hold the expected one?), "beats_control" (is it
+    right where ``control`` is not?), "follows_swap" (with the note's fact swapped, does its answer
+    follow to the swapped one?). ``question`` may name the preset's swap as {old}, {new}, {swapped}."""
+
+    question: str
+    column: str
+    rule: str = "right"
+    control: str | None = None
+
+    def __post_init__(self):
+        if self.rule not in PREDICTION_RULES:
+            raise ValueError(f"prediction on {self.column}: rule must be one of {PREDICTION_RULES}")
+        if (self.rule == "beats_control") != bool(self.control):
+            raise ValueError(f"prediction on {self.column}: a control is named for (and only for) beats_control")
 
 
 @dataclass(frozen=True)
@@ -58,6 +80,9 @@ class MethodPage:
     walkthrough_preset: str | None = None
     # what its step points at: "" its own figure (its column when it has none); "cost": time and bytes
     walkthrough_shows: str = ""
+    # a question its step asks before the answer shows (the answers, marks, strip and lesson are
+    # veiled until the learner picks); its text then keeps {lesson} for the reveal
+    walkthrough_predicts: Prediction | None = None
     sweep: Sweep | None = None
     # "How it works" draws it (kvviz.app.methods.diagram): who reads what, what crosses; None: the
     # handoff's one-line summary is what crosses

@@ -241,7 +241,8 @@ def wire_ticks_and_expected(lab: Lab) -> None:
 
 
 def wire_tabs(lab: Lab) -> None:
-    """A tab draws its figures when opened, and only those whose content changed."""
+    """A tab draws its figures when opened, and only those whose content changed; the Data tab's
+    structured results are drawn when their box opens (and while it is open)."""
     page = lab.page
     for tab_id, tab in page.tabs.items():
         def on_select(payload, names, view, tab_id=tab_id):
@@ -253,6 +254,18 @@ def wire_tabs(lab: Lab) -> None:
 
         tab.select(resolved(page, on_select), inputs=[page["results"], page["chosen"], page["view"]],
                    outputs=page.outputs(), api_name=f"open_{tab_id}", **PRIVATE)
+
+    def on_json_open(payload, view):
+        updates, view = views.json_updates_for(payload, {**view, "json_open": True})
+        return {**updates, "view": view}
+
+    def on_json_close(view):
+        return {"view": {**view, "json_open": False}}
+
+    page["json_box"].expand(resolved(page, on_json_open), inputs=[page["results"], page["view"]],
+                            outputs=[page["json"], page["view"], page["status"]], api_name="open_json", **PRIVATE)
+    page["json_box"].collapse(resolved(page, on_json_close), inputs=[page["view"]], outputs=[page["view"], page["status"]],
+                              api_name="close_json", **PRIVATE)
 
 
 # --- going to something: the lesson's "Show me" and the walk-through ------------------------------
@@ -315,6 +328,8 @@ def highlight_js(targets: list[str]) -> str:
     return f"""() => {{
   const text = (document.getElementById('kv-walk-text') || {{}}).innerText || '';
   const step = parseInt((text.match(/Step (\\d+) of/) || [0, 1])[1]) - 1;
+  const panel = document.getElementById('kv-walk');
+  if (panel) panel.scrollTop = 0;  // a new step is read from its first line
   ({WALK_TARGET_JS})({json.dumps(targets)}[step]);
 }}"""
 
@@ -337,7 +352,8 @@ def wire_walkthrough(lab: Lab) -> None:
     def walk(index, view, payload, names):
         index = max(0, min(len(steps) - 1, int(index or 0)))
         step = steps[index]
-        updates = {"walk_step": index, "walk_text": walk_markdown(steps, index), "walk": gr.update(visible=True)}
+        updates = {"walk_step": index, "walk_text": walk_markdown(steps, index), "walk": gr.update(visible=True),
+                   **prediction_updates(step)}
         if step.preset:
             updates.update(lab.preset_view(step.preset, view))
             payload, names, view = updates["results"], updates["chosen"], updates["view"]
@@ -357,8 +373,37 @@ def wire_walkthrough(lab: Lab) -> None:
         lab.result_events.append(step)
         step.then(
             None, js=highlight_js([step.target for step in steps]))
-    page["walk_close"].click(lambda: gr.update(visible=False), outputs=[page["walk"]], api_name="walkthrough_close",
-                             **PRIVATE).then(None, js="() => { document.body.style.paddingBottom = ''; }")
+    def guess(choice, index):
+        """The learner's pick on a predict step: the veil goes, the step's preset's stored run says
+        which was right (whatever the page shows meanwhile)."""
+        step = steps[max(0, min(len(steps) - 1, int(index or 0)))]
+        if step.predict is None or choice is None or not step.preset:
+            return {}
+        stored, _ = views.precomputed_payload(lab.precomputed, step.preset, lab.default_pair)
+        right, said = spec.prediction_outcome(step.predict, stored, preset(step.preset).answers)
+        choices = spec.prediction_choices(step.predict)
+        if right is None:
+            verdict = "These results cannot say."
+        else:
+            verdict = "**Right.**" if choices.index(choice) == right else f"**Not this time:** the answer is {choices[right]}."
+        reveal = f"{verdict} In this preset's stored run, {said}" + (f" {step.reveal}" if step.reveal else "")
+        return {"walk_reveal": reveal, "walk_veil": ""}
+
+    page["walk_guess"].input(resolved(page, guess), inputs=[page["walk_guess"], page["walk_step"]],
+                             outputs=[page["walk_reveal"], page["walk_veil"], page["status"]], api_name="walkthrough_guess",
+                             **PRIVATE)
+    page["walk_close"].click(lambda: (gr.update(visible=False), ""), outputs=[page["walk"], page["walk_veil"]],
+                             api_name="walkthrough_close", **PRIVATE).then(
+        None, js="() => { document.body.style.paddingBottom = ''; }")
+
+
+def prediction_updates(step: spec.WalkStep) -> dict:
+    """A step's prediction widgets: its choices (none picked) and the veil, or both gone."""
+    if step.predict is None:
+        return {"walk_guess": gr.update(visible=False, value=None), "walk_reveal": "", "walk_veil": ""}
+    return {"walk_guess": gr.update(choices=list(spec.prediction_choices(step.predict)), value=None, visible=True,
+                                    label=step.predict.question),
+            "walk_reveal": "", "walk_veil": spec.prediction_veil_css(step.predict)}
 
 
 # --- the run: busy, stop, stream; and the /run API ------------------------------------------------

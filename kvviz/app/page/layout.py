@@ -166,7 +166,12 @@ def build_walk(page: Page, steps: list[spec.WalkStep]) -> None:
     with gr.Column(visible=False, elem_id="kv-walk") as strip:
         page.add("walk", strip)
         page.add("walk_text", gr.Markdown(walk_markdown(steps, 0), elem_id="kv-walk-text"))
-        with gr.Row():
+        # a predict-then-reveal step: the learner picks before the answers show (the veil hides them)
+        page.add("walk_guess", gr.Radio(choices=[], value=None, label="Your prediction", visible=False,
+                                        elem_id="kv-walk-guess"))
+        page.add("walk_reveal", gr.Markdown("", elem_id="kv-walk-reveal"))
+        page.add("walk_veil", gr.HTML("", elem_id="kv-walk-veil"))
+        with gr.Row(elem_id="kv-walk-buttons"):
             page.add("walk_back", gr.Button("Back", size="sm", scale=0, min_width=90, elem_id="kv-walk-back"))
             page.add("walk_next", gr.Button("Next step", size="sm", variant="primary", scale=0, min_width=110,
                                             elem_id="kv-walk-next"))
@@ -323,7 +328,11 @@ def build_tabs(page: Page, shown: list[str], sweep: dict | None) -> None:
             page.add("export_button", gr.Button("Export: results (JSON, CSV) and attention (JSON, large)", elem_id="kv-export", size="sm"))
             page.add("export_files", gr.File(label="Downloads", file_count="multiple", interactive=False))
             page.add("table", gr.Dataframe(None, label="One row per handoff", interactive=False, elem_id="kv-results-table"))
-            page.add("json", gr.JSON(None, label="Structured results (what the run endpoint returns)", elem_id="kv-json"))
+            # closed until asked for: drawing the JSON tree (~135 KB for a preset) took the browser 1.5 s
+            # of the tab's 2.2 s (measured before: scripts/page_audit.py --data-tab); it is filled when it opens
+            with page.add("json_box", gr.Accordion("Structured results (what the run endpoint returns)", open=False,
+                                                   elem_id="kv-json-box")):
+                page.add("json", gr.JSON(None, show_label=False, elem_id="kv-json"))
 
 
 def tab(page: Page, tab_id: str):

@@ -5,15 +5,16 @@ the page is built from these (``kvviz.app.page.layout``) and tests read them dir
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import os
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
 from kvviz.app.methods import registry as methods
-from kvviz.app.methods.registry import MethodPage
+from kvviz.app.methods.registry import MethodPage, Prediction
 from kvviz.app.plots import layer_figure_handoffs
-from kvviz.app.present import GLOSSARY
+from kvviz.app.present import GLOSSARY, mark_of
 from kvviz.app.presets import DEFAULT_PRESET, Preset, preset
 from kvviz.data.swaps import Swap, replace_fact
 from kvviz.handoffs import registry
@@ -240,6 +241,66 @@ class WalkStep:
     preset: str | None = None
     tab: str | None = None
     target: str = "kv-answers"
+    # a question asked before the answer shows (its text filled from the preset), and what the
+    # reveal adds after the verdict (the preset's lesson)
+    predict: Prediction | None = None
+    reveal: str = ""
+
+
+# the question says what yes means; the reveal says what the stored run did
+PREDICTION_CHOICES = {rule: ("Yes", "No") for rule in ("right", "beats_control", "follows_swap")}
+
+
+def prediction_choices(prediction: Prediction) -> tuple[str, str]:
+    return PREDICTION_CHOICES[prediction.rule]
+
+
+def prediction_outcome(prediction: Prediction, payload: dict, answers) -> tuple[int | None, str]:
+    """Which choice the results in ``payload`` make right (0 yes, 1 no; None when they cannot say:
+    a column that did not run) and the sentence that says what they show."""
+    results = {r.get("handoff"): r for r in (payload or {}).get("results", [])}
+    column = results.get(prediction.column)
+    label = registry.label_of(prediction.column)
+    if column is None or not column.get("applicable", True):
+        return None, f"{label} did not run in these results, so they cannot say."
+    said = f"{label} answered *{html.escape(str(column.get('answer', '')).strip())}* ({mark_of(column, answers)})"
+    if prediction.rule == "right":
+        return (0 if mark_of(column, answers) == "right" else 1), said + "."
+    if prediction.rule == "beats_control":
+        control = results.get(prediction.control)
+        if control is None or not control.get("applicable", True):
+            return None, f"{registry.label_of(prediction.control)} did not run in these results, so they cannot say."
+        beats = mark_of(column, answers) == "right" and mark_of(control, answers) != "right"
+        return (0 if beats else 1), (f"{said}; {registry.label_of(prediction.control)} answered "
+                                      f"*{html.escape(str(control.get('answer', '')).strip())}* ({mark_of(control, answers)}).")
+    swap = column.get("swap") or {}
+    if not swap.get("applicable", False):
+        return None, f"{label} has no answer on a swapped note in these results, so they cannot say."
+    followed = swap.get("outcome") == "followed"
+    changed = html.escape(str(swap.get("changed", "")).replace(" -> ", " swapped for "))
+    return (0 if followed else 1), (f"{said}; on the note with {changed} it answered "
+                                    f"*{html.escape(str(swap.get('answer', '')).strip())}* "
+                                    f"({'followed' if followed else 'did not follow'}).")
+
+
+def prediction_veil_css(prediction: Prediction | None) -> str:
+    """The CSS that hides what would give a prediction away until the learner picks: the column's
+    (and its control's) answer, mark, stats, swap and what-if rows, every swap row, the verdict
+    strip and the lesson. Empty when there is nothing to hide."""
+    if prediction is None:
+        return ""
+    hidden = ["#kv-verdict", "#kv-lesson-row", ".kv-swap-row"]
+    for name in filter(None, (prediction.column, prediction.control)):
+        hidden += [f"#kv-answer-{name}", f"#kv-mark-{name}", f"#kv-stats-{name}", f"#kv-whatif-{name}"]
+    return f"<style>{', '.join(hidden)} {{filter: blur(7px); pointer-events: none; user-select: none}}</style>"
+
+
+def prediction_question(prediction: Prediction, key: str | None) -> str:
+    """The question with the preset's swap named where it asks for it ({old}, {new}, {swapped})."""
+    loaded = preset(key) if key else None
+    words = (loaded.swap_words if loaded is not None and loaded.swap_words else ("the fact", "another"))
+    swapped = loaded.swap.answers[0] if loaded is not None and loaded.swap is not None else "the swapped answer"
+    return prediction.question.format(old=words[0], new=words[1], swapped=swapped)
 
 
 def handoff_step(page: MethodPage) -> WalkStep:
@@ -248,13 +309,19 @@ def handoff_step(page: MethodPage) -> WalkStep:
     key = DEFAULT_PRESET if page.walkthrough_preset == methods.OPENING_PRESET else page.walkthrough_preset
     text = page.walkthrough
     title = page.handoff.title
+    predict, reveal = page.walkthrough_predicts, ""
     if key:
-        text = text.replace("{preset}", preset(key).title).replace("{lesson}", preset(key).lesson)
+        lesson = preset(key).lesson
+        if predict is not None:  # the lesson tells the outcome: it comes with the reveal
+            lesson, reveal = "its lesson shows once you have predicted.", lesson
+        text = text.replace("{preset}", preset(key).title).replace("{lesson}", lesson)
+    if predict is not None:
+        predict = Prediction(prediction_question(predict, key), predict.column, predict.rule, predict.control)
     if page.walkthrough_shows == "cost":
-        return WalkStep(title, text, key, "cost", "kv-plot-latency")
+        return WalkStep(title, text, key, "cost", "kv-plot-latency", predict, reveal)
     if page.figure is not None:
-        return WalkStep(title, text, key, "layers", f"kv-plot-{page.name}")
-    return WalkStep(title, text, key, None, f"kv-col-{page.name}")
+        return WalkStep(title, text, key, "layers", f"kv-plot-{page.name}", predict, reveal)
+    return WalkStep(title, text, key, None, f"kv-col-{page.name}", predict, reveal)
 
 
 def walkthrough_steps() -> list[WalkStep]:
@@ -304,8 +371,7 @@ def walkthrough_steps() -> list[WalkStep]:
         ),
     ]
     count = len(steps)
-    return [WalkStep(f"Step {i + 1} of {count}: {step.title}", step.text, step.preset, step.tab, step.target)
-            for i, step in enumerate(steps)]
+    return [dataclasses.replace(step, title=f"Step {i + 1} of {count}: {step.title}") for i, step in enumerate(steps)]
 
 
 # --- permalinks ------------------------------------------------------------------------------------

@@ -103,10 +103,15 @@ CSS = """
 #kv-lesson-row {align-items: center; gap: 8px}
 /* the walk-through is a panel docked at the viewport's foot: its text and Next stay on screen while
    the page scrolls its target into the room above it (walk_target_js) */
-#kv-walk {position: fixed; right: 16px; bottom: 16px; width: min(460px, calc(100vw - 32px)); max-height: 34vh;
+#kv-walk {position: fixed; right: 16px; bottom: 16px; width: min(540px, calc(100vw - 32px)); max-height: 44vh;
   overflow-y: auto; z-index: 50; border: 1px solid #cbd5e1; border-left: 5px solid #0072B2; border-radius: 8px;
   padding: 8px 12px !important; background: #f8fafc; box-shadow: 0 6px 24px rgba(15, 23, 42, 0.25)}
 #kv-walk-text p {margin: 0 0 4px 0}
+/* nothing inside the panel shrinks into its own scroll box: the panel scrolls as one, its buttons stay */
+#kv-walk > * {flex-shrink: 0}
+#kv-walk-guess {overflow: visible !important}
+#kv-walk-buttons {position: sticky; bottom: -8px; background: #f8fafc; padding: 4px 0 2px 0}
+#kv-walk-guess .wrap {flex-wrap: nowrap; gap: 8px}
 .kv-highlight {outline: 3px solid #1d4ed8 !important; outline-offset: 4px; border-radius: 6px;
   transition: outline-color 0.3s}
 .kv-details-title {font-weight: 700; color: var(--kv-ink) !important; border-left: 5px solid var(--kv-hue); padding-left: 6px}
@@ -136,7 +141,7 @@ CSS = """
   /* the tabs in one row that scrolls sideways, not four rows */
   #kv-inside [role="tablist"] {flex-wrap: nowrap !important; overflow-x: auto !important; overflow-y: hidden}
   #kv-inside [role="tablist"] > * {flex: 0 0 auto !important}  /* sticky, it would cover 13% of a phone's screen over every plot */
-  #kv-walk {right: 8px; bottom: 8px; width: calc(100vw - 16px); max-height: 38vh; font-size: 14px}
+  #kv-walk {right: 8px; bottom: 8px; width: calc(100vw - 16px); max-height: 50vh; font-size: 14px}
   #kv-top {flex-wrap: wrap}
   #kv-title {flex: 1 1 100% !important}
   #kv-title h1 {font-size: 18px}

@@ -311,8 +311,21 @@ def tab_updates(tab: str, payload: dict, names: list[str], view: dict, cache: Fi
     if tab == "how" and not drawn.get("how"):
         updates["how"] = present.how_it_works_page(column_names())
         drawn["how"] = True
-    if tab == "data" and drawn.get("data") != payload.get("stamp"):
+    if drawn.get("data") != payload.get("stamp"):  # ~9 KB: sent with any tab, so the Data tab paints as it opens
         updates["table"] = present.reading_frame(payload)
-        updates["json"] = tokenview.payload_without_arrays(payload)
         drawn["data"] = payload.get("stamp")
+    if tab == "data":
+        json_updates, view = json_updates_for(payload, {**view, "drawn": drawn})
+        updates.update(json_updates)
+        drawn = view["drawn"]
     return updates, {**view, "tab": tab, "drawn": drawn}
+
+
+def json_updates_for(payload: dict, view: dict) -> tuple[dict, dict]:
+    """The Data tab's structured results, only while their box is open (``view["json_open"]``) and
+    only when they changed since it drew them."""
+    drawn = dict(view.get("drawn") or {})
+    if not view.get("json_open") or drawn.get("json") == payload.get("stamp"):
+        return {}, view
+    drawn["json"] = payload.get("stamp")
+    return {"json": tokenview.payload_without_arrays(payload)}, {**view, "drawn": drawn}
