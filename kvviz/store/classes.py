@@ -19,12 +19,14 @@ Every refusal is a ``Refused`` with one line for the person and an HTTP status f
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import hmac
 import io
 import re
 import secrets
+import threading
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -32,7 +34,7 @@ from typing import Callable
 
 from sqlalchemy import Engine, delete, func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload
 
 from kvviz.core.policy import WorkshopCaps, workshop_caps
 from kvviz.store.tables import Class, Learner, Prediction
@@ -103,6 +105,17 @@ class Workshop:
         self.engine = engine
         self.caps = caps or workshop_caps()
         self.clock = clock or (lambda: datetime.now(timezone.utc))
+        # SQLite takes one writer at a time: its writers queue on this lock instead of on SQLite's busy
+        # timeout (which sleeps up to 100 ms a try); PostgreSQL locks rows itself
+        self._writer = threading.Lock() if engine.dialect.name == "sqlite" else None
+
+    @contextlib.contextmanager
+    def writing(self):
+        if self._writer is None:
+            yield
+            return
+        with self._writer:
+            yield
 
     # --- lookups ---------------------------------------------------------------------------------
 
@@ -145,7 +158,7 @@ class Workshop:
         now = self.clock()
         expires = now + timedelta(hours=min(hours or self.caps.class_hours, self.caps.class_hours))
         token = secrets.token_urlsafe(24)
-        with Session(self.engine) as session, session.begin():
+        with self.writing(), Session(self.engine) as session, session.begin():
             alive = session.scalar(select(func.count(Class.id)).where(Class.expires_at > now))
             if alive >= self.caps.max_classes:
                 raise Refused(f"This server already holds {self.caps.max_classes} classes, its most; try again later.", 429)
@@ -166,7 +179,7 @@ class Workshop:
                       open_exercise: str | None = None, reveal: str | None = None, mode: str | None = None) -> dict:
         """The host page ``host_session`` changes the class (or only claims it when nothing is given):
         opens an exercise (in paced mode, the one learners answer now), reveals one, or sets the pacing."""
-        with Session(self.engine) as session, session.begin():
+        with self.writing(), Session(self.engine) as session, session.begin():
             klass = self.hosted(session, code, host_token)
             self._hold(klass, host_session, take_over)
             settings = dict(klass.settings)
@@ -211,7 +224,7 @@ class Workshop:
         return out.getvalue()
 
     def delete_class(self, code: str, host_token: str) -> None:
-        with Session(self.engine) as session, session.begin():
+        with self.writing(), Session(self.engine) as session, session.begin():
             klass = self.hosted(session, code, host_token)
             session.execute(delete(Prediction).where(Prediction.class_id == klass.id))
             session.execute(delete(Learner).where(Learner.class_id == klass.id))
@@ -219,7 +232,7 @@ class Workshop:
 
     def purge_expired(self) -> int:
         """Delete every expired class with its learners and predictions; how many classes went."""
-        with Session(self.engine) as session, session.begin():
+        with self.writing(), Session(self.engine) as session, session.begin():
             ids = session.scalars(select(Class.id).where(Class.expires_at <= self.clock())).all()
             if ids:
                 session.execute(delete(Prediction).where(Prediction.class_id.in_(ids)))
@@ -236,7 +249,7 @@ class Workshop:
             raise Refused(problem)
         token, now = secrets.token_urlsafe(24), self.clock()
         try:
-            with Session(self.engine) as session, session.begin():
+            with self.writing(), Session(self.engine) as session, session.begin():
                 klass = self._class(session, code)
                 count = session.scalar(select(func.count(Learner.id)).where(Learner.class_id == klass.id))
                 if count >= self.caps.max_learners:
@@ -258,44 +271,51 @@ class Workshop:
                     "exercises": settings["exercises"], "open": settings["open"], "revealed": settings["revealed"],
                     "mine": {p.exercise: {"value": p.value, "right": p.right} for p in mine}}
 
-    def _count_attempt(self, token: str) -> None:
-        """Count one prediction attempt in the session's minute (committed even when it is refused)."""
-        with Session(self.engine) as session, session.begin():
-            learner = session.scalar(select(Learner).where(Learner.token_hash == digest(token or "")).with_for_update())
-            if learner is None:
-                raise Refused("This session has not joined a class: join with the class code and a name.", 401)
-            now = self.clock()
-            if (now - utc(learner.window_start)).total_seconds() >= 60:
-                learner.window_start, learner.window_count = now, 1
-            else:
-                learner.window_count += 1
-            flooded = learner.window_count > self.caps.predictions_per_minute
-        if flooded:
-            raise Refused("Too many predictions from this session: wait a minute and try again.", 429)
+    @staticmethod
+    def _prediction_problem(session: Session, learner: Learner, exercise: str) -> Refused | None:
+        settings = learner.klass.settings
+        if exercise not in settings["exercises"]:
+            return Refused(f"This class has no exercise {exercise!r}.", 404)
+        if settings["mode"] == "paced" and exercise not in settings["open"]:
+            return Refused("The host has not opened this exercise yet.", 409)
+        if exercise in settings["revealed"]:
+            return Refused("This exercise has been revealed: predictions on it are closed.", 409)
+        if session.scalar(select(Prediction.id).where(Prediction.learner_id == learner.id,
+                                                     Prediction.exercise == exercise)) is not None:
+            return Refused("You already predicted on this exercise.", 409)  # (and two at once: the unique constraint)
+        return None
 
     def predict(self, token: str, exercise: str, value: str, right: bool | None) -> None:
-        """A learner's one prediction on an exercise (graded by the caller against the run: ``right``)."""
+        """A learner's one prediction on an exercise (graded by the caller against the run: ``right``).
+        One transaction: the attempt counts in the session's minute (the flood check) even when the
+        prediction is refused, and the prediction is stored at most once (a unique constraint)."""
         value = (value or "").strip()
         if not value or len(value) > MAX_VALUE:
             raise Refused(f"A prediction is 1 to {MAX_VALUE} characters.")
-        self._count_attempt(token)
         try:
-            with Session(self.engine) as session, session.begin():
-                learner = self.learner_of(session, token)
-                settings = learner.klass.settings
-                if exercise not in settings["exercises"]:
-                    raise Refused(f"This class has no exercise {exercise!r}.", 404)
-                if settings["mode"] == "paced" and exercise not in settings["open"]:
-                    raise Refused("The host has not opened this exercise yet.", 409)
-                if exercise in settings["revealed"]:
-                    raise Refused("This exercise has been revealed: predictions on it are closed.", 409)
-                if session.scalar(select(Prediction.id).where(Prediction.learner_id == learner.id,
-                                                             Prediction.exercise == exercise)) is not None:
-                    raise Refused("You already predicted on this exercise.", 409)
-                session.add(Prediction(class_id=learner.class_id, learner_id=learner.id, exercise=exercise,
-                                       value=value, right=right, created_at=self.clock()))
-        except IntegrityError:
+            with self.writing(), Session(self.engine) as session, session.begin():
+                learner = session.scalar(select(Learner).options(joinedload(Learner.klass))
+                                         .where(Learner.token_hash == digest(token or "")).with_for_update(of=Learner))
+                if learner is None:
+                    raise Refused("This session has not joined a class: join with the class code and a name.", 401)
+                now = self.clock()
+                if utc(learner.klass.expires_at) <= now:
+                    raise Refused(f"Class {learner.klass.code} has expired; ask the host for a new code.", 410)
+                if (now - utc(learner.window_start)).total_seconds() >= 60:
+                    learner.window_start, learner.window_count = now, 1
+                else:
+                    learner.window_count += 1
+                if learner.window_count > self.caps.predictions_per_minute:
+                    problem = Refused("Too many predictions from this session: wait a minute and try again.", 429)
+                else:
+                    problem = self._prediction_problem(session, learner, exercise)
+                if problem is None:
+                    session.add(Prediction(class_id=learner.class_id, learner_id=learner.id, exercise=exercise,
+                                           value=value, right=right, created_at=now))
+        except IntegrityError:  # the same learner's two requests at once: the second finds the first
             raise Refused("You already predicted on this exercise.", 409) from None
+        if problem is not None:  # raised after the commit, so that the attempt counts
+            raise problem
 
     def may_reveal(self, token: str, exercise: str) -> bool:
         """Whether this learner may see the run: the host revealed it, or (self-paced) they predicted."""

@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, urlencode
 from fastapi import APIRouter, Body, Header
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 
-from kvviz.app.exercises import EXERCISES, Sequence, check_prediction, grade
+from kvviz.app.exercises import EXERCISES, Sequence, check_prediction, grade, stored_results
 from kvviz.app.workshop import facts, pages
 from kvviz.store.classes import Refused, Workshop
 from kvviz.store.database import default_url, open_store
@@ -42,6 +42,8 @@ class Service:
             if self._workshop is None:
                 engine = open_store(self.url)
                 self._workshop, self._runs = Workshop(engine), SavedRuns(engine)
+                for exercise in self.sequence.exercises:  # read the stored runs now, not in the first predictions
+                    stored_results(exercise)
             return self._workshop, self._runs
 
     @property
