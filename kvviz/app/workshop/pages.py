@@ -39,6 +39,7 @@ const $ = (id) => document.getElementById(id);
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
     if (k === 'class') node.className = v; else if (k.startsWith('on')) node.addEventListener(k.slice(2), v);
     else node.setAttribute(k, v);
   }
@@ -196,6 +197,7 @@ let SESSION = sessionStorage.getItem('kvviz-host-session') || Math.random().toSt
 sessionStorage.setItem('kvviz-host-session', SESSION);
 const auth = () => ({'X-Host-Token': TOKEN, 'X-Host-Session': SESSION});
 let board = null;
+$('projector').href = '?projector=1#' + TOKEN;  // a tab of its own: it keeps the token after '#' too
 
 async function control(change) {
   $('error').textContent = ''; $('takeover').hidden = true;
@@ -254,9 +256,15 @@ function focusView(card) {
          : el('p', {class: 'muted'}, 'Shown after the reveal.'))));
 }
 
+let drawn = '';
 async function poll() {
-  try { board = await call('GET', `/workshop/api/classes/${CODE}/board`, undefined, auth()); }
+  let fresh;
+  try { fresh = await call('GET', `/workshop/api/classes/${CODE}/board`, undefined, auth()); }
   catch (error) { $('error').textContent = error.message; return; }
+  const seen = JSON.stringify(fresh);
+  board = fresh;
+  if (seen === drawn) return;  // redraw only what changed, so that a button is not replaced under a click
+  drawn = seen;
   $('mode').textContent = board.mode === 'paced' ? 'Paced by you: switch to self-paced' : 'Self-paced: switch to paced';
   $('names').replaceChildren(...(board.names.length ? board.names.map((n) => el('span', {class: 'note'}, n)) : ['No one yet.']));
   $('count').textContent = board.names.length;
@@ -304,7 +312,7 @@ def host(code: str, projector: bool = False) -> str:
 <div id='focus-box'></div>
 <div class='card controls'><div class='row'><button class='plain' id='mode'>…</button>
 <button class='plain' id='export'>Export CSV</button><button class='plain' id='delete'>Delete class</button>
-<a href='?projector=1' target='_blank'>Projector view</a></div>
+<a id='projector' href='?projector=1' target='_blank'>Projector view</a></div>
 <table><tbody id='rows'></tbody></table></div>
 <div class='card controls'><h2>Learners</h2><div class='row' id='names'></div></div></main>"""
     attrs = f"data-code='{code}'" + (" class='projector'" if projector else "")
