@@ -142,7 +142,7 @@ def test_one_host_and_three_learners_run_a_whole_exercise(browser, server):
         projector_link = host.locator("#projector").get_attribute("href")
         projector = stack.enter_context(opened(browser, host.url.split("#")[0] + projector_link, LAPTOP))
         projector.locator("#focus").wait_for(timeout=10_000)
-        assert projector.evaluate("() => parseFloat(getComputedStyle(document.body).fontSize)") >= 28
+        assert projector.evaluate("() => parseFloat(getComputedStyle(document.body).fontSize)") >= 24
         projector.screenshot(path=str(artifacts_dir() / "workshop-projector-1280x800.png"))
         assert not host.errors
 

@@ -22,7 +22,7 @@ button { padding:10px 16px; border-radius:8px; border:1px solid var(--accent); b
 button.plain { background:#fff; color:var(--accent); } button:disabled { opacity:.55; cursor:default; }
 .choices { display:grid; gap:8px; } .choices button { text-align:left; }
 .row { display:flex; gap:8px; flex-wrap:wrap; align-items:center; }
-.error { color:var(--wrong); font-weight:600; min-height:1.4em; }
+.error { color:var(--wrong); font-weight:600; } .error:empty { display:none; }
 .right { color:var(--right); font-weight:700; } .wrong { color:var(--wrong); font-weight:700; }
 .bar { display:flex; align-items:center; gap:8px; margin:4px 0; }
 .bar .fill { background:var(--accent); height:1.1em; border-radius:3px; min-width:2px; }
@@ -30,8 +30,9 @@ button.plain { background:#fff; color:var(--accent); } button:disabled { opacity
 table { border-collapse: collapse; width:100%; } td, th { text-align:left; padding:6px; border-bottom:1px solid var(--line); }
 .grid { display:grid; grid-template-columns: 1fr 1fr; gap: 16px; }
 @media (max-width: 700px) { .grid { grid-template-columns: 1fr; } }
-body.projector { font-size: 30px; } body.projector main { max-width: none; padding: 24px 48px; }
-body.projector .controls { display:none; } body.projector .bar .fill { height: 1.3em; }
+body.projector { font-size: 24px; } body.projector main { max-width: none; padding: 24px 48px; }
+body.projector .controls, body.projector td.muted { display:none; } body.projector .bar .fill { height: 1.3em; }
+body.projector h1 { font-size: 1.6em; }
 """
 
 COMMON_JS = """
@@ -198,6 +199,7 @@ sessionStorage.setItem('kvviz-host-session', SESSION);
 const auth = () => ({'X-Host-Token': TOKEN, 'X-Host-Session': SESSION});
 let board = null;
 $('projector').href = '?projector=1#' + TOKEN;  // a tab of its own: it keeps the token after '#' too
+$('join-url').textContent = location.host + '/workshop';
 
 async function control(change) {
   $('error').textContent = ''; $('takeover').hidden = true;
@@ -307,7 +309,7 @@ def host(code: str, projector: bool = False) -> str:
     code = "".join(ch for ch in code.upper() if ch.isalnum())[:12]
     body = f"""<main class='wide'><div class='row' style='justify-content:space-between'>
 <h1>Class <span class='code' id='class-code'>{code}</span></h1>
-<p>Join at <b>/workshop</b> with code <b class='code'>{code}</b> · <b id='count'>0</b> joined</p></div>
+<p>Join at <b id='join-url'>/workshop</b> with code <b class='code'>{code}</b> · <b id='count'>0</b> joined</p></div>
 <p class='error' id='error'></p><button id='takeover' hidden>Take over this class here</button>
 <div id='focus-box'></div>
 <div class='card controls'><div class='row'><button class='plain' id='mode'>…</button>
