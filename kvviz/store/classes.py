@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
-from sqlalchemy import Engine, delete, func, select
+from sqlalchemy import Engine, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, joinedload
+from sqlalchemy.orm import Session
 
 from kvviz.core.policy import WorkshopCaps, workshop_caps
 from kvviz.store.tables import Class, Learner, Prediction
@@ -155,6 +155,7 @@ class Workshop:
             raise Refused(f"mode must be one of {', '.join(MODES)}")
         if not exercises:
             raise Refused("A class needs at least one exercise.")
+        self.purge_expired()  # an expired class's data goes when the next class is made
         now = self.clock()
         expires = now + timedelta(hours=min(hours or self.caps.class_hours, self.caps.class_hours))
         token = secrets.token_urlsafe(24)
@@ -272,47 +273,54 @@ class Workshop:
                     "mine": {p.exercise: {"value": p.value, "right": p.right} for p in mine}}
 
     @staticmethod
-    def _prediction_problem(session: Session, learner: Learner, exercise: str) -> Refused | None:
-        settings = learner.klass.settings
+    def _prediction_problem(connection, seat, exercise: str) -> Refused | None:
+        settings = seat.settings
         if exercise not in settings["exercises"]:
             return Refused(f"This class has no exercise {exercise!r}.", 404)
         if settings["mode"] == "paced" and exercise not in settings["open"]:
             return Refused("The host has not opened this exercise yet.", 409)
         if exercise in settings["revealed"]:
             return Refused("This exercise has been revealed: predictions on it are closed.", 409)
-        if session.scalar(select(Prediction.id).where(Prediction.learner_id == learner.id,
-                                                     Prediction.exercise == exercise)) is not None:
-            return Refused("You already predicted on this exercise.", 409)  # (and two at once: the unique constraint)
+        taken = connection.execute(select(Prediction.id).where(Prediction.learner_id == seat.id,
+                                                              Prediction.exercise == exercise)).first()
+        if taken is not None:  # (and two at once: the unique constraint)
+            return Refused("You already predicted on this exercise.", 409)
         return None
 
     def predict(self, token: str, exercise: str, value: str, right: bool | None) -> None:
         """A learner's one prediction on an exercise (graded by the caller against the run: ``right``).
-        One transaction: the attempt counts in the session's minute (the flood check) even when the
+        One transaction, in SQLAlchemy Core (the busiest request of a class: a few statements, no ORM
+        bookkeeping): the attempt counts in the session's minute (the flood check) even when the
         prediction is refused, and the prediction is stored at most once (a unique constraint)."""
         value = (value or "").strip()
         if not value or len(value) > MAX_VALUE:
             raise Refused(f"A prediction is 1 to {MAX_VALUE} characters.")
+        learners, classes = Learner.__table__, Class.__table__
         try:
-            with self.writing(), Session(self.engine) as session, session.begin():
-                learner = session.scalar(select(Learner).options(joinedload(Learner.klass))
-                                         .where(Learner.token_hash == digest(token or "")).with_for_update(of=Learner))
-                if learner is None:
+            with self.writing(), self.engine.begin() as connection:
+                seat = connection.execute(
+                    select(learners.c.id, learners.c.class_id, learners.c.window_start, learners.c.window_count,
+                           classes.c.code, classes.c.expires_at, classes.c.settings)
+                    .join(classes, classes.c.id == learners.c.class_id)
+                    .where(learners.c.token_hash == digest(token or "")).with_for_update(of=learners)).first()
+                if seat is None:
                     raise Refused("This session has not joined a class: join with the class code and a name.", 401)
                 now = self.clock()
-                if utc(learner.klass.expires_at) <= now:
-                    raise Refused(f"Class {learner.klass.code} has expired; ask the host for a new code.", 410)
-                if (now - utc(learner.window_start)).total_seconds() >= 60:
-                    learner.window_start, learner.window_count = now, 1
-                else:
-                    learner.window_count += 1
-                if learner.window_count > self.caps.predictions_per_minute:
+                if utc(seat.expires_at) <= now:
+                    raise Refused(f"Class {seat.code} has expired; ask the host for a new code.", 410)
+                fresh = (now - utc(seat.window_start)).total_seconds() >= 60
+                window_start, count = (now, 1) if fresh else (seat.window_start, seat.window_count + 1)
+                connection.execute(update(learners).where(learners.c.id == seat.id)
+                                   .values(window_start=window_start, window_count=count))
+                if count > self.caps.predictions_per_minute:
                     problem = Refused("Too many predictions from this session: wait a minute and try again.", 429)
                 else:
-                    problem = self._prediction_problem(session, learner, exercise)
+                    problem = self._prediction_problem(connection, seat, exercise)
                 if problem is None:
-                    session.add(Prediction(class_id=learner.class_id, learner_id=learner.id, exercise=exercise,
-                                           value=value, right=right, created_at=now))
-        except IntegrityError:  # the same learner's two requests at once: the second finds the first
+                    connection.execute(insert(Prediction.__table__).values(
+                        class_id=seat.class_id, learner_id=seat.id, exercise=exercise, value=value, right=right,
+                        created_at=now))
+        except IntegrityError:
             raise Refused("You already predicted on this exercise.", 409) from None
         if problem is not None:  # raised after the commit, so that the attempt counts
             raise problem

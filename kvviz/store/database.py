@@ -64,7 +64,8 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    # no pre-ping (a round trip per request); connections are renewed after half an hour instead
+    return create_engine(url, pool_size=10, max_overflow=20, pool_recycle=1800)
 
 
 def alembic_config(url: str) -> Config:

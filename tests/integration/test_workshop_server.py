@@ -26,6 +26,7 @@ import pytest
 from kvviz.app import ui
 from kvviz.app.exercises import EXERCISES, answer_of, stored_results
 from kvviz.app.workshop import api
+from kvviz.core.policy import LOCAL_WORKSHOP
 from kvviz.store import database
 from tests.postgres_server import find_binaries, postgres_server
 
@@ -178,3 +179,47 @@ def test_a_saved_runs_link_is_short_and_opens_the_page_with_its_id(server):
         assert opened.headers["location"] == f"/?preset=locker&h=text%2Ckvcomm&run={saved['id']}"
         missing = http.get("/r/nothere")
         assert missing.status_code == 404 and "No saved run" in missing.json()["error"]
+
+
+def test_a_learner_sees_no_answer_before_the_reveal_and_bad_input_gets_one_line(server):
+    with client(server) as http:
+        made = make_class(http, mode="self")
+        assert http.post("/workshop/api/join", json={"code": "NOPE42", "name": "Ada"}).json() == {
+            "error": "No class has the code NOPE42: check the code on the screen."}
+        for name in ("", "<script>x</script>", "x" * 30):
+            refused = http.post("/workshop/api/join", json={"code": made["code"], "name": name})
+            assert refused.status_code == 400 and "\n" not in refused.json()["error"]
+        seat = http.post("/workshop/api/join", json={"code": made["code"], "name": "Ada"}).json()
+        headers = {"X-Learner-Token": seat["token"]}
+        me = http.get("/workshop/api/me", headers=headers)
+        for exercise in EXERCISES.exercises:
+            assert exercise.explain not in me.text
+        assert all(set(card) & {"expected", "explain", "check"} == set() for card in me.json()["cards"])
+        key = EXERCISES.exercises[0].key
+        answers = [http.post("/workshop/api/predict", json={"exercise": key, "value": "right"}, headers=headers)
+                   for _ in range(LOCAL_WORKSHOP.predictions_per_minute + 1)]
+        assert answers[0].status_code == 200
+        assert {a.json()["error"] for a in answers[1:-1]} == {"You already predicted on this exercise."}
+        assert answers[-1].status_code == 429
+        assert answers[-1].json()["error"] == "Too many predictions from this session: wait a minute and try again."
+        assert http.get("/workshop/api/me", headers=headers).json()["mine"] == {key: {"value": "right", "right": True}}
+
+
+def test_a_second_host_page_gets_one_line_until_it_takes_over_and_pins_reach_the_learners(server):
+    with client(server) as http:
+        made = make_class(http)
+        first, second = ({"X-Host-Token": made["host_token"], "X-Host-Session": name} for name in ("first", "second"))
+        route = f"/workshop/api/classes/{made['code']}/host"
+        keys = [e.key for e in EXERCISES.exercises]
+        assert http.post(route, json={"open": keys[0]}, headers=first).status_code == 200
+        refused = http.post(route, json={"open": keys[1]}, headers=second)
+        assert refused.status_code == 409
+        assert refused.json()["error"] == "This class is open on another host page: close it there, or take over from here."
+        assert http.post(route, json={"open": keys[1], "take_over": True}, headers=second).json()["open"] == keys[:2]
+        saved = http.post("/workshop/api/runs", json={"title": "Locker", "link": "preset=locker", "results": {"results": []}}).json()
+        assert http.post(f"/workshop/api/classes/{made['code']}/pins", json={"run": saved["id"]},
+                         headers={"X-Host-Token": "wrong"}).status_code == 403
+        assert http.post(f"/workshop/api/classes/{made['code']}/pins", json={"run": saved["id"]}, headers=first).status_code == 200
+        seat = http.post("/workshop/api/join", json={"code": made["code"], "name": "Ada"}).json()
+        me = http.get("/workshop/api/me", headers={"X-Learner-Token": seat["token"]}).json()
+        assert me["pinned"] == [{"id": saved["id"], "title": "Locker"}] and me["open"] == keys[:2]

@@ -14,6 +14,7 @@ Saved runs: ``POST /workshop/api/runs`` keeps a run, ``/r/<id>`` reopens it on t
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from typing import Callable
 from urllib.parse import parse_qsl, urlencode
@@ -61,6 +62,16 @@ class Service:
 
 def refusing(handler: Callable) -> Callable:
     """A route whose Refused (and bad JSON) answers ``{"error": line}`` with its status."""
+
+    if inspect.iscoroutinefunction(handler):
+        @functools.wraps(handler)
+        async def waited(*args, **kwargs):
+            try:
+                return await handler(*args, **kwargs)
+            except Refused as refusal:
+                return JSONResponse({"error": refusal.line}, status_code=refusal.status)
+
+        return waited
 
     @functools.wraps(handler)
     def wrapped(*args, **kwargs):
@@ -155,9 +166,11 @@ def learner_routes(router: APIRouter, service: Service) -> None:
         view["pinned"] = service.runs.pinned(service.workshop, x_learner_token)
         return view
 
+    # A prediction is a few milliseconds of work: done on the server's event loop, it does not wait
+    # for a thread of the pool and the interpreter lock behind the other requests of a burst
     @router.post("/workshop/api/predict")
     @refusing
-    def predict(body: dict = Body(default={}), x_learner_token: str = Header(default="")) -> dict:
+    async def predict(body: dict = Body(default={}), x_learner_token: str = Header(default="")) -> dict:
         key, value = text_field(body, "exercise", 64), text_field(body, "value", 200).strip()
         try:
             exercise = service.sequence.get(key)

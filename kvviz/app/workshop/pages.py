@@ -161,6 +161,12 @@ async function revealView(card) {
     state.mode === 'self' ? el('button', {id: 'next', onclick: () => { shown[card.key + ':done'] = true; current = null; poll(); }}, 'Next') : null);
 }
 
+function pinnedView() {
+  if (!state.pinned.length) return null;
+  return el('div', {class: 'card', id: 'pinned'}, el('b', {}, 'Runs from the host: '),
+    state.pinned.map((run) => el('span', {}, el('a', {href: '/r/' + run.id, target: '_blank'}, run.title), ' ')));
+}
+
 async function poll() {
   if (!seat) return showJoin();
   try { state = await call('GET', '/workshop/api/me', undefined, auth()); }
@@ -171,7 +177,8 @@ async function poll() {
   $('who').textContent = `${state.name} · class ${state.code}`;
   const card = pick(state);
   current = card ? card.key : null;
-  const key = card ? card.key + ':' + JSON.stringify(state.mine[card.key] || null) + ':' + state.revealed.includes(card.key) : 'none';
+  const key = (card ? card.key + ':' + JSON.stringify(state.mine[card.key] || null) + ':' + state.revealed.includes(card.key)
+               : 'none') + JSON.stringify(state.pinned);
   if (key === shown.last) return;
   shown.last = key;
   const box = $('flow-body');
@@ -180,7 +187,7 @@ async function poll() {
       state.mode === 'paced' ? 'Waiting for the host to open the next exercise.' : 'That was the last exercise. Thank you!'));
     return;
   }
-  const parts = [askView(card)];
+  const parts = [askView(card), pinnedView()];
   const revealed = state.revealed.includes(card.key) || (state.mode === 'self' && state.mine[card.key]);
   if (revealed) parts.push(await revealView(card));
   box.replaceChildren(...parts);
@@ -207,6 +214,12 @@ async function control(change) {
   catch (error) { $('error').textContent = error.message; $('takeover').hidden = !/another host page/.test(error.message); }
 }
 $('takeover').addEventListener('click', () => control({take_over: true}));
+$('pin').addEventListener('submit', async (event) => {
+  event.preventDefault(); $('error').textContent = '';
+  const run = $('pin-id').value.trim().split('/r/').pop();
+  try { await call('POST', `/workshop/api/classes/${CODE}/pins`, {run}, auth()); $('pin-id').value = ''; }
+  catch (error) { $('error').textContent = error.message; }
+});
 $('mode').addEventListener('click', () => control({mode: board.mode === 'paced' ? 'self' : 'paced'}));
 $('export').addEventListener('click', async () => {
   try {
@@ -315,6 +328,8 @@ def host(code: str, projector: bool = False) -> str:
 <div class='card controls'><div class='row'><button class='plain' id='mode'>…</button>
 <button class='plain' id='export'>Export CSV</button><button class='plain' id='delete'>Delete class</button>
 <a id='projector' href='?projector=1' target='_blank'>Projector view</a></div>
+<form class='row' id='pin'><input id='pin-id' placeholder='a saved run: its id or /r/ link' style='flex:1'>
+<button class='plain' type='submit'>Pin to the class</button></form>
 <table><tbody id='rows'></tbody></table></div>
 <div class='card controls'><h2>Learners</h2><div class='row' id='names'></div></div></main>"""
     attrs = f"data-code='{code}'" + (" class='projector'" if projector else "")
