@@ -3,7 +3,10 @@ models did in the stored run, the right answer and the explanation. Both are pla
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from kvviz.app.exercises import Exercise, answer_of, preset_of, stored_results
+from kvviz.app.page import spec
 from kvviz.handoffs import registry
 
 
@@ -49,4 +52,12 @@ def reveal(exercise: Exercise) -> dict:
                      "swapped": (swap.get("answer") or "").strip()[:160] if swap else "",
                      "swap_outcome": swap.get("outcome") or ""})
     return {"key": exercise.key, "answer": shown_answer(exercise, answer), "value": answer, "said": said,
-            "explain": exercise.explain}
+            "explain": exercise.explain, "lab_link": lab_link(exercise)}
+
+
+def lab_link(exercise: Exercise) -> str:
+    """The lab's page with the exercise's preset: its stored run paints there, every column and figure."""
+    if not exercise.preset:
+        return ""
+    columns = list(dict.fromkeys([*spec.preset_columns(preset_of(exercise)), *columns_of(exercise)]))
+    return "/?" + urlencode({"preset": exercise.preset, "h": ",".join(columns)})

@@ -157,6 +157,7 @@ async function revealView(card) {
     el('table', {}, data.said.map((s) => el('tr', {}, el('td', {}, s.column), el('td', {}, s.answer || '(no answer)'),
       el('td', {class: 'muted'}, s.swapped ? `swapped note: ${s.swapped}` : '')))),
     el('p', {}, data.explain),
+    data.lab_link ? el('p', {}, el('a', {href: data.lab_link, target: '_blank', id: 'lab-link'}, 'See the whole run in the lab')) : null,
     el('h2', {}, `The room (${data.room.total})`), bars(data.room, labels),
     state.mode === 'self' ? el('button', {id: 'next', onclick: () => { shown[card.key + ':done'] = true; current = null; poll(); }}, 'Next') : null);
 }
