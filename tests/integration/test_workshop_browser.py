@@ -136,6 +136,7 @@ def test_one_host_and_three_learners_run_a_whole_exercise(browser, server):
             verdict.wait_for(timeout=10_000)
             assert verdict.inner_text() == ("You were right." if picks[name] == truth else "Not this time.")
             assert exercise.explain[:40] in learner.locator("#reveal").inner_text()
+            assert not {"null", "undefined"} & set(learner.locator("#flow-body").inner_text().split())
             assert learner.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")  # no sideways scroll
             assert not learner.errors
         learners["Bo"].screenshot(path=str(artifacts_dir() / "workshop-learner-390x844.png"), full_page=True)

@@ -191,7 +191,7 @@ async function poll() {
   const parts = [askView(card), pinnedView()];
   const revealed = state.revealed.includes(card.key) || (state.mode === 'self' && state.mine[card.key]);
   if (revealed) parts.push(await revealView(card));
-  box.replaceChildren(...parts);
+  box.replaceChildren(...parts.filter(Boolean));
 }
 if (seat) { $('join').hidden = true; $('flow').hidden = false; } else showJoin();
 poll(); setInterval(poll, 700);
