@@ -46,6 +46,7 @@ def main(argv=None) -> None:
         os.environ["KVVIZ_DTYPE"] = args.dtype
 
     from kvviz.app.ui import build_demo, launch_kwargs
+    from kvviz.app.workshop import api as workshop
     from kvviz.core import policy
     from kvviz.engine.stream import use_one_thread_per_handoff
 
@@ -63,7 +64,9 @@ def main(argv=None) -> None:
     mode = "public mode" if policy.public_mode() else "local mode"
     runs = policy.model_concurrency()
     print(f"kvviz: {mode}, {runs} run(s) at once, queue of {policy.caps().queue_size}", flush=True)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_kwargs())
+    print(f"kvviz: workshop at http://{args.host}:{args.port}/workshop (store: {workshop.store_label()})", flush=True)
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share,
+                app_kwargs=workshop.launch_app_kwargs(), **launch_kwargs())
 
 
 if __name__ == "__main__":

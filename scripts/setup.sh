@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything kvviz needs into the current Python environment.
 #   bash scripts/setup.sh          runtime: the app, the CLI and the embedded models
-#   bash scripts/setup.sh --test   also the test tools, and Debian's Chromium for browser tests
+#   bash scripts/setup.sh --test   also the test tools, Debian's Chromium for browser tests and Debian's
+#                                  postgresql for the workshop store's PostgreSQL tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +28,18 @@ if [ "$with_tests" = 1 ]; then
     else
       echo "note: /usr/bin/chromium is missing and this user cannot apt-get install it;" \
            "browser tests will skip (sudo apt-get install chromium)." >&2
+    fi
+  fi
+  # The workshop store's suite also runs on a throwaway PostgreSQL server (tests/postgres_server.py):
+  # the tests start it from Debian's binaries; the package's own cluster is not used.
+  if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "Installing Debian's postgresql for the workshop store's tests ..."
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    else
+      echo "note: PostgreSQL's initdb is missing and this user cannot apt-get install it;" \
+           "the PostgreSQL store tests will skip (sudo apt-get install postgresql)." >&2
     fi
   fi
 fi

@@ -7,7 +7,8 @@ A leaf: it imports nothing from kvviz, so every module (the lowest included) can
 * ``ASSETS`` and its parts: the shipped fusers, the handoffs' diagrams, the precomputed results;
 * ``SHARED_DATA``: ``../shared/data`` beside the project (the datasets; ``KVVIZ_DATA_DIR``
   overrides it, see ``kvviz.data``);
-* ``cache_dir()``: where converted models, output-head indexes and converted fusers live.
+* ``cache_dir()``: where converted models, output-head indexes and converted fusers live;
+* ``state_dir()``: what kvviz itself keeps (the workshop store's SQLite file), never shared data.
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ def cache_dir() -> Path:
     if os.environ.get("KVVIZ_CACHE_DIR"):
         return Path(os.environ["KVVIZ_CACHE_DIR"]).expanduser()
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "kvviz"
+
+
+def state_dir() -> Path:
+    """kvviz's own data folder: $KVVIZ_STATE_DIR, else $XDG_DATA_HOME/kvviz, else ~/.local/share/kvviz
+    (the datasets' folder, shared and read-only in CI, is not written to)."""
+    if os.environ.get("KVVIZ_STATE_DIR"):
+        return Path(os.environ["KVVIZ_STATE_DIR"]).expanduser()
+    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
     return base / "kvviz"
 
 

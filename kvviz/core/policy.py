@@ -69,6 +69,30 @@ def model_concurrency() -> int:
     return DEFAULT_CONCURRENCY
 
 
+@dataclass(frozen=True)
+class WorkshopCaps:
+    """What the workshop store takes (``kvviz.store``): classes, learners, predictions, saved runs."""
+
+    max_classes: int  # classes alive at once (expired ones do not count)
+    max_learners: int  # learners in one class
+    class_hours: float  # a class expires this long after it was made
+    predictions_per_minute: int  # attempts from one learner's session; more get "wait a minute"
+    max_saved_runs: int  # saved runs kept; one more is refused
+    max_saved_run_bytes: int  # one saved run's page state and results, as JSON
+    host_lease_seconds: float  # a host page holds its class this long after its last request
+
+
+LOCAL_WORKSHOP = WorkshopCaps(max_classes=200, max_learners=500, class_hours=24.0, predictions_per_minute=30,
+                              max_saved_runs=10_000, max_saved_run_bytes=16_000_000, host_lease_seconds=20.0)
+# A public Space: a few small classes, a day at most, and saved runs without the attention arrays' bulk.
+PUBLIC_WORKSHOP = WorkshopCaps(max_classes=20, max_learners=60, class_hours=6.0, predictions_per_minute=20,
+                               max_saved_runs=500, max_saved_run_bytes=2_000_000, host_lease_seconds=20.0)
+
+
+def workshop_caps() -> WorkshopCaps:
+    return PUBLIC_WORKSHOP if public_mode() else LOCAL_WORKSHOP
+
+
 PUBLIC_PAIR_REFUSAL = (
     "This is a public server: choose one of the registered pairs ({pairs}). Typed model names, local "
     "folders and hub ids are turned off here; run kvviz on your own machine to use them."

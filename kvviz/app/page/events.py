@@ -21,7 +21,7 @@ import gradio as gr
 
 from kvviz.app import compare, plots, present, tokenview
 from kvviz.app.methods import registry as methods
-from kvviz.app.page import spec, views
+from kvviz.app.page import saved, spec, views
 from kvviz.app.page.layout import Page, walk_markdown
 from kvviz.app.page.run import LiveRun, StopFlags, stream_run
 from kvviz.app.presets import preset
@@ -111,6 +111,11 @@ def wire_load(lab: Lab) -> None:
         updates: dict = {}
         if link:
             updates, payload, names, view = restored(lab, link, payload, names, view)
+        kept = saved.saved_results(params or {})
+        if kept:  # a saved run (/r/<id>): its own results, not the preset's
+            payload = kept[1]
+            answers = spec.expected_answers(updates.get("expected", page.value("expected")))
+            updates.update(saved.restored_run(kept[0], payload, names, answers))
         tab = link.get("tab") if link.get("tab") in dict(spec.TABS) else view.get("tab", spec.DEFAULT_TAB)
         return {**updates, **lab.tab_view(tab, payload, names, view)}
 
@@ -181,6 +186,12 @@ def wire_permalink(lab: Lab) -> None:
 
     page["copy_link"].click(resolved(page, make_link), inputs=inputs, outputs=page.outputs(), api_name="copy_link",
                             **PRIVATE).then(None, inputs=[page["link"]], js=COPY_LINK_JS)
+
+    def save_run(results, *values):  # Save run: the same state, kept with the results under a short id
+        return saved.save(results, make_link(*values)["link"], values[2] or "kvviz run")
+
+    page["save_run"].click(resolved(page, save_run), inputs=[page["results"], *inputs], outputs=page.outputs(),
+                           api_name="save_run", **PRIVATE).then(None, inputs=[page["saved_link"]], js=saved.COPY_SAVED_JS)
 
 
 COPY_LINK_JS = """

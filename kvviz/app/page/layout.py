@@ -159,6 +159,8 @@ def build_top(page: Page) -> None:
         page.add("walk_open", gr.Button("Walk-through", size="sm", scale=0, min_width=120, elem_id="kv-walkthrough"))
         page.add("copy_link", gr.Button("Copy link", size="sm", scale=0, min_width=100, elem_id="kv-copy-link"))
         page.add("link", gr.Textbox("", visible=False, elem_id="kv-link"))  # the page's state as a query string
+        page.add("save_run", gr.Button("Save run", size="sm", scale=0, min_width=100, elem_id="kv-save-run"))
+        page.add("saved_link", gr.Textbox("", visible=False, elem_id="kv-saved-link"))  # /r/<id> of the saved run
 
 
 def build_walk(page: Page, steps: list[spec.WalkStep]) -> None:

@@ -1,0 +1,62 @@
+"""Saved runs on the lab's page: *Save run* keeps the page's state and results in the workshop store
+(``kvviz.store.runs``) under a short id, and ``/r/<id>`` (``kvviz.app.workshop.api``) reopens the
+page with ``?...&run=<id>``: the link's state as any permalink restores it, then the saved results
+painted in place of the preset's, with no model run."""
+
+from __future__ import annotations
+
+from kvviz.app import tokenview
+from kvviz.app.page import views
+from kvviz.store.classes import Refused
+from kvviz.store.database import open_store
+from kvviz.store.runs import SavedRuns
+
+# the short link in the address bar and on the clipboard
+COPY_SAVED_JS = """
+(link) => {
+  if (!link) return [];
+  const url = location.origin + link;
+  history.replaceState(null, '', url);
+  if (navigator.clipboard) navigator.clipboard.writeText(url).catch(() => {});
+  return [];
+}
+"""
+
+
+def store() -> SavedRuns:
+    return SavedRuns(open_store())
+
+
+def save(results: dict | None, link: str, title: str) -> dict:
+    """Keep the page's run; the page's updates: the short link and a status line (or why not)."""
+    if not (results or {}).get("results"):
+        return {"status": "Nothing to save yet: run a question or pick a preset first.", "saved_link": ""}
+    try:
+        try:
+            run_id = store().save(title, link, results)
+        except Refused as refusal:
+            if refusal.status != 413:
+                raise
+            run_id = store().save(title, link, tokenview.payload_without_arrays(results))  # without the attention arrays
+    except Refused as refusal:
+        return {"status": refusal.line, "saved_link": ""}
+    return {"status": f"Saved: **/r/{run_id}** (copied; it reopens these results without a model).",
+            "saved_link": f"/r/{run_id}"}
+
+
+def saved_results(params: dict) -> tuple[str, dict] | None:
+    """The saved run a link names (``run=<id>``): (id, its results), or None (no run, or an unknown one)."""
+    run_id = str(params.get("run") or "").strip()
+    if not run_id:
+        return None
+    try:
+        run = store().get(run_id)
+    except Refused:
+        return None
+    return run["id"], run["results"]
+
+
+def restored_run(run_id: str, payload: dict, names: list[str], answers) -> dict:
+    """The page's updates that paint a saved run's results (its cards, strip and status)."""
+    return {"results": payload, **views.cards_and_verdict(payload, names, answers, views.subject_of(payload)),
+            "status": f"Saved run **{run_id}**: its results as they were saved, no model run."}

@@ -1,0 +1,30 @@
+"""What a workshop exercise shows before and after its reveal, and the pages' handling of a code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvviz.app.exercises import EXERCISES, answer_of, stored_results
+from kvviz.app.page import spec
+from kvviz.app.workshop import facts, pages
+
+SHIPPED = EXERCISES.exercises
+
+
+@pytest.mark.parametrize("exercise", SHIPPED, ids=[e.key for e in SHIPPED])
+def test_the_card_before_the_reveal_holds_no_answer_and_the_reveal_holds_the_runs(exercise):
+    card = json.dumps(facts.card(exercise, 1))
+    assert exercise.explain not in card and "expected" not in card
+    revealed = facts.reveal(exercise)
+    assert revealed["value"] == answer_of(exercise, stored_results(exercise))
+    assert revealed["explain"] == exercise.explain and revealed["said"]
+    link = spec.permalink_state([], dict(part.split("=", 1) for part in revealed["lab_link"][2:].replace("%2C", ",").split("&")))
+    assert link["preset"] == exercise.preset and set(facts.columns_of(exercise)) <= set(link["h"])
+
+
+def test_a_code_in_a_page_address_is_reduced_to_letters_and_digits():
+    page = pages.learner("ab<script>alert(1)</script>")
+    assert "<script>alert" not in page and "data-code='ABSCRIPTALER'" in page
+    assert "data-code='XY12'" in pages.host("xy-12", projector=True) and "class='projector'" in pages.host("xy12", True)
