@@ -148,7 +148,9 @@ CSS = """
   #kv-columns {order: 1}
   #kv-lesson-row {order: 2}
   #kv-inside {order: 3}
-  #kv-presets {max-width: none}
+  #kv-presets {max-width: none; flex: 1 1 100% !important}
+  /* the three page buttons share one row under the preset box */
+  #kv-walkthrough, #kv-copy-link, #kv-save-run {min-width: 0 !important; flex: 1 1 0 !important; padding: 4px 6px !important}
   #kv-ask {flex-direction: column}
   #kv-ask > * {min-width: 0 !important; width: 100% !important}
   #kv-runbox {flex-direction: row !important; flex-wrap: nowrap !important; align-items: stretch}
