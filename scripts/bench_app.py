@@ -45,11 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
+from tests.page_checks import CHROMIUM, CHROMIUM_FLAGS  # noqa: E402  (the browser tests launch the same)
+
 # Records (relative to navigation start) when the first answer's text and the first plot's SVG are
 # on the page: checked at every animation frame (a textarea's value is not seen by a MutationObserver).
 PAINT_JS = """

@@ -36,13 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.page_checks import BOX_JS, CONTRAST_JS  # noqa: E402  (the browser tests measure the same)
+from tests.page_checks import BOX_JS, CHROMIUM, CHROMIUM_FLAGS, CONTRAST_JS  # noqa: E402  (the browser tests measure the same)
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
 FIRST_ANSWER = "#kv-answer-receiver textarea, #kv-answer-receiver .kv-card-answer"
 LANDMARKS = ["kv-run", "kv-stop", "kv-status", "kv-query", "kv-context", "kv-handoffs", "kv-settings"]
 

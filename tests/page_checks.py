@@ -1,6 +1,53 @@
-"""What the browser tests and scripts/page_audit.py measure on the rendered page, as JavaScript for
-Playwright's ``page.evaluate``: WCAG contrast of every visible text, element boxes, and whether a
-plot's title and legend lie inside its SVG."""
+"""What the browser tests and scripts measure on the rendered page, and how they open Debian's
+Chromium: the browser's path and flags, a launched browser (a missing Chromium fails under
+``CI=true`` and skips elsewhere), the artifacts folder; and, as JavaScript for Playwright's
+``page.evaluate``, WCAG contrast of every visible text, element boxes, and whether a plot's title and
+legend lie inside its SVG."""
+
+import contextlib
+import os
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def artifacts_dir() -> Path:
+    """Where the browser tests write their screenshots and logs (``KVVIZ_TEST_ARTIFACTS``)."""
+    folder = Path(os.environ.get("KVVIZ_TEST_ARTIFACTS", "test-artifacts"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def require_chromium() -> None:
+    """Fail under CI=true, skip elsewhere, when Debian's Chromium is not installed."""
+    import pytest
+
+    if not Path(CHROMIUM).exists():
+        message = f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)"
+        if IN_CI:
+            pytest.fail(f"CI=true needs the browser: {message}")
+        pytest.skip(message)
+
+
+@contextlib.contextmanager
+def launched_chromium():
+    """Debian's Chromium through Playwright (never ``playwright install``), closed on the way out."""
+    import pytest
+
+    require_chromium()
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
 
 # WCAG 2 contrast of every visible text against its composited background.
 CONTRAST_JS = r"""

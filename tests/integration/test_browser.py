@@ -15,27 +15,14 @@ from __future__ import annotations
 
 import itertools
 import os
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import served_on_loopback
-from tests.page_checks import BOX_JS, CONTRAST_JS, PLOT_PARTS_JS
+from tests.page_checks import BOX_JS, CONTRAST_JS, PLOT_PARTS_JS, artifacts_dir, launched_chromium
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-IN_CI = os.environ.get("CI", "").lower() == "true"
 MAX_NEW_TOKENS = 4
 RUN_TIMEOUT_MS = 300_000
 LAPTOP = {"width": 1280, "height": 800}
@@ -45,26 +32,10 @@ MIN_CONTRAST = 4.5
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 
 
-def artifacts_dir() -> Path:
-    folder = Path(os.environ.get("KVVIZ_TEST_ARTIFACTS", "test-artifacts"))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def browser():
-    if not Path(CHROMIUM).exists():
-        message = f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)"
-        if IN_CI:
-            pytest.fail(f"CI=true needs the browser: {message}")
-        pytest.skip(message)
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    with launched_chromium() as browser:
+        yield browser
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ import pytest
 from kvviz.app.page import spec
 from kvviz.app.presets import load_precomputed, preset
 from tests.conftest import served_on_loopback
-from tests.integration.test_browser import CHROMIUM_FLAGS, LAPTOP, artifacts_dir, browser  # noqa: F401 (the browser fixture)
+from tests.integration.test_browser import LAPTOP, browser  # noqa: F401 (the browser fixture)
+from tests.page_checks import artifacts_dir
 
 pytestmark = [pytest.mark.integration]
 

@@ -57,11 +57,9 @@ def free_port() -> int:
 @pytest.mark.real_model
 def test_the_exported_space_installs_in_a_fresh_venv_and_serves_the_page(exported, tmp_path):
     from kvviz.runtime.models import converted_dir, is_prepared, prepare_embedded
-    from tests.integration.test_browser import CHROMIUM, CHROMIUM_FLAGS, IN_CI, artifacts_dir
+    from tests.page_checks import CHROMIUM, CHROMIUM_FLAGS, artifacts_dir, require_chromium
 
-    if not Path(CHROMIUM).exists():
-        message = f"{CHROMIUM} is missing: install Debian's chromium"
-        pytest.fail(message) if IN_CI else pytest.skip(message)
+    require_chromium()
     sync_api = pytest.importorskip("playwright.sync_api")
     log = artifacts_dir() / "space-install.log"
     log.write_text("")

@@ -16,7 +16,6 @@ import contextlib
 import os
 import socket
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -27,37 +26,18 @@ from kvviz.app.page import views
 from kvviz.app.presets import load_precomputed
 from kvviz.app.workshop import api
 from kvviz.store import database
+from tests.page_checks import artifacts_dir, launched_chromium
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"]
-IN_CI = os.environ.get("CI", "").lower() == "true"
 LAPTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 ON_THE_BOARD_S = 1.0
 
 
-def artifacts_dir() -> Path:
-    folder = Path(os.environ.get("KVVIZ_TEST_ARTIFACTS", "test-artifacts"))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def browser():
-    if not Path(CHROMIUM).exists():
-        message = f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)"
-        if IN_CI:
-            pytest.fail(f"CI=true needs the browser: {message}")
-        pytest.skip(message)
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    with launched_chromium() as browser:
+        yield browser
 
 
 @pytest.fixture(scope="module")
