@@ -95,7 +95,7 @@ def fingerprint(pair_name: str) -> str:
     spec = resolve_pair(pair_name)
     parts = {
         "pair": dataclasses.asdict(spec),
-        "models": [model_identity(name) for name in dict.fromkeys(spec.model_names)],
+        "models": [model_identity(name) for name in dict.fromkeys(spec.model_names())],
         "checkpoints": [_files_identity(root) for root in (ASSETS / "fusers", ASSETS / "translators",
                                                            cache_dir() / "fusers", cache_dir() / "translators")],
         "code": code_version(),

@@ -200,3 +200,14 @@ def test_the_queue_tells_each_waiting_run_its_place_and_refuses_when_full():
     gate.release(10.0)
     waiter.join(10)
     assert heard[-1] is True
+
+
+def test_the_pairs_fingerprint_is_stable_and_changes_when_a_fuser_file_does(tmp_path, monkeypatch):
+    from kvviz.engine.shared_runs import fingerprint
+
+    monkeypatch.setenv("KVVIZ_CACHE_DIR", str(tmp_path))
+    first = fingerprint("embedded")
+    assert fingerprint("embedded") == first
+    (tmp_path / "fusers").mkdir()
+    (tmp_path / "fusers" / "fuser.safetensors").write_bytes(b"retrained")
+    assert fingerprint("embedded") != first
