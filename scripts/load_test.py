@@ -23,6 +23,16 @@ resident memory before, at peak and after.
     python scripts/load_test.py --concurrency 2 --json out.json   # KVVIZ_CONCURRENCY for the server
     python scripts/load_test.py --sessions 1 --requests 200 --memory-after 10   # the soak (issue 20)
 
+A class at once (issue 32): ``--class N --same-preset`` has N sessions (their clients opened first)
+press Run on one question, not asked before on this server, each at a random moment within
+``--window`` seconds; it reports completion, p50/p95 from press to answer, how many runs the server
+computed, joined or served from its cache (``/run_counts``), memory, and whether every answer is the
+same as the one computation's. ``--class N --distinct`` gives each session its own question (the
+secret code word of the first question, changed), and also the time of running them one after another.
+
+    python scripts/load_test.py --class 30 --same-preset
+    python scripts/load_test.py --class 30 --distinct --tokens 8
+
 ``--memory-after N`` also records the server's resident memory once N requests have been answered,
 and compares the memory at the end with it (a soak's memory must stay flat after its first runs).
 
@@ -208,6 +218,99 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(share * (len(ordered) - 1))))]
 
 
+CODE_WORDS = ("pineapple", "harbour", "lantern", "meadow", "copper", "violet", "glacier", "saffron", "orchid", "falcon",
+              "granite", "juniper", "marble", "nectar", "pepper", "quartz", "raven", "silver", "tulip", "walnut",
+              "amber", "basil", "cedar", "dune", "ember", "fennel", "garnet", "hazel", "indigo", "jasmine")
+
+
+def class_questions(count: int, distinct: bool) -> list[tuple[str, str | None]]:
+    """The class's questions: one not asked before (same preset), or one per session (distinct)."""
+    if not distinct:
+        return [QUESTIONS[3]] * count
+    return [("What is the secret code word?", f"The secret code word is {CODE_WORDS[i % len(CODE_WORDS)]}"
+             + (f" number {i // len(CODE_WORDS)}." if i >= len(CODE_WORDS) else ".")) for i in range(count)]
+
+
+def class_at_once(url: str, server: subprocess.Popen, args) -> dict:
+    """N sessions press Run within the window (see the module's docstring); the figures."""
+    import random
+
+    from gradio_client import Client
+
+    questions = class_questions(args.class_size, args.distinct)
+    clients = [Client(url, verbose=False) for _ in questions]
+    counts_before = clients[0].predict(api_name="/run_counts")
+    rng = random.Random(0)
+    delays = sorted(rng.uniform(0, args.window) for _ in questions)
+    outcomes: list[dict] = [{} for _ in questions]
+    memory = MemoryWatch(server.pid)
+    memory.peak = before = rss_mib(server.pid)
+    memory.start()
+    began = time.perf_counter()
+
+    def press(index: int):
+        time.sleep(delays[index])
+        query, context = questions[index]
+        started = time.perf_counter()
+        try:
+            out = clients[index].submit(pair="embedded", query=query, context=context or "", max_new_tokens=args.tokens,
+                                        message_tokens=args.tokens, api_name="/run").result(timeout=args.request_timeout)
+            outcomes[index] = {"ok": "finished" in out[0], "seconds": time.perf_counter() - started,
+                               "answers": answers_of(out[-1]), "status": out[0][:200]}
+        except Exception as error:  # noqa: BLE001
+            outcomes[index] = {"ok": False, "seconds": time.perf_counter() - started, "status": f"{type(error).__name__}: {error}"[:200]}
+
+    threads = [threading.Thread(target=press, args=(i,), daemon=True) for i in range(len(questions))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(args.request_timeout + args.window)
+    wall = time.perf_counter() - began
+    memory.stop.set()
+    counts_after = clients[0].predict(api_name="/run_counts")
+    ok = [o for o in outcomes if o.get("ok")]
+    times = [o["seconds"] for o in ok]
+    report = {"class": args.class_size, "kind": "distinct" if args.distinct else "same preset", "window_s": args.window,
+              "tokens": args.tokens, "answered": len(ok), "p50_s": percentile(times, 0.5), "p95_s": percentile(times, 0.95),
+              "max_s": max(times, default=float("nan")), "wall_s": wall,
+              **{k: counts_after[k] - counts_before[k] for k in ("computed", "joined", "cached", "refused")},
+              "rss_before_mib": before, "rss_peak_mib": memory.peak, "rss_after_mib": rss_mib(server.pid),
+              "failures": [o["status"] for o in outcomes if not o.get("ok")][:5]}
+    # the serial answers: each question asked again alone; identical greedy requests are served by the server's
+    # one computation, so for the same preset this checks that every learner got that one run's answer
+    serial_seconds = []
+    differ = 0
+    for index, (query, context) in enumerate(questions if args.distinct else questions[:1]):
+        started = time.perf_counter()
+        out = clients[0].submit(pair="embedded", query=query, context=context or "", max_new_tokens=args.tokens,
+                                message_tokens=args.tokens, api_name="/run").result(timeout=args.request_timeout)
+        serial_seconds.append(time.perf_counter() - started)
+        serial = answers_of(out[-1])
+        targets = [outcomes[index]] if args.distinct else outcomes
+        differ += sum(1 for o in targets if o.get("ok") and o["answers"] != serial)
+    report["differ_from_serial"] = differ
+    if args.distinct:
+        report["serial_note"] = "asked again alone after the class: served from the cache (the class's runs were computed)"
+    report["load_average"] = os.getloadavg()
+    return report
+
+
+def class_markdown(r: dict) -> str:
+    rows = [("sessions, kind, window", f"{r['class']}, {r['kind']}, {r['window_s']:.0f} s ({r['tokens']} new tokens)"),
+            ("answered", f"{r['answered']} / {r['class']}"),
+            ("latency p50 / p95 / max (press to answer)", f"{r['p50_s']:.1f} s / {r['p95_s']:.1f} s / {r['max_s']:.1f} s"),
+            ("runs computed / joined a run in flight / from the cache / refused",
+             f"{r['computed']} / {r['joined']} / {r['cached']} / {r['refused']}"),
+            ("answers that differ from the serial one", f"{r['differ_from_serial']}"),
+            ("wall time", f"{r['wall_s']:.1f} s"),
+            ("server memory before / peak / after", f"{r['rss_before_mib']:.0f} / {r['rss_peak_mib']:.0f} / {r['rss_after_mib']:.0f} MiB"),
+            ("load average (1, 5, 15 min) at the end", ", ".join(f"{x:.2f}" for x in r["load_average"]))]
+    lines = [f"`{r['command']}`", "", "| measure | value |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
+    if r["failures"]:
+        lines += ["", "Failures: " + "; ".join(r["failures"])]
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=8)
@@ -223,7 +326,15 @@ def main() -> int:
     parser.add_argument("--memory-after", type=int, default=None, metavar="N",
                         help="also record the server's memory once N requests are answered (the soak)")
     parser.add_argument("--log", default=None, help="the server's log (default: a temporary file)")
+    parser.add_argument("--class", dest="class_size", type=int, default=None, metavar="N",
+                        help="a class at once: N sessions press Run within --window seconds")
+    same = parser.add_mutually_exclusive_group()
+    same.add_argument("--same-preset", action="store_true", help="with --class: every session on one question")
+    same.add_argument("--distinct", action="store_true", help="with --class: a question per session")
+    parser.add_argument("--window", type=float, default=10.0, help="with --class: seconds within which they press Run")
     args = parser.parse_args()
+    if args.class_size is not None and (args.class_size < 1 or not (args.same_preset or args.distinct)):
+        parser.error("--class N needs N >= 1 and one of --same-preset or --distinct")
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from gradio_client import Client
@@ -243,6 +354,12 @@ def main() -> int:
         client = Client(url, verbose=False)
         print(f"server up on {url} (log {log_path}); warming up and asking each question alone ...", file=sys.stderr)
         live_run(client, 0, args.tokens).result(timeout=args.request_timeout)  # loads the models
+        if args.class_size is not None:
+            report = {"command": "python scripts/load_test.py " + " ".join(sys.argv[1:]), **class_at_once(url, server, args)}
+            if args.json:
+                Path(args.json).write_text(json.dumps(report, indent=2))
+            print(class_markdown(report))
+            return 0
         serial, serial_seconds = {}, []
         for index in range(len(QUESTIONS)):
             started = time.perf_counter()

@@ -468,8 +468,12 @@ def live_status(done: int, total: int, states: dict[str, str], log: str = "") ->
     return f"**Live run** ({done} of {total} done): {now or 'finishing …'}"
 
 
-def finished_status(seconds: float, workers: int, stopped: str = "") -> str:
+def finished_status(seconds: float, workers: int, stopped: str = "", shared: str = "") -> str:
+    """A finished live run's line; ``shared``: how it shares another learner's run
+    (``kvviz.engine.shared_runs.shared_line``), said instead of "measured in this run"."""
     wall = format_seconds(seconds)
+    if shared:
+        return f"**Live run finished** in {wall} (wall time): {md(shared)}."
     if stopped:
         return f"**{md(stopped)}** ({wall}) Every number below was measured in this run."
     if workers == ALL_AT_ONCE:

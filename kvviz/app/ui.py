@@ -11,9 +11,12 @@ Serving rules kept here:
 * models load once per process (``kvviz.runtime.models.load_model`` caches them); per-user data lives only
   in ``gr.State`` and event arguments, never in module globals (the stop flags are keyed by the
   browser session);
-* every model-running event shares one queue (``concurrency_id="models"``), limit
-  ``kvviz.core.policy.model_concurrency()`` (``KVVIZ_CONCURRENCY``; the defaults were measured); the
-  queue holds at most ``policy.caps().queue_size`` waiting requests and says so when full;
+* the live runs (Run live, Swap the fact, ``/run``) go to the engine's shared runs
+  (``kvviz.engine.shared_runs``, ``concurrency_id="runs"``): identical greedy runs are computed once,
+  and ``kvviz.core.policy.model_concurrency()`` runs at a time (``KVVIZ_CONCURRENCY``; the defaults
+  were measured) use the models while the others wait in order, each told its place and an
+  estimate; at most ``policy.caps().queue_size`` wait, and one more is refused in one line. The
+  sweep keeps its own queue (``concurrency_id="models"``) and takes the same models' slot;
 * in public mode (``kvviz.core.policy``) the pair box offers registered pairs only and the sliders stop
   at the public caps; every limit is checked again on the server (``kvviz.core.limits``), so the API
   gets the same refusals as the page;

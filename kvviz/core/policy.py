@@ -69,6 +69,13 @@ def model_concurrency() -> int:
     return DEFAULT_CONCURRENCY
 
 
+# How many live runs Gradio hands to the engine at once: the engine (kvviz.engine.shared_runs) computes
+# identical ones once and lets ``model_concurrency()`` runs use the models, the others waiting in order and
+# told their place; ``caps().queue_size`` may wait there, one more is refused. Each run handed over holds
+# one of Gradio's 40 worker threads while it waits, so fewer than those; beyond it runs wait in Gradio's queue.
+PAGE_RUNS_AT_ONCE = 32
+
+
 @dataclass(frozen=True)
 class WorkshopCaps:
     """What the workshop store takes (``kvviz.store``): classes, learners, predictions, saved runs."""

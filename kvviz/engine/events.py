@@ -8,7 +8,8 @@ A run's events, in order: ``Status`` lines while the pair loads; ``Done`` at onc
 that cannot run on this pair or request; for each handoff that runs, ``Started``, then the
 ``Message`` it may write before its answer, the answer's ``Token`` events and its ``Done``; after
 every handoff is done, what crossed (``Scored`` and ``Lens``, ``kvviz.engine.runner.finish_crossed``).
-A run that ran out of time ends with ``Stopped``, one that could not start with ``Failed``.
+A run that ran out of time ends with ``Stopped``, one that could not start with ``Failed``. A
+request that shares another's run (``kvviz.engine.shared_runs``) gets ``Shared`` first.
 """
 
 from __future__ import annotations
@@ -69,6 +70,13 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class Shared:
+    """This request shares a run computed for another (``kvviz.engine.shared_runs``): how, in words."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class Scored:
     """A finished answer scored against its control's prompt: its result's ``token_change``."""
 
@@ -84,4 +92,4 @@ class Lens:
     logit_lens: dict
 
 
-Event = Status | Started | Message | Token | Done | Stopped | Failed | Scored | Lens
+Event = Status | Started | Message | Token | Done | Stopped | Failed | Shared | Scored | Lens

@@ -24,12 +24,17 @@ def test_model_runs_share_one_queue_and_every_public_event_is_named():
     demo = ui.build_demo(precomputed={}, sweep=None)
     functions = {fn.api_name: fn for fn in demo.fns.values() if fn.api_visibility != "private"}
     assert all(name and name != "unnamed" for name in functions)
-    for name in ("run", "sweep"):
-        assert functions[name].concurrency_id == ui.MODEL_QUEUE
-        assert functions[name].concurrency_limit == 1
-    assert functions["load_preset"].concurrency_id != ui.MODEL_QUEUE
-    page_run = next(fn for fn in demo.fns.values() if fn.api_name == "run_on_page")
-    assert page_run.concurrency_id == ui.MODEL_QUEUE and page_run.api_visibility == "private"
+    from kvviz.app.page.spec import RUN_QUEUE
+    from kvviz.core.policy import PAGE_RUNS_AT_ONCE
+
+    assert functions["sweep"].concurrency_id == ui.MODEL_QUEUE and functions["sweep"].concurrency_limit == 1
+    # the live runs go to the engine's shared runs, which queue them for the models (kvviz.engine.shared_runs)
+    assert functions["run"].concurrency_id == RUN_QUEUE and functions["run"].concurrency_limit == PAGE_RUNS_AT_ONCE
+    assert functions["load_preset"].concurrency_id not in (ui.MODEL_QUEUE, RUN_QUEUE)
+    assert "run_counts" in functions
+    for name in ("run_on_page", "swap_on_page"):
+        page_run = next(fn for fn in demo.fns.values() if fn.api_name == name)
+        assert page_run.concurrency_id == RUN_QUEUE and page_run.api_visibility == "private"
 
 
 def test_walkthrough_steps_forward_and_back_load_their_presets_and_tabs():

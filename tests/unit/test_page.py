@@ -314,13 +314,14 @@ def test_swap_the_fact_on_a_preset_shows_its_stored_swap_without_running_a_model
 
 
 def test_swap_the_fact_on_a_typed_note_runs_the_swapped_note_and_judges_each_column(monkeypatch):
-    from kvviz.app.page import events, run as page_run
+    from kvviz.app.page import events
+    from kvviz.app.page import run as page_run
 
     said = {"It is 4471.": {"receiver": "12", "text": "4471", "kvcomm": "4471"},
             "It is 3902.": {"receiver": "12", "text": "3902", "kvcomm": "4471"}}
     ran = []
 
-    def scripted(run, workers, stop):
+    def scripted(run, workers, stop, batches=None):  # the shared runs' batches, replaced by the script
         ran.append((run.request.context, list(run.names)))
         script = [Done(name, fake_result(name, said[run.request.context][name])) for name in run.names]
         return page_run.stream_run(run, workers, stop, batches=one_by_one(script))

@@ -26,7 +26,9 @@ from kvviz.app.page.layout import Page, walk_markdown
 from kvviz.app.page.run import LiveRun, StopFlags, stream_run
 from kvviz.app.presets import preset
 from kvviz.app.sweep import page_sweep
+from kvviz.core import policy
 from kvviz.engine import stream
+from kvviz.engine.shared_runs import SharedRuns
 from kvviz.runtime.models import resolve_pair
 
 PRIVATE = dict(api_visibility="private", show_progress="hidden")
@@ -49,6 +51,8 @@ class Lab:
     # two remembers the results after each (``wire_compare``; a change listener on the results would
     # make Gradio hash them before and after every streamed update)
     result_events: list = field(default_factory=list)
+    # the server's live runs: identical greedy runs computed once, the models' queue (kvviz.engine.shared_runs)
+    runs: SharedRuns = field(default_factory=SharedRuns)
 
     def preset_view(self, key: str, view: dict) -> dict:
         """Everything a preset changes: the form, the ticks, the cards, the strip, the lesson, the
@@ -495,7 +499,7 @@ def wire_run(lab: Lab) -> None:
         live = button.click(begin, outputs=[page["run_button"]], queue=False, api_name=f"begin_{name}", **PRIVATE).then(
             handler, inputs=[*inputs, *page.settings_inputs, *streamed_components],
             outputs=[*streamed_components, page["finished_run"]], api_name=f"{name}_on_page",
-            concurrency_id=spec.MODEL_QUEUE, concurrency_limit=lab.concurrency, **PRIVATE)
+            concurrency_id=spec.RUN_QUEUE, concurrency_limit=policy.PAGE_RUNS_AT_ONCE, **PRIVATE)
         shown = live.then(resolved(page, show_finished_run), inputs=[page["finished_run"], page["view"], page["chosen"]],
                           outputs=finished_run_outputs(page), api_name=f"show_finished_{name}", **PRIVATE)
         shown.then(finish, outputs=[page["run_button"]], queue=False, api_name=f"end_{name}", **PRIVATE)
@@ -519,7 +523,7 @@ def run_updates(lab: Lab, pair, query, context, expected, ticked, settings, sess
         yield {"status": present.refused_status(str(error))}
         return
     run = lab.live_run(pair, handoff_request, names, expected, views.preset_matching(query, context))
-    for update in stream_run(run, lab.workers, stop):
+    for update in stream_run(run, lab.workers, stop, batches=lab.runs.batches):
         update.pop("error", None)
         yield update
 
@@ -548,7 +552,7 @@ def swap_updates(lab: Lab, pair, query, context, expected, ticked, fields, paylo
         if not columns:
             continue
         run = lab.live_run(pair, request, columns, expected if found is not None else spec.expected_text(swap.answers), key)
-        for update in stream_run(run, lab.workers, stop):
+        for update in stream_run(run, lab.workers, stop, batches=lab.runs.batches):
             update.pop("error", None)
             ended = update.pop("results", None)
             if found is None:  # the swapped note's answers stay off the cards until they are all in
@@ -623,7 +627,7 @@ def wire_run_api(lab: Lab, form: list) -> None:
         live = LiveRun(pair, request, names, [], "The answer")
         streamed = {output: None for output in outputs}  # what each output holds so far (None: nothing yet)
         drawn: dict = {}  # each finished handoff's own figure, drawn while the others still run
-        for update in stream_run(live, lab.workers, threading.Event()):  # an API call stops when its client leaves
+        for update in stream_run(live, lab.workers, threading.Event(), batches=lab.runs.batches):  # stops when its client leaves
             if update.get("error"):
                 raise gr.Error(f"The run failed: {update['error']}")
             for name in plots.layer_figure_handoffs(set(live.results) - set(drawn)):
@@ -646,8 +650,15 @@ def wire_run_api(lab: Lab, form: list) -> None:
 
     run.__signature__ = inspect.Signature(  # the API's parameter names
         [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in spec.run_parameter_names(page.specs)])
-    page["run_api"].click(run, inputs=form, outputs=outputs, api_name="run", concurrency_id=spec.MODEL_QUEUE,
-                          concurrency_limit=lab.concurrency, show_progress="hidden")
+    page["run_api"].click(run, inputs=form, outputs=outputs, api_name="run", concurrency_id=spec.RUN_QUEUE,
+                          concurrency_limit=policy.PAGE_RUNS_AT_ONCE, show_progress="hidden")
+
+    def run_counts() -> dict:
+        """How this server answered its live runs: computed, joined (a run in flight), cached, refused
+        (queue full); the cache, the queue and the last runs' times (``kvviz.engine.shared_runs``)."""
+        return lab.runs.summary()
+
+    gr.api(run_counts, api_name="run_counts")
 
 
 # --- sweep, export, pair ----------------------------------------------------------------------------
@@ -663,7 +674,8 @@ def wire_sweep(lab: Lab):
         """Run the sweep on the built-in set; returns the figure and the data."""
         progress(0.0, desc="Loading models ...")
         try:
-            data = page_sweep(pair, series, int(max_new_tokens), swept.name, progress)  # on a Space: no progress bar
+            with lab.runs.gate.hold():  # the sweep takes the models' slot the live runs queue for
+                data = page_sweep(pair, series, int(max_new_tokens), swept.name, progress)  # on a Space: no progress bar
         except ValueError as error:
             raise gr.Error(str(error)) from error
         text = f"**Live sweep finished** in {data['seconds']:.0f} s ({data['n']} questions, {len(data['answers'])} runs)."

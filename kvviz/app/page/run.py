@@ -23,7 +23,7 @@ from kvviz.app.page import views
 from kvviz.app.page.spec import STREAM_INTERVAL
 from kvviz.core.results import HandoffRequest
 from kvviz.engine import stream
-from kvviz.engine.events import Done, Event, Failed, Lens, Message, Scored, Started, Status, Stopped, Token
+from kvviz.engine.events import Done, Event, Failed, Lens, Message, Scored, Shared, Started, Status, Stopped, Token
 
 
 class StopFlags:
@@ -77,6 +77,7 @@ class LiveRun:
     failed: str = ""  # why the run could not start (``Failed``)
     alone: dict[str, float] = field(default_factory=dict)  # column -> its time alone on this question (a preset's)
     timed: str = "shared"  # "alone" when one column ran at a time: what its times are (``present.time_text``)
+    shared: str = ""  # how this request shares another learner's run (``kvviz.engine.shared_runs``), if it does
 
     @property
     def seconds(self) -> float:
@@ -85,7 +86,7 @@ class LiveRun:
     def payload(self) -> dict:
         ordered = [self.results[name] for name in self.names if name in self.results]
         data = present.payload(self.pair, self.request.to_dict(), ordered, False, self.preset_key)
-        return dict(data, stamp=views.live_stamp())
+        return dict(data, stamp=views.live_stamp(), **({"shared": self.shared} if self.shared else {}))
 
     def status(self) -> dict:
         return {"status": present.live_status(len(self.results), len(self.names), self.states, self.log)}
@@ -170,6 +171,8 @@ def apply_event(run: LiveRun, event: Event, update: dict, held: dict[str, str | 
             run.out_of_time = reason
         case Failed(reason):
             run.failed = reason
+        case Shared(text):
+            run.shared = text
     return False
 
 
@@ -190,6 +193,6 @@ def final_update(run: LiveRun, workers: int, stopped_by_user: bool, out_of_time:
     elif failed:
         update["status"] = present.refused_status(f"the run failed: {failed}")
     else:
-        update["status"] = present.finished_status(run.seconds, workers, out_of_time)
+        update["status"] = present.finished_status(run.seconds, workers, out_of_time, run.shared)
     update.update(run.verdict())
     return update

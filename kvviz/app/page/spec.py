@@ -21,6 +21,10 @@ from kvviz.handoffs import registry
 from kvviz.handoffs.registry import Handoff, Option
 
 MODEL_QUEUE = "models"
+# The live runs (Run live, Swap the fact, /run): Gradio hands up to ``policy.PAGE_RUNS_AT_ONCE`` of them to the
+# engine at once, which computes identical ones once and queues the others for the models, telling each its
+# place (``kvviz.engine.shared_runs``); the sweep stays in ``MODEL_QUEUE`` and takes the same models' slot.
+RUN_QUEUE = "runs"
 MAX_UI_NEW_TOKENS = 256  # the slider's end (the server's cap, kvviz.core.limits, may be lower)
 # Seconds between a run's streamed updates of its answers (all columns together), on the page and through /run.
 # Each update costs the server's event loop, which shares the interpreter with the models (~10 ms for /run's
