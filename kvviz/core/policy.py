@@ -69,6 +69,25 @@ def model_concurrency() -> int:
     return DEFAULT_CONCURRENCY
 
 
+DEFAULT_RUN_CACHE_MB = 256  # finished runs a server keeps for identical requests (a six-handoff run: ~2 MB)
+
+
+def run_cache_bytes() -> int:
+    """How many bytes of finished runs the server keeps (``kvviz.engine.shared_runs``):
+    ``KVVIZ_RUN_CACHE_MB`` (0 keeps none; identical runs in flight are still computed once), else
+    ``DEFAULT_RUN_CACHE_MB``."""
+    given = os.environ.get("KVVIZ_RUN_CACHE_MB", "").strip()
+    if not given:
+        return DEFAULT_RUN_CACHE_MB * 1024 * 1024
+    try:
+        megabytes = float(given)
+    except ValueError as error:
+        raise ValueError(f"KVVIZ_RUN_CACHE_MB must be a number of megabytes (0 keeps no finished run), got {given!r}.") from error
+    if megabytes < 0:
+        raise ValueError(f"KVVIZ_RUN_CACHE_MB must be 0 or more megabytes, got {given!r}.")
+    return int(megabytes * 1024 * 1024)
+
+
 # How many live runs Gradio hands to the engine at once: the engine (kvviz.engine.shared_runs) computes
 # identical ones once and lets ``model_concurrency()`` runs use the models, the others waiting in order and
 # told their place; ``caps().queue_size`` may wait there, one more is refused. Each run handed over holds

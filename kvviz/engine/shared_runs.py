@@ -49,7 +49,6 @@ from kvviz.engine import stream
 from kvviz.engine.events import Done, Event, Failed, Shared, Status, Stopped
 from kvviz.runtime.models import EMBEDDED_MODELS, converted_dir, resolve_pair
 
-DEFAULT_CACHE_BYTES = 256 * 1024 * 1024  # finished runs kept (a six-handoff run with what crossed: ~2 MB)
 POLL_SECONDS = 0.1  # how often a waiting request looks at its stop flag
 
 
@@ -147,7 +146,7 @@ class RunCache:
     """Finished runs by key, least recently used first out, at most ``max_bytes`` in all (a run
     larger than that is not kept)."""
 
-    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES):
+    def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self._runs: collections.OrderedDict[str, Finished] = collections.OrderedDict()
         self.nbytes = 0
@@ -340,11 +339,11 @@ class SharedRuns:
     docstring). ``compute``: what runs a computation, called as ``kvviz.engine.stream.run``;
     ``fingerprint_of``: a pair's fingerprint (``fingerprint``); ``clock``: wall time."""
 
-    def __init__(self, compute: Callable[..., Iterator[list[Event]]] = stream.run, max_bytes: int = DEFAULT_CACHE_BYTES,
+    def __init__(self, compute: Callable[..., Iterator[list[Event]]] = stream.run, max_bytes: int | None = None,
                  slots: int | None = None, max_waiting: int | None = None,
                  fingerprint_of: Callable[[str], str] = fingerprint, clock: Callable[[], float] = time.time):
         self.compute, self.fingerprint_of, self.clock = compute, fingerprint_of, clock
-        self.cache = RunCache(max_bytes)
+        self.cache = RunCache(policy.run_cache_bytes() if max_bytes is None else max_bytes)
         self.gate = ModelGate(policy.model_concurrency() if slots is None else slots,
                               policy.caps().queue_size if max_waiting is None else max_waiting)
         self.counts = Counts()

@@ -98,7 +98,7 @@ def test_the_run_endpoint_streams_every_output_and_ends_with_the_results(client,
             "bytes_communicated": 0, "tokens": {"generated": 2}, "seen": {"receiver": "the prompt"}}
     script = [Started("receiver"), Token("receiver", "44"), Token("receiver", "4471"), Done("receiver", fake)]
 
-    def scripted(live, workers, stop):
+    def scripted(live, workers, stop, batches=None):  # the shared runs' batches, replaced by the script
         return page_run.stream_run(live, workers, stop, batches=lambda *args, **kwargs: ([event] for event in script))
 
     monkeypatch.setattr(events, "stream_run", scripted)

@@ -46,7 +46,9 @@ def tiny_lab_pair() -> LoadedPair:
 
 @pytest.fixture(scope="module")
 def lab():
-    """(client, url): the page served with the tiny pair behind every pair name; one torch thread."""
+    """(client, url): the page served with the tiny pair behind every pair name; one torch thread.
+    The server keeps no finished run (``KVVIZ_RUN_CACHE_MB=0``): these tests replace a model or a
+    handoff between identical requests, which a run's key cannot see (it covers files, not patches)."""
     import torch
 
     pair = tiny_lab_pair()
@@ -54,6 +56,8 @@ def lab():
     runner.load_pair = lambda *args, **kwargs: pair
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    kept = os.environ.get("KVVIZ_RUN_CACHE_MB")
+    os.environ["KVVIZ_RUN_CACHE_MB"] = "0"
     try:
         demo = ui.build_demo(precomputed={}, sweep=None, default_max_new_tokens=4)
         with served_on_loopback(demo) as url:
@@ -61,6 +65,10 @@ def lab():
     finally:
         runner.load_pair = real
         torch.set_num_threads(threads)
+        if kept is None:
+            os.environ.pop("KVVIZ_RUN_CACHE_MB", None)
+        else:
+            os.environ["KVVIZ_RUN_CACHE_MB"] = kept
 
 
 def run(client, handoffs=FAST, **settings):
@@ -294,10 +302,10 @@ def test_an_export_to_a_full_or_read_only_disk_says_so_then_works(lab, monkeypat
 
 
 def test_a_full_model_queue_refuses_then_serves(monkeypatch):
-    """Queue of 2 and one model run at a time: the third waiting request is refused with Gradio's
-    queue-full error (HTTP 503 to the client), and after the queue drains a request is served."""
+    """Queue of 2 and one model run at a time: three different questions take the models' slot and
+    its two places; a fourth is refused with the queue's one line (``kvviz.engine.shared_runs``),
+    counted as refused, and after the queue drains the same request is served."""
     import torch
-    from gradio_client.utils import QueueError
 
     monkeypatch.setattr(policy, "LOCAL", dataclasses.replace(policy.LOCAL, queue_size=2))
     monkeypatch.setenv("KVVIZ_CONCURRENCY", "1")
@@ -317,12 +325,15 @@ def test_a_full_model_queue_refuses_then_serves(monkeypatch):
         with served_on_loopback(ui.build_demo(precomputed={}, sweep=None)) as url:
             clients = [Client(url, verbose=False) for _ in range(4)]
             jobs = []
-            for client in clients[:3]:
-                jobs.append(client.submit(pair="embedded", query=QUERY, max_new_tokens=2, handoffs=["receiver"], api_name="/run"))
+            for number, client in enumerate(clients[:3]):  # different questions: none joins another's run
+                jobs.append(client.submit(pair="embedded", query=f"{QUERY} ({number})", max_new_tokens=2,
+                                          handoffs=["receiver"], api_name="/run"))
                 time.sleep(0.5)  # in order: one running, two waiting
-            refused = clients[3].submit(pair="embedded", query=QUERY, max_new_tokens=2, handoffs=["receiver"], api_name="/run")
-            with pytest.raises(QueueError, match="Queue is full"):
+            refused = clients[3].submit(pair="embedded", query=f"{QUERY} (3)", max_new_tokens=2, handoffs=["receiver"],
+                                        api_name="/run")
+            with pytest.raises(AppError, match="The server is full: 2 runs already wait for the models"):
                 refused.result(timeout=30)
+            assert clients[3].predict(api_name="/run_counts")["refused"] == 1
             release.set()
             for job in jobs:
                 assert "finished" in job.result(timeout=60)[0]

@@ -206,6 +206,21 @@ def test_model_concurrency_reads_the_environment(monkeypatch):
     assert policy.model_concurrency() == policy.DEFAULT_CONCURRENCY
 
 
+def test_the_run_cache_size_reads_the_environment_and_zero_keeps_no_run(monkeypatch):
+    from kvviz.engine.shared_runs import SharedRuns
+
+    monkeypatch.setenv("KVVIZ_RUN_CACHE_MB", "1.5")
+    assert policy.run_cache_bytes() == 1536 * 1024
+    monkeypatch.setenv("KVVIZ_RUN_CACHE_MB", "0")
+    assert SharedRuns(fingerprint_of=lambda pair: "f").cache.max_bytes == 0
+    for bad, said in (("big", "must be a number of megabytes"), ("-1", "must be 0 or more")):
+        monkeypatch.setenv("KVVIZ_RUN_CACHE_MB", bad)
+        with pytest.raises(ValueError, match=said):
+            policy.run_cache_bytes()
+    monkeypatch.delenv("KVVIZ_RUN_CACHE_MB")
+    assert policy.run_cache_bytes() == policy.DEFAULT_RUN_CACHE_MB * 1024 * 1024
+
+
 def test_the_cli_refuses_the_same_inputs_with_the_same_messages(local, capsys, monkeypatch):
     from kvviz import cli
 
