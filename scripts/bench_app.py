@@ -368,6 +368,7 @@ def main(argv=None) -> int:
     from kvviz.engine.stream import use_one_thread_per_handoff
 
     use_one_thread_per_handoff()  # as app.py serves it
+    os.environ["KVVIZ_RUN_CACHE_MB"] = "0"  # every timed run is computed, none served from the finished runs
     started = time.perf_counter()
     if not args.page_only:
         load_pair(args.pair, progress=lambda message: print(message, file=sys.stderr))

@@ -475,7 +475,7 @@ def main(args) -> int:
         report = {"machine": machine_facts(pair.receiver.device), "repeats": args.repeats, "pair": pair.name,
                   "speed": speed.measure(pair, args.repeats, progress, page=not getattr(args, "no_page", False))}
         for key in ("batched_decode_ms", "stack_stream_ratio", "warm_full_run_seconds", "warm_serial_run_seconds",
-                    "warm_page_run_seconds"):
+                    "warm_page_run_seconds", "page_over_process_ratio"):
             report[key] = report["speed"][key]
         text = speed.markdown(report["speed"]) + "\n"
     else:

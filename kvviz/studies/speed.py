@@ -27,7 +27,9 @@ repeats:
     from the start to its first streamed answer token (``first_token_wall_seconds``);
   - ``warm_serial_run_seconds``: in this process, one handoff after another (each alone);
   - ``warm_page_run_seconds``: through the page (``python app.py`` served on a free loopback port,
-    its ``/run`` endpoint called with ``gradio_client``), when asked for (``bench --perf --speed-only``).
+    its ``/run`` endpoint called with ``gradio_client``, computing every request: it keeps no
+    finished run), when asked for (``bench --perf --speed-only``), and ``page_over_process_ratio``:
+    that over ``warm_full_run_seconds`` (what the page adds to the same run).
 
 Timings are wall-clock (``kvviz.runtime.measure.clock``, which waits for the GPU first), taken on whatever
 else the machine is doing: compare the ratios, which are measured side by side, rather than
@@ -255,10 +257,12 @@ class PageNotServed(RuntimeError):
 
 def serve_page(pair_name: str, checkout: Path = paths.PROJECT_ROOT) -> tuple[subprocess.Popen, str]:
     """``python app.py`` of ``checkout`` (importing that checkout's kvviz) served on a free loopback
-    port, once it answers: (the server, its URL). Stop it with ``stop_page``."""
+    port, once it answers: (the server, its URL). Stop it with ``stop_page``. It keeps no finished
+    run (``KVVIZ_RUN_CACHE_MB=0``), so that every timed request is computed."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}/"
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1",
+    # KVVIZ_RUN_CACHE_MB=0: a repeated request is computed again, not served from the finished runs
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", KVVIZ_RUN_CACHE_MB="0",
                PYTHONPATH=os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")])))
     server = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--host", "127.0.0.1", "--pair", pair_name],
                               cwd=checkout, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -339,6 +343,10 @@ def measure(pair, repeats: int, progress=None, page: bool = False) -> dict:
     report["warm_full_run_seconds"] = report["full_run"]["warm_full_run_seconds"]["median"]
     report["warm_serial_run_seconds"] = report["full_run"]["warm_serial_run_seconds"]["median"]
     report["warm_page_run_seconds"] = report["page_run"]["warm_page_run_seconds"]["median"] if page else None
+    # what the page adds to the same run (the target: at most 1.2x), both measured in this report
+    in_process = report["warm_full_run_seconds"]
+    report["page_over_process_ratio"] = (report["warm_page_run_seconds"] / in_process
+                                         if report["warm_page_run_seconds"] and in_process else None)
     return report
 
 
@@ -398,6 +406,8 @@ def markdown(speed: dict) -> str:
     page = speed.get("page_run")
     if page is not None:
         measured = _fmt(page["warm_page_run_seconds"], 2)
+        ratio = speed.get("page_over_process_ratio")
         lines.append(f"Through the page (python app.py, its /run endpoint): **{measured} s**"
-                     + (f" (not measured: {page['skipped']})" if "skipped" in page else "") + ".")
+                     + (f" (not measured: {page['skipped']})" if "skipped" in page else "")
+                     + (f", {ratio:.2f}x the run in this process" if ratio else "") + ".")
     return "\n".join(lines) + "\n"

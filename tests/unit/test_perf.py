@@ -82,5 +82,6 @@ def test_speed_only_prints_the_speed_table_and_nothing_else(tiny_engine, capsys,
     assert "KVComm / Skyline" not in printed  # the context curve was not measured
     report = json.loads((tmp_path / "perf.json").read_text())
     assert set(report) == {"machine", "repeats", "pair", "speed", "batched_decode_ms", "stack_stream_ratio",
-                           "warm_full_run_seconds", "warm_serial_run_seconds", "warm_page_run_seconds"}
-    assert report["warm_page_run_seconds"] is None  # --no-page
+                           "warm_full_run_seconds", "warm_serial_run_seconds", "warm_page_run_seconds",
+                           "page_over_process_ratio"}
+    assert report["warm_page_run_seconds"] is None and report["page_over_process_ratio"] is None  # --no-page
