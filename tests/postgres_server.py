@@ -34,7 +34,10 @@ def find_binaries() -> Path | None:
 def _as_server_user(command: list[str]) -> list[str]:
     if os.geteuid() != 0:
         return command
-    return ["runuser", "-u", "postgres", "--", *command]
+    # runuser is in /usr/sbin, which a CI job's PATH may not hold
+    runuser = shutil.which("runuser") or next((path for path in ("/usr/sbin/runuser", "/sbin/runuser")
+                                               if os.path.exists(path)), "runuser")
+    return [runuser, "-u", "postgres", "--", *command]
 
 
 def _free_port() -> int:
