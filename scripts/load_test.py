@@ -26,9 +26,15 @@ resident memory before, at peak and after.
 A class at once (issue 32): ``--class N --same-preset`` has N sessions (their clients opened first)
 press Run on one question, not asked before on this server, each at a random moment within
 ``--window`` seconds; it reports completion, p50/p95 from press to answer, how many runs the server
-computed, joined or served from its cache (``/run_counts``), memory, and whether every answer is the
-same as the one computation's. ``--class N --distinct`` gives each session its own question (the
-secret code word of the first question, changed), and also the time of running them one after another.
+computed, joined or served from its cache (``/run_counts``), memory, and the CPU seconds of the
+server and of the simulated learners (all on this machine: in a room each browser has its own).
+``--class N --distinct`` gives each session its own question (the secret code word of the first
+question, changed). Then a fresh server that keeps no finished run asks each of the class's
+questions alone, one after another: every learner's answer must equal that independent serial one,
+and the p95 is compared with the time of running them one after another.
+
+The other modes repeat their questions, so their server keeps no finished run (``KVVIZ_RUN_CACHE_MB=0``
+unless ``--env`` says otherwise): they measure computed runs.
 
     python scripts/load_test.py --class 30 --same-preset
     python scripts/load_test.py --class 30 --distinct --tokens 8
@@ -82,6 +88,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc), all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
 
 
 def rss_mib(pid: int) -> float:
@@ -246,6 +263,7 @@ def class_at_once(url: str, server: subprocess.Popen, args) -> dict:
     memory = MemoryWatch(server.pid)
     memory.peak = before = rss_mib(server.pid)
     memory.start()
+    server_cpu, clients_cpu = cpu_seconds(server.pid), own_cpu_seconds()
     began = time.perf_counter()
 
     def press(index: int):
@@ -266,6 +284,7 @@ def class_at_once(url: str, server: subprocess.Popen, args) -> dict:
     for thread in threads:
         thread.join(args.request_timeout + args.window)
     wall = time.perf_counter() - began
+    server_cpu, clients_cpu = cpu_seconds(server.pid) - server_cpu, own_cpu_seconds() - clients_cpu
     memory.stop.set()
     counts_after = clients[0].predict(api_name="/run_counts")
     ok = [o for o in outcomes if o.get("ok")]
@@ -275,24 +294,54 @@ def class_at_once(url: str, server: subprocess.Popen, args) -> dict:
               "max_s": max(times, default=float("nan")), "wall_s": wall,
               **{k: counts_after[k] - counts_before[k] for k in ("computed", "joined", "cached", "refused")},
               "rss_before_mib": before, "rss_peak_mib": memory.peak, "rss_after_mib": rss_mib(server.pid),
+              # the machine's CPU over the class: the server's, and these simulated learners' own (on one
+              # machine here; in a room each learner's browser is on its own laptop)
+              "server_cpu_s": server_cpu, "clients_cpu_s": clients_cpu,
               "failures": [o["status"] for o in outcomes if not o.get("ok")][:5]}
-    # the serial answers: each question asked again alone; identical greedy requests are served by the server's
-    # one computation, so for the same preset this checks that every learner got that one run's answer
-    serial_seconds = []
-    differ = 0
-    for index, (query, context) in enumerate(questions if args.distinct else questions[:1]):
-        started = time.perf_counter()
-        out = clients[0].submit(pair="embedded", query=query, context=context or "", max_new_tokens=args.tokens,
-                                message_tokens=args.tokens, api_name="/run").result(timeout=args.request_timeout)
-        serial_seconds.append(time.perf_counter() - started)
-        serial = answers_of(out[-1])
-        targets = [outcomes[index]] if args.distinct else outcomes
-        differ += sum(1 for o in targets if o.get("ok") and o["answers"] != serial)
-    report["differ_from_serial"] = differ
-    if args.distinct:
-        report["serial_note"] = "asked again alone after the class: served from the cache (the class's runs were computed)"
     report["load_average"] = os.getloadavg()
+    report["outcomes"] = outcomes
     return report
+
+
+def serial_pass(args, env_extra: dict) -> dict:
+    """The class's questions asked one after another, each alone, on a fresh server that keeps no
+    finished run (``KVVIZ_RUN_CACHE_MB=0``): each answer is computed again, independently of the class's
+    server, and the time of running them one after another is measured (the distinct target's 1x)."""
+    from gradio_client import Client
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"kvviz-load-serial-{port}.log"
+    server = start_server(port, args.concurrency, {**env_extra, "KVVIZ_RUN_CACHE_MB": "0"}, log_path)
+    try:
+        wait_until_up(url, server, 300)
+        client = Client(url, verbose=False)
+        live_run(client, 0, args.tokens).result(timeout=args.request_timeout)  # loads the models
+        answers, seconds = [], []
+        for query, context in dict.fromkeys(class_questions(args.class_size, args.distinct)):
+            started = time.perf_counter()
+            out = client.submit(pair="embedded", query=query, context=context or "", max_new_tokens=args.tokens,
+                                message_tokens=args.tokens, api_name="/run").result(timeout=args.request_timeout)
+            seconds.append(time.perf_counter() - started)
+            answers.append(answers_of(out[-1]))
+        return {"answers": answers, "seconds": seconds}
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def with_serial(report: dict, serial: dict, distinct: bool) -> dict:
+    """The class's report with the serial pass: answers that differ, one run alone, one after another."""
+    outcomes = report.pop("outcomes")
+    answers = serial["answers"] if distinct else serial["answers"] * len(outcomes)
+    one_after_another = sum(serial["seconds"]) if distinct else serial["seconds"][0] * len(outcomes)
+    return {**report, "differ_from_serial": sum(1 for o, a in zip(outcomes, answers) if o.get("ok") and o["answers"] != a),
+            "serial_one_run_median_s": statistics.median(serial["seconds"]), "serial_all_s": one_after_another,
+            "p95_over_serial_all": report["p95_s"] / one_after_another,
+            "serial_note": "each question asked alone on a fresh server that keeps no finished run"}
 
 
 def class_markdown(r: dict) -> str:
@@ -301,9 +350,15 @@ def class_markdown(r: dict) -> str:
             ("latency p50 / p95 / max (press to answer)", f"{r['p50_s']:.1f} s / {r['p95_s']:.1f} s / {r['max_s']:.1f} s"),
             ("runs computed / joined a run in flight / from the cache / refused",
              f"{r['computed']} / {r['joined']} / {r['cached']} / {r['refused']}"),
-            ("answers that differ from the serial one", f"{r['differ_from_serial']}"),
+            ("answers that differ from the serial one (each asked alone on a fresh server without the run cache)",
+             f"{r['differ_from_serial']}"),
+            ("one run alone (median of the serial pass) / the class's questions one after another",
+             f"{r['serial_one_run_median_s']:.1f} s / {r['serial_all_s']:.1f} s"),
+            ("p95 over one after another", f"{r['p95_over_serial_all']:.2f}x"),
             ("wall time", f"{r['wall_s']:.1f} s"),
             ("server memory before / peak / after", f"{r['rss_before_mib']:.0f} / {r['rss_peak_mib']:.0f} / {r['rss_after_mib']:.0f} MiB"),
+            ("CPU seconds over the class: server / these simulated learners (one machine here)",
+             f"{r['server_cpu_s']:.1f} / {r['clients_cpu_s']:.1f}"),
             ("load average (1, 5, 15 min) at the end", ", ".join(f"{x:.2f}" for x in r["load_average"]))]
     lines = [f"`{r['command']}`", "", "| measure | value |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
     if r["failures"]:
@@ -344,6 +399,8 @@ def main() -> int:
     presets = [p.key for p in PRESETS]
     pattern = parse_mix(args.mix)
     env_extra = dict(item.split("=", 1) for item in args.env)
+    if args.class_size is None:  # the load and the soak repeat their questions: measure computed runs, not the cache
+        env_extra.setdefault("KVVIZ_RUN_CACHE_MB", "0")
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
     log_path = Path(args.log) if args.log else Path(os.environ.get("TMPDIR", "/tmp")) / f"kvviz-load-{port}.log"
@@ -356,6 +413,9 @@ def main() -> int:
         live_run(client, 0, args.tokens).result(timeout=args.request_timeout)  # loads the models
         if args.class_size is not None:
             report = {"command": "python scripts/load_test.py " + " ".join(sys.argv[1:]), **class_at_once(url, server, args)}
+            server.terminate()  # the serial pass runs on a server of its own, alone on the machine
+            server.wait(30)
+            report = with_serial(report, serial_pass(args, env_extra), args.distinct)
             if args.json:
                 Path(args.json).write_text(json.dumps(report, indent=2))
             print(class_markdown(report))

@@ -356,8 +356,8 @@ def figure_without_result(handoff: str) -> go.Figure:
 def all_figures(results, names: Iterable[str] | None = None, built: dict[str, go.Figure] | None = None) -> dict[str, go.Figure]:
     """Each handoff's own figure (keyed by its name) and the latency and bytes figures. A handoff
     without a result gets ``figure_without_result``, the one object every call shares. ``built``:
-    handoffs' own figures already drawn from these results (a live run draws each as its handoff
-    finishes, while the others still run)."""
+    figures already drawn from these results (a live run draws each handoff's own as it finishes,
+    while the others still run; a shared computation's are drawn once for every request)."""
     results, built = as_dicts(results), built or {}
     figures = {}
     for name in layer_figure_handoffs(names):
@@ -366,6 +366,6 @@ def all_figures(results, names: Iterable[str] | None = None, built: dict[str, go
             figures[name] = figure_without_result(name)
         else:
             figures[name] = built[name] if name in built else own_figure(name, result)
-    figures["latency"] = latency_figure(results)
-    figures["bytes"] = bytes_figure(results)
+    figures["latency"] = built["latency"] if "latency" in built else latency_figure(results)
+    figures["bytes"] = built["bytes"] if "bytes" in built else bytes_figure(results)
     return figures

@@ -40,7 +40,8 @@ def columns_with_view(results: list[dict]) -> list[str]:
 
 def without_arrays(result: dict) -> dict:
     """The result with its token_attention arrays (thousands of numbers) replaced by their shape, for
-    a JSON viewer and the small export; the attention export and the run endpoint keep them whole."""
+    a JSON viewer, the small export and ``/run`` (unless asked with ``attention=True``); the
+    attention export keeps them whole."""
     data = result.get("token_attention") or {}
     if not data.get("attention"):
         return result
@@ -51,7 +52,7 @@ def without_arrays(result: dict) -> dict:
 
 def payload_without_arrays(payload: dict) -> dict:
     """A payload whose results hold their attention arrays' shapes only (``without_arrays``): the
-    Data tab's JSON and the small export."""
+    Data tab's JSON, the small export and ``/run``'s JSON by default."""
     if "results" not in payload:  # no results (nothing ran yet): nothing to shorten
         return payload
     return {**payload, "results": [without_arrays(r) for r in payload["results"]]}

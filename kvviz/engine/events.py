@@ -9,7 +9,8 @@ that cannot run on this pair or request; for each handoff that runs, ``Started``
 ``Message`` it may write before its answer, the answer's ``Token`` events and its ``Done``; after
 every handoff is done, what crossed (``Scored`` and ``Lens``, ``kvviz.engine.runner.finish_crossed``).
 A run that ran out of time ends with ``Stopped``, one that could not start with ``Failed``. A
-request that shares another's run (``kvviz.engine.shared_runs``) gets ``Shared`` first.
+request served by a server's shared runs (``kvviz.engine.shared_runs``) gets ``Computation`` first,
+and one that shares another's run ``Shared`` next.
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ class Shared:
 
 
 @dataclass(frozen=True)
+class Computation:
+    """Which computation this request's events come from (``kvviz.engine.shared_runs``): requests that
+    share one get the same ``identity``, so what is drawn from its results can be drawn once."""
+
+    identity: str
+
+
+@dataclass(frozen=True)
 class Scored:
     """A finished answer scored against its control's prompt: its result's ``token_change``."""
 
@@ -92,4 +101,4 @@ class Lens:
     logit_lens: dict
 
 
-Event = Status | Started | Message | Token | Done | Stopped | Failed | Shared | Scored | Lens
+Event = Status | Started | Message | Token | Done | Stopped | Failed | Computation | Shared | Scored | Lens

@@ -11,11 +11,17 @@ the generation settings, the code's version and the server's ``KVVIZ_*`` setting
 * a finished run is kept (``RunCache``: least recently used first out, bounded by bytes), and an
   identical request later gets all its events at once; the whole cache goes when a fingerprint
   changes (a fuser retrained, a model file replaced, the code changed);
-* a ``Shared`` event (first of what a sharing request gets) says how: "computed 14 s ago on this
-  server for another learner", so the page can say that its numbers were measured in that run;
+* every request's first event is ``Computation``: the identity of the computation its events come
+  from (the same for every request that shares it, so a page draws its figures once for them all);
+  a ``Shared`` event (next, for a sharing request) says how: "computed 14 s ago on this server for
+  another learner", so the page can say that its numbers were measured in that run;
 * a sampling run (not greedy) is never shared, nor is what did not finish cleanly cached: a run
   that failed, ran out of time or was stopped, or a handoff that raised (its result holds a
   traceback). A failure reaches every request of the flight as its ``Failed`` line.
+
+Each request reading a computation gets its batches spaced by how many read it (``spacing``): all
+of them together get ``BATCHES_PER_SECOND`` (each batch becomes an update the server sends), so a
+class reading one run costs the server about what a few learners' own runs cost.
 
 A learner that stops (or leaves) leaves the flight; the run goes on while anyone waits for it and
 stops when nobody does (not cached: a new request starts afresh).
@@ -31,6 +37,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import pickle
@@ -46,10 +53,21 @@ from kvviz.core import policy
 from kvviz.core.paths import ASSETS, cache_dir
 from kvviz.core.results import HandoffRequest
 from kvviz.engine import stream
-from kvviz.engine.events import Done, Event, Failed, Shared, Status, Stopped
+from kvviz.engine.events import Computation, Done, Event, Failed, Shared, Status, Stopped
 from kvviz.runtime.models import EMBEDDED_MODELS, converted_dir, resolve_pair
 
 POLL_SECONDS = 0.1  # how often a waiting request looks at its stop flag
+
+
+# Batches a second that all the requests reading one computation get together: each update a request
+# sends costs the server's event loop (which shares the interpreter with the models), so a class of
+# thirty reading one run gets an update every 1.5 s each instead of thirty times a page's own rate.
+BATCHES_PER_SECOND = 20.0
+
+
+def spacing(readers: int) -> float:
+    """Seconds between one reader's batches when ``readers`` read the computation."""
+    return max(1, readers) / BATCHES_PER_SECOND
 
 
 class QueueFull(Exception):
@@ -140,6 +158,7 @@ class Finished:
     events: list[Event]
     nbytes: int
     computed_at: float  # time.time() when it finished
+    identity: str  # the computation's (``Flight.identity``)
 
 
 class RunCache:
@@ -289,6 +308,8 @@ def waiting_line(place: int, seconds: float | None) -> str:
 
 # --- the flights --------------------------------------------------------------------------------
 
+_computations = itertools.count(1)  # numbers the computations of this server (``Flight.identity``)
+
 
 @dataclass
 class Flight:
@@ -296,6 +317,7 @@ class Flight:
 
     key: str | None  # None: not shared (a sampling run)
     started: float  # time.time()
+    identity: str = field(default_factory=lambda: f"{os.getpid()}-{next(_computations)}")  # unique in this server
     events: list[Event] = field(default_factory=list)
     done: bool = False
     followers: int = 0  # requests reading it now
@@ -375,7 +397,7 @@ class SharedRuns:
             return
         if how == "cached":
             finished = flight
-            yield [Shared(shared_line("cached", self.clock() - finished.computed_at)),
+            yield [Computation(finished.identity), Shared(shared_line("cached", self.clock() - finished.computed_at)),
                    *(event for event in finished.events if not isinstance(event, Status))]
             return
         yield from self._follow(flight, how, stop, idle)
@@ -448,30 +470,36 @@ class SharedRuns:
                 del self._flights[flight.key]
             events = [event for event in flight.events if not isinstance(event, Status)]
             if flight.key is not None and completed and cacheable(events):
-                self.cache.put(flight.key, Finished(events, events_nbytes(events), self.clock()))
+                self.cache.put(flight.key, Finished(events, events_nbytes(events), self.clock(), flight.identity))
         flight.finish()
 
     def _follow(self, flight: Flight, how: str, stop: threading.Event, idle: float | None) -> Iterator[list[Event]]:
-        """A request's reading of a flight: what it gave so far, then each new batch; an empty batch
-        after ``idle`` seconds without events."""
-        seen = 0
-        first = [Shared(shared_line("joined", self.clock() - flight.started))] if how == "joined" else []
+        """A request's reading of a flight: what it gave so far, then each new batch, spaced so that
+        all the requests reading it get ``BATCHES_PER_SECOND`` batches a second together (``spacing``);
+        an empty batch after ``idle`` seconds without events."""
+        seen, sent = 0, 0.0
+        first = [Computation(flight.identity)] + (
+            [Shared(shared_line("joined", self.clock() - flight.started))] if how == "joined" else [])
         quiet_since = time.monotonic()
         try:
             while True:
                 with flight.cond:
                     if len(flight.events) == seen and not flight.done:
                         flight.cond.wait(POLL_SECONDS if idle is None else min(idle, POLL_SECONDS))
-                    new, done = flight.events[seen:], flight.done
+                    wait = 0.0 if flight.done else sent + spacing(flight.followers) - time.monotonic()
+                    new, done = ([], False) if wait > 0 else (flight.events[seen:], flight.done)
                     seen += len(new)
+                    held = len(flight.events) > seen
                 if stop.is_set():
                     return
                 if new or first:
                     yield first + new
                     first = []
-                    quiet_since = time.monotonic()
+                    quiet_since = sent = time.monotonic()
                 elif done:
                     return
+                elif held:  # its events wait for their turn: this reader's next batch is not due yet
+                    time.sleep(min(wait, POLL_SECONDS))
                 elif idle is not None and time.monotonic() - quiet_since >= idle:
                     quiet_since = time.monotonic()
                     yield []

@@ -124,6 +124,33 @@ def test_the_run_endpoint_streams_every_output_and_ends_with_the_results(client,
 
 
 @pytest.mark.integration
+def test_the_run_endpoints_json_holds_the_attention_arrays_only_when_asked(client, monkeypatch):
+    """The per-token attention (about 2 MB a run) leaves ``/run``'s JSON unless ``attention=True``:
+    by default each result says its arrays' shape and where they are."""
+    from kvviz.app.page import events
+    from kvviz.app.page import run as page_run
+    from kvviz.engine.events import Done, Started
+
+    attention = {"attention": [[[[0.5, 0.25]]]], "other": [[[0.25]]], "layers": 1, "heads": 1,
+                 "sent_tokens": ["44", "71"], "answer_tokens": ["4471"]}
+    fake = {"handoff": "receiver", "applicable": True, "answer": "4471", "timings": {"total": 0.5},
+            "bytes_communicated": 0, "tokens": {"generated": 1}, "seen": {"receiver": "the prompt"},
+            "token_attention": attention}
+
+    def scripted(live, workers, stop, batches=None):  # the shared runs' batches, replaced by the script
+        return page_run.stream_run(live, workers, stop,
+                                   batches=lambda *args, **kwargs: iter([[Started("receiver"), Done("receiver", fake)]]))
+
+    monkeypatch.setattr(events, "stream_run", scripted)
+    asked = dict(pair="embedded", query="What is the code?", context="It is 4471.", handoffs=["receiver"], api_name="/run")
+    small = client.predict(**asked)[-1]["results"][0]["token_attention"]
+    assert "1 answer tokens x 1 layers x 1 heads x 2 sent tokens" in small["attention"]
+    assert small["sent_tokens"] == ["44", "71"]  # what the arrays are about stays
+    whole = client.predict(**asked, attention=True)[-1]["results"][0]["token_attention"]
+    assert whole["attention"] == attention["attention"] and whole["other"] == attention["other"]
+
+
+@pytest.mark.integration
 def test_bad_input_gets_a_clear_error(client):
     from gradio_client.exceptions import AppError
 

@@ -17,7 +17,7 @@ from kvviz.app.page.events import page_stream_roles
 from kvviz.app.page.run import LiveRun, StopFlags, stream_run
 from kvviz.app.presets import DEFAULT_PRESET, PRESETS, load_precomputed, preset
 from kvviz.core.results import HandoffRequest
-from kvviz.engine.events import Done, Failed, Message, Started, Status, Token
+from kvviz.engine.events import Computation, Done, Failed, Message, Started, Status, Token
 from kvviz.handoffs import registry
 
 PRECOMPUTED = load_precomputed()
@@ -142,6 +142,43 @@ def test_stop_flags_are_per_session_and_a_stop_before_the_run_starts_counts():
     assert not flags.begin("a").is_set()  # the next run starts clean
     flags.end("a")
     assert not flags.stop("a")
+
+
+def test_requests_that_share_a_computation_draw_its_figures_once_and_a_stopped_one_its_own():
+    """A class on one question: every request's results carry the computation's stamp, so the tab's
+    figures are drawn once for all of them; a request stopped before the end keeps a stamp of its own
+    (its results are not the computation's whole results); a run's own results are drawn each time."""
+    script = [Computation("c-1"), Started("receiver"), Done("receiver", fake_result("receiver", "12")),
+              Started("text"), Done("text", fake_result("text", "4471")), Started("kvcomm"),
+              Done("kvcomm", fake_result("kvcomm", "4471"))]
+    finals = []
+    for _ in range(2):
+        *_, final = stream_run(live_run(), 0, threading.Event(), batches=one_by_one(script))
+        finals.append(final["results"])
+    assert finals[0]["stamp"] == finals[1]["stamp"] == views.shared_stamp("c-1")
+    cache, drawn = views.FigureCache(), []
+
+    def draw():
+        drawn.append(1)
+        return object()
+
+    assert cache.drawn_once((finals[0]["stamp"], "kvcomm", (), False), draw) is cache.drawn_once(
+        (finals[1]["stamp"], "kvcomm", (), False), draw)
+    assert len(drawn) == 1
+    stop = threading.Event()
+    stopped = one_by_one([Computation("c-1"), Started("receiver"), Done("receiver", fake_result("receiver", "12")),
+                          stop.set, Started("text")])
+    *_, final = stream_run(live_run(), 0, stop, batches=stopped)
+    assert final["results"]["stamp"].startswith("run:")
+    own = views.live_stamp()
+    cache.drawn_once((own, "kvcomm", (), False), draw)
+    cache.drawn_once((own, "kvcomm", (), False), draw)
+    assert len(drawn) == 3
+    cache.MAX_SHARED_FIGURES = 2  # the shared figures are bounded: the oldest goes first
+    for number in range(3):
+        cache.drawn_once((views.shared_stamp(f"c-{number + 2}"), "kvcomm", (), False), draw)
+    cache.drawn_once((views.shared_stamp("c-2"), "kvcomm", (), False), draw)
+    assert len(drawn) == 7
 
 
 def test_a_tab_draws_its_figures_once_and_only_its_own():

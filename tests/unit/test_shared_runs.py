@@ -5,9 +5,10 @@ failure said to every waiter and not kept; the models' queue telling its place. 
 from __future__ import annotations
 
 import threading
+import time
 
 from kvviz.core.results import GenerationSettings, HandoffRequest
-from kvviz.engine.events import Done, Failed, Shared, Started, Status, Token
+from kvviz.engine.events import Computation, Done, Failed, Shared, Started, Status, Token
 from kvviz.engine.shared_runs import Finished, ModelGate, QueueFull, RunCache, SharedRuns
 
 
@@ -75,15 +76,18 @@ def test_two_identical_requests_at_once_are_computed_once_and_get_the_same_event
     first, second = two_at_once(runs, compute, request(), request())
     assert compute.calls == 1
     assert runs.summary()["computed"] == 1 and runs.summary()["joined"] == 1
-    assert isinstance(second[0], Shared) and "another learner" in second[0].text
+    # both name the one computation first (a page draws its figures once for both)
+    assert isinstance(first[0], Computation) and first[0] == second[0]
+    assert isinstance(second[1], Shared) and "another learner" in second[1].text
     assert not any(isinstance(event, Shared) for event in first)  # the one it was computed for is not told
     assert without(first, Status) == without(second, Status, Shared)
     assert Done("text", {"handoff": "text", "answer": "What is the code?"}) in first
     later = []
     collect(runs, request(), later)  # finished: from the cache, no computation
     assert compute.calls == 1 and runs.summary()["cached"] == 1
-    assert isinstance(later[0], Shared) and "ago on this server for another learner" in later[0].text
-    assert later[1:] == without(first, Status)
+    assert later[0] == first[0]  # the same computation
+    assert isinstance(later[1], Shared) and "ago on this server for another learner" in later[1].text
+    assert later[2:] == without(first, Status, Computation)
 
 
 def test_a_sampling_request_is_never_shared():
@@ -105,16 +109,17 @@ def test_distinct_questions_are_computed_apart():
     collect(runs, request("one?"), a)
     collect(runs, request("two?"), b)
     assert compute.calls == 2 and a != b and len(runs.cache) == 2
+    assert isinstance(a[0], Computation) and isinstance(b[0], Computation) and a[0] != b[0]
 
 
 def test_the_cache_drops_the_least_recently_used_runs_past_its_bytes():
     cache = RunCache(max_bytes=100)
-    cache.put("a", Finished([], 40, 0.0))
-    cache.put("b", Finished([], 40, 0.0))
+    cache.put("a", Finished([], 40, 0.0, "run"))
+    cache.put("b", Finished([], 40, 0.0, "run"))
     assert cache.get("a") is not None  # a is now the most recently used
-    cache.put("c", Finished([], 40, 0.0))
+    cache.put("c", Finished([], 40, 0.0, "run"))
     assert "b" not in cache and "a" in cache and "c" in cache and cache.nbytes == 80
-    cache.put("huge", Finished([], 101, 0.0))
+    cache.put("huge", Finished([], 101, 0.0, "run"))
     assert "huge" not in cache and cache.nbytes == 80
 
 
@@ -179,6 +184,44 @@ def test_a_learner_who_stops_leaves_the_run_to_the_others_and_the_last_one_stops
     two.join(10)
     assert any(isinstance(event, Done) for event in second) and not any(isinstance(event, Done) for event in first)
     assert len(runs.cache) == 1
+
+
+def test_many_readers_of_one_computation_get_fewer_batches_together_and_every_event(monkeypatch):
+    """Each reader of a computation gets its batches spaced by how many read it (the server's event
+    loop sends one update per batch): here 2 readers at 4 batches a second together, 0.5 s apart,
+    so 40 tokens over about 1 s arrive in a handful of batches, every event there, in order."""
+    from kvviz.engine import shared_runs
+
+    monkeypatch.setattr(shared_runs, "BATCHES_PER_SECOND", 4.0)
+    assert shared_runs.spacing(2) == 0.5 and shared_runs.spacing(0) == 0.25
+
+    def tokens(pair, request, names, workers, stop=None):
+        started.wait(10)
+        for number in range(40):
+            time.sleep(0.025)
+            yield [Token("text", str(number))]
+        yield [Done("text", {"handoff": "text", "answer": "39"})]
+
+    started = threading.Event()
+    runs = runs_with(tokens)
+    batches = [[], []]
+
+    def read(index):
+        for batch in runs.batches("embedded", request(), ["text"], 0):
+            batches[index].append(batch)
+
+    readers = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+    for reader in readers:
+        reader.start()
+    while runs.summary()["joined"] < 1:
+        time.sleep(0.01)
+    started.set()
+    for reader in readers:
+        reader.join(20)
+    for got in batches:
+        events = [event for batch in got for event in batch if isinstance(event, Token)]
+        assert [event.text for event in events] == [str(n) for n in range(40)]
+        assert len(got) <= 6, len(got)  # unspaced: a batch per token or so
 
 
 def test_the_queue_tells_each_waiting_run_its_place_and_refuses_when_full():

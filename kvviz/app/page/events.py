@@ -615,11 +615,13 @@ def wire_run_api(lab: Lab, form: list) -> None:
 
     def run(pair, query, context, *rest):
         """Run the ticked handoffs live and stream the answers; the last update holds the
-        structured results (the JSON output: pair, request, one result per handoff). Each update
-        before it holds every output: the status and the answers so far, and None for an output
-        the run has not set yet (the table: an empty one) (``kvviz.app.page.run.stream_run``: at most
-        every ``STREAM_INTERVAL`` seconds, and when a handoff starts or finishes)."""
-        *settings, ticked = rest
+        structured results (the JSON output: pair, request, one result per handoff; with
+        ``attention``, each result's per-token attention arrays too, about 2 MB a run, else their
+        shapes). Each update before it holds every output: the status and the answers so far, and
+        None for an output the run has not set yet (the table: an empty one)
+        (``kvviz.app.page.run.stream_run``: at most every ``STREAM_INTERVAL`` seconds, and when a
+        handoff starts or finishes)."""
+        *settings, ticked, attention = rest
         try:
             request, names = request_from_form(lab, pair, query, context, settings, ticked if ticked is not None else spec.default_columns())
         except ValueError as error:
@@ -631,7 +633,8 @@ def wire_run_api(lab: Lab, form: list) -> None:
             if update.get("error"):
                 raise gr.Error(f"The run failed: {update['error']}")
             for name in plots.layer_figure_handoffs(set(live.results) - set(drawn)):
-                drawn[name] = plots.own_figure(name, live.results[name])
+                drawn[name] = lab.cache.drawn_once((live.stamp, name, (), False),
+                                                   lambda name=name: plots.own_figure(name, live.results[name]))
             if "results" not in update:
                 changed = {page.cards[name].answer: update[f"answer:{name}"] for name in names if f"answer:{name}" in update} | (
                     {page["status"]: update["status"]} if "status" in update else {})
@@ -640,17 +643,20 @@ def wire_run_api(lab: Lab, form: list) -> None:
                 continue
             payload = update["results"]
             found = views.results_by_name(payload)
+            drawn.update({name: lab.cache.figure(name, payload, spec.column_names(), False) for name in spec.FIXED_PLOTS})
             figures = plots.all_figures(payload["results"], spec.column_names(), built=drawn)
             values = [update["status"]]
             for name in spec.column_names():
                 values += [present.answer_text(found.get(name)), present.stats_markdown(found.get(name)),
                            present.seen_text(found.get(name))]
             values += [figures[name] for name in spec.plot_names()]
-            yield dict(zip(outputs, values + [present.reading_frame(payload), payload, payload]))
+            shown = payload if attention else tokenview.payload_without_arrays(payload)
+            yield dict(zip(outputs, values + [present.reading_frame(payload), shown, payload]))
 
     run.__signature__ = inspect.Signature(  # the API's parameter names
-        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in spec.run_parameter_names(page.specs)])
-    page["run_api"].click(run, inputs=form, outputs=outputs, api_name="run", concurrency_id=spec.RUN_QUEUE,
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+         for name in spec.run_parameter_names(page.specs) + ["attention"]])
+    page["run_api"].click(run, inputs=[*form, page["api_attention"]], outputs=outputs, api_name="run", concurrency_id=spec.RUN_QUEUE,
                           concurrency_limit=policy.PAGE_RUNS_AT_ONCE, show_progress="hidden")
 
     def run_counts() -> dict:

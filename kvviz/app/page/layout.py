@@ -201,6 +201,8 @@ def build_ask(page: Page) -> None:
             page.add("stop_button", gr.Button("Stop", variant="stop", size="sm", elem_id="kv-stop"))
             # the /run API's trigger: the same run for scripts, with today's inputs and outputs
             page.add("run_api", gr.Button("run", visible=False, elem_id="kv-run-api"))
+            # /run's last parameter: whether its JSON holds the per-token attention arrays (~2 MB a run)
+            page.add("api_attention", gr.Checkbox(False, visible=False, label="attention"))
 
 
 # What the page does in the browser that Gradio's components do not: the column chips get a heading

@@ -23,7 +23,8 @@ from kvviz.app.page import views
 from kvviz.app.page.spec import STREAM_INTERVAL
 from kvviz.core.results import HandoffRequest
 from kvviz.engine import stream
-from kvviz.engine.events import Done, Event, Failed, Lens, Message, Scored, Shared, Started, Status, Stopped, Token
+from kvviz.engine.events import (Computation, Done, Event, Failed, Lens, Message, Scored, Shared, Started, Status, Stopped,
+                                 Token)
 
 
 class StopFlags:
@@ -78,6 +79,9 @@ class LiveRun:
     alone: dict[str, float] = field(default_factory=dict)  # column -> its time alone on this question (a preset's)
     timed: str = "shared"  # "alone" when one column ran at a time: what its times are (``present.time_text``)
     shared: str = ""  # how this request shares another learner's run (``kvviz.engine.shared_runs``), if it does
+    # names the results: the computation's when the server's shared runs name it (every request that
+    # shares it draws the same figures, so they are drawn once: ``views.FigureCache``), else this run's own
+    stamp: str = field(default_factory=views.live_stamp)
 
     @property
     def seconds(self) -> float:
@@ -86,7 +90,7 @@ class LiveRun:
     def payload(self) -> dict:
         ordered = [self.results[name] for name in self.names if name in self.results]
         data = present.payload(self.pair, self.request.to_dict(), ordered, False, self.preset_key)
-        return dict(data, stamp=views.live_stamp(), **({"shared": self.shared} if self.shared else {}))
+        return dict(data, stamp=self.stamp, **({"shared": self.shared} if self.shared else {}))
 
     def status(self) -> dict:
         return {"status": present.live_status(len(self.results), len(self.names), self.states, self.log)}
@@ -171,6 +175,8 @@ def apply_event(run: LiveRun, event: Event, update: dict, held: dict[str, str | 
             run.out_of_time = reason
         case Failed(reason):
             run.failed = reason
+        case Computation(identity):
+            run.stamp = views.shared_stamp(identity)
         case Shared(text):
             run.shared = text
     return False
@@ -178,6 +184,8 @@ def apply_event(run: LiveRun, event: Event, update: dict, held: dict[str, str | 
 
 def final_update(run: LiveRun, workers: int, stopped_by_user: bool, out_of_time: str, failed: str) -> dict:
     """The last update: every unfinished column's state, the status, the strip and the results."""
+    if stopped_by_user or out_of_time or failed:  # not the computation's whole results: their own name
+        run.stamp = views.live_stamp()
     update: dict = {"results": run.payload()}
     if failed:
         update["error"] = failed

@@ -13,6 +13,7 @@ model saw") and ``seen:NAME``; ``figure:NAME`` per figure; ``table`` and ``json`
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 
@@ -30,6 +31,15 @@ _run_numbers = itertools.count(1)
 
 def live_stamp() -> str:
     return f"run:{next(_run_numbers)}"
+
+
+def shared_stamp(identity: str) -> str:
+    """The stamp of a computation's whole results, the same for every request that shares it
+    (``kvviz.engine.events.Computation``)."""
+    return f"{SHARED_STAMP}{identity}"
+
+
+SHARED_STAMP = "shared:"
 
 
 def results_by_name(payload: dict | None) -> dict[str, dict]:
@@ -212,11 +222,16 @@ def precomputed_payload(precomputed: dict, key: str, default_pair: str) -> tuple
 
 
 class FigureCache:
-    """Figures of precomputed presets and of the precomputed sweep, built once per process and
-    shared by every session (a live run's figures are built for its session only)."""
+    """Figures built once per process and shared by every session: the precomputed presets', the
+    precomputed sweep's, and those of a shared computation's whole results (a class that pressed Run
+    on one question: ``shared_stamp``; the last ``MAX_SHARED_FIGURES`` of them are kept). A live
+    run's own results (``live_stamp``) are drawn for its session only."""
+
+    MAX_SHARED_FIGURES = 256  # about 40 runs' figures
 
     def __init__(self, sweep: dict | None = None):
         self._figures: dict[tuple, go.Figure] = {}
+        self._shared: collections.OrderedDict[tuple, go.Figure] = collections.OrderedDict()
         self._lock = threading.Lock()
         self.sweep = sweep
 
@@ -229,15 +244,25 @@ class FigureCache:
 
     def figure(self, name: str, payload: dict, names: list[str], compact: bool) -> go.Figure:
         key = (payload.get("stamp"), name, tuple(names) if name in (*FIXED_PLOTS, LENS_PLOT) else (), compact)
-        shared = str(key[0]).startswith("preset:")
-        if shared:
-            with self._lock:
-                if key in self._figures:
-                    return self._figures[key]
-        figure = build_figure(name, payload, names, compact)
-        if shared:
-            with self._lock:
-                self._figures[key] = figure
+        return self.drawn_once(key, lambda: build_figure(name, payload, names, compact))
+
+    def drawn_once(self, key: tuple, draw) -> go.Figure:
+        """The figure ``key`` names (its first item a stamp), drawn by ``draw`` the first time a
+        preset's or a shared computation's figure is asked for, and every time for a run's own."""
+        stamp = str(key[0])
+        kept = self._figures if stamp.startswith("preset:") else self._shared if stamp.startswith(SHARED_STAMP) else None
+        if kept is None:
+            return draw()
+        with self._lock:
+            if key in kept:
+                if kept is self._shared:
+                    self._shared.move_to_end(key)
+                return kept[key]
+        figure = draw()  # outside the lock: the others draw on meanwhile (two may draw one figure once)
+        with self._lock:
+            kept[key] = figure
+            while len(self._shared) > self.MAX_SHARED_FIGURES:
+                self._shared.popitem(last=False)
         return figure
 
 
