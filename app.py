@@ -44,6 +44,8 @@ def main(argv=None) -> None:
         os.environ["KVVIZ_DEVICE"] = args.device
     if args.dtype:
         os.environ["KVVIZ_DTYPE"] = args.dtype
+    if zerogpu.on_zerogpu():  # each run goes to a GPU worker of its own: runs at once share no decode step
+        os.environ.setdefault("KVVIZ_CONCURRENCY", "1")
 
     from kvviz.app.ui import build_demo, launch_kwargs
     from kvviz.app.workshop import api as workshop

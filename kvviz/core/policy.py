@@ -50,23 +50,35 @@ def caps() -> Caps:
     return PUBLIC if public_mode() else LOCAL
 
 
-# How many runs the server makes at once (``KVVIZ_CONCURRENCY`` overrides). One run already keeps
-# two CPU cores busy (two handoffs side by side, one torch thread each: kvviz.engine.stream); measured on
-# the 2-core CPU machine (docs/RESULTS.md "Load test"), two runs at once gave the same throughput
-# and a slower run for each user, so 1. On a GPU nothing has been measured yet: 1 there too, until
-# ``python scripts/load_test.py --concurrency 2`` on a GPU says otherwise.
-DEFAULT_CONCURRENCY = 1
+# How many runs the server lets onto the models at once (``KVVIZ_CONCURRENCY`` overrides). Runs on
+# the models together share each model's decode steps (``kvviz.runtime.batching``: one pass of the
+# weights for every sequence of every run), so a class with distinct questions gets its answers sooner
+# with several at once: four distinct runs at once took 0.59x, eight 0.54x the time of running them
+# one after another (``python research/runs_at_once.py``, docs/RESULTS.md "A class at once"), at
+# 2.4x and 4.3x the time of one run. Four: most of the gain, and a long run holds one slot of four
+# instead of the only one. Without shared decode steps (``KVVIZ_BATCHED_DECODE=0``) runs at once only
+# compete for the CPU (docs/RESULTS.md "How many runs at once"): one.
+DEFAULT_CONCURRENCY = 4
+DEFAULT_CONCURRENCY_UNSHARED = 1
+
+
+def batched_decode_enabled() -> bool:
+    """Whether the sequences decoding with one model share its decode steps (``kvviz.runtime.decode``):
+    yes unless ``KVVIZ_BATCHED_DECODE=0``, which takes every decode token through the model's own
+    forward, one sequence at a time."""
+    return os.environ.get("KVVIZ_BATCHED_DECODE", "1") != "0"
 
 
 def model_concurrency() -> int:
-    """Runs at once: ``KVVIZ_CONCURRENCY``, else ``DEFAULT_CONCURRENCY``."""
+    """Runs at once: ``KVVIZ_CONCURRENCY``, else ``DEFAULT_CONCURRENCY`` (``DEFAULT_CONCURRENCY_UNSHARED``
+    without shared decode steps)."""
     given = os.environ.get("KVVIZ_CONCURRENCY", "").strip()
     if given:
         try:
             return max(1, int(given))
         except ValueError as error:
             raise ValueError(f"KVVIZ_CONCURRENCY must be a whole number of model runs, got {given!r}.") from error
-    return DEFAULT_CONCURRENCY
+    return DEFAULT_CONCURRENCY if batched_decode_enabled() else DEFAULT_CONCURRENCY_UNSHARED
 
 
 DEFAULT_RUN_CACHE_MB = 256  # finished runs a server keeps for identical requests (a six-handoff run: ~2 MB)

@@ -36,7 +36,6 @@ from kvviz.data.swaps import Swap, swap_record
 from kvviz.engine import runner
 from kvviz.engine.events import Done, Event, Failed, Lens, Message, Scored, Started, Status, Stopped, Token
 from kvviz.handoffs import registry
-from kvviz.runtime.decode import batched_decode_enabled
 from kvviz.runtime.models import LoadedPair
 
 STOP_POLL_SECONDS = 0.1
@@ -56,7 +55,7 @@ def default_workers() -> int:
     run on the CPU with one torch thread each, else 1."""
     if os.environ.get("KVVIZ_WORKERS"):
         return max(1, int(os.environ["KVVIZ_WORKERS"]))
-    if batched_decode_enabled():
+    if policy.batched_decode_enabled():
         return ALL_AT_ONCE
     if torch.cuda.is_available() or torch.get_num_threads() > 1:
         return 1

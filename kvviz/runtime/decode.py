@@ -14,7 +14,6 @@ a time (the path before the batched step).
 
 from __future__ import annotations
 
-import os
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from kvviz.core import policy
 from kvviz.core.prompts import has_chat_template, stop_token_ids
 from kvviz.core.results import GenerationSettings
 from kvviz.runtime import crossed, recording
@@ -270,11 +270,6 @@ class DecodeOutput:
 _decoding_lock = threading.Lock()
 
 
-def batched_decode_enabled() -> bool:
-    """``KVVIZ_BATCHED_DECODE=0`` takes every decode token through the model's own forward instead."""
-    return os.environ.get("KVVIZ_BATCHED_DECODE", "1") != "0"
-
-
 def _decoding(loaded: LoadedModel) -> tuple[decode_step.DecodeStep, DecodeBatch | None]:
     """The model's batched step and shared batch (None when the step does not cover the model),
     made once, by the first decode that asks; kept on the ``LoadedModel``."""
@@ -289,12 +284,12 @@ def _decoding(loaded: LoadedModel) -> tuple[decode_step.DecodeStep, DecodeBatch 
 def decode_batch(loaded: LoadedModel) -> DecodeBatch | None:
     """The model's shared ``DecodeBatch``, or None when the batched step does not cover the model
     (``decode_path`` says why) or is turned off."""
-    return _decoding(loaded)[1] if batched_decode_enabled() else None
+    return _decoding(loaded)[1] if policy.batched_decode_enabled() else None
 
 
 def decode_path(loaded: LoadedModel) -> dict:
     """How this model's decode tokens are computed (for the speed report and the docs)."""
-    if not batched_decode_enabled():
+    if not policy.batched_decode_enabled():
         return {"batched": False, "reason": "KVVIZ_BATCHED_DECODE=0"}
     step, _ = _decoding(loaded)
     if not step.supported:

@@ -203,7 +203,9 @@ def test_model_concurrency_reads_the_environment(monkeypatch):
     with pytest.raises(ValueError, match="KVVIZ_CONCURRENCY must be a whole number"):
         policy.model_concurrency()
     monkeypatch.delenv("KVVIZ_CONCURRENCY")
-    assert policy.model_concurrency() == policy.DEFAULT_CONCURRENCY
+    assert policy.model_concurrency() == policy.DEFAULT_CONCURRENCY > 1  # runs at once share decode steps
+    monkeypatch.setenv("KVVIZ_BATCHED_DECODE", "0")  # without shared steps runs at once only compete
+    assert policy.model_concurrency() == policy.DEFAULT_CONCURRENCY_UNSHARED == 1
 
 
 def test_the_run_cache_size_reads_the_environment_and_zero_keeps_no_run(monkeypatch):
