@@ -25,9 +25,10 @@ def test_model_runs_share_one_queue_and_every_public_event_is_named():
     functions = {fn.api_name: fn for fn in demo.fns.values() if fn.api_visibility != "private"}
     assert all(name and name != "unnamed" for name in functions)
     from kvviz.app.page.spec import RUN_QUEUE
-    from kvviz.core.policy import PAGE_RUNS_AT_ONCE
+    from kvviz.core.policy import PAGE_RUNS_AT_ONCE, model_concurrency
 
-    assert functions["sweep"].concurrency_id == ui.MODEL_QUEUE and functions["sweep"].concurrency_limit == 1
+    # the sweep takes one of the models' slots, as many at once as live runs may be (kvviz.core.policy)
+    assert functions["sweep"].concurrency_id == ui.MODEL_QUEUE and functions["sweep"].concurrency_limit == model_concurrency()
     # the live runs go to the engine's shared runs, which queue them for the models (kvviz.engine.shared_runs)
     assert functions["run"].concurrency_id == RUN_QUEUE and functions["run"].concurrency_limit == PAGE_RUNS_AT_ONCE
     assert functions["load_preset"].concurrency_id not in (ui.MODEL_QUEUE, RUN_QUEUE)
