@@ -70,6 +70,7 @@ QUESTIONS = [  # (query, context): the presets' kind of question, and typed ones
     ("What is the capital of France?", None),
     ("Where does Mira keep her bicycle?", "Mira keeps her red bicycle in the garden shed behind the old library."),
 ]
+WARM_UP = 2  # the class's warm-up question: the capital of France, no note (no class asks it)
 BAD_INPUTS = [({"query": "   "}, "The query is empty"), ({"kvcomm_ratio": 1.5}, "must be between 0 and 1")]
 KINDS = ("typed", "preset", "bad", "cancel")
 
@@ -316,7 +317,7 @@ def serial_pass(args, env_extra: dict) -> dict:
     try:
         wait_until_up(url, server, 300)
         client = Client(url, verbose=False)
-        live_run(client, 0, args.tokens).result(timeout=args.request_timeout)  # loads the models
+        live_run(client, WARM_UP, args.tokens).result(timeout=args.request_timeout)  # loads the models
         answers, seconds = [], []
         for query, context in dict.fromkeys(class_questions(args.class_size, args.distinct)):
             started = time.perf_counter()
@@ -410,11 +411,15 @@ def main() -> int:
         wait_until_up(url, server, 300)
         client = Client(url, verbose=False)
         print(f"server up on {url} (log {log_path}); warming up and asking each question alone ...", file=sys.stderr)
-        live_run(client, 0, args.tokens).result(timeout=args.request_timeout)  # loads the models
+        # loads the models (a class warms up on a question that is none of its own)
+        live_run(client, WARM_UP if args.class_size is not None else 0, args.tokens).result(timeout=args.request_timeout)
         if args.class_size is not None:
             report = {"command": "python scripts/load_test.py " + " ".join(sys.argv[1:]), **class_at_once(url, server, args)}
             server.terminate()  # the serial pass runs on a server of its own, alone on the machine
-            server.wait(30)
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
             report = with_serial(report, serial_pass(args, env_extra), args.distinct)
             if args.json:
                 Path(args.json).write_text(json.dumps(report, indent=2))

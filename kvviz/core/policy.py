@@ -57,7 +57,9 @@ def caps() -> Caps:
 # one after another (``python research/runs_at_once.py``, docs/RESULTS.md "A class at once"), at
 # 2.4x and 4.3x the time of one run. Four: most of the gain, and a long run holds one slot of four
 # instead of the only one. Without shared decode steps (``KVVIZ_BATCHED_DECODE=0``) runs at once only
-# compete for the CPU (docs/RESULTS.md "How many runs at once"): one.
+# compete for the CPU (docs/RESULTS.md "How many runs at once"): one. A pair whose model the shared
+# step does not cover (``kvviz.runtime.step.DecodeStep.supported``) is in that case too: give it
+# ``KVVIZ_CONCURRENCY=1``. Not measured on a GPU (four there too).
 DEFAULT_CONCURRENCY = 4
 DEFAULT_CONCURRENCY_UNSHARED = 1
 

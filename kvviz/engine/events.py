@@ -9,8 +9,8 @@ that cannot run on this pair or request; for each handoff that runs, ``Started``
 ``Message`` it may write before its answer, the answer's ``Token`` events and its ``Done``; after
 every handoff is done, what crossed (``Scored`` and ``Lens``, ``kvviz.engine.runner.finish_crossed``).
 A run that ran out of time ends with ``Stopped``, one that could not start with ``Failed``. A
-request served by a server's shared runs (``kvviz.engine.shared_runs``) gets ``Computation`` first,
-and one that shares another's run ``Shared`` next.
+greedy request served by a server's shared runs (``kvviz.engine.shared_runs``) gets ``Computation``
+first, and one that shares another's run ``Shared`` next.
 """
 
 from __future__ import annotations

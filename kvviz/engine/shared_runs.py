@@ -11,7 +11,7 @@ the generation settings, the code's version and the server's ``KVVIZ_*`` setting
 * a finished run is kept (``RunCache``: least recently used first out, bounded by bytes), and an
   identical request later gets all its events at once; the whole cache goes when a fingerprint
   changes (a fuser retrained, a model file replaced, the code changed);
-* every request's first event is ``Computation``: the identity of the computation its events come
+* a greedy request's first event is ``Computation``: the identity of the computation its events come
   from (the same for every request that shares it, so a page draws its figures once for them all);
   a ``Shared`` event (next, for a sharing request) says how: "computed 14 s ago on this server for
   another learner", so the page can say that its numbers were measured in that run;
@@ -60,8 +60,8 @@ POLL_SECONDS = 0.1  # how often a waiting request looks at its stop flag
 
 
 # Batches a second that all the requests reading one computation get together: each update a request
-# sends costs the server's event loop (which shares the interpreter with the models), so a class of
-# thirty reading one run gets an update every 1.5 s each instead of thirty times a page's own rate.
+# sends costs the server's event loop (which shares the interpreter with the models), so thirty
+# learners reading one run get an update every 1.5 s each: 20 updates a second in all, not 30 x 4.
 BATCHES_PER_SECOND = 20.0
 
 
@@ -478,7 +478,7 @@ class SharedRuns:
         all the requests reading it get ``BATCHES_PER_SECOND`` batches a second together (``spacing``);
         an empty batch after ``idle`` seconds without events."""
         seen, sent = 0, 0.0
-        first = [Computation(flight.identity)] + (
+        first = ([Computation(flight.identity)] if flight.key is not None else []) + (  # a sampling run is its own
             [Shared(shared_line("joined", self.clock() - flight.started))] if how == "joined" else [])
         quiet_since = time.monotonic()
         try:

@@ -95,7 +95,7 @@ def test_a_sampling_request_is_never_shared():
     runs = runs_with(compute)
     first, second = two_at_once(runs, compute, request(greedy=False), request(greedy=False))
     assert compute.calls == 2 and runs.summary()["joined"] == 0 and runs.summary()["not_shared"] == 2
-    assert not any(isinstance(event, Shared) for event in first + second)
+    assert not any(isinstance(event, (Shared, Computation)) for event in first + second)  # each its own
     again = []
     collect(runs, request(greedy=False), again)
     assert compute.calls == 3 and runs.summary()["cached"] == 0 and len(runs.cache) == 0
@@ -215,13 +215,15 @@ def test_many_readers_of_one_computation_get_fewer_batches_together_and_every_ev
         reader.start()
     while runs.summary()["joined"] < 1:
         time.sleep(0.01)
+    began = time.monotonic()
     started.set()
     for reader in readers:
         reader.join(20)
+    most = 3 + (time.monotonic() - began) / shared_runs.spacing(2)  # the first, one per spacing, the last
     for got in batches:
         events = [event for batch in got for event in batch if isinstance(event, Token)]
         assert [event.text for event in events] == [str(n) for n in range(40)]
-        assert len(got) <= 6, len(got)  # unspaced: a batch per token or so
+        assert len(got) <= most < 20, (len(got), most)  # unspaced: a batch per token or so
 
 
 def test_the_queue_tells_each_waiting_run_its_place_and_refuses_when_full():

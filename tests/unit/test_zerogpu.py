@@ -193,11 +193,15 @@ def test_on_zerogpu_models_default_to_cuda_bfloat16_without_asking_cuda(with_spa
 
 
 def test_app_loads_the_models_on_the_main_thread_on_zerogpu(with_spaces, monkeypatch):
-    """ZeroGPU intercepts `.to("cuda")` on the main thread only: the preload must run there, before launch."""
+    """ZeroGPU intercepts `.to("cuda")` on the main thread only: the preload must run there, before launch.
+    Each run goes to a GPU worker of its own there, so the server lets one at a time onto the models."""
     import app
     from kvviz.app import ui
+    from kvviz.core import policy
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    monkeypatch.setenv("KVVIZ_CONCURRENCY", "")  # restored after the test: app.main sets it
+    monkeypatch.delenv("KVVIZ_CONCURRENCY")
     order = []
     monkeypatch.setattr(app, "_preload", lambda pair: order.append(("preload", pair, threading.current_thread() is threading.main_thread())))
 
@@ -209,3 +213,4 @@ def test_app_loads_the_models_on_the_main_thread_on_zerogpu(with_spaces, monkeyp
     monkeypatch.setattr(stream, "use_one_thread_per_handoff", lambda: None)  # no thread change for the session
     app.main(["--pair", "embedded-gemma"])
     assert order == [("preload", "embedded-gemma", True), ("launch",)]
+    assert policy.model_concurrency() == 1

@@ -79,8 +79,9 @@ class LiveRun:
     alone: dict[str, float] = field(default_factory=dict)  # column -> its time alone on this question (a preset's)
     timed: str = "shared"  # "alone" when one column ran at a time: what its times are (``present.time_text``)
     shared: str = ""  # how this request shares another learner's run (``kvviz.engine.shared_runs``), if it does
-    # names the results: the computation's when the server's shared runs name it (every request that
-    # shares it draws the same figures, so they are drawn once: ``views.FigureCache``), else this run's own
+    # names the results: the computation's when the server's shared runs name it (a greedy run: every
+    # request that shares it draws the same figures, so they are drawn once: ``views.FigureCache``),
+    # else this run's own (a sampling run; a run stopped, failed or out of time: ``final_update``)
     stamp: str = field(default_factory=views.live_stamp)
 
     @property
@@ -110,6 +111,8 @@ def stream_run(run: LiveRun, workers: int, stop: threading.Event,
     finishes updates its own card and the strip at once; streamed text (answers, and the message a
     handoff writes first) is sent at most every ``STREAM_INTERVAL`` seconds for all the columns
     together, the latest text of each column that changed (an idle batch sends what was held back).
+    (A run that several requests read, ``kvviz.engine.shared_runs``, gives each its batches spaced by
+    how many read it, so its starts and finishes reach each a little later.)
     ``batches``: another source of batches, called as ``stream.run`` is (tests)."""
     run.states = {name: "waiting" for name in run.names}
     run.timed = "alone" if workers == 1 or len(run.names) == 1 else "shared"

@@ -1,9 +1,10 @@
 """What the page shows for a run's results, as ``{role: value}`` updates (no Gradio).
 
 A *payload* is ``present.payload(...)`` plus a ``stamp`` naming the results it holds ("preset:KEY"
-for a precomputed preset, "run:N" for a live run): figures are built only for the tab in view and
-only when the stamp (and, for time and bytes, the ticked columns) changed since that tab last
-drew them (``tab_updates``); a precomputed preset's figures are built once per process
+for a precomputed preset, "shared:ID" for the whole results of a computation the server's shared
+runs name, "run:N" for a live run's own): figures are built only for the tab in view and only when
+the stamp (and, for time and bytes, the ticked columns) changed since that tab last drew them
+(``tab_updates``); a preset's and a shared computation's figures are built once per process
 (``FigureCache``).
 
 Roles: ``status``, ``verdict``, ``lesson``, and per column ``head:NAME`` (title and mark),
@@ -223,9 +224,10 @@ def precomputed_payload(precomputed: dict, key: str, default_pair: str) -> tuple
 
 class FigureCache:
     """Figures built once per process and shared by every session: the precomputed presets', the
-    precomputed sweep's, and those of a shared computation's whole results (a class that pressed Run
-    on one question: ``shared_stamp``; the last ``MAX_SHARED_FIGURES`` of them are kept). A live
-    run's own results (``live_stamp``) are drawn for its session only."""
+    precomputed sweep's, and those of a shared computation's whole results (a greedy run, which a class
+    that pressed Run on one question shares: ``shared_stamp``; the last ``MAX_SHARED_FIGURES`` are
+    kept). A live run's own results (``live_stamp``: a sampling run, a run stopped, failed or out of
+    time) are drawn for its session only."""
 
     MAX_SHARED_FIGURES = 256  # about 40 runs' figures
 
