@@ -9,8 +9,9 @@ it gives the country, and follows a swapped landmark (``kvviz.data.swaps``: anot
 landmark in another country).
 
 Held out by entity: the landmarks and cities are split once, by a fixed rule, into a training part
-and a held-out part (every third entry of each list, and the page's presets' landmarks, are held
-out); people's names come from ``kvviz.data.recall``'s pools of the same split, so held-out
+and a held-out part (every third entry of each list, the page's presets' landmarks and any landmark
+that Countries' evaluation records name are held out; a city named inside a landmark's name goes
+with that landmark); people's names come from ``kvviz.data.recall``'s pools of the same split, so held-out
 records name landmarks, cities and people that no training record names. With two or three people
 per note the question asks about one of them (``meta["people"]`` > 1): a *binding* test, where the
 other people's places are in the note too and the right country is only the asked person's.
@@ -21,6 +22,7 @@ Every list below is written here (no external data); the countries are the landm
 from __future__ import annotations
 
 import random
+import re
 
 from kvviz.data import recall
 from kvviz.data.record import Record
@@ -123,6 +125,8 @@ CITIES = [
 
 # the page's presets' landmarks (assets/presets.toml) are always held out: the page shows them
 PRESET_LANDMARKS = ("Big Ben", "the Colosseum", "Mount Fuji", "Machu Picchu", "the Taj Mahal")
+# and so are landmarks that KVComm's Countries names in the evaluators' 100 records
+COUNTRIES_HELDOUT_LANDMARKS = ("the Brandenburg Gate",)
 
 # what a right answer may say for a country
 ALIASES = {
@@ -150,15 +154,25 @@ def answers_for(country: str) -> list[str]:
 
 
 def _split_of(index: int, name: str) -> str:
-    return "heldout" if name in PRESET_LANDMARKS or index % 3 == 1 else "train"
+    return "heldout" if name in PRESET_LANDMARKS + COUNTRIES_HELDOUT_LANDMARKS or index % 3 == 1 else "train"
+
+
+def _city_split(index: int, city: str) -> str:
+    """A city named inside a landmark's name ("the Tower of London") goes with that landmark's split,
+    so that no text of one split names a place of the other."""
+    for i, (landmark, _) in enumerate(LANDMARKS):
+        if re.search(rf"(?<!\w){re.escape(city)}(?!\w)", landmark):
+            return _split_of(i, landmark)
+    return _split_of(index, city)
 
 
 def places(kind: str, split: str) -> list[tuple[str, str]]:
     """The (place, country) pairs of one split: ``kind`` "landmark" or "city"."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
-    table = {"landmark": LANDMARKS, "city": CITIES}[kind]
-    return [(name, country) for i, (name, country) in enumerate(table) if _split_of(i, name) == split]
+    if kind == "city":
+        return [(name, country) for i, (name, country) in enumerate(CITIES) if _city_split(i, name) == split]
+    return [(name, country) for i, (name, country) in enumerate(LANDMARKS) if _split_of(i, name) == split]
 
 
 def place_words(split: str) -> list[str]:
@@ -168,12 +182,21 @@ def place_words(split: str) -> list[str]:
     return sorted({name[4:] if name.startswith("the ") else name for name in names})
 
 
+def recall_words(split: str) -> set[str]:
+    """Every word of one split's ``kvviz.data.recall`` names: people, towns, pets, landmarks."""
+    p = recall.pools(split)
+    words = {w for person in p.people for w in person.split()} | set(p.towns) | set(p.pets)
+    return words | {w for landmark in p.landmarks for w in landmark.split()}
+
+
 def first_names(split: str) -> list[str]:
-    """People's first names of one split (``kvviz.data.recall``'s pools: split by entity)."""
+    """People's first names of one split (``kvviz.data.recall``'s pools: split by entity), less any
+    that is a word of the other split's recall names (a train name is never a held-out surname)."""
+    other = recall_words("train" if split == "heldout" else "heldout")
     seen, out = set(), []
     for person in recall.pools(split).people:
         first = person.split()[0]
-        if first not in seen:
+        if first not in seen and first not in other:
             seen.add(first)
             out.append(first)
     return out
