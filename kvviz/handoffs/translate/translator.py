@@ -35,9 +35,12 @@ attention each translated token may receive (``log w`` is added to its attention
 sigmoid(logit)`` is added to every translated token's score.
 
 The map: inputs are z-scored, ``y = ((x - mean) / scale) @ down @ up`` (rank ``rank``; or one
-full matrix), de-standardised per output. Stage 1 fits it in closed form (ridge on aligned tokens
-of texts both models read: ``RidgeStats``, ``fit_ridge``); stage 2 trains it through the frozen
-receiver (``research/translator_stage2.py``).
+full matrix), de-standardised per output. With ``sources`` (format 2) each receiver layer has its
+own full map from its own few sharer layers, chosen by held-out R^2
+(``research/translator_layers.py``), instead of one map from every sharer layer. Stage 1 fits it
+in closed form (ridge on aligned tokens of texts both models read: ``RidgeStats``, ``fit_ridge``,
+``fit_ridge_routed``); stage 2 trains it through the frozen receiver (``research/translator_stage2.py``:
+attention outputs; ``python -m kvviz train-translator``: the receiver's next tokens against Skyline).
 
 Files: a folder with ``translator.safetensors`` and ``config.json`` (the pair's fingerprints, the
 architecture, how it was trained). Loading never unpickles; a translator for another pair, or a
