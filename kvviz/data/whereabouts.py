@@ -130,7 +130,7 @@ COUNTRIES_HELDOUT_LANDMARKS = ("the Brandenburg Gate",)
 
 # what a right answer may say for a country
 ALIASES = {
-    "United States": ("United States", "USA", "US", "U.S.", "America", "United States of America"),
+    "United States": ("United States", "USA", "United States of America"),  # not "US" ("with us") nor "America" ("South America")
     "United Kingdom": ("United Kingdom", "UK", "U.K.", "England", "Britain", "Great Britain", "Scotland"),
     "United Arab Emirates": ("United Arab Emirates", "UAE", "Dubai", "Abu Dhabi"),
     "Czech Republic": ("Czech Republic", "Czechia"),
