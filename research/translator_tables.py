@@ -123,17 +123,20 @@ def targets(report: dict) -> list[str]:
 
 
 def legs_table(path: Path) -> list[str]:
-    lines = ["| leg | steps (total) | minutes | train KL / CE | validation who-is-where: translator, control, follow | "
-             "recall: translator, control |", "|---|---|---|---|---|---|"]
+    lines = ["| leg | steps (total) | minutes | train KL / CE | who is where: translator rate (NLL), control rate (NLL), "
+             "follow | recall: translator rate (NLL), control rate (NLL), follow |", "|---|---|---|---|---|---|"]
+
+    def numbers(entry: dict) -> str:
+        t, c = entry.get("translator", {}), entry.get("control", {})
+        return (f"{t.get('rate', 0):.2f} ({t.get('nll', 0):.2f}), {c.get('rate', 0):.2f} ({c.get('nll', 0):.2f}), "
+                f"{(entry.get('follow') or {}).get('translator', 0):.2f}")
+
     for line in path.read_text().splitlines():
         leg = json.loads(line)
         v = leg.get("validation") or {}
-        w, r = v.get("whereabouts", {}), v.get("recall", {})
         lines.append(f"| {leg['leg']} | {leg.get('steps', 0)} ({leg['step']}) | {leg.get('seconds', 0) / 60:.0f} | "
                      f"{leg.get('train_kd', 0):.3f} / {leg.get('train_ce', 0):.3f} | "
-                     f"{w.get('translator', {}).get('rate', 0):.2f}, {w.get('control', {}).get('rate', 0):.2f}, "
-                     f"{(w.get('follow') or {}).get('translator', 0):.2f} | "
-                     f"{r.get('translator', {}).get('rate', 0):.2f}, {r.get('control', {}).get('rate', 0):.2f} |")
+                     f"{numbers(v.get('whereabouts', {}))} | {numbers(v.get('recall', {}))} |")
     return lines
 
 
