@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "bench": ("kvviz.studies.bench", "benchmark handoffs on a dataset (accuracy, latency, bytes, FLOPs)"),
     "train-fuser": ("kvviz.studies.c2c.train", "train a C2C fuser for a pair"),
     "eval-fuser": ("kvviz.studies.c2c.evaluate", "evaluate a C2C fuser against the receiver and its control"),
+    "train-translator": ("kvviz.studies.c2c.train_translator", "train a KV translator through the frozen receiver, in resumable legs"),
     "eval-translator": ("kvviz.studies.c2c.translator_eval", "evaluate a KV translator (c2c_translate) on held-out private contexts"),
     "space": ("kvviz.app.space", "export the lab as a Hugging Face Space folder (space export DIR [--push REPO_ID])"),
 }

@@ -11,7 +11,8 @@ times, ages, colours, jobs, objects and rooms from ``kvviz.recall``'s *train* po
 every 4-digit number comes from the train codes; Countries records are split as the evaluators
 split them (``load_dataset("countries", seed=0)``: the first 100 are held out, and no landmark of
 theirs appears here); every text that contains a held-out first name, last name, town, pet name,
-landmark or Countries held-out landmark as a word is dropped (counted in ``summary.json``).
+landmark or Countries held-out landmark as a word, or a held-out who-is-where landmark or city
+(``kvviz.data.whereabouts``) as a phrase, is dropped (counted in ``summary.json``).
 HotpotQA, Tipsheets, ARC, MMLU and OpenBookQA's questions are benchmark sets and are not used
 (OpenBookQA's fact book is).
 """
@@ -29,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvviz.data import DATA_DIR_ENV, DEFAULT_DATA_DIR, load_dataset, recall  # noqa: E402
+from kvviz.data import DATA_DIR_ENV, DEFAULT_DATA_DIR, load_dataset, recall, whereabouts  # noqa: E402
 from kvviz.studies.c2c.translator_eval import countries_split  # noqa: E402
 
 CHECK_SHARE = 0.03
@@ -152,6 +153,7 @@ def build(generated: int, seed: int) -> tuple[list[dict], dict]:
     texts += [("generated", facts.passage()) for _ in range(generated)]
     for k in range(4):
         texts += [("recall-train", r.context) for r in recall.generate("train", 3000, seed=100 + k)]
+    texts += [("whereabouts-train", r.context) for r in whereabouts.generate("train", 3000, seed=100, cities=0.3)]
     countries_train, _ = countries_split()
     for r in countries_train:
         texts.append(("countries-train", r.context))
@@ -169,6 +171,7 @@ def build(generated: int, seed: int) -> tuple[list[dict], dict]:
     banned = heldout_words()
     _, countries_held = countries_split()
     banned_phrases = [r.meta["landmark"] for r in countries_held if r.meta.get("landmark")]
+    banned_phrases += whereabouts.place_words("heldout")  # the who-is-where held-out landmarks and cities
     rows, dropped, seen = [], {}, set()
     for index, (source, text) in enumerate(texts):
         text = text.strip()

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvviz.data import recall  # noqa: E402
+from kvviz.data import recall, whereabouts  # noqa: E402
 from kvviz.handoffs.translate import translator as tr  # noqa: E402
 
 MAX_RECEIVER_TOKENS = 256
@@ -46,13 +46,14 @@ def corpus_texts(path: str, split: str) -> list[str]:
 
 
 def heldout_entity_texts() -> list[str]:
-    """Contexts whose names and values training never saw: recall's held-out split and the
-    evaluators' 100 Countries records."""
+    """Contexts whose names and values training never saw: recall's held-out split, the
+    evaluators' 100 Countries records and who-is-where notes of the held-out landmarks and cities."""
     from kvviz.studies.c2c.translator_eval import countries_split
 
     texts = [r.context for r in recall.generate("heldout", 400, seed=7)]
     _, countries = countries_split()
-    return texts + [r.context for r in countries]
+    knowledge = [r.context for r in whereabouts.generate("heldout", 200, seed=7, cities=0.3)]
+    return texts + [r.context for r in countries] + knowledge
 
 
 def batches(pair, texts: list[str]):

@@ -37,6 +37,7 @@ from kvviz.data.recall import load_recall
 from kvviz.data.record import LoadReport, Record
 from kvviz.data.tipsheets import load_tipsheets
 from kvviz.data.user_files import load_user_file
+from kvviz.data.whereabouts import load_whereabouts
 
 #: Registered dataset name -> loader.  Every loader takes keyword-only
 #: options plus ``data_dir`` and ``report``.
@@ -50,6 +51,7 @@ DATASETS: dict[str, Callable[..., list[Record]]] = {
     "mmlu_redux": load_mmlu_redux,
     "dolly": load_dolly,
     "instructions": load_instructions,
+    "whereabouts": load_whereabouts,
 }
 
 

@@ -10,6 +10,8 @@ swaps), one rule per dataset:
   (the swapped answer is that country);
 * recall: the asked fact's value becomes another value of the same kind from the same split's pool
   (another town, colour, code, time ...), one that appears nowhere else in the note;
+* who is where (``kvviz.data.whereabouts``): the asked person's landmark becomes another landmark
+  of the same split in a country that no one in the note is in (the swapped answer is its country);
 * HotpotQA: the gold answer, where it appears word for word in the supporting sentences, is
   replaced there by the gold answer of another question of the same type (a year by a year, a
   number by a number, a name by a name); yes/no questions have no swap;
@@ -24,7 +26,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from kvviz.data import recall
+from kvviz.data import recall, whereabouts
 from kvviz.data.metrics import normalize_answer, verdict
 from kvviz.data.record import Record
 
@@ -143,6 +145,28 @@ def recall_swaps(records: list[Record], seed: int = 0) -> dict[str, Swap]:
     return swaps
 
 
+def whereabouts_swaps(records: list[Record], seed: int = 0) -> dict[str, Swap]:
+    """record id -> swap: the asked person's place becomes another place of the record's split and
+    kind, in a country no one in the note is in (the swapped answers: that country's names)."""
+    rng = random.Random(f"swap-whereabouts-{seed}")
+    swaps = {}
+    for record in records:
+        place, country = record.meta.get("landmark"), record.meta.get("country")
+        if not place or not country or not record.context or place not in record.context:
+            continue
+        split = "heldout" if "-heldout-" in record.id else "train"
+        kind = "city" if place in dict(whereabouts.CITIES) else "landmark"
+        taken = {country} | {other["country"] for other in record.meta.get("others", [])}
+        options = [(p, c) for p, c in whereabouts.places(kind, split) if c not in taken and p not in record.context]
+        if not options:
+            continue
+        new_place, new_country = rng.choice(options)
+        swaps[record.id] = Swap(context=replace_fact(record.context, place, new_place),
+                                answers=tuple(whereabouts.answers_for(new_country)),
+                                changed=f"{place} ({country}) -> {new_place} ({new_country})")
+    return swaps
+
+
 def answer_type(answer: str) -> str:
     """A coarse type, so that a swapped answer is of the same kind: "year", "number", "yesno",
     "name" (capitalised words) or "other"."""
@@ -178,7 +202,7 @@ def hotpotqa_swaps(records: list[Record], seed: int = 0) -> dict[str, Swap]:
     return swaps
 
 
-SWAPPERS = {"countries": countries_swaps, "recall": recall_swaps, "hotpotqa": hotpotqa_swaps}
+SWAPPERS = {"countries": countries_swaps, "recall": recall_swaps, "hotpotqa": hotpotqa_swaps, "whereabouts": whereabouts_swaps}
 
 
 def swaps_for(dataset: str, records: list[Record], seed: int = 0) -> dict[str, Swap]:

@@ -100,7 +100,7 @@ def test_named_dataset_counts(shared_data_dir, name, options, expected):
 def test_every_registered_name_is_tested():
     assert set(DATASETS) == {
         "countries", "tipsheets", "hotpotqa", "recall", "arc_challenge",
-        "openbookqa", "mmlu_redux", "dolly", "instructions",
+        "openbookqa", "mmlu_redux", "dolly", "instructions", "whereabouts",
     }
 
 
@@ -109,6 +109,32 @@ def test_recall_is_a_dataset_made_here_held_out_by_default():
     assert len(records) == 12 and all(r.source == "recall" and "-heldout-" in r.id for r in records)
     assert load_dataset("recall", n=12) == records  # seeded
     assert load_dataset("recall", n=5, split="train", data_seed=1)[0].id == "recall-train-1-0"
+
+
+def test_whereabouts_is_held_out_by_landmark_city_and_person():
+    """Held-out who-is-where records name landmarks, cities and people that no training record names;
+    the page's presets' landmarks are held out; notes hold one to three people in different countries."""
+    from kvviz.data import whereabouts
+
+    records = load_dataset("whereabouts", n=30)
+    assert len(records) == 30 and all(r.source == "whereabouts" and "-heldout-" in r.id for r in records)
+    assert load_dataset("whereabouts", n=30) == records  # seeded
+    assert [r.meta["people"] for r in records[:6]] == [1, 2, 3, 1, 2, 3]
+    for kind in ("landmark", "city"):
+        train, held = (dict(whereabouts.places(kind, s)) for s in ("train", "heldout"))
+        assert train and held and not set(train) & set(held)
+    assert set(whereabouts.PRESET_LANDMARKS) <= set(dict(whereabouts.places("landmark", "heldout")))
+    assert not set(whereabouts.first_names("train")) & set(whereabouts.first_names("heldout"))
+    train_places = {p for p, _ in whereabouts.places("landmark", "train") + whereabouts.places("city", "train")}
+    for record in records:
+        placed = [record.meta] + record.meta["others"]
+        assert len(placed) == record.meta["people"] and record.meta["person"] in record.question
+        assert len({p["country"] for p in placed}) == len(placed)
+        assert all(p["landmark"] in record.context and p["landmark"] not in train_places for p in placed)
+        assert record.answers[0] == record.meta["country"]
+    mixed = whereabouts.generate("train", 40, seed=1, cities=0.5)
+    assert {r.meta["landmark"] for r in mixed} & dict(whereabouts.places("city", "train")).keys()
+    assert "USA" in whereabouts.answers_for("United States")
 
 
 def test_countries_shape(shared_data_dir):

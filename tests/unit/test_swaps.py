@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from kvviz.data import recall
+from kvviz.data import recall, whereabouts
 from kvviz.data.record import Record
 from kvviz.data.swaps import (
     Swap,
@@ -18,6 +18,7 @@ from kvviz.data.swaps import (
     swap_outcome,
     swap_record,
     swaps_for,
+    whereabouts_swaps,
 )
 
 
@@ -46,6 +47,23 @@ def test_a_countries_swap_moves_the_person_to_another_countrys_landmark():
         assert swap.changed.startswith(record.meta["landmark"])
     assert countries_swaps(COUNTRIES, seed=0) == swaps  # seeded: the same swaps again
     assert countries_swaps(COUNTRIES, seed=1) != swaps or len(COUNTRIES) < 3
+
+
+def test_a_whereabouts_swap_moves_the_asked_person_to_a_country_no_one_in_the_note_is_in():
+    records = whereabouts.generate("heldout", 30, seed=2)
+    swaps = whereabouts_swaps(records, seed=0)
+    assert len(swaps) == len(records)
+    held = dict(whereabouts.places("landmark", "heldout"))
+    for record in records:
+        swap, place = swaps[record.id], record.meta["landmark"]
+        new = next(p for p in held if p in swap.context and p not in record.context)
+        taken = {record.meta["country"]} | {o["country"] for o in record.meta["others"]}
+        assert held[new] not in taken and swap.answers == tuple(whereabouts.answers_for(held[new]))
+        assert swap.context == record.context.replace(place, new) and record.meta["person"] in swap.context
+        for other in record.meta["others"]:  # the other people stay where they were
+            assert other["landmark"] in swap.context
+    assert whereabouts_swaps(records, seed=0) == swaps
+    assert set(swaps_for("whereabouts", records, 0)) == set(swaps)
 
 
 def test_a_recall_swap_changes_the_asked_value_and_nothing_else():

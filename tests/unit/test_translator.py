@@ -286,6 +286,38 @@ def test_the_evaluator_measures_every_row_and_its_checks_hold(mixed_tiny_pair, o
     assert "communication gain" in translator_eval.format_report(only)
 
 
+def test_the_evaluator_adds_the_swapped_fact_the_binding_breakdown_and_the_presets(mixed_tiny_pair, one_thread):
+    """Follow rates beside the receiver alone and the control (which never read the swapped note: the
+    chance floor), who-is-where by people per note, and the presets with another preset's note."""
+    from kvviz.data import whereabouts
+    from kvviz.data.swaps import swap_outcome, swaps_for
+    from kvviz.studies.c2c import translator_eval
+
+    pair = mixed_tiny_pair
+    records = whereabouts.generate("heldout", 4, seed=1)
+    report = translator_eval.evaluate(pair, random_translator(pair), {"whereabouts": records}, seed=0, max_new_tokens=3,
+                                      progress=lambda message: None, checks=0)
+    summary = report["whereabouts"]
+    swap = summary["swap"]
+    assert swap["records"] == 4 and set(swap["rows"]) == {"receiver", "control", "skyline", "translator"}
+    # the receiver's follow count is its own answers judged against the swapped answers
+    swaps = swaps_for("whereabouts", records, 0)
+    receiver_answers = [e["receiver"] for e in summary["examples"]]
+    expected = sum(swap_outcome(a, r.answers, swaps[r.id].answers) == "followed" for a, r in zip(receiver_answers, records))
+    assert swap["rows"]["receiver"]["followed"] == expected
+    assert all(0 <= v["followed"] <= v["n"] == 4 for v in swap["rows"].values()) and "nll" in swap["rows"]["translator"]
+    assert summary["examples"][0]["swapped"] and "translator_swap" in summary["examples"][0]
+    assert set(summary["by_people"]) == {"1", "2", "3", "2-3"} and summary["by_people"]["2-3"]["translator"]["n"] == 2
+    assert "follow rate" in translator_eval.format_report(report)
+    presets = translator_eval.preset_records()
+    assert {r.meta["preset"] for r, _ in presets} >= {"locker", "big-ben"}
+    ran = translator_eval.run_presets(pair, random_translator(pair), presets[:2], max_new_tokens=3)
+    assert [e["preset"] for e in ran] == [r.meta["preset"] for r, _ in presets[:2]]
+    assert ran[0]["other_note"] == presets[1][0].context and ran[0]["translator_swap"]["outcome"] in ("followed", "kept", "neither")
+    assert "preset locker" in translator_eval.format_report({"presets": ran})
+    assert translator_eval.measured_summary({**report, "presets": ran})["sets"]["whereabouts"]["swap"]["records"] == 4
+
+
 # --- the handoff (kvviz.handoffs.translate) ----------------------------------------------------------------
 
 

@@ -35,9 +35,12 @@ attention each translated token may receive (``log w`` is added to its attention
 sigmoid(logit)`` is added to every translated token's score.
 
 The map: inputs are z-scored, ``y = ((x - mean) / scale) @ down @ up`` (rank ``rank``; or one
-full matrix), de-standardised per output. Stage 1 fits it in closed form (ridge on aligned tokens
-of texts both models read: ``RidgeStats``, ``fit_ridge``); stage 2 trains it through the frozen
-receiver (``research/translator_stage2.py``).
+full matrix), de-standardised per output. With ``sources`` (format 2) each receiver layer has its
+own full map from its own few sharer layers, chosen by held-out R^2
+(``research/translator_layers.py``), instead of one map from every sharer layer. Stage 1 fits it
+in closed form (ridge on aligned tokens of texts both models read: ``RidgeStats``, ``fit_ridge``,
+``fit_ridge_routed``); stage 2 trains it through the frozen receiver (``research/translator_stage2.py``:
+attention outputs; ``python -m kvviz train-translator``: the receiver's next tokens against Skyline).
 
 Files: a folder with ``translator.safetensors`` and ``config.json`` (the pair's fingerprints, the
 architecture, how it was trained). Loading never unpickles; a translator for another pair, or a
@@ -61,7 +64,8 @@ from kvviz.runtime.decode import forward_kwargs, prefill
 from kvviz.runtime.rope import apply_rotation, rotary_tables, undo_rotation
 
 FORMAT = "kvviz-kv-translator"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per receiver layer sharer layers (``sources``); version 1 files (one shared map) still load
+READABLE_VERSIONS = (1, 2)
 WEIGHTS_FILE = "translator.safetensors"
 CONFIG_FILE = "config.json"
 OWN_PREFIX = "Context:"  # the receiver's own, context-free tokens in front of the translated ones
@@ -230,6 +234,9 @@ class TranslatorConfig:
     rank: int | None = None  # None: one full matrix
     sharer_start: str = "<|endoftext|>"
     training: dict = field(default_factory=dict)
+    # per receiver layer, the sharer layers its keys and values are read from (a full map per
+    # receiver layer; ``sharer_layers`` is then their union). None: one map from every sharer layer.
+    sources: list[list[int]] | None = None
     format: str = FORMAT
     version: int = FORMAT_VERSION
 
@@ -242,10 +249,34 @@ class TranslatorConfig:
             raise TranslatorError("neighbours must be 0, 1 or 2")
         if self.rank is not None and self.rank < 1:
             raise TranslatorError("rank must be at least 1 (or None for a full matrix)")
+        if self.sources is not None:
+            self._check_sources()
+
+    def _check_sources(self) -> None:
+        sources = self.sources
+        if len(sources) != self.receiver["num_layers"] or not all(sources) or len({len(s) for s in sources}) != 1:
+            raise TranslatorError(f"sources must name the same number (at least one) of sharer layers for each of the "
+                                  f"{self.receiver['num_layers']} receiver layers")
+        if any(len(set(s)) != len(s) for s in sources) or sorted({x for s in sources for x in s}) != sorted(self.sharer_layers):
+            raise TranslatorError("sources must name distinct sharer layers per receiver layer, whose union is sharer_layers")
+        if self.neighbours or self.rank is not None:
+            raise TranslatorError("a translator with sources reads the aligned token only, through full maps (neighbours 0, rank None)")
 
     @property
     def in_width(self) -> int:
         return feature_width(self.sharer, self.sharer_layers, self.neighbours)
+
+    @property
+    def routed_width(self) -> int:
+        """Inputs of one receiver layer's map (with ``sources``): its sharer layers and the alignment numbers."""
+        return feature_width(self.sharer, self.sources[0], 0)
+
+    def source_columns(self) -> list[list[int]]:
+        """Per receiver layer, the columns of ``features`` (over ``sharer_layers``) its map reads."""
+        per = 2 * self.sharer["num_kv_heads"] * self.sharer["head_dim"]
+        at = {layer: i * per for i, layer in enumerate(self.sharer_layers)}
+        tail = list(range(len(self.sharer_layers) * per, len(self.sharer_layers) * per + ALIGNMENT_FEATURES))
+        return [[c for layer in chosen for c in range(at[layer], at[layer] + per)] + tail for chosen in self.sources]
 
     @property
     def kv_width(self) -> int:
@@ -270,29 +301,57 @@ class KVTranslator(nn.Module):
         self.register_buffer("x_scale", torch.ones(f))
         self.register_buffer("y_mean", torch.zeros(o))
         self.register_buffer("y_scale", torch.ones(o))
+        # gates open and weights ~1 at the start: the ridge map as fitted
+        self.gate_logits = nn.Parameter(torch.full((layers,), 4.0))
+        self.weight_bias = nn.Parameter(torch.full((layers,), 6.0))
+        if config.sources is not None:  # one full map per receiver layer, from its own sharer layers
+            columns = torch.tensor(config.source_columns(), dtype=torch.long)
+            self.register_buffer("columns", columns, persistent=False)  # [L, F_l], from the config
+            self.down = None
+            self.up = nn.Parameter(torch.zeros(layers, columns.shape[1], 2 * config.kv_width))
+            self.weight_proj = nn.Parameter(torch.zeros(layers, columns.shape[1]))
+            return
         code = f if config.rank is None else config.rank
         self.down = nn.Parameter(torch.zeros(f, code)) if config.rank is not None else None
         self.up = nn.Parameter(torch.zeros(code, o))
-        # gates open and weights ~1 at the start: the ridge map as fitted
-        self.gate_logits = nn.Parameter(torch.full((layers,), 4.0))
         self.weight_proj = nn.Parameter(torch.zeros(code, layers))
-        self.weight_bias = nn.Parameter(torch.full((layers,), 6.0))
 
     @property
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    @property
+    def routed(self) -> bool:
+        return self.config.sources is not None
+
     def code(self, x: torch.Tensor) -> torch.Tensor:
+        """The z-scored inputs [T, F] (through ``down`` for a reduced-rank map; for a routed map
+        [T, L, F_l]: each receiver layer's own columns)."""
         z = (x - self.x_mean) / self.x_scale
+        if self.routed:
+            return z[:, self.columns]
         return z if self.down is None else z @ self.down
+
+    def standardised(self, x: torch.Tensor) -> torch.Tensor:
+        """The map's z-scored outputs [T, O] (before de-standardising)."""
+        code = self.code(x.to(self.up.dtype))
+        if self.routed:
+            return torch.einsum("tlf,lfo->tlo", code, self.up).reshape(x.shape[0], -1)
+        return code @ self.up
 
     def forward(self, x: torch.Tensor):
         """x [T, F] -> (keys [L, H, T, D] position-free, values [L, H, T, D], weights [L, T])."""
         code = self.code(x.to(self.up.dtype))
-        y = (code @ self.up) * self.y_scale + self.y_mean
+        if self.routed:
+            y = torch.einsum("tlf,lfo->tlo", code, self.up).reshape(x.shape[0], -1)
+            logits = torch.einsum("tlf,lf->lt", code, self.weight_proj)
+        else:
+            y = code @ self.up
+            logits = (code @ self.weight_proj).transpose(0, 1)
+        y = y * self.y_scale + self.y_mean
         layers, heads, dim = self.config.receiver["num_layers"], self.config.receiver["num_kv_heads"], self.config.receiver["head_dim"]
         y = y.reshape(x.shape[0], layers, 2, heads, dim).permute(1, 2, 3, 0, 4)  # [L, 2, H, T, D]
-        weights = torch.sigmoid(code @ self.weight_proj + self.weight_bias).transpose(0, 1)  # [L, T]
+        weights = torch.sigmoid(logits + self.weight_bias[:, None])  # [L, T]
         return y[:, 0], y[:, 1], weights
 
     def open_gates(self) -> torch.Tensor:
@@ -337,8 +396,9 @@ def read_config(folder: str | Path) -> TranslatorConfig:
         raise TranslatorError(f"The translator config {path} is not valid JSON: {error}") from error
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise TranslatorError(f"{path} is not a kvviz KV translator config (format {FORMAT!r} expected).")
-    if data.get("version") != FORMAT_VERSION:
-        raise TranslatorError(f"The translator at {folder} has format version {data.get('version')}; this kvviz reads {FORMAT_VERSION}.")
+    if data.get("version") not in READABLE_VERSIONS:
+        raise TranslatorError(f"The translator at {folder} has format version {data.get('version')}; this kvviz reads "
+                              f"{', '.join(map(str, READABLE_VERSIONS))}.")
     try:
         config = TranslatorConfig(**data)
         _ = (config.in_width, config.out_width)
@@ -370,6 +430,8 @@ def load_translator(folder: str | Path, sharer_facts=None, receiver_facts=None, 
     if wrong:
         raise TranslatorError(f"The translator config at {folder} does not match its weights: {', '.join(wrong[:3])}.")
     translator.load_state_dict({name: t.float() for name, t in tensors.items()}, assign=True)
+    if translator.routed:  # not in the file: made from the config
+        translator.columns = torch.tensor(config.source_columns(), dtype=torch.long)
     return translator.eval().to(device)
 
 
@@ -610,12 +672,30 @@ def fit_ridge(stats: RidgeStats, lam: float, rank: int | None = None, columns: l
     return out if ranks is not None else out[rank]
 
 
+def fit_ridge_routed(stats: RidgeStats, config: TranslatorConfig, lam: float) -> dict:
+    """Closed-form ridge for a translator with ``sources``: each receiver layer's keys and values from
+    its own sharer layers' columns (``stats`` over ``config.sharer_layers``' features). Returns
+    ``install_fit``'s input, with ``routed`` [L, F_l, 2 * kv_width] in z-scored units."""
+    mx, sx, my, sy, corr_x, corr_xy = stats.moments()
+    out = 2 * config.kv_width
+    weights = []
+    for layer, columns in enumerate(config.source_columns()):
+        index = torch.tensor(columns)
+        block = corr_x[index][:, index]
+        targets_of_layer = corr_xy[index, layer * out:(layer + 1) * out]
+        weights.append(torch.linalg.solve(block + lam * torch.eye(len(columns), dtype=block.dtype), targets_of_layer).float())
+    return {"x_mean": mx.float(), "x_scale": sx.float(), "y_mean": my.float(), "y_scale": sy.float(),
+            "routed": torch.stack(weights)}
+
+
 def install_fit(translator: KVTranslator, fit: dict) -> None:
     """Put a ``fit_ridge`` result into a translator of the matching rank."""
     with torch.no_grad():
         for name in ("x_mean", "x_scale", "y_mean", "y_scale"):
             getattr(translator, name).copy_(fit[name])
-        if translator.down is None:
+        if translator.routed:
+            translator.up.copy_(fit["routed"])
+        elif translator.down is None:
             translator.up.copy_(fit["weight"])
         else:
             translator.down.copy_(fit["down"])
@@ -625,8 +705,7 @@ def install_fit(translator: KVTranslator, fit: dict) -> None:
 def r_squared(translator: KVTranslator, x: torch.Tensor, y: torch.Tensor, layers: int) -> dict:
     """Held-out R^2 of the map on z-scored targets, pooled over K dims and over V dims, and per layer."""
     with torch.no_grad():
-        code = translator.code(x)
-        predicted = code @ translator.up  # standardised
+        predicted = translator.standardised(x)
         truth = (y - translator.y_mean) / translator.y_scale
     err = ((predicted - truth) ** 2).reshape(x.shape[0], layers, 2, -1).sum(dim=(0, 3)).double()
     centred = truth - truth.mean(0)

@@ -1,9 +1,13 @@
 """Evaluate a KV translator on held-out private contexts, with its controls as measured rows.
 
-    python -m kvviz eval-translator --pair embedded --recall 100 --countries 100 [--translator DIR] [--json]
+    python -m kvviz eval-translator --pair embedded --recall 100 --countries 100 --whereabouts 120 [--translator DIR] [--json]
 
-For each held-out record (``kvviz.recall``'s held-out entities, and the evaluators' Countries
-sample with the context private to the sharer) every row answers greedily and scores the gold
+Held-out sets (context private to the sharer; names, values and landmarks never in training):
+``recall`` (``kvviz.data.recall``'s held-out entities, seed 1, as eval-fuser draws them),
+``countries`` (the evaluators' first 100 of KVComm's Countries) and ``whereabouts``
+(``kvviz.data.whereabouts``: one to three people per note at held-out well-known landmarks; the
+answer is the country, which the note does not say: the receiver's own knowledge must be reached
+through the translated KV). For each record every row answers greedily and scores the gold
 answer's NLL (nats per token, teacher-forced after the question):
 
 * ``receiver``: the receiver alone on the question;
@@ -12,28 +16,42 @@ answer's NLL (nats per token, teacher-forced after the question):
   check of the splice);
 * ``translator``: the sharer reads the context, the translator's KV is the receiver's prefix;
 * ``control``: the translator fed another record's context (a seeded derangement);
-* ``closed``: the translator with every gate closed (equals the receiver alone: a check).
+* ``closed``: the translator with every gate closed (equals the receiver alone: a check);
+* the **swapped fact** (``kvviz.data.swaps``, seeded; ``--no-swap`` leaves it out): Skyline and the
+  translator also read the record's note with its answer-bearing fact changed (on who-is-where
+  another held-out landmark in a country no one in the note is in), and each row's *follow rate*
+  is how often its answer is the swapped one and not the original (the receiver alone and the
+  control, which never read the swapped note, follow only by chance: they are the floor).
 
 Reported per set: answer contained (95% Wilson interval), mean gold NLL, the share of the
 receiver-to-Skyline NLL gap the translator closes, the communication gain NLL(control) -
-NLL(translator) with a seeded bootstrap 95% interval, and how often the right context lowers
-the NLL against the control (with a two-sided sign test).
+NLL(translator) with a seeded bootstrap 95% interval, how often the right context lowers the NLL
+against the control (with a two-sided sign test), follow rates with Wilson intervals, and on
+who-is-where the answer rate by the number of people in the note (two or three: the *binding*
+test) with how often an answer names another person's country or the landmark itself. The page's
+private presets (``assets/presets.toml``) run too: each preset's note, another preset's note (the
+control) and its stored swap.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import torch
 
+from kvviz.core.paths import ASSETS
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings
-from kvviz.data import contains_answer, load_dataset, recall, wilson_interval
+from kvviz.data import contains_answer, load_dataset, recall, whereabouts, wilson_interval
 from kvviz.data.metrics import mcnemar_exact
+from kvviz.data.record import Record
+from kvviz.data.swaps import SWAPPERS, replace_fact, swap_outcome, swaps_for
 from kvviz.engine.runner import load_pair
 from kvviz.handoffs.translate import translator as tr
 from kvviz.handoffs.translate.locate import shipped_translator
@@ -45,6 +63,9 @@ from kvviz.studies.c2c.examples import response_ids
 
 ROWS = ("receiver", "skyline", "oracle", "translator", "control", "closed")
 CHECKS = {"oracle": "skyline", "closed": "receiver"}  # rows that must equal another: run on the first records only
+SWAP_ROWS = ("skyline", "translator")  # the rows that also read the swapped note
+FOLLOW_ROWS = ("receiver", "control", "skyline", "translator")  # follow rates reported (the first two: the floor)
+PRESETS_FILE = ASSETS / "presets.toml"
 
 
 def sign_test(wins: int, losses: int) -> float:
@@ -52,15 +73,18 @@ def sign_test(wins: int, losses: int) -> float:
     return mcnemar_exact(wins, losses)
 
 
-def heldout_sets(recall_n: int, countries_n: int, seed: int = 0) -> dict:
-    """The held-out records: recall's held-out entities (seed + 1, as eval-fuser draws them) and
-    the first ``countries_n`` of Countries shuffled with ``seed`` (eval-fuser's sample)."""
+def heldout_sets(recall_n: int, countries_n: int, seed: int = 0, whereabouts_n: int = 0) -> dict:
+    """The held-out records: recall's held-out entities (seed + 1, as eval-fuser draws them), the
+    first ``countries_n`` of Countries shuffled with ``seed`` (eval-fuser's sample) and
+    ``whereabouts_n`` who-is-where records of the held-out landmarks and people (seed + 1)."""
 
     sets = {}
     if recall_n:
         sets["recall"] = recall.generate("heldout", recall_n, seed=seed + 1)
     if countries_n:
         sets["countries"] = load_dataset("countries", limit=countries_n, seed=seed)
+    if whereabouts_n:
+        sets["whereabouts"] = whereabouts.generate("heldout", whereabouts_n, seed=seed + 1)
     return sets
 
 
@@ -73,6 +97,21 @@ def countries_split(heldout: int = 100, seed: int = 0) -> tuple[list, list]:
     held, rest = records[:heldout], records[heldout:]
     held_landmarks = {record.meta.get("landmark") for record in held}
     return [record for record in rest if record.meta.get("landmark") not in held_landmarks], held
+
+
+def preset_records(path: Path = PRESETS_FILE) -> list[tuple[Record, dict | None]]:
+    """The page's presets with a private note, as (record, its stored swap or None)."""
+    with path.open("rb") as handle:
+        raw = tomllib.load(handle)["preset"]
+    out = []
+    for preset in raw:
+        if preset.get("scenario") != "private" or not preset.get("context"):
+            continue
+        record = Record(id=f"preset-{preset['key']}", question=preset["query"], context=preset["context"],
+                        answers=list(preset["answers"]), choices=None, answer_index=None, source="presets",
+                        response=preset["answers"][0], meta={"preset": preset["key"]})
+        out.append((record, preset.get("swap")))
+    return out
 
 
 class Runner:
@@ -126,15 +165,19 @@ def bootstrap(diffs: list[float], tokens: list[int], seed: int) -> list[float]:
     return bootstrap_ratio(diffs, tokens, seed)
 
 
+def rate(hits: int, n: int) -> dict:
+    """A count with its share and 95% Wilson interval."""
+    low, high = wilson_interval(hits, n)
+    return {"contains": hits, "n": n, "rate": hits / n if n else None, "ci95": [low, high]}
+
+
 def summarise(rows: dict, records, seed: int) -> dict:
 
     table = {}
     for name, results in rows.items():
         hits = sum(contains_answer(text, record.answers) for (text, _, _), record in zip(results, records))
         tokens = sum(n for _, _, n in results)
-        low, high = wilson_interval(hits, len(results))
-        table[name] = {"contains": hits, "n": len(results), "rate": hits / len(results), "ci95": [low, high],
-                       "nll": sum(s for _, s, _ in results) / tokens}
+        table[name] = {**rate(hits, len(results)), "nll": sum(s for _, s, _ in results) / tokens}
     out = {"rows": table}
     if {"translator", "receiver", "skyline"} <= set(rows):
         receiver, skyline, translated = (table[n]["nll"] for n in ("receiver", "skyline", "translator"))
@@ -160,41 +203,127 @@ def summarise(rows: dict, records, seed: int) -> dict:
     return out
 
 
+def swap_summary(rows: dict, swapped: dict, records, swaps: dict) -> dict:
+    """Follow rates on the swapped notes: per row, how often its answer is the swapped answer and not
+    the original. Skyline and the translator read the swapped note (``swapped``); the receiver alone
+    and the control never do, so their answers (``rows``) follow only by chance."""
+    held = [i for i, record in enumerate(records) if record.id in swaps]
+    if not held:
+        return {}
+    out = {"records": len(held), "rows": {}}
+    for row in FOLLOW_ROWS:
+        source = swapped.get(row) if row in SWAP_ROWS else rows.get(row)
+        if not source:
+            continue
+        outcomes = [swap_outcome(source[i][0], records[i].answers, swaps[records[i].id].answers) for i in held]
+        entry = rate(sum(o == "followed" for o in outcomes), len(held))
+        entry["kept"] = sum(o == "kept" for o in outcomes)
+        if row in SWAP_ROWS:
+            entry["nll"] = sum(source[i][1] for i in held) / sum(source[i][2] for i in held)
+        out["rows"][row] = {"followed": entry.pop("contains"), **entry}
+    rows_out = out["rows"]
+    if "translator" in rows_out and "skyline" in rows_out and rows_out["skyline"]["rate"]:
+        out["follow_vs_skyline"] = rows_out["translator"]["rate"] / rows_out["skyline"]["rate"]
+    return out
+
+
+def people_summary(rows: dict, records) -> dict:
+    """Who-is-where by the number of people in the note (two or three: the binding test): each row's
+    answer rate, and how often it names another person's country instead, or the landmark itself."""
+    out = {}
+    groups = sorted({record.meta.get("people") for record in records if record.meta.get("people")})
+    for people in groups + ["2-3"]:
+        index = [i for i, r in enumerate(records) if (r.meta.get("people", 0) > 1 if people == "2-3" else r.meta.get("people") == people)]
+        if not index:
+            continue
+        entry = {}
+        for row, results in rows.items():
+            hits = sum(contains_answer(results[i][0], records[i].answers) for i in index)
+            other = sum(not contains_answer(results[i][0], records[i].answers) and any(
+                contains_answer(results[i][0], whereabouts.answers_for(o["country"])) for o in records[i].meta.get("others", []))
+                for i in index)
+            place = sum(contains_answer(results[i][0], [records[i].meta["landmark"].removeprefix("the ")]) for i in index)
+            entry[row] = {**rate(hits, len(index)), "other_persons_country": other, "names_the_place": place}
+        out[str(people)] = entry
+    return out
+
+
 def evaluate(pair, translator, sets: dict, rows=ROWS, seed: int = 0, max_new_tokens: int = 12, progress=print,
-             examples: int = 6, checks: int = 10) -> dict:
+             examples: int = 6, checks: int = 10, swap: bool = True) -> dict:
     """Every row on every record, except the checks (``CHECKS``: oracle = Skyline, closed gates =
-    receiver alone), which run on the first ``checks`` records and are compared with their twin."""
+    receiver alone), which run on the first ``checks`` records and are compared with their twin;
+    with ``swap``, the swap rows on each record's swapped note (sets with swapped facts)."""
 
     runner = Runner(pair, translator, max_new_tokens)
     report = {}
     for name, records in sets.items():
-        partner = derangement(len(records), seed, same=lambda i, j: records[i].context == records[j].context)
-        measured = [row for row in rows if row not in CHECKS]
-        results = {row: [] for row in measured}
-        checked = {row: [] for row in rows if row in CHECKS}
-        started = time.perf_counter()
-        for index, record in enumerate(records):
-            for row in measured:
-                results[row].append(runner.answer(row, record, records[partner[index]]))
-            if index < checks:
-                for row in checked:
-                    checked[row].append(runner.answer(row, record))
-            if (index + 1) % 10 == 0 or index + 1 == len(records):
-                progress(f"{name}: {index + 1}/{len(records)} ({time.perf_counter() - started:.0f} s)")
+        swaps = swaps_for(name, records, seed) if swap and name in SWAPPERS else {}
+        results, swapped, checked = run_set(runner, name, records, rows, swaps, seed, checks, progress)
         summary = summarise(results, records, seed)
+        if swaps:
+            summary["swap"] = swap_summary(results, swapped, records, swaps)
+        if name == "whereabouts":
+            summary["by_people"] = people_summary(results, records)
         summary["checks"] = {
             row: {"records": len(got), "equals": CHECKS[row],
                   "same_answers": sum(a[0] == b[0] for a, b in zip(got, results[CHECKS[row]])),
                   "max_nll_difference": max((abs(a[1] - b[1]) for a, b in zip(got, results[CHECKS[row]])), default=None)}
-            for row, got in checked.items() if CHECKS[row] in results
+            for row, got in checked.items() if CHECKS[row] in results and got
         }
         summary["examples"] = [
             {"context": r.context, "question": r.question, "gold": r.answers[0],
-             **{row: results[row][i][0] for row in measured}}
+             **{row: results[row][i][0] for row in results},
+             **({"swapped": swaps[r.id].changed, **{f"{row}_swap": swapped[row][i][0] for row in swapped}} if r.id in swaps else {})}
             for i, r in enumerate(records[:examples])
         ]
         report[name] = summary
     return report
+
+
+def run_set(runner, name: str, records, rows, swaps: dict, seed: int, checks: int, progress):
+    """(results per row, results per swap row (None where a record has no swap), check rows): each a
+    list of (answer, summed gold NLL, gold tokens) per record."""
+    partner = derangement(len(records), seed, same=lambda i, j: records[i].context == records[j].context)
+    measured = [row for row in rows if row not in CHECKS]
+    results = {row: [] for row in measured}
+    swapped = {row: [] for row in SWAP_ROWS if row in measured} if swaps else {}
+    checked = {row: [] for row in rows if row in CHECKS}
+    started = time.perf_counter()
+    for index, record in enumerate(records):
+        for row in measured:
+            results[row].append(runner.answer(row, record, records[partner[index]]))
+        swap = swaps.get(record.id)
+        for row in swapped:
+            twin = dataclasses.replace(record, context=swap.context, answers=list(swap.answers)) if swap else None
+            swapped[row].append(runner.answer(row, twin) if swap else None)
+        if index < checks:
+            for row in checked:
+                checked[row].append(runner.answer(row, record))
+        if (index + 1) % 10 == 0 or index + 1 == len(records):
+            progress(f"{name}: {index + 1}/{len(records)} ({time.perf_counter() - started:.0f} s)")
+    return results, swapped, checked
+
+
+def run_presets(pair, translator, presets=None, max_new_tokens: int = 12) -> list[dict]:
+    """The page's private presets: each row's answer on the preset's note, the translator on another
+    preset's note (its control: the next preset's) and Skyline and the translator on its stored swap."""
+    runner = Runner(pair, translator, max_new_tokens)
+    presets = preset_records() if presets is None else presets
+    out = []
+    for index, (record, swap) in enumerate(presets):
+        other = presets[(index + 1) % len(presets)][0]
+        entry = {"preset": record.meta.get("preset", record.id), "gold": record.answers, "other_note": other.context}
+        for row in ("receiver", "skyline", "translator", "control"):
+            text = runner.answer(row, record, other)[0]
+            entry[row] = {"answer": text, "right": contains_answer(text, record.answers)}
+        if swap:
+            twin = dataclasses.replace(record, context=replace_fact(record.context, swap["replace"], swap["by"]),
+                                       answers=list(swap["answers"]))
+            for row in SWAP_ROWS:
+                text = runner.answer(row, twin)[0]
+                entry[f"{row}_swap"] = {"answer": text, "outcome": swap_outcome(text, record.answers, twin.answers)}
+        out.append(entry)
+    return out
 
 
 def format_report(report: dict) -> str:
@@ -215,26 +344,48 @@ def format_report(report: dict) -> str:
                          f"right context lower on {c['right_context_lower_nll']}/{c['of']} (sign test p = {c['sign_test_p']:.2g})")
             if "control_within_receiver_interval" in summary:
                 lines.append(f"  control within the receiver's interval: {summary['control_within_receiver_interval']}")
+        lines += format_swap(summary.get("swap") or {})
+        for people, entry in (summary.get("by_people") or {}).items():
+            lines.append(f"  {people} people: " + ", ".join(
+                f"{row} {v['contains']}/{v['n']} (other's country {v['other_persons_country']}, place {v['names_the_place']})"
+                for row, v in entry.items()))
         for row, check in summary.get("checks", {}).items():
             lines.append(f"  check {row} = {check['equals']} on {check['records']} records: same answers {check['same_answers']}, "
                          f"largest NLL difference {check['max_nll_difference']:.2e}")
+    for entry in report.get("presets") or []:
+        cells = [f"{row} {entry[row]['answer']!r}" + (" ✓" if entry[row].get("right") else "")
+                 for row in ("receiver", "skyline", "translator", "control") if row in entry]
+        cells += [f"{row} {entry[row]['answer']!r} ({entry[row]['outcome']})" for row in ("skyline_swap", "translator_swap") if row in entry]
+        lines.append(f"preset {entry['preset']}: " + "; ".join(cells))
     return "\n".join(lines)
+
+
+def format_swap(swap: dict) -> list[str]:
+    if not swap:
+        return []
+    cells = [f"{row} {v['followed']}/{v['n']} [{v['ci95'][0]:.2f}, {v['ci95'][1]:.2f}]" for row, v in swap["rows"].items()]
+    tail = f"; translator {swap['follow_vs_skyline']:.1%} of Skyline's" if swap.get("follow_vs_skyline") is not None else ""
+    return [f"  swapped fact, follow rate: {', '.join(cells)}{tail}"]
 
 
 def measured_summary(report: dict) -> dict:
     """The numbers kept beside a shipped translator (``measured.json``; the handoff's note reads
-    ``communication_gain``): per set the rows' answer rates and NLL, the gap closed, the gain."""
+    ``communication_gain``): per set the rows' answer rates and NLL, the gap closed, the gain, the
+    follow rates and the who-is-where breakdown; the presets' answers."""
+    keys = ("nll_gap_closed", "answer_rate_vs_skyline", "communication", "control_within_receiver_interval",
+            "control_minus_receiver_nll", "checks", "swap", "by_people")
     sets = {}
     for name, summary in report.items():
         if not isinstance(summary, dict) or "rows" not in summary:
             continue
         sets[name] = {
             "rows": {row: {k: v[k] for k in ("contains", "n", "ci95", "nll")} for row, v in summary["rows"].items()},
-            **{k: summary[k] for k in ("nll_gap_closed", "answer_rate_vs_skyline", "communication",
-                                        "control_within_receiver_interval", "checks") if k in summary},
+            **{k: summary[k] for k in keys if k in summary},
         }
-    first = next((n for n in ("recall", "countries") if "communication" in sets.get(n, {})), None)
+    first = next((n for n in ("recall", "countries", "whereabouts") if "communication" in sets.get(n, {})), None)
     out = {"command": report.get("command"), "sets": sets}
+    if report.get("presets"):
+        out["presets"] = report["presets"]
     if first:
         c = sets[first]["communication"]
         out["set"] = first
@@ -247,6 +398,10 @@ def configure_parser(parser) -> None:
     parser.add_argument("--translator", default="", help="translator folder (default: the pair's shipped one)")
     parser.add_argument("--recall", type=int, default=100, help="held-out recall records (0: skip)")
     parser.add_argument("--countries", type=int, default=100, help="Countries records, context private to the sharer (0: skip)")
+    parser.add_argument("--whereabouts", type=int, default=120,
+                        help="held-out who-is-where records: 1-3 people per note at held-out landmarks (0: skip)")
+    parser.add_argument("--no-swap", action="store_true", help="leave out the swapped-fact rows")
+    parser.add_argument("--no-presets", action="store_true", help="leave out the page's presets")
     parser.add_argument("--rows", default=",".join(ROWS),
                         help="rows to run (e.g. translator,control to compare translators on the same records; the "
                              "receiver and Skyline rows do not depend on the translator)")
@@ -274,8 +429,10 @@ def main(args) -> int:
     if unknown:
         raise ValueError(f"unknown rows {sorted(unknown)}; choose from {', '.join(ROWS)}")
     started = time.perf_counter()
-    report = evaluate(pair, translator, heldout_sets(args.recall, args.countries, args.seed), rows, args.seed, args.max_new_tokens, log,
-                      checks=args.checks)
+    sets = heldout_sets(args.recall, args.countries, args.seed, args.whereabouts)
+    report = evaluate(pair, translator, sets, rows, args.seed, args.max_new_tokens, log, checks=args.checks, swap=not args.no_swap)
+    if not args.no_presets:
+        report["presets"] = run_presets(pair, translator, max_new_tokens=args.max_new_tokens)
     report["translator"] = str(folder)
     report["training"] = translator.config.training
     report["seconds"] = time.perf_counter() - started
