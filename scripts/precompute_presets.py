@@ -2,6 +2,8 @@
 
     python scripts/precompute_presets.py            # presets + sweep on the embedded pair
     python scripts/precompute_presets.py --no-sweep # presets only (about a minute on a CPU)
+    python scripts/precompute_presets.py --no-sweep --only c2c_translate,c2c_translate_control
+                                                    # re-run these columns only; the others keep theirs
 
 Writes assets/precomputed/presets.json (every page column of the registry, shown or not at first,
 and each preset's extra ``runs``; assets/presets.toml) and assets/precomputed/sweep.json, then says
@@ -82,6 +84,32 @@ def compact_dumps(data: dict) -> str:
     return text
 
 
+def update_columns(pair, names: list[str], max_new_tokens: int) -> int:
+    """Re-run ``names`` on every preset (and each stored run that holds one of them) and replace their
+    results in assets/precomputed/presets.json, the other columns' results kept as they are."""
+    out = json.loads(PRECOMPUTED_PATH.read_text(encoding="utf-8"))
+    warm_up(pair, names)
+    for preset in PRESETS:
+        entry = out["presets"][preset.key]
+        fresh = precomputed_run(pair, preset.key, preset.query, preset.context, max_new_tokens, names,
+                                inspect={"gold": preset.answers[0] if preset.answers else None},
+                                swap=preset.swap, gold=list(preset.answers))
+        replaced = {result["handoff"]: result for result in fresh["results"]}
+        entry["results"] = [replaced.get(result["handoff"], result) for result in entry["results"]]
+        entry["results"] += [result for name, result in replaced.items() if name not in {r["handoff"] for r in entry["results"]}]
+        for run in preset.runs:
+            if set(run.handoffs) & set(names):
+                entry["runs"][run.label] = precomputed_run(pair, f"{preset.key}+", preset.query, preset.context, max_new_tokens,
+                                                           list(run.handoffs), run.options)
+    out["updated"] = f"{', '.join(names)} re-run {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"
+    PRECOMPUTED_PATH.write_text(compact_dumps(out) + "\n", encoding="utf-8")
+    print(f"updated {', '.join(names)} in {PRECOMPUTED_PATH.relative_to(ROOT)}")
+    broken = [failure for preset in PRESETS for failure in failures(preset, out["presets"][preset.key])]
+    print("every preset's lesson holds in these results" if not broken else
+          "LESSONS THAT NO LONGER HOLD (fix the preset in assets/presets.toml or its lesson):\n  " + "\n  ".join(broken))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="embedded")
@@ -89,6 +117,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-sweep", action="store_true")
     parser.add_argument("--sweep-only", action="store_true")
     parser.add_argument("--sweep-tokens", type=int, default=12)
+    parser.add_argument("--only", default=None,
+                        help="re-run only these columns (comma-separated) on every preset and put their results into the "
+                             "existing file; the other columns keep theirs (e.g. after a handoff's checkpoint changes)")
     parser.add_argument("--sweep-series", default=None,
                         help="values of the sweep's series option, comma-separated (default: all it offers)")
     args = parser.parse_args(argv)
@@ -96,6 +127,8 @@ def main(argv=None) -> int:
     pair = load_pair(args.pair, progress=lambda message: print(message, file=sys.stderr))
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.machine()} CPU" if str(pair.receiver.device) == "cpu" else str(pair.receiver.device)
+    if args.only and not args.sweep_only:
+        return update_columns(pair, [name.strip() for name in args.only.split(",") if name.strip()], args.max_new_tokens)
     if not args.sweep_only:
         # "timed": each handoff ran by itself on a warm process, so its time is its own cost (the
         # page says "alone"; a live run's columns share the CPU, kvviz.app.present.time_text)
