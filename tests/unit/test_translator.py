@@ -417,3 +417,24 @@ def test_the_batched_decode_step_keeps_the_translated_tokens_weights(mixed_tiny_
         ours = step.step([twin(state.prefix_bias)], [7])[0]
     assert torch.allclose(ours, theirs, atol=1e-4)
     assert not torch.allclose(unbiased, theirs, atol=1e-3)  # the biases matter here
+
+
+def test_the_card_says_what_the_translator_carried_from_its_measured_numbers():
+    """The translation column's notes read measured.json: per held-out set the translator's right
+    answers beside Skyline's and its control's, and its follow rate on a swapped fact beside
+    Skyline's; a set measured without Skyline says nothing it cannot compare."""
+    from kvviz.app.methods.translate import carried
+
+    row = lambda hits: {"contains": hits, "n": 100, "ci95": [0.0, 1.0], "nll": 1.0}  # noqa: E731
+    measured = {"sets": {
+        "whereabouts": {"rows": {"receiver": row(2), "skyline": row(48), "translator": row(21), "control": row(3)},
+                        "swap": {"records": 90, "rows": {"translator": {"followed": 9, "n": 90}, "skyline": {"followed": 30, "n": 90}}}},
+        "recall": {"rows": {"translator": row(41), "control": row(1)}},
+    }}
+    lines = carried(measured)
+    assert len(lines) == 1
+    assert "right 21/100, Skyline 48/100, its control 3/100" in lines[0]
+    assert "follows the swap 9/90 (Skyline 30/90)" in lines[0]
+    del measured["sets"]["whereabouts"]["swap"]
+    assert "swap" not in carried(measured)[0]
+    assert carried({}) == []

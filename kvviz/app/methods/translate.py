@@ -77,6 +77,32 @@ def notes(result: dict) -> list[str]:
         low, high = gain["ci95"]
         lines.append(f"held-out communication gain ({measured.get('set', '?')}, n = {gain.get('n', '?')}): {gain['value']:+.3f} "
                      f"nats/token, 95% CI [{low:+.3f}, {high:+.3f}] (NLL with another record's context minus with the right one)")
+    lines += carried(measured)
+    return lines
+
+
+SET_WORDS = {"recall": "a name, number or code the note states",
+             "countries": "a landmark's country (the note names the landmark)",
+             "whereabouts": "where a person is (the note names a landmark, the answer is its country)"}
+
+
+def carried(measured: dict) -> list[str]:
+    """What the shipped translator carries and what it does not, as eval-translator measured it on
+    held-out notes: per set its answer rate beside Skyline's (the receiver reading the note) and its
+    control's, and how often it follows a swapped fact beside Skyline."""
+    lines = []
+    for name, summary in (measured.get("sets") or {}).items():
+        rows = summary.get("rows") or {}
+        if not {"translator", "skyline", "control"} <= set(rows):
+            continue
+        count = lambda row: f"{rows[row]['contains']}/{rows[row]['n']}"  # noqa: E731
+        line = (f"held-out {name} ({SET_WORDS.get(name, name)}): right {count('translator')}, "
+                f"Skyline {count('skyline')}, its control {count('control')}")
+        follow = (summary.get("swap") or {}).get("rows") or {}
+        if {"translator", "skyline"} <= set(follow):
+            line += (f"; with the fact swapped in the note it follows the swap {follow['translator']['followed']}/"
+                     f"{follow['translator']['n']} (Skyline {follow['skyline']['followed']}/{follow['skyline']['n']})")
+        lines.append(line)
     return lines
 
 
@@ -91,7 +117,9 @@ PAGES = (
             "its question after those translated tokens, as if it had read the note itself. The receiver never "
             "sees the note's words: what crosses is the sharer's KV cache. A gate per receiver layer says whether "
             "that layer takes the translated note at all (closed: the layer reads the question as the receiver "
-            "alone does), and a weight per translated token how much attention it may get."
+            "alone does), and a weight per translated token how much attention it may get. Under the answer: "
+            "what it carried on held-out notes (right answers beside Skyline's and its control's, and how often it "
+            "followed a swapped fact), as eval-translator measured the shipped translator."
         ),
         figure=gates_figure,
         notes=notes,
