@@ -3,7 +3,8 @@
     python research/translator_tables.py --report old=runs/eval/old.json --report new=runs/eval/new.json \\
         [--legs runs/translator/legs-B/legs.jsonl]
 
-Prints, as Markdown: per held-out set every row's answers (95% Wilson interval) and NLL for each
+The first report must have every row; a later one run with ``--rows translator,control`` on the same
+records borrows its receiver and Skyline rows. Prints, as Markdown: per held-out set every row's answers (95% Wilson interval) and NLL for each
 report (the receiver alone and Skyline once: they do not depend on the translator); the follow
 rates on the swapped fact; who-is-where by people per note (the binding test); the presets; the
 issue's targets read from the last report (met or missed); and, with ``--legs``, each training
@@ -140,6 +141,31 @@ def legs_table(path: Path) -> list[str]:
     return lines
 
 
+def complete(report: dict, base: dict) -> dict:
+    """A report run with ``--rows translator,control`` (the receiver and Skyline do not depend on the
+    translator) completed from ``base``, a full report on the same records: their rows, Skyline's
+    swap and by-people entries, and the shares of Skyline's and the receiver's interval recomputed."""
+    for name, summary in report.items():
+        if not isinstance(summary, dict) or "rows" not in summary or "skyline" in summary["rows"]:
+            continue
+        full = base.get(name) or {}
+        if [full["rows"][r]["n"] for r in ("receiver", "skyline")] != [summary["rows"]["translator"]["n"]] * 2:
+            raise SystemExit(f"{name}: the base report has other records; run both on the same sets")
+        rows = summary["rows"] = {**{r: full["rows"][r] for r in ("receiver", "skyline")}, **summary["rows"]}
+        gap = rows["receiver"]["nll"] - rows["skyline"]["nll"]
+        summary["nll_gap_closed"] = (rows["receiver"]["nll"] - rows["translator"]["nll"]) / gap if gap > 0 else None
+        summary["answer_rate_vs_skyline"] = rows["translator"]["rate"] / rows["skyline"]["rate"] if rows["skyline"]["rate"] else None
+        low, high = rows["receiver"]["ci95"]
+        summary["control_within_receiver_interval"] = low <= rows["control"]["rate"] <= high
+        if summary.get("swap") and full.get("swap"):
+            summary["swap"]["rows"] = {**{r: full["swap"]["rows"][r] for r in ("receiver", "skyline")}, **summary["swap"]["rows"]}
+            skyline = full["swap"]["rows"]["skyline"]["rate"]
+            summary["swap"]["follow_vs_skyline"] = summary["swap"]["rows"]["translator"]["rate"] / skyline if skyline else None
+        for people, entry in (summary.get("by_people") or {}).items():
+            summary["by_people"][people] = {**{r: full["by_people"][people][r] for r in ("receiver", "skyline")}, **entry}
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--report", action="append", required=True, help="LABEL=PATH of an eval-translator --out report")
@@ -149,6 +175,8 @@ def main() -> int:
     for item in args.report:
         label, _, path = item.partition("=")
         reports[label] = json.loads(Path(path).read_text())
+    base = next(iter(reports.values()))
+    reports = {label: complete(report, base) for label, report in reports.items()}
     blocks = [("Answers", answers_table(reports)), ("Swapped fact: follow rate", swap_table(reports)),
               ("Who is where by people per note", people_table(reports)), ("Presets", presets_table(reports)),
               (f"Targets ({list(reports)[-1]})", targets(reports[list(reports)[-1]]))]
