@@ -117,8 +117,11 @@ def targets(report: dict) -> list[str]:
     for name in ("recall", "countries", "whereabouts"):
         if name in report and "control_within_receiver_interval" in report[name]:
             met = report[name]["control_within_receiver_interval"]
+            other = report[name].get("control_other_note")
+            why = (f"; the control gives the other note's answer on {other['names_the_other_notes_answer']}/{other['of']}"
+                   if other else "")
             lines.append(f"| {name}: control within the receiver alone's interval | "
-                         f"{cell(report[name]['rows']['control'])} vs {cell(report[name]['rows']['receiver'])} | "
+                         f"{cell(report[name]['rows']['control'])} vs {cell(report[name]['rows']['receiver'])}{why} | "
                          f"{'**met**' if met else '**missed**'} |")
     return lines
 

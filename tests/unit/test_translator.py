@@ -286,6 +286,23 @@ def test_the_evaluator_measures_every_row_and_its_checks_hold(mixed_tiny_pair, o
     assert "communication gain" in translator_eval.format_report(only)
 
 
+def test_the_evaluator_counts_a_control_that_answers_with_the_other_note():
+    """The control reads another record's note (its partner): an answer naming the partner's answer,
+    and not its own, is counted as the other note crossing."""
+    from kvviz.data.record import Record
+    from kvviz.studies.c2c import translator_eval
+
+    records = [Record(id=str(i), question="Where?", context=f"note {i}", answers=[country], choices=None,
+                      answer_index=None, source="test", response=country, meta={})
+               for i, country in enumerate(["France", "Japan", "Peru"])]
+    partner = translator_eval.partners(records, seed=0)
+    assert all(partner[i] != i for i in range(3))
+    control = [(f"In {records[partner[i]].answers[0]}.", 1.0, 1) for i in range(2)] + [("Nowhere", 1.0, 1)]
+    assert translator_eval.control_follows_other({"control": control}, records, seed=0) == {
+        "names_the_other_notes_answer": 2, "of": 3}
+    assert translator_eval.control_follows_other({"translator": control}, records, seed=0) is None
+
+
 def test_the_evaluator_adds_the_swapped_fact_the_binding_breakdown_and_the_presets(mixed_tiny_pair, one_thread):
     """Follow rates beside the receiver alone and the control (which never read the swapped note: the
     chance floor), who-is-where by people per note, and the presets with another preset's note."""

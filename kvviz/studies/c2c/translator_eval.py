@@ -26,7 +26,8 @@ answer's NLL (nats per token, teacher-forced after the question):
 Reported per set: answer contained (95% Wilson interval), mean gold NLL, the share of the
 receiver-to-Skyline NLL gap the translator closes, the communication gain NLL(control) -
 NLL(translator) with a seeded bootstrap 95% interval, how often the right context lowers the NLL
-against the control (with a two-sided sign test), follow rates with Wilson intervals, and on
+against the control (with a two-sided sign test), how often the control answers with the other
+record's answer (its note crossing: why a control can fall below the receiver alone), follow rates with Wilson intervals, and on
 who-is-where the answer rate by the number of people in the note (two or three: the *binding*
 test) with how often an answer names another person's country or the landmark itself. The page's
 private presets (``assets/presets.toml``) run too: each preset's note, another preset's note (the
@@ -260,6 +261,8 @@ def evaluate(pair, translator, sets: dict, rows=ROWS, seed: int = 0, max_new_tok
         swaps = swaps_for(name, records, seed) if swap and name in SWAPPERS else {}
         results, swapped, checked = run_set(runner, name, records, rows, swaps, seed, checks, progress)
         summary = summarise(results, records, seed)
+        if (other := control_follows_other(results, records, seed)) is not None:
+            summary["control_other_note"] = other
         if swaps:
             summary["swap"] = swap_summary(results, swapped, records, swaps)
         if name == "whereabouts":
@@ -280,10 +283,27 @@ def evaluate(pair, translator, sets: dict, rows=ROWS, seed: int = 0, max_new_tok
     return report
 
 
+def partners(records, seed: int) -> list[int]:
+    """The record whose note each record's control reads (a seeded derangement, never the same note)."""
+    return derangement(len(records), seed, same=lambda i, j: records[i].context == records[j].context)
+
+
+def control_follows_other(rows: dict, records, seed: int) -> dict | None:
+    """How often the control (the translator fed another record's note) answers with *that* record's
+    answer and not its own: a control below the receiver alone is then the other note crossing, as
+    Skyline reading the wrong note would, not the channel breaking the receiver."""
+    if "control" not in rows:
+        return None
+    partner = partners(records, seed)
+    hits = sum(contains_answer(text, records[partner[i]].answers) and not contains_answer(text, records[i].answers)
+               for i, (text, _, _) in enumerate(rows["control"]))
+    return {"names_the_other_notes_answer": hits, "of": len(records)}
+
+
 def run_set(runner, name: str, records, rows, swaps: dict, seed: int, checks: int, progress):
     """(results per row, results per swap row (None where a record has no swap), check rows): each a
     list of (answer, summed gold NLL, gold tokens) per record."""
-    partner = derangement(len(records), seed, same=lambda i, j: records[i].context == records[j].context)
+    partner = partners(records, seed)
     measured = [row for row in rows if row not in CHECKS]
     results = {row: [] for row in measured}
     swapped = {row: [] for row in SWAP_ROWS if row in measured} if swaps else {}
@@ -344,6 +364,9 @@ def format_report(report: dict) -> str:
                          f"right context lower on {c['right_context_lower_nll']}/{c['of']} (sign test p = {c['sign_test_p']:.2g})")
             if "control_within_receiver_interval" in summary:
                 lines.append(f"  control within the receiver's interval: {summary['control_within_receiver_interval']}")
+        if "control_other_note" in summary:
+            other = summary["control_other_note"]
+            lines.append(f"  the control answers with the other note's answer on {other['names_the_other_notes_answer']}/{other['of']}")
         lines += format_swap(summary.get("swap") or {})
         for people, entry in (summary.get("by_people") or {}).items():
             lines.append(f"  {people} people: " + ", ".join(
@@ -373,7 +396,7 @@ def measured_summary(report: dict) -> dict:
     ``communication_gain``): per set the rows' answer rates and NLL, the gap closed, the gain, the
     follow rates and the who-is-where breakdown; the presets' answers."""
     keys = ("nll_gap_closed", "answer_rate_vs_skyline", "communication", "control_within_receiver_interval",
-            "control_minus_receiver_nll", "checks", "swap", "by_people")
+            "control_minus_receiver_nll", "control_other_note", "checks", "swap", "by_people")
     sets = {}
     for name, summary in report.items():
         if not isinstance(summary, dict) or "rows" not in summary:
