@@ -81,9 +81,9 @@ def notes(result: dict) -> list[str]:
     return lines
 
 
-SET_WORDS = {"recall": "a name, number or code the note states",
-             "countries": "a landmark's country (the note names the landmark)",
-             "whereabouts": "where a person is (the note names a landmark, the answer is its country)"}
+SET_LABELS = {"recall": "recall (a name, number or code the note states)",
+              "countries": "Countries (a landmark's country; the note names only the landmark)",
+              "whereabouts": "who is where (a person's country; the note names only a landmark)"}
 
 
 def carried(measured: dict) -> list[str]:
@@ -96,7 +96,7 @@ def carried(measured: dict) -> list[str]:
         if not {"translator", "skyline", "control"} <= set(rows):
             continue
         count = lambda row: f"{rows[row]['contains']}/{rows[row]['n']}"  # noqa: E731
-        line = (f"held-out {name} ({SET_WORDS.get(name, name)}): right {count('translator')}, "
+        line = (f"held-out {SET_LABELS.get(name, name)}: right {count('translator')}, "
                 f"Skyline {count('skyline')}, its control {count('control')}")
         follow = (summary.get("swap") or {}).get("rows") or {}
         if {"translator", "skyline"} <= set(follow):
