@@ -30,7 +30,8 @@ def follow_cell(row: dict) -> str:
 
 def answers_table(reports: dict) -> list[str]:
     first = next(iter(reports.values()))
-    sets = [name for name, summary in first.items() if isinstance(summary, dict) and "rows" in summary]
+    sets = [name for name, summary in first.items() if isinstance(summary, dict) and "rows" in summary
+            and all(name in report for report in reports.values())]  # the sets every report measured
     lines = ["| row | " + " | ".join(f"{name}: contained | {name} NLL" for name in sets) + " |",
              "|---|" + "---|---|" * len(sets)]
     for label, report in reports.items():
@@ -66,8 +67,9 @@ def swap_table(reports: dict) -> list[str]:
         if not isinstance(summary, dict) or not summary.get("swap"):
             continue
         base = summary["swap"]["rows"]
-        translators = [follow_cell(r[name]["swap"]["rows"]["translator"]) for r in reports.values()]
-        shares = [f"{r[name]['swap'].get('follow_vs_skyline') or 0:.1%}" for r in reports.values()]
+        swaps = [(r.get(name) or {}).get("swap") or {} for r in reports.values()]
+        translators = [follow_cell(sw["rows"]["translator"]) if "translator" in sw.get("rows", {}) else "" for sw in swaps]
+        shares = [f"{sw['follow_vs_skyline']:.1%}" if sw.get("follow_vs_skyline") is not None else "" for sw in swaps]
         lines.append(f"| {name} | {follow_cell(base['receiver'])} | {follow_cell(base['control'])} | {follow_cell(base['skyline'])} | "
                      + " | ".join(translators) + " | " + " | ".join(shares) + " |")
     return lines
@@ -79,8 +81,9 @@ def people_table(reports: dict) -> list[str]:
              "|---|---|---|" + "---|" * (2 * len(reports))]
     first = next(iter(reports.values())).get("whereabouts", {}).get("by_people", {})
     for people, entry in first.items():
-        translators = [cell(r["whereabouts"]["by_people"][people]["translator"]) for r in reports.values()]
-        others = [str(r["whereabouts"]["by_people"][people]["translator"]["other_persons_country"]) for r in reports.values()]
+        theirs = [((r.get("whereabouts") or {}).get("by_people") or {}).get(people, {}).get("translator") for r in reports.values()]
+        translators = [cell(t) if t else "" for t in theirs]
+        others = [str(t["other_persons_country"]) if t else "" for t in theirs]
         lines.append(f"| {people} | {cell(entry['receiver'])} | {cell(entry['skyline'])} | " + " | ".join(translators)
                      + " | " + " | ".join(others) + " |")
     return lines
@@ -144,6 +147,15 @@ def legs_table(path: Path) -> list[str]:
     return lines
 
 
+def same_records(summary: dict, full: dict) -> bool:
+    """Whether two reports' summaries of a set ran on the same records: as many, and the same first
+    records (each report keeps its first few as ``examples``)."""
+    def first(entry):
+        return [(e.get("context"), e.get("question"), e.get("gold")) for e in entry.get("examples") or []]
+    return (full["rows"]["receiver"]["n"] == summary["rows"]["translator"]["n"]
+            and first(summary)[:len(first(full))] == first(full)[:len(first(summary))])
+
+
 def complete(report: dict, base: dict) -> dict:
     """A report run with ``--rows translator,control`` (the receiver and Skyline do not depend on the
     translator) completed from ``base``, a full report on the same records: their rows, Skyline's
@@ -152,8 +164,12 @@ def complete(report: dict, base: dict) -> dict:
         if not isinstance(summary, dict) or "rows" not in summary or "skyline" in summary["rows"]:
             continue
         full = base.get(name) or {}
-        if [full["rows"][r]["n"] for r in ("receiver", "skyline")] != [summary["rows"]["translator"]["n"]] * 2:
-            raise SystemExit(f"{name}: the base report has other records; run both on the same sets")
+        if not {"receiver", "skyline"} <= set(full.get("rows") or {}):
+            raise SystemExit(f"{name}: the first report has no receiver and Skyline rows to borrow; put a full report first")
+        if not {"translator", "control"} <= set(summary["rows"]):
+            raise SystemExit(f"{name}: a partial report needs the translator and control rows")
+        if not same_records(summary, full):
+            raise SystemExit(f"{name}: the first report ran on other records; run both with the same sizes and --seed")
         rows = summary["rows"] = {**{r: full["rows"][r] for r in ("receiver", "skyline")}, **summary["rows"]}
         gap = rows["receiver"]["nll"] - rows["skyline"]["nll"]
         summary["nll_gap_closed"] = (rows["receiver"]["nll"] - rows["translator"]["nll"]) / gap if gap > 0 else None
@@ -165,7 +181,8 @@ def complete(report: dict, base: dict) -> dict:
             skyline = full["swap"]["rows"]["skyline"]["rate"]
             summary["swap"]["follow_vs_skyline"] = summary["swap"]["rows"]["translator"]["rate"] / skyline if skyline else None
         for people, entry in (summary.get("by_people") or {}).items():
-            summary["by_people"][people] = {**{r: full["by_people"][people][r] for r in ("receiver", "skyline")}, **entry}
+            borrowed = (full.get("by_people") or {}).get(people) or {}
+            summary["by_people"][people] = {**{r: borrowed[r] for r in ("receiver", "skyline") if r in borrowed}, **entry}
     return report
 
 
