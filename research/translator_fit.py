@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvviz.handoffs.translate import translator as tr  # noqa: E402
+from kvviz.runtime.models import prepared_facts  # noqa: E402
 
 LAMBDAS = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 
@@ -220,20 +221,6 @@ def stats_command(args) -> int:
     return 0
 
 
-def embedded_facts():
-    """(sharer facts, receiver facts, sharer tokenizer) of the embedded pair, without loading weights."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from kvviz.runtime.models import converted_dir, facts_from_config
-
-    out = []
-    for key in ("smollm2-135m", "gemma3-270m"):
-        folder = str(converted_dir(key))
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        out.append((facts_from_config(key, AutoConfig.from_pretrained(folder), tokenizer), tokenizer))
-    return out[0][0], out[1][0], out[0][1]
-
-
 def pilot_stats(raw_dir: Path, layers, neighbours: int, tokens: int = 25000) -> tuple[tr.RidgeStats, dict]:
     """The pilot's sums (``pilot``'s superset) cut to one feature layout."""
     probe = Raw(raw_dir / "pilot.safetensors")
@@ -259,7 +246,7 @@ def fit(args) -> int:
     raw_dir = Path(args.raw)
     held = {name: Raw(raw_dir / f"{name}.safetensors", rows=args.heldout_tokens) for name in ("check", "unseen")}
     cols = held["check"].columns(layers, neighbours, True)
-    sharer_facts, receiver_facts, sharer_tokenizer = embedded_facts()
+    (sharer_facts, sharer_tokenizer), (receiver_facts, _) = prepared_facts("smollm2-135m"), prepared_facts("gemma3-270m")
     facts = (model_fingerprint(sharer_facts), model_fingerprint(receiver_facts))
     layers_r = receiver_facts.num_layers
     out = Path(args.out)

@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvviz.handoffs.translate import translator as tr  # noqa: E402
+from kvviz.runtime.models import prepared_facts  # noqa: E402
 
 SHIPPED_LAYERS = (0, 2, 3, 4, 6, 8, 9, 10, 12, 14, 15, 16, 18, 20, 21, 22, 24, 26, 27, 28, 29)
 LAMBDAS = (0.01, 0.03, 0.1, 0.3)
@@ -206,7 +207,7 @@ def fit(args) -> int:
     stats = tr.RidgeStats.load(layers_dir / "sums.safetensors")
     probe = Raw(raw_dir / "check.safetensors", rows=1)
     stats = stats.subset(layer_columns(probe.per, union, total_layers=probe.layers))
-    sharer_facts, receiver_facts, sharer_tokenizer = embedded_facts()
+    (sharer_facts, sharer_tokenizer), (receiver_facts, _) = prepared_facts("smollm2-135m"), prepared_facts("gemma3-270m")
     config = tr.TranslatorConfig(sharer=model_fingerprint(sharer_facts), receiver=model_fingerprint(receiver_facts), pair="embedded",
                                  sharer_layers=union, sources=sources, sharer_start=tr.sharer_start_token(sharer_tokenizer))
     held = {}
@@ -229,20 +230,6 @@ def fit(args) -> int:
     log(f"saved {out}: lambda {lam}, {translator.num_parameters:,} parameters, "
         f"{translator.num_parameters * 2 / 1e6:.1f} MB in float16")
     return 0
-
-
-def embedded_facts():
-    """(sharer facts, receiver facts, sharer tokenizer) of the embedded pair, without loading weights."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from kvviz.runtime.models import converted_dir, facts_from_config
-
-    out = []
-    for key in ("smollm2-135m", "gemma3-270m"):
-        folder = str(converted_dir(key))
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        out.append((facts_from_config(key, AutoConfig.from_pretrained(folder), tokenizer), tokenizer))
-    return out[0][0], out[1][0], out[0][1]
 
 
 def main() -> int:

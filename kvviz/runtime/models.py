@@ -510,9 +510,19 @@ def register_loaded(loaded: LoadedModel, device: str = "cpu", dtype=torch.float3
         _loaded[(loaded.name, device, dtype)] = loaded
 
 
+def prepared_facts(key: str):
+    """(facts, tokenizer) of a prepared embedded model (``python -m kvviz prepare``), read from its
+    config and tokenizer without loading its weights."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = converted_dir(key)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return facts_from_config(key, AutoConfig.from_pretrained(folder), tokenizer), tokenizer
+
+
 def describe_model(name: str) -> dict:
     """Facts for the registry listing without loading weights (reads config.json when prepared)."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     row: dict = {"model": name}
     spec = EMBEDDED_MODELS.get(name)
@@ -524,11 +534,8 @@ def describe_model(name: str) -> dict:
         if not is_prepared(name):
             row["status"] = "not prepared (python -m kvviz prepare)"
             return row
-        folder = converted_dir(name)
-        config = AutoConfig.from_pretrained(folder)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        row["status"] = f"prepared in {folder}"
-        row.update(facts_from_config(name, config, tokenizer).to_dict())
+        row["status"] = f"prepared in {converted_dir(name)}"
+        row.update(prepared_facts(name)[0].to_dict())
         return row
     row.setdefault("source", "hub or local folder")
     try:
