@@ -84,6 +84,29 @@ def compact_dumps(data: dict) -> str:
     return text
 
 
+def preset_run(pair, preset, names: list[str], max_new_tokens: int) -> dict:
+    """``names`` on a preset's question as the page opens it: what crossed, the gold, its swap."""
+    return precomputed_run(pair, preset.key, preset.query, preset.context, max_new_tokens, names,
+                           inspect={"gold": preset.answers[0] if preset.answers else None},
+                           swap=preset.swap, gold=list(preset.answers))
+
+
+def stored_run(pair, preset, run, max_new_tokens: int) -> dict:
+    """One of a preset's extra ``runs`` (another setting of some columns)."""
+    return precomputed_run(pair, f"{preset.key}+", preset.query, preset.context, max_new_tokens,
+                           list(run.handoffs), run.options)
+
+
+def write_and_check(out: dict, said: str) -> None:
+    """Writes the presets file, then says whether every preset's lesson still holds in it."""
+    PRECOMPUTED_PATH.parent.mkdir(parents=True, exist_ok=True)
+    PRECOMPUTED_PATH.write_text(compact_dumps(out) + "\n", encoding="utf-8")
+    print(f"{said} {PRECOMPUTED_PATH.relative_to(ROOT)}")
+    broken = [failure for preset in PRESETS for failure in failures(preset, out["presets"][preset.key])]
+    print("every preset's lesson holds in these results" if not broken else
+          "LESSONS THAT NO LONGER HOLD (fix the preset in assets/presets.toml or its lesson):\n  " + "\n  ".join(broken))
+
+
 def update_columns(pair, names: list[str], max_new_tokens: int) -> int:
     """Re-run ``names`` on every preset (and each stored run that holds one of them) and replace their
     results in assets/precomputed/presets.json, the other columns' results kept as they are."""
@@ -91,22 +114,15 @@ def update_columns(pair, names: list[str], max_new_tokens: int) -> int:
     warm_up(pair, names)
     for preset in PRESETS:
         entry = out["presets"][preset.key]
-        fresh = precomputed_run(pair, preset.key, preset.query, preset.context, max_new_tokens, names,
-                                inspect={"gold": preset.answers[0] if preset.answers else None},
-                                swap=preset.swap, gold=list(preset.answers))
+        fresh = preset_run(pair, preset, names, max_new_tokens)
         replaced = {result["handoff"]: result for result in fresh["results"]}
         entry["results"] = [replaced.get(result["handoff"], result) for result in entry["results"]]
         entry["results"] += [result for name, result in replaced.items() if name not in {r["handoff"] for r in entry["results"]}]
         for run in preset.runs:
             if set(run.handoffs) & set(names):
-                entry["runs"][run.label] = precomputed_run(pair, f"{preset.key}+", preset.query, preset.context, max_new_tokens,
-                                                           list(run.handoffs), run.options)
+                entry["runs"][run.label] = stored_run(pair, preset, run, max_new_tokens)
     out["updated"] = f"{', '.join(names)} re-run {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"
-    PRECOMPUTED_PATH.write_text(compact_dumps(out) + "\n", encoding="utf-8")
-    print(f"updated {', '.join(names)} in {PRECOMPUTED_PATH.relative_to(ROOT)}")
-    broken = [failure for preset in PRESETS for failure in failures(preset, out["presets"][preset.key])]
-    print("every preset's lesson holds in these results" if not broken else
-          "LESSONS THAT NO LONGER HOLD (fix the preset in assets/presets.toml or its lesson):\n  " + "\n  ".join(broken))
+    write_and_check(out, f"updated {', '.join(names)} in")
     return 0
 
 
@@ -136,22 +152,10 @@ def main(argv=None) -> int:
                "max_new_tokens": args.max_new_tokens, "presets": {}}
         warm_up(pair, column_names())
         for preset in PRESETS:
-            entry = precomputed_run(pair, preset.key, preset.query, preset.context, args.max_new_tokens,
-                                    column_names(),
-                                    inspect={"gold": preset.answers[0] if preset.answers else None},
-                                    swap=preset.swap, gold=list(preset.answers))
-            entry["runs"] = {
-                run.label: precomputed_run(pair, f"{preset.key}+", preset.query, preset.context, args.max_new_tokens,
-                                           list(run.handoffs), run.options)
-                for run in preset.runs
-            }
+            entry = preset_run(pair, preset, column_names(), args.max_new_tokens)
+            entry["runs"] = {run.label: stored_run(pair, preset, run, args.max_new_tokens) for run in preset.runs}
             out["presets"][preset.key] = entry
-        PRECOMPUTED_PATH.parent.mkdir(parents=True, exist_ok=True)
-        PRECOMPUTED_PATH.write_text(compact_dumps(out) + "\n", encoding="utf-8")
-        print(f"wrote {PRECOMPUTED_PATH.relative_to(ROOT)}")
-        broken = [failure for preset in PRESETS for failure in failures(preset, out["presets"][preset.key])]
-        print("every preset's lesson holds in these results" if not broken else
-              "LESSONS THAT NO LONGER HOLD (fix the preset in assets/presets.toml or its lesson):\n  " + "\n  ".join(broken))
+        write_and_check(out, "wrote")
     if not args.no_sweep:
         swept = default_handoff().sweep
         series = [s.strip() for s in args.sweep_series.split(",") if s.strip()] if args.sweep_series else list(swept.series_values)
