@@ -334,21 +334,22 @@ class KVTranslator(nn.Module):
 
     def standardised(self, x: torch.Tensor) -> torch.Tensor:
         """The map's z-scored outputs [T, O] (before de-standardising)."""
-        code = self.code(x.to(self.up.dtype))
+        return self.project(self.code(x.to(self.up.dtype)))
+
+    def project(self, code: torch.Tensor) -> torch.Tensor:
+        """``code``'s z-scored outputs [T, O]."""
         if self.routed:
-            return torch.einsum("tlf,lfo->tlo", code, self.up).reshape(x.shape[0], -1)
+            return torch.einsum("tlf,lfo->tlo", code, self.up).reshape(code.shape[0], -1)
         return code @ self.up
 
     def forward(self, x: torch.Tensor):
         """x [T, F] -> (keys [L, H, T, D] position-free, values [L, H, T, D], weights [L, T])."""
         code = self.code(x.to(self.up.dtype))
         if self.routed:
-            y = torch.einsum("tlf,lfo->tlo", code, self.up).reshape(x.shape[0], -1)
             logits = torch.einsum("tlf,lf->lt", code, self.weight_proj)
         else:
-            y = code @ self.up
             logits = (code @ self.weight_proj).transpose(0, 1)
-        y = y * self.y_scale + self.y_mean
+        y = self.project(code) * self.y_scale + self.y_mean
         layers, heads, dim = self.config.receiver["num_layers"], self.config.receiver["num_kv_heads"], self.config.receiver["head_dim"]
         y = y.reshape(x.shape[0], layers, 2, heads, dim).permute(1, 2, 3, 0, 4)  # [L, 2, H, T, D]
         weights = torch.sigmoid(logits + self.weight_bias[:, None])  # [L, T]
