@@ -20,11 +20,12 @@ from kvviz.runtime.recording import recording
 LOG = logging.getLogger("kvviz.engine.runner")
 
 
-def load_pair(pair_name, device: str | None = None, dtype=None, progress=print) -> LoadedPair:
+def load_pair(pair_name, device: str | None = None, dtype=None, progress=print, numeric_mode: str | None = None) -> LoadedPair:
+    """The pair's models, loaded once per process (``numeric_mode``: see ``load_model``)."""
     spec = resolve_pair(pair_name)
-    sharer = load_model(spec.sharer, device, dtype, progress)
-    receiver = load_model(spec.receiver, device, dtype, progress)
-    same_shape_sender = load_model(spec.same_shape_sender_name, device, dtype, progress)
+    sharer = load_model(spec.sharer, device, dtype, progress, numeric_mode)
+    receiver = load_model(spec.receiver, device, dtype, progress, numeric_mode)
+    same_shape_sender = load_model(spec.same_shape_sender_name, device, dtype, progress, numeric_mode)
     return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, same_shape_sender=same_shape_sender)
 
 

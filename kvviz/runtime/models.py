@@ -38,7 +38,7 @@ import torch
 from kvviz.core import policy, zerogpu
 from kvviz.core.facts import ModelFacts, facts_from_config
 from kvviz.core.paths import cache_dir
-from kvviz.runtime import attention
+from kvviz.runtime import attention, numerics
 from kvviz.runtime.head import OutputHead
 
 # Marker written last into a converted folder: a folder without it is an interrupted conversion.
@@ -279,6 +279,8 @@ class LoadedModel:
     source: str
     load_seconds: float
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    # how the decoder stack's products are computed (``kvviz.runtime.numerics``): "fp32" (as loaded) or "bf16"
+    numerics: str = "fp32"
     _head: object = field(default=None, repr=False, compare=False)
     # kvviz.runtime.decode's batched decode step and shared batch for this model, made on its first decode
     _decoding: object = field(default=None, repr=False, compare=False)
@@ -418,16 +420,21 @@ _loaded: dict[tuple, LoadedModel] = {}
 _load_lock = threading.Lock()
 
 
-def load_model(name: str, device: str | None = None, dtype=None, progress=print) -> LoadedModel:
-    """Load a model once per process (later calls return the same object)."""
+def load_model(name: str, device: str | None = None, dtype=None, progress=print, numeric_mode: str | None = None) -> LoadedModel:
+    """Load a model once per process (later calls return the same object), its decoder stack in
+    ``numeric_mode`` (auto, fp32 or bf16; default ``KVVIZ_NUMERICS``), resolved on this machine by
+    ``kvviz.runtime.numerics.mode_for``. Each mode is its own loaded model."""
     device = device or default_device()
     torch_dtype = parse_dtype(dtype, device)
-    cache_key = (name, device, torch_dtype)
+    mode = numerics.mode_for("cpu" if device == "auto" else device, torch_dtype, numeric_mode)
+    cache_key = (name, device, torch_dtype, mode)
     with _load_lock:
         if cache_key in _loaded:
             return _loaded[cache_key]
         progress(f"Loading {name} (once per server) ...")
         loaded = _load_uncached(name, device, torch_dtype, progress)
+        if loaded.device.type == "cpu" and numerics.apply(loaded.model, mode):
+            loaded.numerics = mode
         _loaded[cache_key] = loaded
         # The model, its libraries and the app around it are hundreds of thousands of Python objects
         # that live as long as the process. Python's full garbage collection walks every one of them
@@ -490,7 +497,7 @@ def _load_uncached(name: str, device: str, dtype: torch.dtype, progress) -> Load
 def loaded_facts(name: str) -> ModelFacts | None:
     """The facts of a model this process has loaded (on any device), or None."""
     with _load_lock:
-        for (loaded_name, _, _), loaded in _loaded.items():
+        for (loaded_name, *_), loaded in _loaded.items():
             if loaded_name == name:
                 return loaded.facts
     return None
@@ -505,9 +512,10 @@ def forget_loaded() -> None:
 
 
 def register_loaded(loaded: LoadedModel, device: str = "cpu", dtype=torch.float32) -> None:
-    """Put an already built model into the process cache (tests use this for tiny models)."""
+    """Put an already built model into the process cache (tests use this for tiny models), under
+    this process's numeric mode (its stack as built: ``loaded.numerics``)."""
     with _load_lock:
-        _loaded[(loaded.name, device, dtype)] = loaded
+        _loaded[(loaded.name, device, dtype, numerics.mode_for(device, dtype))] = loaded
 
 
 def prepared_facts(key: str):
