@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from kvviz.core import limits
@@ -83,12 +85,18 @@ def run_handoff(
         io = HandoffIO(on_token=on_token, on_message=on_message, prompts=run.prompts)
         with PeakGpuMemory(pair_devices(pair)) as memory, recording(request, pair.receiver) as recorded:
             result = get(name).run(pair, request, io)
-        lens_at_first_content_token(recorded.inspection)
-        crossed.attach(result, recorded.inspection, io.sent, NOTHING_SENT)
+        costs = CrossedCosts()
+        with costs.part("lens_position"):
+            lens_at_first_content_token(recorded.inspection)
+        with costs.part("attention_and_lens"):
+            crossed.attach(result, recorded.inspection, io.sent, NOTHING_SENT)
         try:
-            score_against_controls(result, recorded.inspection, run.records)
+            with costs.part("scoring"):
+                score_against_controls(result, recorded.inspection, run.records)
         except Exception:  # noqa: BLE001 (the answer stands without its token-by-token comparison)
             LOG.exception("scoring %s against its control failed", name)
+        if recorded.inspection is not None:
+            result.details["crossed_seconds"] = costs.seconds
         if memory.peak_bytes:
             result.details["peak_gpu_memory_bytes"] = memory.peak_bytes
         if result.applicable:
@@ -100,6 +108,22 @@ def run_handoff(
         result = HandoffResult.not_applicable(name, pair.name, f"{type(error).__name__}: {error}")
         result.details["traceback"] = traceback.format_exc(limit=5)
         return result
+
+
+class CrossedCosts:
+    """The CPU seconds this thread spends on each part of what crossed after a handoff's run (the
+    speed report's breakdown of what recording costs: ``details["crossed_seconds"]``)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def part(self, name: str):
+        started = time.thread_time()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.thread_time() - started
 
 
 NOTHING_SENT = "nothing was sent as tokens: no key the receiver attends to came from the sharer in this handoff"
