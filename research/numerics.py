@@ -4,6 +4,7 @@ kernel's products, its weight-stream time and its row invariance, measured side 
     PYTHONPATH=. nice -n 10 python research/numerics.py kernels [--models gemma3-270m,smollm2-135m] [--rounds 7] [--rows 1,6,16,64,128]
     PYTHONPATH=. nice -n 10 python research/numerics.py head [--rounds 7]
     PYTHONPATH=. python research/numerics.py classes [--threads 1,2]
+    PYTHONPATH=. nice -n 10 python research/numerics.py prompts [--rounds 7]
 
 ``kernels``: per model, one pass over every decoder-stack matrix for M rows (M = 1, 6, 16 for decode
 steps, 64 and 128 for prompt passes), per kernel, in thread CPU ms (the time the process held a core:
@@ -22,6 +23,13 @@ each matrix's bytes read as fp32 words: the memory a decode step must read). Ker
 ``head``: the output head's scan (approximate logits over the vocabulary) for 1 and 6 rows per kernel
 (int4 weight-only, today's few-row scan; bf16 oneDNN, today's many-row scan; int8 weight-only; the fp32
 product), beside the stream time of the head's weights at each precision.
+
+``prompts``: would batching the prompt passes of a run's handoffs (or of several runs) pay? The locker
+run's receiver prompts (Gemma-3-270M: the receiver alone, Skyline, the text handoff's receiver, C2C's
+prefix) each through the model's own forward, one after another, against one forward of all their
+tokens as one sequence (an upper bound on what batching them could gain: the same rows through every
+product in one call, one set of per-layer overheads; attention aside), per numeric mode (both loaded
+here: model-level work only), thread CPU ms, median of interleaved rounds.
 
 ``classes``: for each kernel and each of the embedded models' matrix shapes, the row counts M in 1..32
 and 48..512 whose rows get identical bits (a row's result must not depend on how many rows the kernel
@@ -162,6 +170,35 @@ def head(rounds: int) -> None:
             print(f"| {k} | M=1 {statistics.median(times[(k, 1)]):.1f} | M=6 {statistics.median(times[(k, 6)]):.1f} |")
 
 
+def prompts(rounds: int) -> None:
+    from kvviz.core.prompts import build_segments
+    from kvviz.studies.run_speed import FULL_RUN_CONTEXT, FULL_RUN_QUERY
+
+    torch.set_num_threads(1)
+    for mode in ("fp32", "bf16"):
+        loaded = load_model("gemma3-270m", "cpu", "float32", progress=lambda *a: None, numeric_mode=mode)
+        tokenizer = loaded.tokenizer
+        prompts = [build_segments(tokenizer, FULL_RUN_QUERY).input_ids,  # the receiver alone
+                   build_segments(tokenizer, FULL_RUN_QUERY, FULL_RUN_CONTEXT).input_ids,  # Skyline
+                   build_segments(tokenizer, FULL_RUN_QUERY, "Locker 12's code is 4471.").input_ids,  # text's receiver
+                   build_segments(tokenizer, FULL_RUN_QUERY, FULL_RUN_CONTEXT).context_ids]  # KVComm's sender
+        joined = [token for prompt in prompts for token in prompt]
+
+        def forward(ids):
+            with torch.no_grad():
+                loaded.model.model(input_ids=torch.tensor([ids]))
+
+        for ids in prompts + [joined]:
+            forward(ids)
+        apart, together = [], []
+        for _ in range(rounds):
+            apart.append(thread_ms(lambda: [forward(ids) for ids in prompts]))
+            together.append(thread_ms(lambda: forward(joined)))
+        print(f"{mode}: {len(prompts)} prompts of {[len(p) for p in prompts]} tokens: one after another "
+              f"{statistics.median(apart):.1f} ms, as one sequence of {len(joined)} tokens {statistics.median(together):.1f} ms "
+              f"({statistics.median(together) / statistics.median(apart):.2f}x)")
+
+
 def classes(thread_counts: list[int]) -> None:
     shapes = {"gemma3-270m": [(1536, 640), (640, 1024), (4096, 640), (640, 2048)],
               "smollm2-135m": [(960, 576), (576, 576), (3072, 576), (576, 1536)]}
@@ -197,7 +234,7 @@ def classes(thread_counts: list[int]) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["kernels", "head", "classes"])
+    parser.add_argument("what", choices=["kernels", "head", "classes", "prompts"])
     parser.add_argument("--models", default="gemma3-270m,smollm2-135m")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", default="1,2")
@@ -208,6 +245,8 @@ def main():
         kernels(args.models.split(","), args.rounds, tuple(int(m) for m in args.rows.split(",")))
     elif args.what == "head":
         head(args.rounds)
+    elif args.what == "prompts":
+        prompts(args.rounds)
     else:
         classes([int(t) for t in args.threads.split(",")])
 
