@@ -148,7 +148,7 @@ def score_against_controls(result: HandoffResult, inspection, records: crossed.R
     its control, or a handoff it is the control of, both recorded on one receiver) gets its
     ``token_change``, in this thread: the method's answer scored as its decode chose it and,
     teacher-forced, on the control's prompt (``decode.answer_logprobs``)."""
-    if inspection is None or inspection.prompt is None:
+    if inspection is None or inspection.prompt is None or not inspection.wants("scores"):
         return
     recorded = {r.handoff: (r, i) for r, i in records.add(result, inspection)}
     name = result.handoff

@@ -101,8 +101,9 @@ def _prompt_forward(loaded: LoadedModel, state: KVState, count: int, need_logits
     rows, inspected = state.token_rows, False
     inspection = recording.inspection()
     if rows is None and need_logits and inspection is not None and inspection.records(loaded):
-        rows, inspected = AttentionRows(limit=1), True
-        kwargs["output_hidden_states"] = True
+        inspected = True  # the attention row and the layer outputs, as far as the recording wants them
+        rows = AttentionRows(limit=1) if inspection.wants("attention") else None
+        kwargs["output_hidden_states"] = inspection.wants("lens")
     if rows is not None:
         kwargs["kvviz_rows"] = rows
     output = loaded.model.model(**inputs, **kwargs)
@@ -111,7 +112,7 @@ def _prompt_forward(loaded: LoadedModel, state: KVState, count: int, need_logits
     state.next_position += count
     next_token = NextToken(loaded, output.last_hidden_state[:, -1, :]) if need_logits else None
     if inspected:
-        next_token.inspected = (rows.rows[0] if rows.rows else None, crossed.layer_outputs(loaded, output))
+        next_token.inspected = (rows.rows[0] if rows is not None and rows.rows else None, crossed.layer_outputs(loaded, output))
     return next_token, kwargs.get("kvviz_plan")
 
 
@@ -241,7 +242,8 @@ def lens_at_first_content_token(inspection) -> None:
     them teacher-forced on a copy of its prompt's state and every layer's output is taken at the
     last of them (one extra forward of those tokens). Nothing changes for an answer that starts
     with content, or without a recorded prompt."""
-    if inspection is None or inspection.model is None or inspection.prompt is None or not inspection.answer_ids:
+    if (inspection is None or not inspection.wants("lens") or inspection.model is None or inspection.prompt is None
+            or not inspection.answer_ids):
         return
     loaded = inspection.model
     index = crossed.first_content_index(loaded.tokenizer, inspection.answer_ids)

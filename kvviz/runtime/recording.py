@@ -68,8 +68,12 @@ class AnswerRecord:
 
     def __init__(self, inspection, loaded, state: KVState, first):
         self.inspection, self.loaded, self.state = inspection, loaded, state
-        self.inspected = (*first.inspected, state.copy(), first.hidden.detach().clone())
-        self.rows = state.token_rows = AttentionRows(limit=crossed.MAX_TOKENS - 1)
+        # the prompt's state, for scoring the answer against its control's and for moving the lens
+        prompt = state.copy() if inspection.wants("scores") or inspection.wants("lens") else None
+        self.inspected = (*first.inspected, prompt, first.hidden.detach().clone())
+        self.rows = AttentionRows(limit=crossed.MAX_TOKENS - 1)
+        if inspection.wants("attention"):
+            state.token_rows = self.rows
         self.hidden_rows: list[torch.Tensor] = []
 
     @classmethod
@@ -81,12 +85,12 @@ class AnswerRecord:
         return cls(inspection_now, loaded, state, first)
 
     def choosing(self, next_token) -> None:
-        if len(self.hidden_rows) < crossed.MAX_CHANGE_TOKENS:
+        if self.inspection.wants("scores") and len(self.hidden_rows) < crossed.MAX_CHANGE_TOKENS:
             self.hidden_rows.append(next_token.hidden.detach().reshape(1, -1))
 
     def stop(self) -> None:
         self.state.token_rows = None
 
     def finish(self, token_ids: list[int]) -> None:
-        chose = torch.cat(self.hidden_rows[: len(token_ids)]) if token_ids else None
+        chose = torch.cat(self.hidden_rows[: len(token_ids)]) if token_ids and self.hidden_rows else None
         crossed.record_answer(self.inspection, self.loaded, self.inspected, self.rows.rows, token_ids, chose)
