@@ -312,6 +312,12 @@ def test_every_handoff_gets_the_same_tokens_in_a_shared_batch_as_alone(sample, c
     request = contract_request
     if sample:
         request = dataclasses.replace(request, generation=dataclasses.replace(request.generation, greedy=False, seed=3))
+    assert_every_handoff_alone_as_together(pair, request)
+
+
+def assert_every_handoff_alone_as_together(pair, request) -> None:
+    """Every registered handoff alone, then all at once as one run: each applies, each gets the same
+    tokens both ways, and the decode steps were shared."""
     names = [handoff.name for handoff in registry.all_handoffs()]
     alone = {name: run_handoff(name, pair, request) for name in names}
     together = run_together(pair, request, names)

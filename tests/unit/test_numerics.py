@@ -9,14 +9,13 @@ import torch
 from torch import nn
 
 from kvviz.core import policy
-from kvviz.engine.runner import run_handoff
 from kvviz.handoffs import registry
 from kvviz.runtime import numerics
 from kvviz.runtime.models import LoadedPair, PairSpec
 from kvviz.runtime.step import DecodeStep
 from tests.conftest import untrained_checkpoints
 from tests.tiny_models import tiny_gemma, tiny_llama
-from tests.unit.test_batching import CONTEXT, QUERY, copied, prompt_states, run_together
+from tests.unit.test_batching import CONTEXT, QUERY, assert_every_handoff_alone_as_together, copied, prompt_states
 
 
 def bf16_packing() -> bool:
@@ -123,12 +122,4 @@ def test_invariance_bf16_every_handoff_gets_the_same_tokens_in_a_shared_batch_as
     model = in_bf16(tiny_gemma(name="tiny-gemma-bf16"))
     pair = LoadedPair(spec=PairSpec(name="tiny-gemma-bf16", sharer=model.name, receiver=model.name, description="bf16"),
                       sharer=model, receiver=model, same_shape_sender=model)
-    request = registry.build_request(QUERY, CONTEXT, 12, options=untrained_checkpoints(pair, tmp_path))
-    names = [handoff.name for handoff in registry.all_handoffs()]
-    alone = {name: run_handoff(name, pair, request) for name in names}
-    together = run_together(pair, request, names)
-    for name in names:
-        assert alone[name].applicable, alone[name].reason
-        assert together[name].answer_ids == alone[name].answer_ids, name
-    sizes = [b["max_size"] for result in together.values() for b in result.details["decode_batches"] if b["batched"]]
-    assert max(sizes) >= 3
+    assert_every_handoff_alone_as_together(pair, registry.build_request(QUERY, CONTEXT, 12, options=untrained_checkpoints(pair, tmp_path)))
