@@ -21,13 +21,17 @@ mode this CPU picks), measured in one process and reported as the median [min, m
   and the ratios ``stack / stack stream`` (``stack_stream_ratio``), ``step / weights a step reads``
   (the step over the stack's and the head scan's streams), ``head / head product`` and ``6 / 1``.
 
-Timings are wall-clock (``kvviz.runtime.measure.clock``) on whatever else the machine is doing:
-compare the ratios, measured side by side, rather than absolute values across runs.
+On a CPU the model runs on one torch thread here, as the page serves it (one thread per handoff), and
+every timing is that thread's CPU time (``time.thread_time``): a busy machine's other processes then
+do not count, only their share of the memory bandwidth does; on a GPU, wall clock after a
+synchronisation (``kvviz.runtime.measure.clock``). Compare the ratios, measured side by side, rather
+than absolute values across runs.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
@@ -44,10 +48,21 @@ DECODE_STEPS = 16
 BATCH_SIZES = (1, 2, 4, 6)
 
 
-def timed(function) -> float:
-    started = clock()
-    function()
-    return clock() - started
+class Clock:
+    """The report's clock for one model: this thread's CPU time on a CPU (the model on one torch
+    thread), wall clock after a synchronisation elsewhere."""
+
+    def __init__(self, device: torch.device):
+        self.cpu = device.type == "cpu"
+        self.name = "thread CPU time, one torch thread" if self.cpu else "wall clock"
+
+    def __call__(self) -> float:
+        return time.thread_time() if self.cpu else clock()
+
+    def timed(self, function) -> float:
+        started = self()
+        function()
+        return self() - started
 
 
 def prompt_ids(loaded, count: int) -> list[int]:
@@ -68,7 +83,7 @@ def _copy(state: kv.KVState) -> kv.KVState:
     return kv.KVState(cache=kv.copy_cache(state.cache), next_position=state.next_position)
 
 
-def _decode_steps(loaded, base: kv.KVState, token: int, count: int) -> tuple[float, float]:
+def _decode_steps(loaded, base: kv.KVState, token: int, count: int, clock: Clock) -> tuple[float, float]:
     """Median seconds of the decoder stack and of the head over ``DECODE_STEPS`` decode steps of
     ``count`` sequences (copies of ``base``) at once, as ``kvviz.runtime.decode.generate`` takes them: through
     the model's batched step where there is one, else its own forward (one sequence only)."""
@@ -95,7 +110,19 @@ def _decode_steps(loaded, base: kv.KVState, token: int, count: int) -> tuple[flo
 @torch.no_grad()
 def model_speed(loaded, repeats: int) -> dict:
     """Decode (one sequence and several at once) and prefill speed of one model, with the machine's
-    limits beside them."""
+    limits beside them (on a CPU on one torch thread, in its CPU time: ``Clock``)."""
+    clock = Clock(loaded.device)
+    threads = torch.get_num_threads()
+    if clock.cpu:
+        torch.set_num_threads(1)
+    try:
+        return _model_speed(loaded, repeats, clock)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _model_speed(loaded, repeats: int, clock: Clock) -> dict:
+    timed = clock.timed
     parameters = list(loaded.model.parameters())
     stack = list(loaded.model.model.layers.parameters())
     head = loaded.head
@@ -110,7 +137,7 @@ def model_speed(loaded, repeats: int) -> dict:
         base = kv.KVState()
         first, _ = prefill(loaded, base, prompt)
         token = first.greedy_token()
-        steps = {count: _decode_steps(loaded, base, token, count) for count in sizes}
+        steps = {count: _decode_steps(loaded, base, token, count, clock) for count in sizes}
         hidden = first.hidden
         rounds.append({
             "steps": steps,
@@ -139,6 +166,7 @@ def model_speed(loaded, repeats: int) -> dict:
         "numerics": describe(loaded.numerics, loaded.dtype),
         "dtype": str(loaded.dtype).replace("torch.", ""),
         "device": str(loaded.device),
+        "clock": clock.name,
         "parameters": sum(p.numel() for p in parameters),
         "weight_bytes": bytes_of(parameters),
         "stack_weight_bytes": bytes_of(stack),

@@ -28,6 +28,7 @@ import os
 
 import torch
 
+from kvviz.engine.stream import use_one_thread_per_handoff
 from kvviz.runtime.numerics import MODES, describe, mode_for
 from kvviz.studies import model_speed, page_speed, run_speed
 from kvviz.studies.model_speed import BATCH_SIZES, PROMPT_TOKENS
@@ -59,11 +60,17 @@ def measure(pair, repeats: int, progress=None, page: bool = False, at_once: bool
     by_mode = model_speed.speed_by_mode(pair, modes_to_compare(pair), repeats, progress)
     report["modes"] = {mode: {"models": entries} for mode, entries in by_mode.items()}
     report["models"] = by_mode[pair.receiver.numerics]  # this process's mode
-    progress("warm run of the page's handoffs, in this process")
-    report["full_run"] = run_speed.full_run(pair, repeats)
-    if at_once:
-        progress("runs at once, in this process")
-        report["runs_at_once"] = run_speed.runs_at_once(pair, repeats=max(1, min(repeats, 2)))
+    threads = torch.get_num_threads()
+    use_one_thread_per_handoff()  # the in-process runs as the page serves them
+    try:
+        progress("warm run of the page's handoffs, in this process")
+        report["full_run"] = run_speed.full_run(pair, repeats)
+        if at_once:
+            progress("runs at once, in this process")
+            report["runs_at_once"] = run_speed.runs_at_once(pair, repeats=max(1, min(repeats, 2)))
+    finally:
+        torch.set_num_threads(threads)
+    report["run_threads"] = "one torch thread per handoff, as the page serves (KVVIZ_THREADS overrides)"
     if page:
         progress("the same warm run through the page (python app.py)")
         report["page_run"] = page_speed.page_run(pair.name, repeats)
@@ -139,7 +146,8 @@ def _fmt(entry: dict, digits: int = 1) -> str:
 
 
 def models_markdown(speed: dict) -> list[str]:
-    lines = [f"**Each model's decode step per numeric mode** ({speed['threads']} torch thread(s); a step = the decoder "
+    clock = next((e["clock"] for part in speed["modes"].values() for e in part["models"] if "clock" in e), "")
+    lines = [f"**Each model's decode step per numeric mode** ({clock}; a step = the decoder "
              f"stack on one new token + choosing the next token, after a {PROMPT_TOKENS}-token prompt; the streams "
              "read every byte of the weights once, in the same rounds)", "",
              "| model | mode | step ms | stack ms | head ms | stack stream ms | head scan stream ms | step / weights it reads "
