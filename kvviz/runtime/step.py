@@ -61,7 +61,9 @@ def packed_kind(weight: torch.Tensor) -> torch.dtype | None:
     mode: ``kvviz.runtime.numerics``), or None where the weight stays as it is (not on a CPU, no oneDNN)."""
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return None
-    return weight.dtype if weight.dtype in (torch.float32, torch.bfloat16) else None
+    if weight.dtype == torch.bfloat16:  # oneDNN packs bf16 only where the CPU multiplies it natively
+        return torch.bfloat16 if numerics.native_bf16() else None
+    return torch.float32 if weight.dtype == torch.float32 else None
 
 
 class Product:
