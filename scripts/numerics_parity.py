@@ -77,19 +77,27 @@ def run_mode(mode: str, out: Path, datasets: dict[str, int]) -> None:
         subprocess.run(bench_command(dataset, limit, folder), cwd=ROOT, env=env, check=True)
 
 
-def read_rows(folder: Path) -> dict[str, dict[str, dict[str, int]]]:
-    """{handoff: {measure: {sample id: 0 or 1}}} of the applicable rows of a bench folder."""
-    found: dict[str, dict[str, dict[str, int]]] = {}
+def read_rows(folder: Path) -> dict[str, dict[str, dict]]:
+    """{handoff: {measure: {sample id: 0 or 1}, "answer": {sample id: text}}} of the applicable rows of
+    a bench folder."""
+    found: dict[str, dict[str, dict]] = {}
     for path in sorted(folder.glob("rows*.csv")):
         with path.open(encoding="utf-8") as handle:
             for row in csv.DictReader(handle):
                 if row.get("applicable") != "1":
                     continue
-                entry = found.setdefault(row["handoff"], {measure: {} for measure, _ in MEASURES})
+                entry = found.setdefault(row["handoff"], {**{measure: {} for measure, _ in MEASURES}, "answer": {}})
+                entry["answer"][row["sample_id"]] = row.get("answer", "")
                 for measure, _ in MEASURES:
                     if row.get(measure, "") != "":
                         entry[measure][row["sample_id"]] = int(float(row[measure]))
     return found
+
+
+def same_answers(fp32: dict[str, str], mode: dict[str, str]) -> tuple[int, int]:
+    """(samples whose answer text is the same in both modes, samples both answered)."""
+    shared = set(fp32) & set(mode)
+    return sum(fp32[s] == mode[s] for s in shared), len(shared)
 
 
 def paired_difference_interval(both: int, only_first: int, only_second: int, neither: int, z: float = 1.96) -> tuple[float, float, float]:
@@ -137,9 +145,12 @@ def table(out: Path, mode: str, datasets: dict[str, int], command: str) -> tuple
         fp32_rows, mode_rows = read_rows(out / f"fp32-{dataset}"), read_rows(out / f"{mode}-{dataset}")
         lines += [f"### {dataset}", "", f"| handoff | measure | n | fp32 | {mode} | {mode} - fp32 [95%] | only fp32 / only {mode} | McNemar p | verdict |",
                   "|---|---|---|---|---|---|---|---|---|"]
+        same = []
         for handoff in fp32_rows:
             if handoff not in mode_rows:
                 continue
+            equal, both = same_answers(fp32_rows[handoff]["answer"], mode_rows[handoff]["answer"])
+            same.append(f"{handoff} {equal}/{both}")
             for measure, label in MEASURES:
                 result = compare(fp32_rows[handoff][measure], mode_rows[handoff][measure])
                 if not result["n"]:
@@ -150,7 +161,7 @@ def table(out: Path, mode: str, datasets: dict[str, int], command: str) -> tuple
                     f"{rate(result['hits'][1], result['n'])} | {result['delta']:+.2f} [{result['low']:+.2f}, {result['high']:+.2f}] | "
                     f"{result['only_first']} / {result['only_second']} | {format_p(result['p'])} | "
                     f"{'within' if result['within'] else '**outside**'} |")
-        lines.append("")
+        lines += ["", f"Answers word for word the same in both modes (on the original note): {', '.join(same)}.", ""]
     lines.append(f"Gate 2 (every handoff's accuracy and follow rate within the paired interval): **{'met' if every else 'missed'}**.")
     lines.append(f"<!-- {SECTION}:end -->")
     return "\n".join(lines) + "\n", every
