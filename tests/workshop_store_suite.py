@@ -90,7 +90,7 @@ def test_a_learner_joins_with_the_code_and_a_name_and_bad_ones_get_one_line(shop
     assert (seat.code, seat.name) == (made.code, "Ada Lovelace")
     refused("No class has the code ZZZZZZ", shop.join, "ZZZZZZ", "Bob")
     refused("Type a display name", shop.join, made.code, "   ")
-    refused("Keep the name to 24 characters", shop.join, made.code, "x" * 25)
+    refused("The name is 25 characters; the limit is 24.", shop.join, made.code, "x" * 25)
     refused("no markup or links", shop.join, made.code, "<b>Eve</b>")
     refused("no markup or links", shop.join, made.code, "see https://example.org")
     assert refused("already uses that name", shop.join, made.code, "Ada Lovelace").status == 409

@@ -24,6 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Red
 
 from kvviz.app.exercises import EXERCISES, Sequence, check_prediction, grade, stored_results
 from kvviz.app.workshop import facts, pages
+from kvviz.core.policy import WorkshopCaps, workshop_caps
 from kvviz.store.classes import Refused, Workshop
 from kvviz.store.database import default_url, open_store
 from kvviz.store.runs import SavedRuns
@@ -32,8 +33,8 @@ from kvviz.store.runs import SavedRuns
 class Service:
     """The store behind the routes, opened on first use (``open_store``: KVVIZ_DB_URL or the SQLite file)."""
 
-    def __init__(self, url: str | None = None, sequence: Sequence = EXERCISES):
-        self.url, self.sequence = url, sequence
+    def __init__(self, url: str | None = None, sequence: Sequence = EXERCISES, caps: WorkshopCaps | None = None):
+        self.url, self.sequence, self.caps = url, sequence, caps or workshop_caps()
         self._lock = threading.Lock()
         self._workshop: Workshop | None = None
         self._runs: SavedRuns | None = None
@@ -42,7 +43,7 @@ class Service:
         with self._lock:
             if self._workshop is None:
                 engine = open_store(self.url)
-                self._workshop, self._runs = Workshop(engine), SavedRuns(engine)
+                self._workshop, self._runs = Workshop(engine, self.caps), SavedRuns(engine, self.caps)
                 for exercise in self.sequence.exercises:  # read the stored runs now, not in the first predictions
                     stored_results(exercise)
             return self._workshop, self._runs

@@ -1,0 +1,166 @@
+"""Races on the workshop's store through the real server, on SQLite and on a throwaway PostgreSQL
+server: requests that arrive at once must not lose an acknowledged change nor overshoot a cap.
+
+* the host's changes: 11 "open exercise" requests at once on one class, 10 trials; every change the
+  server acknowledged (200) is on the board afterwards (110 of 110);
+* the caps: 11 joins at once into a class five short of its learner cap, 11 creates at once five
+  short of the class cap, 10 trials each: exactly five admitted, the cap never exceeded;
+* two app servers (``python app.py`` processes) on one store: the same host changes split across
+  them (PostgreSQL: nothing lost; SQLite: nothing lost, the same discipline across processes) and
+  one cap race at the real caps (500 learners, 200 classes).
+
+Before this suite (issue #41) the store read a row or a count and then wrote: on PostgreSQL no row
+was locked, on SQLite the writer lock was per process and began at the first write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from kvviz.app import ui
+from kvviz.app.exercises import EXERCISES
+from kvviz.app.workshop import api
+from kvviz.core.policy import LOCAL_WORKSHOP
+from kvviz.store import database
+from kvviz.store.classes import Workshop
+from tests.postgres_server import find_binaries, postgres_server
+from tests.workshop_servers import app_servers, free_port
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+AT_ONCE = 11
+TRIALS = 10
+SHORT = 5  # a cap race starts this many short of the cap
+CAPS = replace(LOCAL_WORKSHOP, max_classes=40, max_learners=20)
+KEYS = [exercise.key for exercise in EXERCISES.exercises]
+assert len(KEYS) >= AT_ONCE
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def db_url(request, tmp_path_factory):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('race') / 'workshop.sqlite3'}"
+        return
+    binaries = find_binaries()
+    if binaries is None:
+        message = "PostgreSQL is not installed (no initdb): bash scripts/setup.sh --test installs Debian's postgresql"
+        if IN_CI:
+            pytest.fail(f"CI=true needs PostgreSQL: {message}")
+        pytest.skip(message)
+    with postgres_server(binaries) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return ui.build_demo(default_max_new_tokens=4)
+
+
+@contextlib.contextmanager
+def serving(demo, service: api.Service):
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                app_kwargs=api.launch_app_kwargs(service), **ui.launch_kwargs())
+    try:
+        yield demo.local_url.rstrip("/")
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def server(demo, db_url):
+    """One server over the store, with small caps so that a cap race takes a few requests."""
+    with serving(demo, api.Service(db_url, caps=CAPS)) as url:
+        yield url
+    database.close_store(db_url)
+
+
+def at_once(calls) -> list:
+    """Run every call in a thread of its own, released together; their results in order."""
+    results, gate = [None] * len(calls), threading.Barrier(len(calls))
+
+    def run(index):
+        gate.wait()
+        results[index] = calls[index]()
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def post(url: str, path: str, body: dict, headers: dict | None = None, forwarded: str | None = None):
+    extra = {"X-Forwarded-For": forwarded} if forwarded else {}
+    return lambda: httpx.post(url + path, json=body, headers={**(headers or {}), **extra}, timeout=60)
+
+
+def lost_host_changes(urls: list[str]) -> tuple[int, int]:
+    """11 host changes at once on one class (spread over ``urls``), ``TRIALS`` times: (acknowledged, lost)."""
+    acknowledged = lost = 0
+    for _ in range(TRIALS):
+        made = httpx.post(urls[0] + "/workshop/api/classes", json={"mode": "paced"}, timeout=60).json()
+        host = {"X-Host-Token": made["host_token"], "X-Host-Session": "the-host-page"}
+        route = f"/workshop/api/classes/{made['code']}/host"
+        assert httpx.post(urls[0] + route, json={}, headers=host, timeout=60).status_code == 200
+        answers = at_once([post(urls[index % len(urls)], route, {"open": KEYS[index]}, host) for index in range(AT_ONCE)])
+        done = {KEYS[index] for index, answer in enumerate(answers) if answer.status_code == 200}
+        board = httpx.get(urls[0] + f"/workshop/api/classes/{made['code']}/board", headers=host, timeout=60).json()
+        acknowledged += len(done)
+        lost += len(done - set(board["open"]))
+    return acknowledged, lost
+
+
+def test_workshop_race_every_acknowledged_host_change_stays(server):
+    acknowledged, lost = lost_host_changes([server])
+    assert (acknowledged, lost) == (AT_ONCE * TRIALS, 0), f"{lost} of {acknowledged} acknowledged host changes lost"
+
+
+def test_workshop_race_joins_and_creates_at_once_never_pass_the_caps(server, db_url):
+    shop = Workshop(database.open_store(db_url), CAPS)
+    admitted_joins, admitted_creates = [], []
+    for trial in range(TRIALS):
+        made = shop.create_class(KEYS)
+        for index in range(CAPS.max_learners - SHORT):
+            shop.join(made.code, f"Seated {index}")
+        answers = at_once([post(server, "/workshop/api/join", {"code": made.code, "name": f"Late {trial} {index}"})
+                           for index in range(AT_ONCE)])
+        admitted_joins.append(sum(answer.status_code == 200 for answer in answers))
+        assert len(shop.board(made.code, made.host_token)["names"]) == CAPS.max_learners
+    for trial in range(TRIALS):
+        with database.open_store(db_url).connect() as connection:
+            alive = connection.exec_driver_sql("SELECT count(*) FROM classes").scalar()
+        for _ in range(CAPS.max_classes - SHORT - alive):
+            shop.create_class(KEYS)
+        answers = at_once([post(server, "/workshop/api/classes", {"mode": "paced"}, forwarded=f"198.51.100.{trial * AT_ONCE + index}")
+                           for index in range(AT_ONCE)])
+        admitted_creates.append(sum(answer.status_code == 200 for answer in answers))
+        with database.open_store(db_url).connect() as connection:
+            assert connection.exec_driver_sql("SELECT count(*) FROM classes").scalar() == CAPS.max_classes
+        with database.open_store(db_url).begin() as connection:  # room for the next trial
+            connection.exec_driver_sql("DELETE FROM classes WHERE id IN (SELECT id FROM classes ORDER BY id DESC LIMIT 20)")
+    assert admitted_joins == [SHORT] * TRIALS, admitted_joins
+    assert admitted_creates == [SHORT] * TRIALS, admitted_creates
+
+
+def test_workshop_race_two_servers_on_one_store_lose_nothing_and_keep_the_caps(db_url):
+    with app_servers(db_url, 2) as servers:
+        urls = [server.url for server in servers]
+        acknowledged, lost = lost_host_changes(urls)
+        assert (acknowledged, lost) == (AT_ONCE * TRIALS, 0), f"{lost} of {acknowledged} acknowledged host changes lost"
+        shop = Workshop(database.open_store(db_url), LOCAL_WORKSHOP)
+        made = shop.create_class(KEYS)
+        for index in range(LOCAL_WORKSHOP.max_learners - SHORT):
+            shop.join(made.code, f"Seated {index}")
+        answers = at_once([post(urls[index % 2], "/workshop/api/join", {"code": made.code, "name": f"Late {index}"})
+                           for index in range(AT_ONCE)])
+        assert sum(answer.status_code == 200 for answer in answers) == SHORT
+        assert len(shop.board(made.code, made.host_token)["names"]) == LOCAL_WORKSHOP.max_learners
+    database.close_store(db_url)
