@@ -66,9 +66,10 @@ def main(argv=None) -> None:
     mode = "public mode" if policy.public_mode() else "local mode"
     runs = policy.model_concurrency()
     print(f"kvviz: {mode}, {runs} run(s) at once, queue of {policy.caps().queue_size}", flush=True)
-    print(f"kvviz: workshop at http://{args.host}:{args.port}/workshop (store: {workshop.store_label()})", flush=True)
+    classes = workshop.Service(listen_host=args.host)
+    print(f"kvviz: workshop at http://{args.host}:{args.port}/workshop (store: {classes.store_label})", flush=True)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share,
-                app_kwargs=workshop.launch_app_kwargs(), **launch_kwargs())
+                app_kwargs=workshop.launch_app_kwargs(classes), **launch_kwargs())
 
 
 if __name__ == "__main__":

@@ -202,7 +202,7 @@ class Workshop:
         token = secrets.token_urlsafe(24)
         with writing(self.engine, "classes") as session:
             alive = session.scalar(select(func.count(Class.id)).where(Class.expires_at > now))
-            if alive >= self.caps.max_classes:
+            if alive >= self.caps.max_classes and not self._drop_an_idle_class(session, now):
                 raise Refused(f"This server already holds {self.caps.max_classes} classes, its most; try again later.", 429)
             code = free_key(session, Class.code, CODE_LETTERS, CODE_LENGTH)
             if code is None:
@@ -212,6 +212,17 @@ class Workshop:
             session.add(Class(code=code, host_token_hash=digest(token), projector_key_hash=digest(projector_key(token, code)),
                               created_at=now, expires_at=expires, settings=settings, version=0))
         return NewClass(code, token, expires)
+
+    def _drop_an_idle_class(self, session: Session, now: datetime) -> bool:
+        """Make room in a full server: delete the oldest class that no learner has joined and whose host
+        has been quiet for ``idle_class_minutes`` (a flood of empty classes cannot keep a host out)."""
+        quiet_since = func.coalesce(Class.host_seen_at, Class.created_at)
+        idle = session.scalar(select(Class.id).where(
+            Class.expires_at > now, quiet_since <= now - timedelta(minutes=self.caps.idle_class_minutes),
+            ~select(Learner.id).where(Learner.class_id == Class.id).exists()).order_by(quiet_since).limit(1))
+        if idle is not None:
+            session.execute(delete(Class).where(Class.id == idle))
+        return idle is not None
 
     def _lifetime(self, klass: Class) -> datetime:
         """When the class expires once someone has joined it."""

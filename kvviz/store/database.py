@@ -55,6 +55,11 @@ def default_url() -> str:
     return f"sqlite:///{state_dir() / 'workshop.sqlite3'}"
 
 
+def shown_url(url: str) -> str:
+    """Where a store is, without its user and password: for the server's log."""
+    return url.split("@", 1)[-1] if "@" in url else url
+
+
 def normalized(url: str) -> str:
     """A ``postgresql://`` or ``postgres://`` URL as psycopg 3's (SQLAlchemy's default driver is psycopg2)."""
     for prefix in ("postgresql://", "postgres://"):

@@ -1,8 +1,9 @@
 """Saved runs: a page's state and results kept under a short id, so that ``/r/<id>`` reopens them
 without a model. Anyone may save a run within ``policy.workshop_caps()``: how large one may be, how
 many are kept and how many bytes all of them hold (counted under the store's write lock, so that
-saves at once never pass them), and how long one is kept (``saved_run_days``: an expired run is
-deleted at the next save). A host may pin saved runs to its class, and the class's learners see them.
+saves at once never pass them; when a new run does not fit, the oldest runs pinned to no class make
+room), and how long one is kept (``saved_run_days``: an expired run is deleted at the next save). A
+host may pin saved runs to its class, and the class's learners see them.
 """
 
 from __future__ import annotations
@@ -46,18 +47,33 @@ class SavedRuns:
         now = self.clock()
         with writing(self.engine, "saved_runs") as session:
             session.execute(delete(SavedRun).where(SavedRun.expires_at <= now))
-            count, held = session.execute(select(func.count(SavedRun.id), func.coalesce(func.sum(SavedRun.size), 0))).one()
-            if count >= self.caps.max_saved_runs:
-                raise Refused(f"This server keeps at most {self.caps.max_saved_runs} saved runs; none can be added now.", 429)
-            if held + size > self.caps.max_saved_bytes:
-                raise Refused(f"This server keeps at most {self.caps.max_saved_bytes / 1e6:.0f} MB of saved runs; "
-                              "this one does not fit now.", 429)
+            self._make_room(session, size)
             run_id = free_key(session, SavedRun.id, ID_LETTERS, ID_LENGTH)
             if run_id is None:
                 raise Refused("No free id was found for this run; try again.", 503)
             session.add(SavedRun(id=run_id, created_at=now, expires_at=now + timedelta(days=self.caps.saved_run_days),
                                  title=title, link=link, results=results, size=size))
         return run_id
+
+    def _make_room(self, session: Session, size: int) -> None:
+        """Room for one more run of ``size`` bytes within the caps: the oldest runs pinned to no class go
+        first; when the pinned ones alone fill the store, the run is refused."""
+        count, held = session.execute(select(func.count(SavedRun.id), func.coalesce(func.sum(SavedRun.size), 0))).one()
+        fits = lambda: count < self.caps.max_saved_runs and held + size <= self.caps.max_saved_bytes  # noqa: E731
+        if fits():
+            return
+        oldest = session.execute(select(SavedRun.id, SavedRun.size).where(SavedRun.class_id.is_(None))
+                                 .order_by(SavedRun.created_at)).yield_per(256)
+        going = []
+        for run_id, run_size in oldest:
+            going.append(run_id)
+            count, held = count - 1, held - run_size
+            if fits():
+                break
+        if not fits():
+            raise Refused(f"This server keeps at most {self.caps.max_saved_runs} saved runs and "
+                          f"{self.caps.max_saved_bytes / 1e6:.0f} MB of them, pinned to classes; this one does not fit now.", 429)
+        session.execute(delete(SavedRun).where(SavedRun.id.in_(going)))
 
     def _run(self, session: Session, run_id: str, lock: bool = False) -> SavedRun:
         run_id = cleaned(run_id, "The run's id", 16).lower()
