@@ -89,7 +89,7 @@ def make_engine(url: str) -> Engine:
     url = normalized(url)
     if url.startswith("sqlite"):
         path = url.split("///", 1)[1] if "///" in url else ""
-        if path and path != ":memory:":
+        if path and path != ":memory:" and not path.startswith("file:"):  # a file: URI (?mode=ro) names its own
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
         event.listen(engine, "connect", _sqlite_pragmas)
@@ -110,6 +110,8 @@ def alembic_config(url: str) -> Config:
 def migrate(engine: Engine) -> None:
     """Upgrade the database to the newest revision (an empty one gets every table); servers starting
     together on one database migrate one after the other."""
+    if current(engine) == head():  # nothing to write (a read-only store still opens)
+        return
     config = alembic_config(engine.url.render_as_string(hide_password=False))
     with _transaction(engine, "migrations") as connection:
         config.attributes["connection"] = connection

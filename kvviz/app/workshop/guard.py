@@ -165,8 +165,9 @@ def handlers(store_label: str) -> dict:
     async def store_down(request: Request, error: Exception):
         if not on_workshop(request):
             raise error
-        LOG.error("The workshop's store (%s) failed on %s %s: %s", store_label, request.method, request.url.path,
-                  one_line(str(error))[:500])
+        cause = getattr(error, "orig", None) or error  # the driver's own error, without the statement and its values
+        LOG.error("The workshop's store (%s) failed on %s %s: %s: %s", store_label, request.method, request.url.path,
+                  type(cause).__name__, one_line(str(cause))[:300])
         return refusal(STORE_DOWN, 503)
 
     return {Refused: refused, RequestValidationError: invalid, HTTPException: http_error,
