@@ -45,6 +45,8 @@ _ENGINES: dict[str, Engine] = {}
 _LOCK = threading.Lock()
 _WRITERS: weakref.WeakKeyDictionary[Engine, threading.Lock] = weakref.WeakKeyDictionary()
 WRITE_OPTION = "kvviz_write"  # a connection's execution option: its transaction writes
+# what a person is told when the store cannot be written (where it is goes to the server's log only)
+UNWRITABLE = "The workshop's store cannot be written now (it is read-only, full or unreachable); tell the server's admin."
 
 
 def default_url() -> str:

@@ -39,11 +39,12 @@ from starlette.exceptions import HTTPException
 
 from kvviz.core.policy import WorkshopCaps
 from kvviz.store.classes import Refused
+from kvviz.store.database import UNWRITABLE
 
 LOG = logging.getLogger("kvviz.app.workshop")
 BODY_BYTES = 16_384  # every workshop request but a saved run
 WORKSHOP_PATHS = ("/workshop", "/r/")
-STORE_DOWN = "The workshop's store cannot be written now (it is read-only, full or unreachable); tell the server's admin."
+STORE_DOWN = UNWRITABLE
 HTTP_LINES = {404: "There is no such workshop page or route.", 405: "This workshop route does not take that method.",
               413: "This request's body is larger than the workshop takes here."}
 
