@@ -134,8 +134,8 @@ def validation_line(errors: list[dict]) -> str:
         return "This request needs a JSON object as its body." if kind == "missing" else "The body must be a JSON object."
     if message.startswith("Value error, "):
         return message[len("Value error, "):]
-    if kind == "extra_forbidden":
-        return f"This request takes no field {field!r}."
+    if kind == "extra_forbidden":  # its name is what was sent: not repeated
+        return "This request holds a field it does not take."
     if kind == "missing":
         return f"The field {field!r} is missing."
     return f"{field}: {message}."
