@@ -49,6 +49,7 @@ def main(argv=None) -> None:
 
     from kvviz.app.ui import build_demo, launch_kwargs
     from kvviz.app.workshop import api as workshop
+    from kvviz.app.workshop import joining
     from kvviz.core import policy
     from kvviz.engine.stream import use_one_thread_per_handoff
 
@@ -68,6 +69,9 @@ def main(argv=None) -> None:
     print(f"kvviz: {mode}, {runs} run(s) at once, queue of {policy.caps().queue_size}", flush=True)
     classes = workshop.Service(listen_host=args.host)
     print(f"kvviz: workshop at http://{args.host}:{args.port}/workshop (store: {classes.store_label})", flush=True)
+    if joining.is_loopback(args.host):
+        print("kvviz: phones cannot reach this address; for a class, serve on the network: python app.py --host 0.0.0.0",
+              flush=True)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share,
                 app_kwargs=workshop.launch_app_kwargs(classes), **launch_kwargs())
 

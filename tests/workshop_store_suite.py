@@ -21,9 +21,10 @@ from sqlalchemy.orm import Session
 
 from kvviz.core.policy import LOCAL_WORKSHOP
 from kvviz.store import database
-from kvviz.store.classes import Refused, Workshop, digest
+from kvviz.store.classes import Workshop
 from kvviz.store.runs import SavedRuns
 from kvviz.store.tables import Base, Class, Learner, Prediction
+from kvviz.store.values import Refused, digest
 
 EXERCISES = ["one", "two", "three"]
 

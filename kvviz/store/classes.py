@@ -10,21 +10,20 @@
   (``policy.workshop_caps().host_lease_seconds``) or it takes over;
 * **a learner** joins with the code and a display name (no account) and gets a session token; with
   it they predict (once per exercise, while it is open), read their own answers and, after the
-  reveal, the room's counts. Nothing a learner can call returns another learner's name or answers.
+  reveal, the room's counts. Nothing a learner can call returns another learner's name or answers;
+* **the projector** reads the board without names, with the class's read-only key.
 
-Every refusal is a ``Refused`` with one line for the person and an HTTP status for the API. Caps
-(classes alive, learners per class, predictions per minute per session, class lifetime) come from
-``kvviz.core.policy.workshop_caps()``.
+Every refusal is a ``Refused`` (``values``) with one line for the person and an HTTP status for the
+API. Caps (classes alive, learners per class, predictions per minute per session, class lifetime and
+an empty class's shorter one) come from ``kvviz.core.policy.workshop_caps()``, and are counted under
+the store's write lock (``kvviz.store.database.writing``).
 """
 
 from __future__ import annotations
 
-import base64
 import csv
-import hashlib
 import hmac
 import io
-import re
 import secrets
 from collections import Counter
 from dataclasses import dataclass
@@ -35,86 +34,14 @@ from sqlalchemy import Engine, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kvviz.core import limits
 from kvviz.core.policy import WorkshopCaps, workshop_caps
 from kvviz.store.database import free_key, locked, reading, writing
 from kvviz.store.tables import Class, Learner, Prediction
+from kvviz.store.values import Refused, class_code, digest, display_name, prediction_value, projector_key, spreadsheet_cell, utc
 
 CODE_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: read off a projector
 CODE_LENGTH = 6
 MODES = ("paced", "self")  # the host opens exercises one by one, or the class goes at its own pace
-MAX_CODE = 12
-MAX_NAME = 24
-MAX_VALUE = 80
-# markup or a link in a display name: it is shown to the room, so it is refused, not escaped and kept
-_MARKUP = re.compile(r"[<>&\"`{}\[\]\\|=*_#~$]|://|^\s*[-+@]")
-# a spreadsheet reads a cell that starts so as a formula; a plain number ("-3", "+0.5") stays a number
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-_NUMBER = re.compile(r"[-+]?\d+(\.\d+)?")
-
-
-class Refused(Exception):
-    """A request the store will not do: ``line`` says why in one line, ``status`` for HTTP."""
-
-    def __init__(self, line: str, status: int = 400):
-        super().__init__(line)
-        self.line = line
-        self.status = status
-
-
-def digest(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-def utc(moment: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes: they were written in UTC."""
-    if moment is None or moment.tzinfo is not None:
-        return moment
-    return moment.replace(tzinfo=timezone.utc)
-
-
-def cleaned(text: str | None, field: str, limit: int) -> str:
-    """A one-line text by kvviz's one rule (``kvviz.core.limits.clean_line``), or a Refused in one line."""
-    try:
-        return limits.clean_line(text, field, limit)
-    except ValueError as error:
-        raise Refused(str(error)) from None
-
-
-def class_code(code: str | None) -> str:
-    """A class code as typed (any case, spaces around it), as the store keeps it."""
-    return cleaned(code, "The class code", MAX_CODE).upper()
-
-
-def display_name(name: str | None) -> str:
-    """A learner's display name, cleaned, or a Refused saying what is wrong with it."""
-    name = cleaned(name, "The name", MAX_NAME)
-    if not name:
-        raise Refused("Type a display name to join.")
-    if _MARKUP.search(name) or any(not ch.isprintable() for ch in name):
-        raise Refused("Use letters, digits, spaces and simple punctuation in the name: no markup or links.")
-    return name
-
-
-def prediction_value(value: str | None) -> str:
-    value = cleaned(value, "A prediction", MAX_VALUE)
-    if not value:
-        raise Refused(f"A prediction is 1 to {MAX_VALUE} characters.")
-    return value
-
-
-def spreadsheet_cell(value: str) -> str:
-    """A CSV cell that a spreadsheet shows as text: one that would start a formula gets a leading quote."""
-    if value.startswith(_FORMULA_START) and not _NUMBER.fullmatch(value):
-        return "'" + value
-    return value
-
-
-def projector_key(host_token: str, code: str) -> str:
-    """The class's read-only key for the projector, derived from the host token (so a host link opened
-    anywhere gives the same one) and never the token itself."""
-    mac = hmac.new(host_token.encode("utf-8"), f"projector:{code}".encode(), hashlib.sha256).digest()
-    return base64.urlsafe_b64encode(mac[:18]).decode()
 
 
 @dataclass(frozen=True)

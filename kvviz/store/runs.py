@@ -17,9 +17,10 @@ from sqlalchemy.orm import Session
 
 from kvviz.core import limits
 from kvviz.core.policy import WorkshopCaps, workshop_caps
-from kvviz.store.classes import Refused, Workshop, cleaned, utc
+from kvviz.store.classes import Workshop
 from kvviz.store.database import free_key, locked, reading, writing
 from kvviz.store.tables import Learner, SavedRun
+from kvviz.store.values import Refused, cleaned, utc
 
 ID_LETTERS = "abcdefghjkmnpqrstuvwxyz23456789"
 ID_LENGTH = 7  # 31^7: about 27 billion ids; "/r/abc2345" is 10 characters

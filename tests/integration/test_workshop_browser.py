@@ -26,7 +26,7 @@ from kvviz.app.page import views
 from kvviz.app.presets import load_precomputed
 from kvviz.app.workshop import api
 from kvviz.store import database
-from kvviz.store.classes import MAX_NAME
+from kvviz.store.values import MAX_NAME
 from tests.page_checks import artifacts_dir, launched_chromium
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")

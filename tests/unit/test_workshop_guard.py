@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from kvviz.app.workshop import bodies, guard, joining
-from kvviz.store.classes import projector_key, spreadsheet_cell
+from kvviz.store.values import projector_key, spreadsheet_cell
 
 
 def line_for(model, **fields) -> str:

@@ -11,9 +11,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from kvviz.app import tokenview
 from kvviz.app.page import views
-from kvviz.store.classes import Refused
 from kvviz.store.database import UNWRITABLE, default_url, open_store, shown_url
 from kvviz.store.runs import SavedRuns
+from kvviz.store.values import Refused
 
 LOG = logging.getLogger("kvviz.app.page")
 

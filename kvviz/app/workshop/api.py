@@ -26,9 +26,10 @@ from starlette.routing import Mount
 from kvviz.app.exercises import EXERCISES, Sequence, check_prediction, grade, stored_results
 from kvviz.app.workshop import bodies, facts, guard, joining, pages
 from kvviz.core.policy import WorkshopCaps, workshop_caps
-from kvviz.store.classes import Refused, Workshop
+from kvviz.store.classes import Workshop
 from kvviz.store.database import default_url, open_store, shown_url
 from kvviz.store.runs import SavedRuns
+from kvviz.store.values import Refused
 
 JSON = [Depends(guard.json_from_this_site)]
 SAVE_PATH = "/workshop/api/runs"

@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from kvviz.core import limits
-from kvviz.store.classes import MAX_CODE, MAX_NAME, MAX_VALUE
 from kvviz.store.runs import MAX_LINK, MAX_TITLE
+from kvviz.store.values import MAX_CODE, MAX_NAME, MAX_VALUE
 
 MAX_KEY = 64  # an exercise's key
 MAX_RUN_ID = 200  # a saved run's id, or its /r/ link pasted whole

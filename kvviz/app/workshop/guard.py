@@ -38,8 +38,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 
 from kvviz.core.policy import WorkshopCaps
-from kvviz.store.classes import Refused
 from kvviz.store.database import UNWRITABLE
+from kvviz.store.values import Refused
 
 LOG = logging.getLogger("kvviz.app.workshop")
 BODY_BYTES = 16_384  # every workshop request but a saved run

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from string import Template
 
-from kvviz.store.classes import MAX_CODE, MAX_NAME, MAX_VALUE
+from kvviz.store.values import MAX_CODE, MAX_NAME, MAX_VALUE
 
 STATIC = Path(__file__).resolve().parent / "static"
 # the pages run only their own files: no inline script or style, nothing from elsewhere
