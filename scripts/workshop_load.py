@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,18 +52,11 @@ def serving(db_url: str):
     from kvviz.app import ui
     from kvviz.app.workshop import api
     from kvviz.store import database
+    from tests.workshop_fixtures import serving as served
 
-    demo = ui.build_demo(default_max_new_tokens=4)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                app_kwargs=api.launch_app_kwargs(api.Service(db_url)), **ui.launch_kwargs())
-    try:
-        yield demo.local_url.rstrip("/")
-    finally:
-        demo.close()
-        database.close_store(db_url)
+    with served(ui.build_demo(default_max_new_tokens=4), api.Service(db_url)) as url:
+        yield url
+    database.close_store(db_url)
 
 
 def measure(url: str, learners: int, flood: int = 0) -> dict:

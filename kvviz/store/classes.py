@@ -42,6 +42,22 @@ from kvviz.store.values import Refused, class_code, digest, display_name, predic
 CODE_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: read off a projector
 CODE_LENGTH = 6
 MODES = ("paced", "self")  # the host opens exercises one by one, or the class goes at its own pace
+NOT_JOINED = "This session has not joined a class: join with the class code and a name."
+ALREADY_PREDICTED = "You already predicted on this exercise."
+
+
+def expired(code: str) -> Refused:
+    return Refused(f"Class {code} has expired; ask the host for a new code.", 410)
+
+
+def no_exercise(key: str) -> Refused:
+    return Refused(f"This class has no exercise {key!r}.", 404)
+
+
+def checked_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise Refused(f"mode must be one of {', '.join(MODES)}")
+    return mode
 
 
 @dataclass(frozen=True)
@@ -83,7 +99,7 @@ class Workshop:
         if found is None:
             raise Refused(f"No class has the code {code or '(empty)'}: check the code on the screen.", 404)
         if utc(found.expires_at) <= self.clock():
-            raise Refused(f"Class {found.code} has expired; ask the host for a new code.", 410)
+            raise expired(found.code)
         return found
 
     def hosted(self, session: Session, code: str, host_token: str, lock: bool = False) -> Class:
@@ -102,7 +118,7 @@ class Workshop:
     def learner_of(self, session: Session, token: str) -> Learner:
         learner = session.scalar(select(Learner).where(Learner.token_hash == digest(token or "")))
         if learner is None:
-            raise Refused("This session has not joined a class: join with the class code and a name.", 401)
+            raise Refused(NOT_JOINED, 401)
         self._class(session, learner.klass.code)  # refuses an expired class
         return learner
 
@@ -119,8 +135,7 @@ class Workshop:
     def create_class(self, exercises: list[str], mode: str = "paced", hours: float | None = None) -> NewClass:
         """A new class; it lives ``hours`` (at most the cap), but only ``empty_class_hours`` while no
         learner has joined it (a host change renews that), so that classes nobody uses go early."""
-        if mode not in MODES:
-            raise Refused(f"mode must be one of {', '.join(MODES)}")
+        checked_mode(mode)
         if not exercises:
             raise Refused("A class needs at least one exercise.")
         self.purge_expired()  # an expired class's data goes when the next class is made
@@ -169,11 +184,9 @@ class Workshop:
             settings = dict(klass.settings)
             for key in (open_exercise, reveal):
                 if key is not None and key not in settings["exercises"]:
-                    raise Refused(f"This class has no exercise {key!r}.", 404)
+                    raise no_exercise(key)
             if mode is not None:
-                if mode not in MODES:
-                    raise Refused(f"mode must be one of {', '.join(MODES)}")
-                settings["mode"] = mode
+                settings["mode"] = checked_mode(mode)
             if open_exercise is not None and open_exercise not in settings["open"]:
                 settings["open"] = [*settings["open"], open_exercise]
             if reveal is not None and reveal not in settings["revealed"]:
@@ -277,7 +290,7 @@ class Workshop:
     def _prediction_problem(connection, seat, exercise: str) -> Refused | None:
         settings = seat.settings
         if exercise not in settings["exercises"]:
-            return Refused(f"This class has no exercise {exercise!r}.", 404)
+            return no_exercise(exercise)
         if settings["mode"] == "paced" and exercise not in settings["open"]:
             return Refused("The host has not opened this exercise yet.", 409)
         if exercise in settings["revealed"]:
@@ -285,7 +298,7 @@ class Workshop:
         taken = connection.execute(select(Prediction.id).where(Prediction.learner_id == seat.id,
                                                               Prediction.exercise == exercise)).first()
         if taken is not None:  # (and two at once: the unique constraint)
-            return Refused("You already predicted on this exercise.", 409)
+            return Refused(ALREADY_PREDICTED, 409)
         return None
 
     def predict(self, token: str, exercise: str, value: str, right: bool | None) -> None:
@@ -304,10 +317,10 @@ class Workshop:
                     .join(classes, classes.c.id == learners.c.class_id)
                     .where(learners.c.token_hash == digest(token or "")).with_for_update(of=learners)).first()
                 if seat is None:
-                    raise Refused("This session has not joined a class: join with the class code and a name.", 401)
+                    raise Refused(NOT_JOINED, 401)
                 now = self.clock()
                 if utc(seat.expires_at) <= now:
-                    raise Refused(f"Class {seat.code} has expired; ask the host for a new code.", 410)
+                    raise expired(seat.code)
                 fresh = (now - utc(seat.window_start)).total_seconds() >= 60
                 window_start, count = (now, 1) if fresh else (seat.window_start, seat.window_count + 1)
                 connection.execute(update(learners).where(learners.c.id == seat.id)
@@ -321,7 +334,7 @@ class Workshop:
                         class_id=seat.class_id, learner_id=seat.id, exercise=exercise, value=value, right=right,
                         created_at=now))
         except IntegrityError:
-            raise Refused("You already predicted on this exercise.", 409) from None
+            raise Refused(ALREADY_PREDICTED, 409) from None
         if problem is not None:  # raised after the commit, so that the attempt counts
             raise problem
 

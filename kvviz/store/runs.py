@@ -26,6 +26,7 @@ ID_LETTERS = "abcdefghjkmnpqrstuvwxyz23456789"
 ID_LENGTH = 7  # 31^7: about 27 billion ids; "/r/abc2345" is 10 characters
 MAX_TITLE = 200
 MAX_LINK = 20_000  # the page's state as its link's query string
+RESULTS_NOT_TEXT = "The results hold an invalid character (a lone UTF-16 surrogate); they are not text."
 
 
 class SavedRuns:
@@ -40,7 +41,7 @@ class SavedRuns:
         link = cleaned(link, "The link", MAX_LINK)
         body = json.dumps(results, separators=(",", ":"), ensure_ascii=False)
         if limits.has_surrogate(body):
-            raise Refused("The results hold an invalid character (a lone UTF-16 surrogate); they are not text.")
+            raise Refused(RESULTS_NOT_TEXT)
         size = len(body.encode("utf-8")) + len(link.encode("utf-8"))
         if size > self.caps.max_saved_run_bytes:
             raise Refused(f"This run is {size / 1e6:.1f} MB; a saved run holds at most "

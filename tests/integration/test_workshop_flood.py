@@ -19,18 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import httpx
-import pytest
 from sqlalchemy import text
 
-from kvviz.app import ui
 from kvviz.app.workshop import api
 from kvviz.core.policy import LOCAL_WORKSHOP
 from kvviz.store import database
-from tests.postgres_server import find_binaries, postgres_server
-from tests.workshop_servers import free_port
+from tests.workshop_fixtures import db_url, demo, serving  # noqa: F401 (fixtures)
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-IN_CI = os.environ.get("CI", "").lower() == "true"
 FLOOD = 1000  # requests: half creates, half saves
 SENDERS = 4  # the flood's connections at once
 HOST, FLOODER = "198.51.100.20", "203.0.113.9"
@@ -39,39 +34,15 @@ RESULTS = {"results": [{"handoff": "text", "answer": "x" * 8000}]}  # a small ru
 FULL = replace(LOCAL_WORKSHOP, max_classes=20, idle_class_minutes=0.0, max_saved_runs=40, max_saved_bytes=200_000)
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def db_url(request, tmp_path_factory):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('flood') / 'workshop.sqlite3'}"
-        return
-    binaries = find_binaries()
-    if binaries is None:
-        message = "PostgreSQL is not installed (no initdb): bash scripts/setup.sh --test installs Debian's postgresql"
-        if IN_CI:
-            pytest.fail(f"CI=true needs PostgreSQL: {message}")
-        pytest.skip(message)
-    with postgres_server(binaries) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def demo():
-    return ui.build_demo(default_max_new_tokens=4)
-
-
 @contextlib.contextmanager
-def serving(demo, db_url: str, caps):
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                app_kwargs=api.launch_app_kwargs(api.Service(db_url, caps=caps)), **ui.launch_kwargs())
-    try:
-        yield demo.local_url.rstrip("/")
-    finally:
-        demo.close()
-        with database.open_store(db_url).begin() as connection:  # the next test starts empty
-            for table in ("predictions", "learners", "saved_runs", "classes"):
-                connection.execute(text(f"DELETE FROM {table}"))
-        database.close_store(db_url)
+def flooded(demo, db_url: str, caps):
+    """The server over a store with ``caps``, emptied afterwards for the next test."""
+    with serving(demo, api.Service(db_url, caps=caps)) as url:
+        yield url
+    with database.open_store(db_url).begin() as connection:
+        for table in ("predictions", "learners", "saved_runs", "classes"):
+            connection.execute(text(f"DELETE FROM {table}"))
+    database.close_store(db_url)
 
 
 def as_client(address: str) -> dict:
@@ -112,7 +83,7 @@ def host_makes_a_class_and_saves_a_run(url: str) -> None:
 
 def test_workshop_flood_from_one_client_leaves_a_host_able_to_make_a_class_and_save_a_run(demo, db_url):
     caps = LOCAL_WORKSHOP
-    with serving(demo, db_url, caps) as url:
+    with flooded(demo, db_url, caps) as url:
         with httpx.Client(base_url=url, timeout=60) as http:  # refused for its form: none of the host's allowance
             for _ in range(20):
                 assert http.post("/workshop/api/classes", content=b"{}", headers=as_client(HOST)).status_code == 415
@@ -151,7 +122,7 @@ def test_workshop_flood_from_one_client_leaves_a_host_able_to_make_a_class_and_s
 
 
 def test_workshop_flood_from_many_addresses_fills_nothing_a_host_needs_and_keeps_the_byte_cap(demo, db_url):
-    with serving(demo, db_url, FULL) as url:
+    with flooded(demo, db_url, FULL) as url:
         statuses = flood(url, (f"10.{n // 65536}.{n // 256 % 256}.{n % 256}" for n in itertools.count(1)))
         host_makes_a_class_and_saves_a_run(url)
         engine = database.open_store(db_url)
@@ -169,7 +140,7 @@ def test_workshop_flood_from_many_addresses_fills_nothing_a_host_needs_and_keeps
 def test_workshop_flood_a_client_that_is_no_trusted_proxy_cannot_choose_its_address(demo, db_url):
     caps = LOCAL_WORKSHOP
     creates_per_minute = int(caps.creates_per_client.split("/")[0])
-    with serving(demo, db_url, caps) as url:
+    with flooded(demo, db_url, caps) as url:
         port = int(url.rsplit(":", 1)[1])
         # 127.0.0.2 is this machine too, but not a proxy uvicorn trusts: its X-Forwarded-For is ignored
         transport = httpx.HTTPTransport(local_address="127.0.0.2")

@@ -11,7 +11,6 @@ import contextlib
 import csv
 import io
 import logging
-import os
 import select
 import socket
 import time
@@ -21,56 +20,21 @@ import psycopg
 import pytest
 from sqlalchemy import event, text
 
-from kvviz.app import ui
 from kvviz.app.exercises import EXERCISES
 from kvviz.app.workshop import api, guard
 from kvviz.store import database
-from tests.postgres_server import find_binaries, postgres_server
-from tests.workshop_servers import free_port
+from tests.workshop_fixtures import db_url, demo, serving  # noqa: F401 (fixtures)
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-IN_CI = os.environ.get("CI", "").lower() == "true"
 WORDS = next(e for e in EXERCISES.exercises if e.predict == "words").key
 CHOICE = next(e for e in EXERCISES.exercises if e.predict == "choice")
 HUNDRED_MB = 100_000_000
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def db_url(request, tmp_path_factory):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('hostile') / 'workshop.sqlite3'}"
-        return
-    binaries = find_binaries()
-    if binaries is None:
-        message = "PostgreSQL is not installed (no initdb): bash scripts/setup.sh --test installs Debian's postgresql"
-        if IN_CI:
-            pytest.fail(f"CI=true needs PostgreSQL: {message}")
-        pytest.skip(message)
-    with postgres_server(binaries) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def demo():
-    return ui.build_demo(default_max_new_tokens=4)
-
-
-@contextlib.contextmanager
-def serving(demo, db_url: str):
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                app_kwargs=api.launch_app_kwargs(api.Service(db_url)), **ui.launch_kwargs())
-    try:
-        yield demo.local_url.rstrip("/")
-    finally:
-        demo.close()
-        database.close_store(db_url)
-
-
 @pytest.fixture()
 def server(demo, db_url):
-    with serving(demo, db_url) as url:
+    with serving(demo, api.Service(db_url)) as url:
         yield url
+    database.close_store(db_url)
 
 
 def one_line(answer: httpx.Response, status: int | None = None, *hidden: str) -> str:

@@ -7,7 +7,8 @@ server: requests that arrive at once must not lose an acknowledged change nor ov
   short of the class cap, 10 trials each: exactly five admitted, the cap never exceeded;
 * two app servers (``python app.py`` processes) on one store: the same host changes split across
   them (PostgreSQL: nothing lost; SQLite: nothing lost, the same discipline across processes) and
-  a cap race at each real cap (500 learners, 200 classes).
+  a cap race at each real cap (500 learners, 200 classes), and one session's per-minute prediction
+  limit (40 attempts at once: exactly 30 counted).
 
 Each class is made from an address of its own (``X-Forwarded-For`` from 127.0.0.1, a proxy uvicorn
 trusts), so that the per-client allowance (guard.Allowance) does not stand in for the caps.
@@ -18,62 +19,26 @@ was locked, on SQLite the writer lock was per process and began at the first wri
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 from dataclasses import replace
 
 import httpx
 import pytest
 
-from kvviz.app import ui
 from kvviz.app.exercises import EXERCISES
 from kvviz.app.workshop import api
 from kvviz.core.policy import LOCAL_WORKSHOP
 from kvviz.store import database
 from kvviz.store.classes import Workshop
-from tests.postgres_server import find_binaries, postgres_server
-from tests.workshop_servers import app_servers, free_port
+from tests.workshop_fixtures import db_url, demo, serving  # noqa: F401 (fixtures)
+from tests.workshop_servers import app_servers
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-IN_CI = os.environ.get("CI", "").lower() == "true"
 AT_ONCE = 11
 TRIALS = 10
 SHORT = 5  # a cap race starts this many short of the cap
 CAPS = replace(LOCAL_WORKSHOP, max_classes=40, max_learners=20)
 KEYS = [exercise.key for exercise in EXERCISES.exercises]
 assert len(KEYS) >= AT_ONCE
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def db_url(request, tmp_path_factory):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('race') / 'workshop.sqlite3'}"
-        return
-    binaries = find_binaries()
-    if binaries is None:
-        message = "PostgreSQL is not installed (no initdb): bash scripts/setup.sh --test installs Debian's postgresql"
-        if IN_CI:
-            pytest.fail(f"CI=true needs PostgreSQL: {message}")
-        pytest.skip(message)
-    with postgres_server(binaries) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def demo():
-    return ui.build_demo(default_max_new_tokens=4)
-
-
-@contextlib.contextmanager
-def serving(demo, service: api.Service):
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                app_kwargs=api.launch_app_kwargs(service), **ui.launch_kwargs())
-    try:
-        yield demo.local_url.rstrip("/")
-    finally:
-        demo.close()
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +132,14 @@ def test_workshop_race_two_servers_on_one_store_lose_nothing_and_keep_the_caps(d
                            for index in range(AT_ONCE)])
         assert sum(answer.status_code == 200 for answer in answers) == SHORT
         assert len(shop.board(made.code, made.host_token)["names"]) == LOCAL_WORKSHOP.max_learners
+        # one session's per-minute prediction limit holds across both servers
+        paced = shop.create_class(KEYS, mode="self")
+        seat = shop.join(paced.code, "Quick")
+        attempts = LOCAL_WORKSHOP.predictions_per_minute + 10
+        answers = at_once([post(urls[index % 2], "/workshop/api/predict", {"exercise": KEYS[0], "value": "right"},
+                                {"X-Learner-Token": seat.token}) for index in range(attempts)])
+        assert sum(answer.status_code == 429 for answer in answers) == attempts - LOCAL_WORKSHOP.predictions_per_minute
+        assert sum(answer.status_code == 200 for answer in answers) == 1
         with database.open_store(db_url).connect() as connection:
             alive = connection.exec_driver_sql("SELECT count(*) FROM classes").scalar()
         for _ in range(LOCAL_WORKSHOP.max_classes - SHORT - alive):

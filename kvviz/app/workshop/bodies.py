@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from kvviz.core import limits
-from kvviz.store.runs import MAX_LINK, MAX_TITLE
+from kvviz.store.runs import MAX_LINK, MAX_TITLE, RESULTS_NOT_TEXT
 from kvviz.store.values import MAX_CODE, MAX_NAME, MAX_VALUE
 
 MAX_KEY = 64  # an exercise's key
@@ -30,7 +30,7 @@ def line(field: str, limit: int):
 
 def _results(value: Any) -> Any:
     if isinstance(value, dict) and limits.has_surrogate(json.dumps(value, ensure_ascii=False)):
-        raise ValueError("The results hold an invalid character (a lone UTF-16 surrogate); they are not text.")
+        raise ValueError(RESULTS_NOT_TEXT)
     return value
 
 
