@@ -61,3 +61,18 @@ def test_phones_join_where_they_can_reach_the_server(monkeypatch):
 def test_the_qr_code_is_an_svg_of_the_join_address():
     svg = joining.qr_svg("http://192.168.1.20:7860/workshop/class/ABC234").decode()
     assert svg.startswith("<?xml") and "<svg" in svg and "ABC234" in svg
+
+
+def test_public_mode_takes_less_of_everything_and_each_client_less():
+    from dataclasses import fields
+
+    from limits import parse_many
+
+    from kvviz.core.policy import LOCAL_WORKSHOP, PUBLIC_WORKSHOP
+
+    for field in fields(LOCAL_WORKSHOP):
+        local, public = getattr(LOCAL_WORKSHOP, field.name), getattr(PUBLIC_WORKSHOP, field.name)
+        if isinstance(local, str):  # an allowance: each of its windows allows fewer
+            assert all(p.amount < l.amount for p, l in zip(parse_many(public), parse_many(local))), field.name
+        elif field.name not in ("host_lease_seconds", "idle_class_minutes"):
+            assert public < local, field.name
