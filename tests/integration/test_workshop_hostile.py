@@ -133,9 +133,14 @@ def test_workshop_hostile_a_page_on_another_site_makes_no_class(server, db_url):
     assert one_line(httpx.post(server + "/workshop/api/classes", content=b"{}", headers={**evil, "Content-Type": "text/plain"}), 403)
     assert one_line(httpx.post(server + "/workshop/api/classes", json={}, headers=evil), 403)  # after a preflight
     one_line(httpx.post(server + "/workshop/api/runs", json={"results": {}}, headers={"Origin": "null"}), 403)
+    one_line(httpx.post(server + "/workshop/api/classes", json={}, headers={"Sec-Fetch-Site": "cross-site"}), 403)
+    one_line(httpx.post(server + "/workshop/api/classes", json={}, headers={"Sec-Fetch-Site": "same-site", **evil}), 403)
     assert classes_in(db_url) == before
     port = server.rsplit(":", 1)[1]
     assert httpx.post(server + "/workshop/api/classes", json={}, headers={"Origin": f"http://127.0.0.1:{port}"}).status_code == 200
+    # behind a proxy that rewrites Host, the browser's own word that the page is this site's
+    assert httpx.post(server + "/workshop/api/classes", json={}, headers={"Origin": "https://class.example.org",
+                                                                          "Sec-Fetch-Site": "same-origin"}).status_code == 200
 
 
 def test_workshop_hostile_a_100_mb_body_is_refused_before_it_is_read(server):

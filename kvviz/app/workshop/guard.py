@@ -91,9 +91,15 @@ class BodyLimit:
 
 
 def json_from_this_site(request: Request) -> None:
-    """A route's dependency: its POST is JSON, sent from a page of this server."""
-    origin = request.headers.get("origin")
-    if origin is not None and urlsplit(origin).netloc.lower() != request.headers.get("host", "").lower():
+    """A route's dependency: its POST is JSON, sent from a page of this server. A browser says where a
+    request comes from in ``Sec-Fetch-Site`` (no page can set it; it holds behind a proxy that
+    rewrites ``Host``); without it (an older browser, a script), the ``Origin`` must name this host."""
+    site, origin = request.headers.get("sec-fetch-site"), request.headers.get("origin")
+    if site is not None:
+        foreign = site not in ("same-origin", "none")
+    else:
+        foreign = origin is not None and urlsplit(origin).netloc.lower() != request.headers.get("host", "").lower()
+    if foreign:
         raise Refused("The workshop takes requests from its own pages only; this one came from another site.", 403)
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type != "application/json":
