@@ -2,10 +2,9 @@
 Gradio's FastAPI app with the one set of exception handlers): the pages, a JSON API under
 ``/workshop/api`` and the saved runs' short links.
 
-Who may do what is the store's (``kvviz.store.classes.Workshop``): the host's requests carry the
-host token (header ``X-Host-Token``; the host page keeps it in the tab's session storage) and the
-host page's session (``X-Host-Session``); the projector's carry the class's read-only key
-(``X-Projector-Key``); a learner's carry their session token (``X-Learner-Token``). Bodies are
+Who is calling is one dependency (``guard.caller``: the host token and host page's session, the
+projector's read-only key or a learner's session token, from their headers, and the client's
+address); who may do what with them is the store's (``kvviz.store.classes.Workshop``). Bodies are
 typed (``bodies``); what a request may do before it runs and how a refusal is answered, in one line
 with its HTTP status, is ``guard``'s.
 
@@ -17,7 +16,7 @@ from __future__ import annotations
 import threading
 from urllib.parse import parse_qsl, urlencode
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware import Middleware
@@ -32,8 +31,8 @@ from kvviz.store.runs import SavedRuns
 from kvviz.store.values import Refused
 
 JSON = [Depends(guard.json_from_this_site)]
+WHO = Depends(guard.caller)
 SAVE_PATH = "/workshop/api/runs"
-HOST_SESSION_CHARS = 64
 
 
 class Service:
@@ -118,46 +117,45 @@ def page_routes(router: APIRouter, service: Service) -> None:
 
 def host_routes(router: APIRouter, service: Service) -> None:
     @router.post("/workshop/api/classes", dependencies=JSON)
-    def create(body: bodies.NewClass, request: Request) -> dict:
-        service.allowance.take("create", request)
+    def create(body: bodies.NewClass, who: guard.Caller = WHO) -> dict:
+        service.allowance.take("create", who)
         made = service.workshop.create_class([e.key for e in service.sequence.exercises], mode=body.mode)
         return {"code": made.code, "host_token": made.host_token, "expires_at": made.expires_at.isoformat(),
                 "host_link": f"/workshop/host/{made.code}#{made.host_token}", "learner_link": f"/workshop/class/{made.code}"}
 
     @router.get("/workshop/api/classes/{code}/board")
-    def board(code: str, request: Request, x_host_token: str = Header(default="")) -> dict:
-        state = service.workshop.board(code, x_host_token)
+    def board(code: str, request: Request, who: guard.Caller = WHO) -> dict:
+        state = service.workshop.board(code, who.host_token)
         return service.shown_board(state, request, reveal=state["exercises"])  # the host may peek
 
     @router.get("/workshop/api/classes/{code}/projector")
-    def projector(code: str, request: Request, x_projector_key: str = Header(default="")) -> dict:
-        state = service.workshop.projector_board(code, x_projector_key)
+    def projector(code: str, request: Request, who: guard.Caller = WHO) -> dict:
+        state = service.workshop.projector_board(code, who.projector_key)
         return service.shown_board(state, request, reveal=state["revealed"])
 
     @router.post("/workshop/api/classes/{code}/host", dependencies=JSON)
-    def control(code: str, body: bodies.HostChange, x_host_token: str = Header(default=""),
-                x_host_session: str = Header(default="")) -> dict:
-        if not x_host_session:
+    def control(code: str, body: bodies.HostChange, who: guard.Caller = WHO) -> dict:
+        if not who.host_session:
             raise Refused("The host page sends its session (X-Host-Session): reload the host page.")
-        return service.workshop.host_settings(code, x_host_token, x_host_session[:HOST_SESSION_CHARS],
+        return service.workshop.host_settings(code, who.host_token, who.host_session,
                                               take_over=body.take_over, open_exercise=body.open or None,
                                               reveal=body.reveal or None, mode=body.mode)
 
     @router.get("/workshop/api/classes/{code}/export.csv")
-    def export(code: str, x_host_token: str = Header(default="")) -> Response:
-        text = service.workshop.export_csv(code, x_host_token)
+    def export(code: str, who: guard.Caller = WHO) -> Response:
+        text = service.workshop.export_csv(code, who.host_token)
         filename = f"kvviz-class-{pages.page_code(code)}.csv"
         return PlainTextResponse(text, media_type="text/csv", headers={"Content-Disposition": f'attachment; filename="{filename}"'})
 
     @router.delete("/workshop/api/classes/{code}")
-    def remove(code: str, x_host_token: str = Header(default="")) -> dict:
-        service.workshop.delete_class(code, x_host_token)
+    def remove(code: str, who: guard.Caller = WHO) -> dict:
+        service.workshop.delete_class(code, who.host_token)
         return {"deleted": pages.page_code(code)}
 
     @router.post("/workshop/api/classes/{code}/pins", dependencies=JSON)
-    def pin(code: str, body: bodies.Pin, x_host_token: str = Header(default="")) -> dict:
+    def pin(code: str, body: bodies.Pin, who: guard.Caller = WHO) -> dict:
         run_id = body.run.rstrip("/").rsplit("/r/", 1)[-1]
-        service.runs.pin(service.workshop, code, x_host_token, run_id)
+        service.runs.pin(service.workshop, code, who.host_token, run_id)
         return {"pinned": run_id.lower()}
 
 
@@ -168,16 +166,16 @@ def learner_routes(router: APIRouter, service: Service) -> None:
         return {"code": seat.code, "name": seat.name, "token": seat.token}
 
     @router.get("/workshop/api/me")
-    def me(x_learner_token: str = Header(default="")) -> dict:
-        view = service.workshop.learner_view(x_learner_token)
+    def me(who: guard.Caller = WHO) -> dict:
+        view = service.workshop.learner_view(who.learner_token)
         view["cards"] = service.cards(view["exercises"])
-        view["pinned"] = service.runs.pinned(service.workshop, x_learner_token)
+        view["pinned"] = service.runs.pinned(service.workshop, who.learner_token)
         return view
 
     # A prediction is a few milliseconds of work: done on the server's event loop, it does not wait
     # for a thread of the pool and the interpreter lock behind the other requests of a burst
     @router.post("/workshop/api/predict", dependencies=JSON)
-    async def predict(body: bodies.Predict, x_learner_token: str = Header(default="")) -> dict:
+    async def predict(body: bodies.Predict, who: guard.Caller = WHO) -> dict:
         try:
             exercise = service.sequence.get(body.exercise)
         except KeyError:
@@ -186,22 +184,22 @@ def learner_routes(router: APIRouter, service: Service) -> None:
         if problem:
             raise Refused(problem)
         right = grade(exercise, body.value) if exercise.preset else None
-        service.workshop.predict(x_learner_token, body.exercise, body.value, right)
+        service.workshop.predict(who.learner_token, body.exercise, body.value, right)
         return {"exercise": body.exercise, "value": body.value}
 
     @router.get("/workshop/api/reveal/{key}")
-    def reveal(key: str, x_learner_token: str = Header(default="")) -> dict:
-        if not service.workshop.may_reveal(x_learner_token, key):
+    def reveal(key: str, who: guard.Caller = WHO) -> dict:
+        if not service.workshop.may_reveal(who.learner_token, key):
             raise Refused("Predict first: the run shows after your prediction and the host's reveal.", 403)
-        mine = service.workshop.learner_view(x_learner_token)["mine"].get(key)
+        mine = service.workshop.learner_view(who.learner_token)["mine"].get(key)
         return {**facts.reveal(service.sequence.get(key)), "mine": mine,
-                "room": service.workshop.room(x_learner_token, key)}
+                "room": service.workshop.room(who.learner_token, key)}
 
 
 def run_routes(router: APIRouter, service: Service) -> None:
     @router.post(SAVE_PATH, dependencies=JSON)
-    def save(body: bodies.SaveRun, request: Request) -> dict:
-        service.allowance.take("save", request)
+    def save(body: bodies.SaveRun, who: guard.Caller = WHO) -> dict:
+        service.allowance.take("save", who)
         run_id = service.runs.save(body.title, body.link, body.results)
         return {"id": run_id, "link": f"/r/{run_id}"}
 

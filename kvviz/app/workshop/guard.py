@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import urlsplit
 
@@ -43,6 +44,7 @@ from kvviz.store.values import Refused
 
 LOG = logging.getLogger("kvviz.app.workshop")
 BODY_BYTES = 16_384  # every workshop request but a saved run
+HOST_SESSION_CHARS = 64
 WORKSHOP_PATHS = ("/workshop", "/r/")
 STORE_DOWN = UNWRITABLE
 HTTP_LINES = {404: "There is no such workshop page or route.", 405: "This workshop route does not take that method.",
@@ -106,8 +108,24 @@ def json_from_this_site(request: Request) -> None:
         raise Refused("Send the body as JSON (Content-Type: application/json).", 415)
 
 
-def client_address(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: the credentials a request carries (each empty when absent) and its client's
+    address. The store decides what each may do."""
+
+    address: str
+    host_token: str  # header X-Host-Token: the host page's, from its tab's session storage
+    host_session: str  # header X-Host-Session: which host page (one at a time holds a class)
+    projector_key: str  # header X-Projector-Key: the class's read-only key
+    learner_token: str  # header X-Learner-Token: a learner's session
+
+
+async def caller(request: Request) -> Caller:
+    """The routes' one dependency for who is calling."""
+    headers = request.headers
+    return Caller(request.client.host if request.client else "unknown", headers.get("x-host-token", ""),
+                  headers.get("x-host-session", "")[:HOST_SESSION_CHARS], headers.get("x-projector-key", ""),
+                  headers.get("x-learner-token", ""))
 
 
 class Allowance:
@@ -119,9 +137,9 @@ class Allowance:
         self.limiter = MovingWindowRateLimiter(MemoryStorage())
         self.rates = {"create": parse_many(caps.creates_per_client), "save": parse_many(caps.saves_per_client)}
 
-    def take(self, kind: str, request: Request) -> None:
-        """Count one of ``kind`` for this request's client, or refuse it (429) saying when to try again."""
-        who = client_address(request)
+    def take(self, kind: str, caller: Caller) -> None:
+        """Count one of ``kind`` for this caller's address, or refuse it (429) saying when to try again."""
+        who = caller.address
         for rate in self.rates[kind]:
             if not self.limiter.hit(rate, kind, who):
                 wait = math.ceil(self.limiter.get_window_stats(rate, kind, who).reset_time - time.time())
