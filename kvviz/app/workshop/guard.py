@@ -1,10 +1,12 @@
 """Who is calling and what a request may do before a workshop route runs, and the one way every
 refusal is answered: ``{"error": one line}`` with its HTTP status.
 
+* **Who is calling** (``caller``, the routes' one dependency): the credentials a request carries in
+  its headers and its client's address.
 * **Every POST is JSON from the workshop's own pages** (``json_from_this_site``): a body sent as
-  anything but ``Content-Type: application/json`` gets 415, and one whose ``Origin`` is another
-  site 403, so that a page elsewhere cannot make classes or runs through its visitors' browsers (a
-  cross-site ``fetch`` can send JSON only after a CORS preflight, and this one is refused anyway).
+  anything but ``Content-Type: application/json`` gets 415, and one from another site (the
+  browser's ``Sec-Fetch-Site``, else its ``Origin``) 403, so that a page elsewhere cannot make
+  classes or runs through its visitors' browsers.
 * **Bodies are bounded before they are read** (``BodyLimit``: ``BODY_BYTES``, a saved run up to its
   cap): a body that declares a larger length gets 413 before a byte of it is read, one that streams
   past the limit gets 413 there; a body that does not fit its typed model gets 400 with one line
@@ -31,12 +33,12 @@ from fastapi import Request
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from limits import parse_many
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvviz.core.policy import WorkshopCaps
 from kvviz.store.database import UNWRITABLE
@@ -46,9 +48,8 @@ LOG = logging.getLogger("kvviz.app.workshop")
 BODY_BYTES = 16_384  # every workshop request but a saved run
 HOST_SESSION_CHARS = 64
 WORKSHOP_PATHS = ("/workshop", "/r/")
-STORE_DOWN = UNWRITABLE
-HTTP_LINES = {404: "There is no such workshop page or route.", 405: "This workshop route does not take that method.",
-              413: "This request's body is larger than the workshop takes here."}
+STORE_DOWN = UNWRITABLE  # the one line of a store that cannot be written
+HTTP_LINES = {404: "There is no such workshop page or route.", 405: "This workshop route does not take that method."}
 
 
 def one_line(text: str) -> str:
@@ -61,6 +62,14 @@ def refusal(line: str, status: int) -> JSONResponse:
 
 def too_large(limit: int) -> str:
     return f"This request's body is over {limit / 1024:.0f} kB, the most this workshop route takes."
+
+
+class BodyTooLarge(HTTPException):
+    """A body that streamed past its limit (FastAPI passes an HTTPException raised while it reads the
+    body on to the handlers)."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, too_large(limit))
 
 
 class BodyLimit:
@@ -85,8 +94,8 @@ class BodyLimit:
             nonlocal read
             message = await receive()
             read += len(message.get("body", b""))
-            if read > limit:  # FastAPI passes an HTTPException from reading the body on to the handlers
-                raise HTTPException(413, too_large(limit))
+            if read > limit:
+                raise BodyTooLarge(limit)
             return message
 
         await self.app(scope, counted, send)
@@ -184,8 +193,8 @@ def handlers(store_label: str) -> dict:
     async def http_error(request: Request, error: HTTPException):
         if not on_workshop(request):
             return await http_exception_handler(request, error)
-        line = error.detail if error.status_code == 413 and "kB" in str(error.detail) else HTTP_LINES.get(error.status_code)
-        return refusal(line or str(error.detail), error.status_code)
+        line = error.detail if isinstance(error, BodyTooLarge) else HTTP_LINES.get(error.status_code, error.detail)
+        return refusal(str(line), error.status_code)
 
     async def store_down(request: Request, error: Exception):
         if not on_workshop(request):
