@@ -15,6 +15,9 @@ import threading
 from kvviz.core import zerogpu
 
 
+SPACE_PROXIES = "127.0.0.1,::1,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16"
+
+
 def _preload(pair: str) -> None:
     """Load the pair in the background so the first live run does not wait for it."""
     try:
@@ -46,6 +49,8 @@ def main(argv=None) -> None:
         os.environ["KVVIZ_DTYPE"] = args.dtype
     if zerogpu.on_zerogpu():  # each run goes to a GPU worker of its own: runs at once share no decode step
         os.environ.setdefault("KVVIZ_CONCURRENCY", "1")
+    if os.environ.get("SPACE_ID"):  # a Space is reached through its proxy, on the private network: the workshop's
+        os.environ.setdefault("FORWARDED_ALLOW_IPS", SPACE_PROXIES)  # allowances count the address it forwards
 
     from kvviz.app.ui import build_demo, launch_kwargs
     from kvviz.app.workshop import api as workshop
