@@ -133,6 +133,7 @@ def test_missing_or_foreign_fuser_is_not_applicable(pair, tmp_path, monkeypatch)
     monkeypatch.setattr(locate, "SHIPPED_FUSERS", tmp_path / "no-assets")
     result = run_handoff("c2c", pair, request(None))
     assert not result.applicable and "No trained" in result.reason and "train-fuser" in result.reason
+    assert str(tmp_path) not in result.reason and "/work" not in result.reason  # the page never shows a server path
     other = mixed_pair()
     other_pair_fuser = new_fuser(other.receiver.facts, other.sharer.facts, width=8, pair="reversed")  # gemma -> llama
     other_pair_fuser.save(tmp_path / "reversed")
