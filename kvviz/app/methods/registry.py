@@ -156,3 +156,20 @@ def with_sweep() -> list[MethodPage]:
 def stage_labels(name: str) -> dict:
     page = PAGES.get(name)
     return dict(page.stage_labels) if page is not None else {}
+
+
+def column_group(name: str) -> str:
+    """A column's chip group: "control" for another's control (not the receiver alone), "baseline"
+    for the receiver alone, Skyline and the sharer alone, else "method"."""
+    handoff = registry.get(name)
+    if name in {h.control for h in registry.all_handoffs()} - {"receiver", ""}:
+        return "control"
+    return "baseline" if handoff.role in ("floor", "ceiling") or name == "sharer" else "method"
+
+
+def catalog() -> list[dict]:
+    """The page's columns without their code, in page order (``kvviz.app.reading.catalog``'s file,
+    assets/methods.json: ``scripts/methods_catalog.py`` writes it from here)."""
+    return [{"name": page.name, "label": page.handoff.label, "title": page.handoff.title, "summary": page.handoff.summary,
+             "color": page.handoff.color, "control": page.handoff.control, "default": page.handoff.default,
+             "group": column_group(page.name)} for page in columns()]
