@@ -11,7 +11,8 @@ import re
 import pytest
 
 from kvviz.app import tokenview
-from kvviz.app.page import spec, views
+from kvviz.app.page import spec, tabs
+from kvviz.app.reading.reading import read
 from kvviz.core.results import GenerationSettings, HandoffRequest
 from kvviz.engine.runner import run_handoff
 from tests.conftest import tiny_pair
@@ -61,14 +62,14 @@ def test_the_lens_draws_every_column_on_one_figure_labelled_logit_lens(results):
 
 
 def test_the_tab_shows_kvcomm_first_then_the_chosen_column(results):
-    payload = {"results": list(results.values()), "stamp": "run:1"}
+    reading = read({"results": list(results.values()), "stamp": "run:1"}, ())
     names = ["receiver", "kvcomm", "skyline"]
-    updates, view = views.token_view_updates(payload, names, {"drawn": {}})
+    updates, view = tabs.token_view_updates(reading, names, {"drawn": {}})
     assert updates["tokens_column"]["value"] == "kvcomm" and view["tokens_column"] == "kvcomm"
     assert [value for _, value in updates["tokens_column"]["choices"]] == names
-    again, view = views.token_view_updates(payload, names, view)
+    again, view = tabs.token_view_updates(reading, names, view)
     assert again == {}  # nothing changed: nothing is sent again
-    chosen, view = views.token_view_updates(payload, names, view, chosen="skyline")
+    chosen, view = tabs.token_view_updates(reading, names, view, chosen="skyline")
     assert 'data-handoff="skyline"' in chosen["tokens"]
     assert spec.tab_figures("lens", names) == [spec.LENS_PLOT]
 

@@ -51,6 +51,7 @@ class Swapped:
     answer: str = ""
     applicable: bool = True
     changed: str = ""
+    context: str = ""  # the swapped note
     answer_tokens: tuple[str, ...] = ()
     answer_ids: tuple[int, ...] = ()
 
@@ -76,6 +77,7 @@ class Column:
     swap: Swapped = Swapped()
     timing: Timing | None = None
     what_ifs: tuple[WhatIf, ...] = ()
+    raw: dict | None = field(default=None, repr=False, compare=False)  # its result as the payload holds it (JSON)
 
     @property
     def label(self) -> str:
@@ -137,6 +139,7 @@ class Reading:
     swap: dict | None = None  # the swapped note's change and answers, when one ran
     swap_shown: bool = False  # the page shows what each column did with it (after Swap the fact)
     shared: str = ""  # how this run shares another learner's (the server's shared runs), if it does
+    payload: dict = field(default_factory=dict, repr=False, compare=False)  # what it was read from (the JSON)
 
     def __deepcopy__(self, memo):  # read-only once built: a session's copy is the same reading
         return self
@@ -282,6 +285,7 @@ def _swapped(record: dict | None) -> Swapped:
         return Swapped()
     return Swapped(outcome=record.get("outcome") or "none", answer=str(record.get("answer") or ""),
                    applicable=bool(record.get("applicable", True)), changed=str(record.get("changed") or ""),
+                   context=str(record.get("context") or ""),
                    answer_tokens=tuple(record.get("answer_tokens") or ()), answer_ids=tuple(record.get("answer_ids") or ()))
 
 
@@ -343,7 +347,7 @@ def read(payload: dict | None, answers=(), subject: str = "The expected answer",
             result.answer, result.applicable)
         columns[name] = Column(name, "finished", result, old.mark if same else mark_of(result, answers),
                                swap=_swapped(raw.get("swap")), timing=_timing(raw, result, pair, timed),
-                               what_ifs=old.what_ifs if same else _what_ifs(what_ifs.get(name), answers))
+                               what_ifs=old.what_ifs if same else _what_ifs(what_ifs.get(name), answers), raw=raw)
     for name, state in (states or {}).items():
         if name not in columns:
             columns[name] = Column(name, state, None, state)
@@ -351,4 +355,4 @@ def read(payload: dict | None, answers=(), subject: str = "The expected answer",
     ordered.update({name: column for name, column in columns.items() if name not in ordered})  # not a page column
     return Reading(_evidence(ordered), answers, subject, pair, str(payload.get("stamp") or ""), payload.get("preset"),
                    bool(payload.get("precomputed")), dict(payload.get("request") or {}), payload.get("swap"),
-                   bool(payload.get("swap_shown")), str(payload.get("shared") or ""))
+                   bool(payload.get("swap_shown")), str(payload.get("shared") or ""), payload)
