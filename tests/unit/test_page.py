@@ -476,3 +476,43 @@ def test_a_presets_stored_runs_show_on_their_cards_as_what_ifs_with_their_marks(
     assert "7 layers: 4471" in locker and "6 layers: 12" in locker
     assert 'id="kv-whatif-receiver"' not in views.cards_and_verdict(
         views.precomputed_payload(PRECOMPUTED, "locker", "embedded")[0], ["receiver"], ["4471"], "The code")["head:receiver"]
+
+
+def test_a_new_question_note_or_pair_greys_the_cards_and_clears_what_belonged_to_the_old_question():
+    """Any change of the question, the note or the pair (``ask_*``: typed, or a paste, cut, drop or
+    autofill, which the page's script tells Gradio of) greys every card and takes away the preset,
+    its lesson, the expected answer and the swap words; asking the run's question again brings
+    them all back, marks included."""
+    demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
+    page = demo.kvviz_page
+    ask = next(fn for fn in demo.fns.values() if fn.api_name == "ask_query").fn
+    picked, reading = preset(DEFAULT_PRESET), page["reading"].value
+    names = spec.preset_columns(picked)
+    other = ask("Where is Tomas?", picked.context, "embedded", reading, names)
+    assert other[page["presets"]] is None and other[page["lesson_row"]]["visible"] is False
+    assert other[page["expected"]] == "" and other[page["swap_replace"]] == other[page["swap_by"]] == ""
+    assert all('data-verdict="stale"' in other[page.cards[name].head] for name in names)
+    assert "Not run yet" in other[page["status"]] and "*embedded*" in other[page["status"]]
+    again = ask(picked.query, picked.context, "embedded", reading, names)
+    assert again[page["presets"]] == DEFAULT_PRESET and again[page["expected"]] == spec.expected_text(picked.answers)
+    assert again[page["swap_replace"]] == picked.swap_words[0] and "precomputed" in again[page["status"]]
+    assert not any('data-verdict="stale"' in again[page.cards[name].head] for name in names)
+    pair = next(fn for fn in demo.fns.values() if fn.api_name == "ask_pair").fn
+    moved = pair(picked.query, picked.context, "embedded-gemma", reading, names)
+    assert all('data-verdict="stale"' in moved[page.cards[name].head] for name in names)
+    assert "on the pair embedded" in moved[page["verdict"]] and "*embedded-gemma*" in moved[page["status"]]
+
+
+def test_precomputed_times_alone_show_only_for_the_pair_and_settings_they_were_measured_on():
+    from kvviz.app.page.lab import Lab
+
+    demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
+    lab = Lab(demo.kvviz_page, PRECOMPUTED, "embedded", 1, 1, [], tabs.FigureCache(), StopFlags())
+    picked = preset(DEFAULT_PRESET)
+    stored = PRECOMPUTED["presets"][DEFAULT_PRESET]["request"]
+    request = HandoffRequest.from_dict(stored)
+    same = lab.live_run("embedded", request, ["receiver", "kvcomm"], "4471", picked.key)
+    assert set(same.alone) == {"receiver", "kvcomm"}
+    assert lab.live_run("embedded-gemma", request, ["receiver"], "4471", picked.key).alone == {}  # another pair
+    longer = HandoffRequest.from_dict({**stored, "generation": {**stored["generation"], "max_new_tokens": 5}})
+    assert lab.live_run("embedded", longer, ["receiver"], "4471", picked.key).alone == {}  # other settings

@@ -89,3 +89,23 @@ def test_a_live_run_puts_each_lens_that_arrives_after_the_handoffs_on_its_result
     run = LiveRun("embedded", HandoffRequest(query="q"), ["receiver"], [], "The answer")
     last = list(stream_run(run, 1, threading.Event(), batches=batches))[-1]
     assert last["results"]["results"][0]["logit_lens"] == lens
+
+
+def test_depth_follows_the_golds_first_content_token_not_a_leading_space():
+    """Gemma's tokenizer reads " 4471" as " ", "4", "4", "7", "1": the lens's gold token is "4" (the
+    first that is not whitespace alone), with or without the leading space."""
+    from kvviz.runtime.crossed import gold_candidates
+
+    class Digits:  # a tokenizer that, as Gemma's, gives a leading space a token of its own
+        vocabulary = [" ", "4", "7", "1", " Canberra", "Can", "berra"]
+
+        def __call__(self, text, add_special_tokens=False):
+            pieces = [" Canberra"] if text == " Canberra" else (["Can", "berra"] if text == "Canberra" else list(text))
+            return {"input_ids": [self.vocabulary.index(piece) for piece in pieces]}
+
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join(self.vocabulary[i] for i in ids)
+
+    tokenizer = Digits()
+    assert [tokenizer.decode([t]) for t in gold_candidates(tokenizer, "4471")] == ["4"]
+    assert [tokenizer.decode([t]) for t in gold_candidates(tokenizer, " Canberra")] == ["Can", " Canberra"]

@@ -174,9 +174,10 @@ def wire_presets(lab: Lab) -> None:
 
 def wire_ticks_and_expected(lab: Lab) -> None:
     """Ticking a column shows its card, details and figure; typing an expected answer re-marks (the
-    run read again by it); typing a question or note, or choosing another pair, greys the cards
-    that do not answer it (``views.question_view``) and ungreys them when the page asks their
-    question again."""
+    run read again by it); any change of the question, the note or the pair (typed, pasted, cut,
+    dropped, autofilled: ``widgets.PAGE_JS`` tells Gradio of those) greys the cards that do not
+    answer it and clears the preset, its lesson, the expected answer and the swap words
+    (``views.asked_view``), and brings them back when the page asks their question again."""
     page = lab.page
     asked = [page["query"], page["context"], page["pair"]]
 
@@ -196,7 +197,7 @@ def wire_ticks_and_expected(lab: Lab) -> None:
                            outputs=page.outputs(), api_name="mark", trigger_mode="always_last", **PRIVATE)
 
     def on_question(query, context, pair, reading, names):
-        return views.question_view(reading, query, context, pair, names or [])
+        return views.asked_view(reading, query, context, pair, names or [])
 
     for role in ("query", "context", "pair"):
         page[role].input(resolved(page, on_question), inputs=[*asked, page["reading"], page["chosen"]],

@@ -58,8 +58,14 @@ def build_sidebar(page: Page, default_pair: str, default_max_new_tokens: int) ->
 
 
 def build_top(page: Page) -> None:
+    """The title with the setup in one sentence under it, the preset, and the page's buttons."""
     with gr.Row(elem_id="kv-top"):
-        gr.Markdown("# kvviz: watch two language models talk", elem_id="kv-title")
+        with gr.Column(scale=1, min_width=320, elem_id="kv-heading"):
+            gr.Markdown("# kvviz: watch two language models talk", elem_id="kv-title")
+            # the chips' headings and hover texts, the inert closed sidebar, the plots' names and every
+            # change of the question told to Gradio: PAGE_JS
+            gr.HTML(spec.setup_html(), elem_id="kv-setup",
+                    js_on_load=PAGE_JS.replace("DECORATIONS", json.dumps(spec.chip_decorations())))
         page.add("presets", gr.Dropdown(
             choices=[(p.label, p.key) for p in PRESETS], value=page.value("presets"), label="Preset",
             show_label=False, container=False, scale=0, min_width=280, elem_id="kv-presets"))
@@ -93,16 +99,17 @@ def walk_markdown(steps: list[WalkStep], index: int) -> str:
 
 
 def build_ask(page: Page) -> None:
-    """The setup in one sentence; question, context, Run and Stop on one row (stacked on a phone)."""
-    # the chips' headings and hover texts, the inert closed sidebar and the plots' names: PAGE_JS
-    gr.HTML(spec.setup_html(), elem_id="kv-setup", js_on_load=PAGE_JS.replace("DECORATIONS",
-                                                                            json.dumps(spec.chip_decorations())))
+    """Question, context, expected answer, Run and Stop on one row (stacked on a phone)."""
     with gr.Row(elem_id="kv-ask", equal_height=False):
-        page.add("query", gr.Textbox(value=page.value("query"), label="Question (both models read it)", lines=2, max_lines=6,
+        page.add("query", gr.Textbox(value=page.value("query"), label="Question (both models read it)", lines=1, max_lines=6,
                                      scale=3, elem_id="kv-query"))
         page.add("context", gr.Textbox(
             value=page.value("context"), label="Private note (the receiver never sees it)",
-            placeholder="empty: a shared question, both models read only it", lines=2, max_lines=8, scale=4, elem_id="kv-context"))
+            placeholder="empty: a shared question, both models read only it", lines=1, max_lines=8, scale=4, elem_id="kv-context"))
+        # the answer that marks every column: the question's own, so it goes (or comes back) with it
+        page.add("expected", gr.Textbox(
+            value=page.value("expected"), label="Expected answer", placeholder="e.g. United Kingdom; UK (either counts)",
+            lines=1, max_lines=3, scale=2, min_width=150, elem_id="kv-expected"))
         with gr.Column(scale=0, min_width=150, elem_id="kv-runbox"):
             page.add("run_button", gr.Button(spec.RUN_LABEL, variant="primary", elem_id="kv-run"))
             page.add("stop_button", gr.Button("Stop", variant="stop", size="sm", elem_id="kv-stop"))
@@ -113,14 +120,11 @@ def build_ask(page: Page) -> None:
 
 
 def build_columns(page: Page, shown: list[str]) -> None:
-    """The columns to run and the expected answer that marks them (below the cards on a phone)."""
+    """The columns to run, in their three groups (below the cards on a phone)."""
     with gr.Row(elem_id="kv-columns", equal_height=True):
         page.add("chosen", gr.CheckboxGroup(
             choices=[(registry.get(name).label, name) for name in spec.grouped_columns()], value=shown,
             label="Columns (Run live runs the ticked ones)", show_label=False, scale=5, elem_id="kv-handoffs"))
-        page.add("expected", gr.Textbox(
-            value=page.value("expected"), label="Expected answer", placeholder="e.g. United Kingdom; UK (either counts)",
-            lines=1, max_lines=2, scale=1, min_width=190, elem_id="kv-expected"))
 
 
 def build_cards(page: Page, shown: list[str]) -> None:
@@ -131,7 +135,7 @@ def build_cards(page: Page, shown: list[str]) -> None:
         for name in spec.column_names():
             with gr.Column(min_width=150, visible=name in shown, elem_id=f"kv-col-{name}", elem_classes=["kv-card"]) as block:
                 head = gr.HTML(page.value(f"head:{name}"), elem_id=f"kv-head-{name}", js_on_load=None)
-                answer = gr.Textbox(value=page.value(f"answer:{name}"), show_label=False, lines=2, max_lines=5,
+                answer = gr.Textbox(value=page.value(f"answer:{name}"), show_label=False, lines=1, max_lines=5,
                                     interactive=False, container=False, elem_id=f"kv-answer-{name}")
                 stats = gr.Markdown(page.value(f"stats:{name}"), elem_id=f"kv-stats-{name}", elem_classes=["kv-card-stats"])
             page.cards[name] = Card(block, head, answer, stats)

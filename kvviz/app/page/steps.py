@@ -55,16 +55,25 @@ def prediction_outcome(prediction: Prediction, reading: Reading) -> tuple[int | 
     return (0 if answer == prediction.yes else 1), said + "." + (f" {html.escape(evidence)}." if evidence else "")
 
 
+# On a phone the walk-through panel holds a whole step without a scroll of its own: while a choice is
+# due its text folds to three lines (the question and the choices are what it asks); once the learner
+# picked, the reveal takes the text's place and the choices go (the reveal says which was right).
+PHONE = "@media (max-width: 640px)"
+FOLDED_TEXT = (f"{PHONE} {{#kv-walk-text {{display: -webkit-box; -webkit-line-clamp: 3; -webkit-box-orient: vertical; "
+               "overflow: hidden}}}}")
+REVEALED_CSS = f"<style>{PHONE} {{#kv-walk-text, #kv-walk-guess {{display: none !important}}}}</style>"
+
+
 def prediction_veil_css(prediction: Prediction | None) -> str:
     """The CSS that hides what would give a prediction away until the learner picks: the column's
     (and its control's) answer, mark, stats, swap and what-if rows, every swap row, the verdict
-    strip and the lesson. Empty when there is nothing to hide."""
+    strip and the lesson; on a phone it also folds the step's text. Empty when there is nothing to hide."""
     if prediction is None:
         return ""
     hidden = ["#kv-verdict", "#kv-lesson-row", ".kv-swap-row"]
     for name in prediction.ask.columns():
         hidden += [f"#kv-answer-{name}", f"#kv-mark-{name}", f"#kv-stats-{name}", f"#kv-whatif-{name}"]
-    return f"<style>{', '.join(hidden)} {{filter: blur(7px); pointer-events: none; user-select: none}}</style>"
+    return f"<style>{', '.join(hidden)} {{filter: blur(7px); pointer-events: none; user-select: none}} {FOLDED_TEXT}</style>"
 
 
 def prediction_question(prediction: Prediction, key: str | None) -> str:

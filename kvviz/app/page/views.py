@@ -90,7 +90,9 @@ def stale_view(reading: Reading, pair: str) -> dict:
     asked), the strip says which question they answer, and no preset, lesson, expected answer or
     swap is claimed for the question asked now."""
     updates = {f"head:{column.name}": present.card_head_html(column.name, "stale") for column in reading.finished()}
-    return {**updates, "presets": None, "lesson": "", "verdict": present.stale_strip_html(reading, pair)}
+    return {**updates, "presets": None, "lesson": "", "verdict": present.stale_strip_html(reading, pair),
+            "status": f"**Not run yet** on *{present.md(pair)}*: the cards show another question's answers, greyed. "
+                      "**Run live** answers this one."}
 
 
 def question_view(reading: Reading, query: str, context: str, pair: str, names) -> dict:
@@ -103,9 +105,28 @@ def question_view(reading: Reading, query: str, context: str, pair: str, names) 
 
 
 def cleared_question() -> dict:
-    """What a new question (typed, pasted, dropped, autofilled) takes away: the old question's
-    expected answer and swap words."""
+    """What a new question (typed, pasted, dropped, autofilled, opened from a link) takes away: the
+    old question's expected answer and swap words."""
     return {"expected": "", "swap_replace": "", "swap_by": "", "swap_answer": ""}
+
+
+def asked_view(reading: Reading, query: str, context: str, pair: str, names) -> dict:
+    """The page after the question, the note or the pair changed: while the run answers what is
+    asked, its cards, marks, preset, lesson, expected answer and swap words (the run's own, so that
+    asking its question again brings them back); else every card greyed and none of them."""
+    if not reading.asks(query, context, pair):
+        return {**stale_view(reading, pair), **cleared_question()}
+    kept = {"expected": expected_text(reading.answers), "status": asked_again_status(reading)}
+    if reading.preset and reading.precomputed:
+        kept.update(swap_fields(preset(reading.preset)))
+    return {**question_view(reading, query, context, pair, names), **kept}
+
+
+def asked_again_status(reading: Reading) -> str:
+    """The status line when the page asks its run's question again: what the cards show, on which pair."""
+    if reading.preset and reading.precomputed:
+        return present.precomputed_status(preset(reading.preset).title, reading.pair)
+    return f"The cards show this question's last run on *{present.md(reading.pair)}* (**Run live** runs it again)."
 
 
 # --- the swapped note (Swap the fact) --------------------------------------------------------------

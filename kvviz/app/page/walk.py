@@ -131,7 +131,7 @@ def wire_walkthrough(lab: Lab) -> None:
         else:
             verdict = "**Right.**" if choices.index(choice) == right else f"**Not this time:** the answer is {choices[right]}."
         reveal = f"{verdict} In this preset's stored run, {said}" + (f" {step.reveal}" if step.reveal else "")
-        return {"walk_reveal": reveal, "walk_veil": ""}
+        return {"walk_reveal": reveal, "walk_veil": walk_steps.REVEALED_CSS}
 
     page["walk_guess"].input(resolved(page, guess), inputs=[page["walk_guess"], page["walk_step"]],
                              outputs=[page["walk_reveal"], page["walk_veil"], page["status"]], api_name="walkthrough_guess",

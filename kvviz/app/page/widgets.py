@@ -14,7 +14,8 @@ from kvviz.app.page.spec import PageOption
 # before each group's first chip and a hover text each (a CheckboxGroup has no per-choice title),
 # again whenever Gradio redraws them; the closed Settings sidebar is inert (its controls, drawn off
 # screen, leave the Tab order: Run is a few presses from the top); every plot gets an accessible
-# name, its title.
+# name, its title; a change of the question, the note or the expected answer that is no keypress
+# (paste, cut, drop, Backspace, autofill) reaches Gradio as one.
 PAGE_JS = """
 (() => {  // its own scope: Gradio's js_on_load already names some of its variables
 const decorations = DECORATIONS;
@@ -54,6 +55,19 @@ const namePlots = () => document.querySelectorAll('[id^=kv-plot-]').forEach((plo
   const name = title ? title.textContent.trim() : '';
   if (name && plot.getAttribute('aria-label') !== name) { plot.setAttribute('role', 'img'); plot.setAttribute('aria-label', name); }
 });
+// Gradio's textboxes send their input event on a keypress only: a paste, a cut, a drop, Backspace or
+// Delete, an autofill or an undo changes the text without it. Each of those is told to Gradio as a
+// keypress, so that the page follows every change of the question, the note and the expected answer.
+const FOLLOWED = ['#kv-query', '#kv-context', '#kv-expected'];
+if (!window.kvFollowsEveryChange) {  // once per page, however often Gradio mounts this component
+  window.kvFollowsEveryChange = true;
+  document.addEventListener('input', (event) => {
+    const box = event.target;
+    if (!box || !box.closest || !FOLLOWED.some((id) => box.closest(id))) return;
+    if (event.inputType === 'insertText' || event.inputType === 'insertLineBreak') return;  // its keypress told it
+    box.dispatchEvent(new KeyboardEvent('keypress', {key: 'Unidentified', bubbles: true}));
+  });
+}
 const keep = () => { sidebarInert(); namePlots(); };
 keep();
 setInterval(keep, 500);  // cheap: a class check and a few title reads
