@@ -107,7 +107,10 @@ def build_demo(
         page.demo = demo
         demo.kvviz_page = page  # the components by name, for tests and scripts
         page.add("results", gr.State(payload))
-        page.add("reading", gr.State(values["reading"]))  # the results, read once (kvviz.app.reading)
+        # the results, read once (kvviz.app.reading); given as a function: Gradio turns an initial value that
+        # is a dataclass into a dict (dataclasses.asdict, 1 s for a preset's run) whenever the state is set
+        opening = values["reading"]
+        page.add("reading", gr.State(lambda: opening))
         page.add("view", gr.State({"tab": DEFAULT_TAB, "compact": False, "drawn": {}, "ready": False}))
         page.add("walk_step", gr.State(0))
         page.add("finished_run", gr.State(None))  # a live run's results, from its stream to the tabs that draw them

@@ -43,7 +43,7 @@ def test_walkthrough_steps_forward_and_back_load_their_presets_and_tabs():
     page = demo.kvviz_page
     walk = {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name and fn.api_name.startswith("walkthrough_")}
     view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
-    reading, names = page["reading"].value, ui.default_columns()
+    reading, names = page["reading"].value(), ui.default_columns()
     steps = ui.walkthrough_steps()
     out = walk["walkthrough_next"](0, view, reading, names)
     assert out[page["walk_step"]] == 1 and "Step 2 of" in out[page["walk_text"]]
@@ -124,7 +124,7 @@ def test_a_guess_on_a_predict_step_lifts_the_veil_and_says_which_choice_the_stor
     view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
     steps = ui.walkthrough_steps()
     index = next(i for i, step in enumerate(steps) if step.predict is not None and step.predict.ask.kind == "follow")
-    out = fns["walkthrough_next"](index - 1, view, page["reading"].value, ui.default_columns())
+    out = fns["walkthrough_next"](index - 1, view, page["reading"].value(), ui.default_columns())
     assert "blur" in out[page["walk_veil"]] and out[page["walk_guess"]]["visible"] is True
     assert out[page["walk_guess"]]["value"] is None and out[page["walk_reveal"]] == ""
     wrong = fns["walkthrough_guess"]("Yes", index)  # the stored run: KVComm does not follow the swap
@@ -132,7 +132,7 @@ def test_a_guess_on_a_predict_step_lifts_the_veil_and_says_which_choice_the_stor
     assert wrong[page["walk_reveal"]].startswith("**Not this time:** the answer is No.")
     assert steps[index].reveal in wrong[page["walk_reveal"]]
     assert fns["walkthrough_guess"]("No", index)[page["walk_reveal"]].startswith("**Right.**")
-    out = fns["walkthrough_next"](index, view, page["reading"].value, ui.default_columns())
+    out = fns["walkthrough_next"](index, view, page["reading"].value(), ui.default_columns())
     assert out[page["walk_veil"]] == "" and out[page["walk_guess"]]["visible"] is False
 
 
@@ -196,7 +196,7 @@ def test_ticking_a_handoff_shows_its_column_and_figure():
     show = next(fn for fn in demo.fns.values() if fn.api_name == "show_handoffs")
     shown = ["receiver", "kvcomm"]
     view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
-    updates = show.fn(shown, page["reading"].value, view, page["query"].value, page["context"].value,
+    updates = show.fn(shown, page["reading"].value(), view, page["query"].value, page["context"].value,
                       page["pair"].value)  # columns are layout blocks: called directly
     for name in ui.column_names():
         assert updates[page.cards[name].block]["visible"] == (name in shown)

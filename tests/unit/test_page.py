@@ -481,24 +481,26 @@ def test_a_presets_stored_runs_show_on_their_cards_as_what_ifs_with_their_marks(
 def test_a_new_question_note_or_pair_greys_the_cards_and_clears_what_belonged_to_the_old_question():
     """Any change of the question, the note or the pair (``ask_*``: typed, or a paste, cut, drop or
     autofill, which the page's script tells Gradio of) greys every card and takes away the preset,
-    its lesson, the expected answer and the swap words; asking the run's question again brings
-    them all back, marks included."""
+    its lesson, the expected answer and the swap words; the keystrokes after it send nothing; asking
+    the run's question again brings them all back, marks included."""
     demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
     page = demo.kvviz_page
     ask = next(fn for fn in demo.fns.values() if fn.api_name == "ask_query").fn
-    picked, reading = preset(DEFAULT_PRESET), page["reading"].value
-    names = spec.preset_columns(picked)
-    other = ask("Where is Tomas?", picked.context, "embedded", reading, names)
+    picked, reading = preset(DEFAULT_PRESET), page["reading"].value()
+    names, view = spec.preset_columns(picked), {"tab": "layers", "drawn": {}, "ready": True}
+    other = ask("Where is Tomas?", picked.context, "embedded", reading, names, view)
     assert other[page["presets"]] is None and other[page["lesson_row"]]["visible"] is False
     assert other[page["expected"]] == "" and other[page["swap_replace"]] == other[page["swap_by"]] == ""
     assert all('data-verdict="stale"' in other[page.cards[name].head] for name in names)
     assert "Not run yet" in other[page["status"]] and "*embedded*" in other[page["status"]]
-    again = ask(picked.query, picked.context, "embedded", reading, names)
+    view = other[page["view"]]
+    assert ask("Where is Tomas", picked.context, "embedded", reading, names, view) == {page["status"]: gr.skip()}
+    again = ask(picked.query, picked.context, "embedded", reading, names, view)
     assert again[page["presets"]] == DEFAULT_PRESET and again[page["expected"]] == spec.expected_text(picked.answers)
     assert again[page["swap_replace"]] == picked.swap_words[0] and "precomputed" in again[page["status"]]
     assert not any('data-verdict="stale"' in again[page.cards[name].head] for name in names)
     pair = next(fn for fn in demo.fns.values() if fn.api_name == "ask_pair").fn
-    moved = pair(picked.query, picked.context, "embedded-gemma", reading, names)
+    moved = pair(picked.query, picked.context, "embedded-gemma", reading, names, again[page["view"]])
     assert all('data-verdict="stale"' in moved[page.cards[name].head] for name in names)
     assert "on the pair embedded" in moved[page["verdict"]] and "*embedded-gemma*" in moved[page["status"]]
 
@@ -516,3 +518,16 @@ def test_precomputed_times_alone_show_only_for_the_pair_and_settings_they_were_m
     assert lab.live_run("embedded-gemma", request, ["receiver"], "4471", picked.key).alone == {}  # another pair
     longer = HandoffRequest.from_dict({**stored, "generation": {**stored["generation"], "max_new_tokens": 5}})
     assert lab.live_run("embedded", longer, ["receiver"], "4471", picked.key).alone == {}  # other settings
+
+
+def test_no_state_holds_a_dataclass_as_its_initial_value():
+    """Gradio turns a component's initial value that is a dataclass into a dict (``dataclasses.asdict``)
+    each time the state is set: a run's reading (a dataclass) given as the initial value cost 1 s per
+    event that set it (the Run button came back seconds after Stop). The reading is given as a function."""
+    import dataclasses
+
+    demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
+    states = [block for block in demo.blocks.values() if isinstance(block, gr.State)]
+    assert states and not [block for block in states if dataclasses.is_dataclass(block.value)]
+    reading = demo.kvviz_page["reading"].value
+    assert callable(reading) and reading().preset == DEFAULT_PRESET

@@ -50,7 +50,7 @@ def wire_load(lab: Lab) -> None:
     page = lab.page
 
     def on_load(width, reading, names, view, params):
-        view = {**view, "compact": bool(width) and float(width) <= 640, "drawn": {}, "ready": True}
+        view = {**view, "compact": bool(width) and float(width) <= 640, "drawn": {}, "ready": True, "asked": None}
         link = links.permalink_state(page.specs, params or {})
         updates: dict = {}
         if link:
@@ -196,11 +196,17 @@ def wire_ticks_and_expected(lab: Lab) -> None:
     page["expected"].input(resolved(page, on_expected), inputs=[page["expected"], page["reading"], page["chosen"], *asked],
                            outputs=page.outputs(), api_name="mark", trigger_mode="always_last", **PRIVATE)
 
-    def on_question(query, context, pair, reading, names):
-        return views.asked_view(reading, query, context, pair, names or [])
+    def on_question(query, context, pair, reading, names, view):
+        # what the page shows changes only when the cards start or stop answering what is asked: the
+        # keystrokes between send nothing (``view["asked"]``: the run and whether it answered, when
+        # this handler last drew them; a handler that draws another run clears it)
+        asked = [reading.stamp, reading.asks(query, context, pair)]
+        if view.get("asked") == asked:
+            return {}
+        return {**views.asked_view(reading, query, context, pair, names or []), "view": {**view, "asked": asked}}
 
     for role in ("query", "context", "pair"):
-        page[role].input(resolved(page, on_question), inputs=[*asked, page["reading"], page["chosen"]],
+        page[role].input(resolved(page, on_question), inputs=[*asked, page["reading"], page["chosen"], page["view"]],
                          outputs=page.outputs(), api_name=f"ask_{role}", trigger_mode="always_last", **PRIVATE)
 
 

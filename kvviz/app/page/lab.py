@@ -62,7 +62,7 @@ class Lab:
                    "expected": spec.expected_text(picked.answers), "chosen": names, "shown": names, "status": status,
                    "lesson": views.lesson_of(reading), "results": payload, "reading": reading, **views.swap_fields(picked)}
         updates.update(views.cards(reading, names))
-        figures, view = tab_updates(view.get("tab", spec.DEFAULT_TAB), reading, names, view, self.cache)
+        figures, view = tab_updates(view.get("tab", spec.DEFAULT_TAB), reading, names, {**view, "asked": None}, self.cache)
         return {**updates, **figures, "view": view}
 
     def live_run(self, pair: str, request, names: list[str], expected: str | None, key: str | None,

@@ -80,7 +80,8 @@ def wire_run(lab: Lab) -> None:
         drawn from them."""
         if reading is None:  # refused or failed: the status line said why
             return {}
-        update = {**lab.tab_view(view.get("tab", spec.DEFAULT_TAB), reading, names, view), "results": reading.payload,
+        update = {**lab.tab_view(view.get("tab", spec.DEFAULT_TAB), reading, names, {**view, "asked": None}),
+                  "results": reading.payload,
                   "reading": reading, "finished_run": None, "lesson": views.lesson_of(reading)}
         update.pop("tab")
         return update

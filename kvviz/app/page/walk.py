@@ -15,20 +15,22 @@ from kvviz.app.page.lab import PRIVATE, Lab, resolved
 from kvviz.app.page.layout import walk_markdown
 from kvviz.app.presets import preset
 
-# Scroll an element into view and outline it for two seconds, waiting for a tab to render it.
-HIGHLIGHT_JS = """
-(target) => {
+# Once the element ``target`` is shown (a tab renders it when it opens), scroll it (``scroll(el)``) and
+# outline it for two seconds.
+SHOW_JS = """
+(target, scroll) => {
   let tries = 0;
   const go = () => {
     const el = document.getElementById(target);
     if (!el || !el.offsetParent) { if (tries++ < 30) setTimeout(go, 100); return; }
-    el.scrollIntoView({behavior: 'smooth', block: 'center'});
+    scroll(el);
     el.classList.add('kv-highlight');
     setTimeout(() => el.classList.remove('kv-highlight'), 2000);
   };
   setTimeout(go, 50);
 }
 """
+HIGHLIGHT_JS = f"(target) => ({SHOW_JS})(target, (el) => el.scrollIntoView({{behavior: 'smooth', block: 'center'}}))"
 
 
 # The first plot drawn in the open tab, once the tab has rendered it.
@@ -45,27 +47,20 @@ FIRST_PLOT_JS = f"""() => {{
 
 # The walk-through's scroll: the target's top just under the sticky verdict strip, so that it sits in
 # the room above the docked walk-through panel (theme: #kv-walk) and text, Next and target share a screen.
-WALK_TARGET_JS = """
-(target) => {
-  let tries = 0;
-  const go = () => {
-    const el = document.getElementById(target);
-    if (!el || !el.offsetParent) { if (tries++ < 30) setTimeout(go, 100); return; }
-    document.body.style.paddingBottom = '70vh';  // room to scroll a target near the page's end above the panel
-    const strip = document.getElementById('kv-verdict');
-    const stuck = strip && getComputedStyle(strip).position === 'sticky' ? strip.getBoundingClientRect().height : 0;
-    const panel = document.getElementById('kv-walk');
-    const room = window.innerHeight - stuck - (panel ? panel.getBoundingClientRect().height + 24 : 0);
-    const r = el.getBoundingClientRect();
-    // a target taller than the room starts at its top; a shorter one is centred in the room
-    const offset = stuck + 8 + Math.max(0, (room - r.height) / 2);
-    window.scrollTo({top: window.scrollY + r.top - offset, behavior: 'instant'});
-    el.classList.add('kv-highlight');
-    setTimeout(() => el.classList.remove('kv-highlight'), 2000);
-  };
-  setTimeout(go, 50);
+WALK_SCROLL_JS = """
+(el) => {
+  document.body.style.paddingBottom = '70vh';  // room to scroll a target near the page's end above the panel
+  const strip = document.getElementById('kv-verdict');
+  const stuck = strip && getComputedStyle(strip).position === 'sticky' ? strip.getBoundingClientRect().height : 0;
+  const panel = document.getElementById('kv-walk');
+  const room = window.innerHeight - stuck - (panel ? panel.getBoundingClientRect().height + 24 : 0);
+  const r = el.getBoundingClientRect();
+  // a target taller than the room starts at its top; a shorter one is centred in the room
+  const offset = stuck + 8 + Math.max(0, (room - r.height) / 2);
+  window.scrollTo({top: window.scrollY + r.top - offset, behavior: 'instant'});
 }
 """
+WALK_TARGET_JS = f"(target) => ({SHOW_JS})(target, {WALK_SCROLL_JS})"
 
 
 def highlight_js(targets: list[str]) -> str:
