@@ -281,13 +281,13 @@ def test_closing_the_tab_stops_the_run_at_the_next_token(lab, monkeypatch):
 @pytest.mark.parametrize("failing, code", [("write", errno.ENOSPC), ("folder", errno.EROFS)])
 def test_an_export_to_a_full_or_read_only_disk_says_so_then_works(lab, monkeypatch, failing, code):
     client, *_ = lab
-    from kvviz.app import present
+    from kvviz.app.present import data as present_data
 
     def fail(*args, **kwargs):
         raise OSError(code, os.strerror(code))
 
     if failing == "write":  # the disk is full
-        monkeypatch.setattr(present.Path, "write_text", fail)
+        monkeypatch.setattr(present_data.Path, "write_text", fail)
     else:  # the temporary folder is read-only
         monkeypatch.setattr(events.tempfile, "mkdtemp", fail)
     with pytest.raises(AppError, match=f"Could not write the export files .{os.strerror(code)}."):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kvviz.app.exercises import EXERCISES, answer_of, stored_results
-from kvviz.app.page import spec
+from kvviz.app.page import links
 from kvviz.app.workshop import facts, pages
 from kvviz.store.values import MAX_NAME
 
@@ -21,7 +21,7 @@ def test_the_card_before_the_reveal_holds_no_answer_and_the_reveal_holds_the_run
     revealed = facts.reveal(exercise)
     assert revealed["value"] == answer_of(exercise, stored_results(exercise))
     assert revealed["explain"] == exercise.explain and revealed["said"]
-    link = spec.permalink_state([], dict(part.split("=", 1) for part in revealed["lab_link"][2:].replace("%2C", ",").split("&")))
+    link = links.permalink_state([], dict(part.split("=", 1) for part in revealed["lab_link"][2:].replace("%2C", ",").split("&")))
     assert link["preset"] == exercise.preset and set(facts.columns_of(exercise)) <= set(link["h"])
 
 
