@@ -34,6 +34,11 @@ class ModelGate:
         with self._cond:
             return len(self._waiting)
 
+    @property
+    def running(self) -> int:
+        with self._cond:
+            return self._running
+
     def estimate(self, place: int) -> float | None:
         """Seconds until the run at ``place`` (1: next) is done, from the median of the last runs'
         times: the runs ahead of it and the running ones go ``slots`` at a time; None before any run."""

@@ -136,6 +136,7 @@ class SharedRuns:
         with self._lock:
             return {**dataclasses.asdict(self.counts), "in_flight": len(self._flights), "cached_runs": len(self.cache),
                     "cache_bytes": self.cache.nbytes, "waiting": self.gate.waiting,
+                    "running": self.gate.running,
                     "run_seconds": list(self.gate.run_seconds)}
 
     def batches(self, pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1,
