@@ -20,7 +20,9 @@ The table pairs the two modes' rows per sample: per dataset and handoff, fp32's 
 accuracy (the bench's verdict on the original note) and follow rate (the answer follows the swapped
 fact), each with its Wilson 95% interval, the paired difference (mode - fp32) with Newcombe's 95%
 interval for paired proportions (his method 10), the discordant counts and McNemar's exact p. The
-gate: every paired interval contains 0 (the mode's rate is within the paired interval of fp32's).
+gate: every paired interval contains 0 (the mode's rate is within the paired interval of fp32's)
+on at least ``NEEDED`` paired samples per dataset. With fewer (runs still going, or stopped), the
+table says so and the gate is *not established*, whatever the intervals say: a small n proves little.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ from kvviz.data import format_p, paired_mcnemar, wilson_interval  # noqa: E402
 from kvviz.handoffs.registry import default_handoffs  # noqa: E402
 
 DATASETS = {"countries": 100, "recall": 100, "hotpotqa": 102}
+# The paired samples the gate needs per dataset: the issue's 100; HotpotQA's shared file has 102
+# questions besides KVComm's calibration sample and 91 of them a swapped fact, so there it is all 91.
+NEEDED = {"countries": 100, "recall": 100, "hotpotqa": 91}
 SECTION = "numerics-parity"
 MEASURES = (("correct", "accuracy"), ("followed", "follows the swap"))
 
@@ -132,20 +137,32 @@ def rate(hits: int, n: int) -> str:
     return f"{hits / n:.2f} [{low:.2f}, {high:.2f}]" if n else "n/a"
 
 
-def table(out: Path, mode: str, datasets: dict[str, int], command: str) -> tuple[str, bool]:
-    """The parity section (markdown) and whether every interval contains 0."""
+def gate_verdict(every_within: bool, short: list[str]) -> str:
+    """The gate's word: missed when an interval leaves 0, not established while a dataset has fewer
+    paired samples than it needs (``short``: one phrase each), met otherwise."""
+    if not every_within:
+        return "missed"
+    if short:
+        return f"not established (too few paired samples: {'; '.join(short)})"
+    return "met"
+
+
+def table(out: Path, mode: str, datasets: dict[str, int], command: str,
+          needed: dict[str, int] | None = None) -> tuple[str, str]:
+    """The parity section (markdown) and the gate's verdict (``gate_verdict``)."""
+    needed = NEEDED if needed is None else needed
     lines = [f"<!-- {SECTION}:start -->", f"## Numeric mode {mode} against fp32: accuracy parity (issue 42, gate 2)", "",
              f"`{command}` ({time.strftime('%Y-%m-%d %H:%M %Z')}; both modes' bench runs on one torch thread, the "
              "machine shared with other jobs, which changes no answer). Per handoff, paired per sample: fp32's and "
              f"{mode}'s rate with its Wilson 95% interval, the difference ({mode} - fp32) with Newcombe's 95% interval "
              "for paired proportions, the samples only fp32 / only the mode got (discordant pairs) and McNemar's "
              "exact p. *within*: the interval of the difference contains 0.", ""]
-    every = True
+    every, short = True, []
     for dataset in datasets:
         fp32_rows, mode_rows = read_rows(out / f"fp32-{dataset}"), read_rows(out / f"{mode}-{dataset}")
         lines += [f"### {dataset}", "", f"| handoff | measure | n | fp32 | {mode} | {mode} - fp32 [95%] | only fp32 / only {mode} | McNemar p | verdict |",
                   "|---|---|---|---|---|---|---|---|---|"]
-        same = []
+        same, smallest = [], None
         for handoff in fp32_rows:
             if handoff not in mode_rows:
                 continue
@@ -156,15 +173,21 @@ def table(out: Path, mode: str, datasets: dict[str, int], command: str) -> tuple
                 if not result["n"]:
                     continue
                 every &= result["within"]
+                smallest = result["n"] if smallest is None else min(smallest, result["n"])
                 lines.append(
                     f"| {handoff} | {label} | {result['n']} | {rate(result['hits'][0], result['n'])} | "
                     f"{rate(result['hits'][1], result['n'])} | {result['delta']:+.2f} [{result['low']:+.2f}, {result['high']:+.2f}] | "
                     f"{result['only_first']} / {result['only_second']} | {format_p(result['p'])} | "
                     f"{'within' if result['within'] else '**outside**'} |")
-        lines += ["", f"Answers word for word the same in both modes (on the original note): {', '.join(same)}.", ""]
-    lines.append(f"Gate 2 (every handoff's accuracy and follow rate within the paired interval): **{'met' if every else 'missed'}**.")
+        if (smallest or 0) < needed.get(dataset, 0):
+            short.append(f"{dataset} n = {smallest or 0} of {needed[dataset]}")
+        lines += ["", f"Paired samples: at least {smallest or 0} per row (the gate needs {needed.get(dataset, 0)}). "
+                  f"Answers word for word the same in both modes (on the original note): {', '.join(same)}.", ""]
+    verdict = gate_verdict(every, short)
+    lines.append(f"Gate 2 (every handoff's accuracy and follow rate within the paired interval, at the n it needs): "
+                 f"**{verdict}**.")
     lines.append(f"<!-- {SECTION}:end -->")
-    return "\n".join(lines) + "\n", every
+    return "\n".join(lines) + "\n", verdict
 
 
 def write_section(path: Path, section: str) -> None:
@@ -195,11 +218,11 @@ def main() -> int:
         for each in ("fp32", mode):
             run_mode(each, out, datasets)
     command = "python scripts/numerics_parity.py" + (f" --mode {args.mode}" if args.mode != "auto" else "")
-    section, every = table(out, mode, datasets, command)
+    section, verdict = table(out, mode, datasets, command)
     print(section)
     if args.write:
         write_section(Path(args.write), section)
-    return 0 if every else 2
+    return 0 if verdict == "met" else 2
 
 
 if __name__ == "__main__":
