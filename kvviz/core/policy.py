@@ -145,7 +145,7 @@ class WorkshopCaps:
     saved_run_days: float  # a saved run is deleted this long after it was saved
     host_lease_seconds: float  # a host page holds its class this long after its last request
     creates_per_client: str  # classes one client may make (the ``limits`` package's notation)
-    saves_per_client: str  # runs one client may save through the API
+    saves_per_client: str  # runs one client may save through the API, and again through the page's Save run
 
 
 # One client (an address) makes at most 10 classes an hour, and an empty class goes after 2 hours: one

@@ -135,10 +135,15 @@ def wire_permalink(lab: Lab) -> None:
     page["copy_link"].click(resolved(page, make_link), inputs=inputs, outputs=page.outputs(), api_name="copy_link",
                             **PRIVATE).then(None, inputs=[page["link"]], js=COPY_LINK_JS)
 
-    def save_run(results, *values):
-        return saved.save(results, make_link(*values)["link"], values[2] or "kvviz run")
+    def save_run(address, results, *values):
+        return saved.save(results, make_link(*values)["link"], values[2] or "kvviz run", address)
 
-    page["save_run"].click(resolved(page, save_run), inputs=[page["results"], *inputs], outputs=page.outputs(),
+    save_resolved = resolved(page, save_run)
+
+    def save_run_for(request: gr.Request, results, *values):  # Gradio hands the request to a parameter typed so
+        return save_resolved(request.client.host if request and request.client else "unknown", results, *values)
+
+    page["save_run"].click(save_run_for, inputs=[page["results"], *inputs], outputs=page.outputs(),
                            api_name="save_run", **PRIVATE).then(None, inputs=[page["saved_link"]], js=saved.COPY_SAVED_JS)
 
 

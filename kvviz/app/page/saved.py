@@ -1,16 +1,20 @@
 """Saved runs on the lab's page: *Save run* keeps the page's state and results in the workshop store
 (``kvviz.store.runs``) under a short id, and ``/r/<id>`` (``kvviz.app.workshop.api``) reopens the
 page with ``?...&run=<id>``: the link's state as any permalink restores it, then the saved results
-painted in place of the preset's, with no model run."""
+painted in place of the preset's, with no model run. Each address may save as many runs a while as the
+workshop's route allows it (``saves_per_client``), counted by this page's own allowance."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from kvviz.app import tokenview
 from kvviz.app.page import views
+from kvviz.core.policy import workshop_caps
+from kvviz.store.allowance import Allowance
 from kvviz.store.database import UNWRITABLE, default_url, open_store, shown_url
 from kvviz.store.runs import SavedRuns
 from kvviz.store.values import Refused
@@ -34,11 +38,19 @@ def store() -> SavedRuns:
     return SavedRuns(open_store())
 
 
-def save(results: dict | None, link: str, title: str) -> dict:
-    """Keep the page's run; the page's updates: the short link and a status line (or why not)."""
+@functools.cache
+def allowance() -> Allowance:
+    """The page's one allowance of saved runs per address, for as long as the server runs."""
+    return Allowance(workshop_caps())
+
+
+def save(results: dict | None, link: str, title: str, address: str) -> dict:
+    """Keep the page's run for the client at ``address``; the page's updates: the short link and a
+    status line (or why not)."""
     if not (results or {}).get("results"):
         return {"status": "Nothing to save yet: run a question or pick a preset first.", "saved_link": ""}
     try:
+        allowance().take("save", address)
         try:
             run_id = store().save(title, link, results)
         except Refused as refusal:

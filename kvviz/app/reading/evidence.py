@@ -15,7 +15,8 @@ did not follow  right, but on the swapped note it did not give the swapped answe
 not needed      right, and so is its control, the swap not followed: the note was not needed
 unchecked       right, its control not run (said only once nothing of it still runs)
 pending         right, its control still running
-own             right, and it has no control: nothing of the note was handed over to judge
+own             right, and it has no control: no handoff of its own to judge (the receiver alone, the
+                sharer alone and Skyline answer by themselves)
 misread         wrong, yet it followed the swapped fact: the note reached it, misread
 =============== ==================================================================================
 
@@ -73,7 +74,7 @@ CLAUSES = {
     NOT_NEEDED: "right, and so is its control: the note was not needed",
     UNCHECKED: "right, its control not run (unchecked: tick it to tell)",
     PENDING: "right, its control still running",
-    OWN: "right with nothing of the note handed over",
+    OWN: "right on its own, with no handoff to judge",
     MISREAD: "wrong, yet it followed the swapped fact (the note reached it, misread)",
 }
 
@@ -87,7 +88,7 @@ MEANINGS = {
     NOT_NEEDED: "right, and so is its control: the note was not needed",
     UNCHECKED: "right, but its control did not run: unchecked",
     PENDING: "right; its control is still running",
-    OWN: "right with nothing of the note handed over to it",
+    OWN: "right on its own: it has no handoff to judge",
     MISREAD: "wrong, yet it followed the swapped fact: the note reached it and was misread",
 }
 

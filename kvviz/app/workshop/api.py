@@ -27,6 +27,7 @@ from kvviz.app.workshop import bodies, facts, guard, joining, pages
 from kvviz.core.policy import WorkshopCaps, workshop_caps
 from kvviz.store.classes import Workshop
 from kvviz.store.database import default_url, open_store, shown_url
+from kvviz.store.allowance import Allowance
 from kvviz.store.runs import SavedRuns
 from kvviz.store.values import Refused
 
@@ -43,7 +44,7 @@ class Service:
                  listen_host: str = "127.0.0.1"):
         self.url, self.sequence, self.caps = url, sequence, caps or workshop_caps()
         self.listen_host = listen_host
-        self.allowance = guard.Allowance(self.caps)
+        self.allowance = Allowance(self.caps)
         self._lock = threading.Lock()
         self._workshop: Workshop | None = None
         self._runs: SavedRuns | None = None
@@ -118,7 +119,7 @@ def page_routes(router: APIRouter, service: Service) -> None:
 def host_routes(router: APIRouter, service: Service) -> None:
     @router.post("/workshop/api/classes", dependencies=JSON)
     def create(body: bodies.NewClass, who: guard.Caller = WHO) -> dict:
-        service.allowance.take("create", who)
+        service.allowance.take("create", who.address)
         made = service.workshop.create_class([e.key for e in service.sequence.exercises], mode=body.mode)
         return {"code": made.code, "host_token": made.host_token, "expires_at": made.expires_at.isoformat(),
                 "host_link": f"/workshop/host/{made.code}#{made.host_token}", "learner_link": f"/workshop/class/{made.code}"}
@@ -199,7 +200,7 @@ def learner_routes(router: APIRouter, service: Service) -> None:
 def run_routes(router: APIRouter, service: Service) -> None:
     @router.post(SAVE_PATH, dependencies=JSON)
     def save(body: bodies.SaveRun, who: guard.Caller = WHO) -> dict:
-        service.allowance.take("save", who)
+        service.allowance.take("save", who.address)
         run_id = service.runs.save(body.title, body.link, body.results)
         return {"id": run_id, "link": f"/r/{run_id}"}
 

@@ -11,9 +11,8 @@ refusal is answered: ``{"error": one line}`` with its HTTP status.
   cap): a body that declares a larger length gets 413 before a byte of it is read, one that streams
   past the limit gets 413 there; a body that does not fit its typed model gets 400 with one line
   that never repeats what was sent.
-* **One client's allowance** (``Allowance``, the ``limits`` package's moving windows in the server's
-  memory): how many classes and saved runs an address may make (``policy.workshop_caps()``), taken
-  only after the request's form was accepted. The address is the connection's, or, behind a
+* **One client's allowance** (``kvviz.store.allowance``): how many classes and saved runs an address
+  may make (``policy.workshop_caps()``), taken only after the request's form was accepted. The address is the connection's, or, behind a
   trusted proxy, the one it forwards: uvicorn reads ``X-Forwarded-For`` from the proxies named in
   ``FORWARDED_ALLOW_IPS`` (default: this machine, 127.0.0.1 and ::1) and from no one else.
 * **A store that cannot be written** (read-only, full, gone) answers 503 in one line; where the
@@ -23,8 +22,6 @@ refusal is answered: ``{"error": one line}`` with its HTTP status.
 from __future__ import annotations
 
 import logging
-import math
-import time
 from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import urlsplit
@@ -33,14 +30,10 @@ from fastapi import Request
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from limits import parse_many
-from limits.storage import MemoryStorage
-from limits.strategies import MovingWindowRateLimiter
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvviz.core.policy import WorkshopCaps
 from kvviz.store.database import UNWRITABLE
 from kvviz.store.values import Refused
 
@@ -135,25 +128,6 @@ async def caller(request: Request) -> Caller:
     return Caller(request.client.host if request.client else "unknown", headers.get("x-host-token", ""),
                   headers.get("x-host-session", "")[:HOST_SESSION_CHARS], headers.get("x-projector-key", ""),
                   headers.get("x-learner-token", ""))
-
-
-class Allowance:
-    """What one client may make: classes (``creates_per_client``) and saved runs (``saves_per_client``)."""
-
-    WHAT = {"create": "new classes", "save": "saved runs"}
-
-    def __init__(self, caps: WorkshopCaps):
-        self.limiter = MovingWindowRateLimiter(MemoryStorage())
-        self.rates = {"create": parse_many(caps.creates_per_client), "save": parse_many(caps.saves_per_client)}
-
-    def take(self, kind: str, caller: Caller) -> None:
-        """Count one of ``kind`` for this caller's address, or refuse it (429) saying when to try again."""
-        who = caller.address
-        for rate in self.rates[kind]:
-            if not self.limiter.hit(rate, kind, who):
-                wait = math.ceil(self.limiter.get_window_stats(rate, kind, who).reset_time - time.time())
-                when = f"{wait} s" if wait < 120 else f"{math.ceil(wait / 60)} minutes"
-                raise Refused(f"Too many {self.WHAT[kind]} from your address (at most {rate}): try again in {when}.", 429)
 
 
 def validation_line(errors: list[dict]) -> str:
