@@ -9,13 +9,13 @@ from kvviz.app.present import notes_of
 from kvviz.data.swaps import Swap, replace_fact
 from kvviz.engine import flags, runner, stream
 from kvviz.handoffs import registry
+from kvviz.runtime.model_files import prepare_embedded
 from kvviz.runtime.models import (
     EMBEDDED_MODELS,
     PAIRS,
     converted_dir,
     describe_model,
     is_prepared,
-    prepare_embedded,
     resolve_pair,
 )
 

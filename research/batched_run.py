@@ -32,7 +32,7 @@ def main():
     from kvviz.engine.runner import load_pair, run_handoff
     from kvviz.engine.stream import ALL_AT_ONCE, run
     from kvviz.handoffs.registry import default_handoffs
-    from kvviz.studies.speed import full_run_request
+    from kvviz.studies.run_speed import full_run_request
 
     pair = load_pair("embedded", "cpu", "float32", progress=lambda *a: None)
     names = default_handoffs()

@@ -10,9 +10,10 @@ import time
 import torch
 
 from kvviz.runtime import cache as kv
-from kvviz.runtime.decode import decode_batch, prefill
+from kvviz.runtime.batching import decode_batch
+from kvviz.runtime.decode import prefill
 from kvviz.runtime.models import load_model
-from kvviz.studies.speed import DECODE_STEPS, PROMPT_TOKENS, prompt_ids
+from kvviz.studies.model_speed import DECODE_STEPS, PROMPT_TOKENS, prompt_ids
 
 
 def main():

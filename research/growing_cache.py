@@ -63,7 +63,7 @@ def main():
     from kvviz.runtime.decode import prefill
     from kvviz.runtime.models import load_model
     from kvviz.runtime.step import DecodeStep
-    from kvviz.studies.speed import prompt_ids
+    from kvviz.studies.model_speed import prompt_ids
 
     torch.set_num_threads(1)
     for name in ("gemma3-270m", "smollm2-135m"):
@@ -93,7 +93,7 @@ def long_context(tokens: int = 1024):
     from kvviz.runtime.decode import prefill
     from kvviz.runtime.models import load_model
     from kvviz.runtime.step import DecodeStep
-    from kvviz.studies.speed import prompt_ids
+    from kvviz.studies.model_speed import prompt_ids
 
     torch.set_num_threads(1)
     for name in ("gemma3-270m", "smollm2-135m"):

@@ -26,7 +26,9 @@ import torch
 def gc_pairs(pairs: int) -> None:
     from kvviz.engine.runner import load_pair
     from kvviz.engine.stream import run
-    from kvviz.studies.speed import default_handoffs, default_workers, full_run_request
+    from kvviz.engine.stream import default_workers
+    from kvviz.handoffs.registry import default_handoffs
+    from kvviz.studies.run_speed import full_run_request
 
     torch.set_num_threads(1)
     pair = load_pair("embedded")  # freezes what is alive now

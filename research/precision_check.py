@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 def decode_and_prefill_ms(loaded, steps: int = 12) -> tuple[float, float]:
     from kvviz.runtime import cache as kv
     from kvviz.runtime.decode import prefill
-    from kvviz.studies.speed import prompt_ids
+    from kvviz.studies.model_speed import prompt_ids
 
     prompt = prompt_ids(loaded, 64)
     state = kv.KVState()

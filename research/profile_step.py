@@ -9,7 +9,7 @@ import torch
 from kvviz.runtime import cache as kv
 from kvviz.runtime.decode import prefill
 from kvviz.runtime.models import load_model
-from kvviz.studies.speed import prompt_ids
+from kvviz.studies.model_speed import prompt_ids
 
 
 def main():

@@ -104,7 +104,7 @@ threads, workers, repeats = {threads}, {workers}, {repeats}
 torch.set_num_threads(threads)
 from kvviz.engine.runner import load_pair
 from kvviz.engine.stream import run
-from kvviz.studies.speed import FULL_RUN_QUERY, FULL_RUN_CONTEXT, FULL_RUN_TOKENS
+from kvviz.studies.run_speed import FULL_RUN_QUERY, FULL_RUN_CONTEXT, FULL_RUN_TOKENS
 from kvviz.handoffs.registry import default_handoffs
 from kvviz.core.results import GenerationSettings, HandoffRequest
 from kvviz.engine import runner

@@ -433,7 +433,7 @@ def check_lean(loaded, steps=12):
     """The lean step against the first prototype's step (HF modules for norms) and against today's
     HF forward: hidden states over ``steps`` teacher-forced steps from the same prompt."""
     from kvviz.runtime.decode import prefill
-    from kvviz.studies.speed import prompt_ids
+    from kvviz.studies.model_speed import prompt_ids
 
     base = kv.KVState()
     first, _ = prefill(loaded, base, prompt_ids(loaded, 32))
@@ -717,7 +717,7 @@ def speed(args):
     today's single decode step (kvviz.runtime.decode.prefill of one token + the fast head)."""
     from kvviz.runtime.decode import prefill
     from kvviz.runtime.models import load_model
-    from kvviz.studies.speed import PROMPT_TOKENS, prompt_ids
+    from kvviz.studies.model_speed import PROMPT_TOKENS, prompt_ids
 
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     variants = {
@@ -803,7 +803,7 @@ def lean(args):
     weight-stream time."""
     from kvviz.runtime.decode import prefill
     from kvviz.runtime.models import load_model
-    from kvviz.studies.speed import prompt_ids
+    from kvviz.studies.model_speed import prompt_ids
 
     for name in args.models.split(","):
         loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
@@ -843,7 +843,7 @@ def compiled(args):
     then ms per step eager vs compiled vs lean v2 (thread CPU time, min of 4 rounds)."""
     from kvviz.runtime.decode import prefill
     from kvviz.runtime.models import load_model
-    from kvviz.studies.speed import prompt_ids
+    from kvviz.studies.model_speed import prompt_ids
 
     name = args.model
     loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
@@ -913,7 +913,7 @@ def overhead(args):
     attention cost, by B (thread CPU time, min of 3 rounds; was research/overhead.py)."""
     from kvviz.runtime.decode import prefill
     from kvviz.runtime.models import load_model
-    from kvviz.studies.speed import prompt_ids
+    from kvviz.studies.model_speed import prompt_ids
 
     module = globals()  # LayerWeights and Stepper call this module's pack and apply_linear
     real_pack, real_apply = module["pack"], module["apply_linear"]
@@ -963,7 +963,7 @@ def profile(args):
 
     from kvviz.runtime.decode import prefill
     from kvviz.runtime.models import load_model
-    from kvviz.studies.speed import prompt_ids
+    from kvviz.studies.model_speed import prompt_ids
 
     name, B = args.model, args.batch
     loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)

@@ -11,7 +11,7 @@ from kvviz.runtime import cache as kv
 from kvviz.runtime.decode import prefill
 from kvviz.runtime.models import load_model
 from kvviz.runtime.step import DecodeStep
-from kvviz.studies.speed import prompt_ids
+from kvviz.studies.model_speed import prompt_ids
 
 
 def main():

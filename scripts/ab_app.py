@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     from gradio_client import Client
 
     from kvviz.app.presets import PRESETS
-    from kvviz.studies.speed import PageNotServed, serve_page, stop_page
+    from kvviz.studies.page_speed import PageNotServed, serve_page, stop_page
 
     preset = PRESETS[0]  # the locker preset: every default handoff applies
     servers = {}

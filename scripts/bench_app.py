@@ -27,6 +27,15 @@ Measures, with the app served on 127.0.0.1 (random free port) in this process:
     python scripts/bench_app.py --no-page-loads --crossed both --runs 3   # the capture's cost
 
     python scripts/bench_app.py --no-page-loads --runs 3 --browser-runs 3   # and the page's own run, in Chromium
+
+``--in-process`` (issue 42, the page's own cost): every round also runs the same request in this process
+through the page's engine (``kvviz.engine.stream.run``, on the models the served page uses), recording
+nothing and recording what crossed as the page does, between the ``/run`` calls; the report then breaks
+a run down: what recording what crossed costs in process (and its CPU per part: the lens, the attention
+table, the scores against the controls, ``details["crossed_seconds"]``), and what the page adds over
+the same work in process (events, Gradio's updates, JSON), with and without the recording:
+
+    python scripts/bench_app.py --no-page-loads --crossed both --in-process --runs 3 --update-costs
 """
 
 from __future__ import annotations
@@ -356,6 +365,8 @@ def main(argv=None) -> int:
                         help="sample every thread's stack during the timed runs; print the N busiest stacks")
     parser.add_argument("--update-costs", action="store_true",
                         help="time one streamed update in the server's event loop (no model), before the runs")
+    parser.add_argument("--in-process", action="store_true",
+                        help="also run the same request through the engine in this process, plain and recording, each round")
     parser.add_argument("--crossed", choices=("on", "off", "both"), default="on",
                         help="record what crossed in the timed runs (the page's default), not, or alternate both ways")
     args = parser.parse_args(argv)
@@ -392,6 +403,9 @@ def main(argv=None) -> int:
             with recording(way):
                 timed_run(client, args.pair, preset, args.max_new_tokens)
         runs = {way: [] for way in ways}
+        engine = {"plain": [], "recorded": [], "crossed_seconds": []}
+        if args.in_process:
+            engine_round(load_pair(args.pair), preset, args.max_new_tokens, {way: [] for way in engine})  # warm-up
         sampler = StackSampler() if args.stacks else None
         for _ in range(args.runs):  # interleaved, so that the machine's load falls on both alike
             for way in ways:
@@ -401,6 +415,10 @@ def main(argv=None) -> int:
                     runs[way].append(timed_run(client, args.pair, preset, args.max_new_tokens))
                     if sampler is not None:
                         sampler.on.clear()
+            if args.in_process:
+                engine_round(load_pair(args.pair), preset, args.max_new_tokens, engine)
+        if args.in_process:
+            report["in_process"] = page_breakdown(engine, runs)
         if sampler is not None:
             report["stacks"] = sampler.report(args.stacks)
         report["warm_runs"] = runs[ways[0]]
@@ -416,6 +434,44 @@ def main(argv=None) -> int:
     finally:
         demo.close()
     return finish(report, args)
+
+
+def engine_round(pair, preset, max_new_tokens: int, into: dict) -> None:
+    """The page's request run once through the engine in this process recording nothing, once
+    recording what crossed as the page does: wall seconds of each, and the recorded run's CPU per part."""
+    from kvviz.engine.stream import ALL_AT_ONCE
+    from kvviz.handoffs.registry import build_request, default_handoffs
+    from kvviz.studies.run_speed import engine_run
+
+    for way, inspect in (("plain", None), ("recorded", {"gold": None})):
+        request = build_request(preset.query, preset.context, max_new_tokens, inspect=inspect)
+        wall, done, _ = engine_run(pair, request, default_handoffs(), ALL_AT_ONCE)
+        into[way].append(wall)
+        if inspect is not None:
+            parts: dict[str, float] = {}
+            for result in done.values():
+                for part, seconds in result["details"].get("crossed_seconds", {}).items():
+                    parts[part] = parts.get(part, 0.0) + seconds
+            into["crossed_seconds"].append(parts)
+
+
+def page_breakdown(engine: dict, runs: dict) -> dict:
+    """Where a page run's time goes: medians of the in-process runs and of the /run calls of the same
+    rounds, and their ratios."""
+    median = statistics.median
+    plain, recorded = median(engine["plain"]), median(engine["recorded"])
+    out = {"in_process_plain_seconds": plain, "in_process_recorded_seconds": recorded,
+           "recording_in_process_ratio": recorded / plain,
+           "crossed_cpu_seconds": {part: median(r.get(part, 0.0) for r in engine["crossed_seconds"])
+                                   for part in engine["crossed_seconds"][0]} if engine["crossed_seconds"] else {}}
+    if runs.get("on"):
+        page_on = median(r["wall_seconds"] for r in runs["on"])
+        out.update(page_recorded_seconds=page_on, page_over_in_process_recorded=page_on / recorded,
+                   page_over_in_process_plain=page_on / plain)
+    if runs.get("off"):
+        page_off = median(r["wall_seconds"] for r in runs["off"])
+        out.update(page_plain_seconds=page_off, page_plain_over_in_process_plain=page_off / plain)
+    return out
 
 
 class recording:
@@ -479,6 +535,15 @@ def finish(report: dict, args) -> int:
         offs = [run["wall_seconds"] for run in report["crossed_off_runs"]]
         print(f"the same run without recording what crossed: median {cost['median_off_seconds']:.2f} s (runs: "
               + ", ".join(f"{w:.2f}" for w in offs) + f"); recording costs x{cost['ratio']:.3f} (target <= 1.2)")
+    if "in_process" in report:
+        b = report["in_process"]
+        print(f"the same request in this process through the engine: {b['in_process_plain_seconds']:.2f} s recording nothing, "
+              f"{b['in_process_recorded_seconds']:.2f} s recording what crossed (x{b['recording_in_process_ratio']:.2f}; CPU s per run: "
+              + ", ".join(f"{part} {seconds:.2f}" for part, seconds in b["crossed_cpu_seconds"].items()) + ")")
+        if "page_over_in_process_recorded" in b:
+            print(f"  the page (/run) over the same work in process: x{b['page_over_in_process_recorded']:.2f} recording "
+                  f"(x{b['page_over_in_process_plain']:.2f} over the plain run)"
+                  + (f", x{b['page_plain_over_in_process_plain']:.2f} not recording" if "page_plain_over_in_process_plain" in b else ""))
     if "browser_runs" in report:
         streams = [run["stream_seconds"] for run in report["browser_runs"]]
         dones = [run["done_seconds"] for run in report["browser_runs"]]

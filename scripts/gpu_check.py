@@ -87,7 +87,7 @@ def tokenizer_for(model_type: str, tiny: bool):
         return tiny_tokenizer(chat=model_type != "gemma3_text")
     from transformers import AutoTokenizer
 
-    from kvviz.runtime.models import prepare_embedded
+    from kvviz.runtime.model_files import prepare_embedded
 
     folder = prepare_embedded(TOKENIZER_FROM[model_type], progress=lambda message: print(message, file=sys.stderr))
     return AutoTokenizer.from_pretrained(folder)

@@ -71,6 +71,25 @@ def batched_decode_enabled() -> bool:
     return os.environ.get("KVVIZ_BATCHED_DECODE", "1") != "0"
 
 
+# The numeric mode of the models' decoder stacks on the CPU (``kvviz.runtime.numerics``): "fp32", "bf16"
+# (bfloat16 weights through oneDNN, where the CPU multiplies bfloat16 natively) or "auto" (bf16 where it
+# pays, else fp32). ``KVVIZ_NUMERICS`` overrides. The default stays "fp32" until the stored presets
+# (assets/precomputed) are regenerated in the chosen mode: the live page must give what they show.
+# Flipping it to "auto" together with that regeneration is the lead's step (docs/SPEED.md section 13).
+DEFAULT_NUMERICS = "fp32"
+NUMERICS_SETTINGS = ("auto", "fp32", "bf16")
+
+
+def numerics_setting() -> str:
+    """``KVVIZ_NUMERICS`` (auto, fp32 or bf16), else ``DEFAULT_NUMERICS``."""
+    given = os.environ.get("KVVIZ_NUMERICS", "").strip().lower()
+    if not given:
+        return DEFAULT_NUMERICS
+    if given not in NUMERICS_SETTINGS:
+        raise ValueError(f"KVVIZ_NUMERICS must be one of {', '.join(NUMERICS_SETTINGS)}, got {given!r}.")
+    return given
+
+
 def model_concurrency() -> int:
     """Runs at once: ``KVVIZ_CONCURRENCY``, else ``DEFAULT_CONCURRENCY`` (``DEFAULT_CONCURRENCY_UNSHARED``
     without shared decode steps)."""

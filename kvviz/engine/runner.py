@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from kvviz.core import limits
@@ -20,11 +22,12 @@ from kvviz.runtime.recording import recording
 LOG = logging.getLogger("kvviz.engine.runner")
 
 
-def load_pair(pair_name, device: str | None = None, dtype=None, progress=print) -> LoadedPair:
+def load_pair(pair_name, device: str | None = None, dtype=None, progress=print, numeric_mode: str | None = None) -> LoadedPair:
+    """The pair's models, loaded once per process (``numeric_mode``: see ``load_model``)."""
     spec = resolve_pair(pair_name)
-    sharer = load_model(spec.sharer, device, dtype, progress)
-    receiver = load_model(spec.receiver, device, dtype, progress)
-    same_shape_sender = load_model(spec.same_shape_sender_name, device, dtype, progress)
+    sharer = load_model(spec.sharer, device, dtype, progress, numeric_mode)
+    receiver = load_model(spec.receiver, device, dtype, progress, numeric_mode)
+    same_shape_sender = load_model(spec.same_shape_sender_name, device, dtype, progress, numeric_mode)
     return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, same_shape_sender=same_shape_sender)
 
 
@@ -82,12 +85,18 @@ def run_handoff(
         io = HandoffIO(on_token=on_token, on_message=on_message, prompts=run.prompts)
         with PeakGpuMemory(pair_devices(pair)) as memory, recording(request, pair.receiver) as recorded:
             result = get(name).run(pair, request, io)
-        lens_at_first_content_token(recorded.inspection)
-        crossed.attach(result, recorded.inspection, io.sent, NOTHING_SENT)
+        costs = CrossedCosts()
+        with costs.part("lens_position"):
+            lens_at_first_content_token(recorded.inspection)
+        with costs.part("attention_and_lens"):
+            crossed.attach(result, recorded.inspection, io.sent, NOTHING_SENT)
         try:
-            score_against_controls(result, recorded.inspection, run.records)
+            with costs.part("scoring"):
+                score_against_controls(result, recorded.inspection, run.records)
         except Exception:  # noqa: BLE001 (the answer stands without its token-by-token comparison)
             LOG.exception("scoring %s against its control failed", name)
+        if recorded.inspection is not None:
+            result.details["crossed_seconds"] = costs.seconds
         if memory.peak_bytes:
             result.details["peak_gpu_memory_bytes"] = memory.peak_bytes
         if result.applicable:
@@ -99,6 +108,22 @@ def run_handoff(
         result = HandoffResult.not_applicable(name, pair.name, f"{type(error).__name__}: {error}")
         result.details["traceback"] = traceback.format_exc(limit=5)
         return result
+
+
+class CrossedCosts:
+    """The CPU seconds this thread spends on each part of what crossed after a handoff's run (the
+    speed report's breakdown of what recording costs: ``details["crossed_seconds"]``)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def part(self, name: str):
+        started = time.thread_time()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.thread_time() - started
 
 
 NOTHING_SENT = "nothing was sent as tokens: no key the receiver attends to came from the sharer in this handoff"
@@ -123,7 +148,7 @@ def score_against_controls(result: HandoffResult, inspection, records: crossed.R
     its control, or a handoff it is the control of, both recorded on one receiver) gets its
     ``token_change``, in this thread: the method's answer scored as its decode chose it and,
     teacher-forced, on the control's prompt (``decode.answer_logprobs``)."""
-    if inspection is None or inspection.prompt is None:
+    if inspection is None or inspection.prompt is None or not inspection.wants("scores"):
         return
     recorded = {r.handoff: (r, i) for r, i in records.add(result, inspection)}
     name = result.handoff

@@ -26,37 +26,31 @@ class reading one run costs the server about what a few learners' own runs cost.
 A learner that stops (or leaves) leaves the flight; the run goes on while anyone waits for it and
 stops when nobody does (not cached: a new request starts afresh).
 
-The computations share the models through ``ModelGate``: ``slots`` runs at once
-(``kvviz.core.policy.model_concurrency``), the others wait in order, first come first served, and
+The computations share the models through ``ModelGate`` (``kvviz.engine.model_gate``): ``slots`` runs at
+once (``kvviz.core.policy.model_concurrency``), the others wait in order, first come first served, and
 each waiting request is told its place and an estimate from the measured times of the last runs
-(``Status`` events). More than ``max_waiting`` waiting runs: the next is refused with one line.
+(``Status`` events). More than ``max_waiting`` waiting runs: the next is refused with one line. The key
+is ``kvviz.engine.run_key``'s, the cache of finished runs ``kvviz.engine.run_cache``'s.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import hashlib
 import itertools
-import json
 import os
-import pickle
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-import kvviz
 from kvviz.core import policy
-from kvviz.core.paths import ASSETS, cache_dir
 from kvviz.core.results import HandoffRequest
 from kvviz.engine import stream
-from kvviz.engine.events import Computation, Done, Event, Failed, Shared, Status, Stopped
-from kvviz.runtime.models import EMBEDDED_MODELS, converted_dir, resolve_pair
+from kvviz.engine.events import Computation, Event, Failed, Shared, Status
+from kvviz.engine.model_gate import POLL_SECONDS, ModelGate, QueueFull
+from kvviz.engine.run_cache import Finished, RunCache, cacheable, events_nbytes
+from kvviz.engine.run_key import fingerprint, run_key, shareable
 
-POLL_SECONDS = 0.1  # how often a waiting request looks at its stop flag
 
 
 # Batches a second that all the requests reading one computation get together: each update a request
@@ -68,247 +62,6 @@ BATCHES_PER_SECOND = 20.0
 def spacing(readers: int) -> float:
     """Seconds between one reader's batches when ``readers`` read the computation."""
     return max(1, readers) / BATCHES_PER_SECOND
-
-
-class QueueFull(Exception):
-    """More runs wait for the models than the server takes: the one line to show."""
-
-
-# --- the key ----------------------------------------------------------------------------------
-
-
-def _files_identity(root: Path) -> list:
-    """(path, size, mtime) of every file under ``root`` (none when it does not exist)."""
-    if not root.exists():
-        return []
-    if root.is_file():
-        stat = root.stat()
-        return [(str(root), stat.st_size, stat.st_mtime_ns)]
-    found = []
-    for folder, _, files in os.walk(root):
-        for name in sorted(files):
-            path = Path(folder) / name
-            try:
-                stat = path.stat()
-            except OSError:
-                continue
-            found.append((str(path), stat.st_size, stat.st_mtime_ns))
-    return sorted(found)
-
-
-def model_identity(name: str) -> list:
-    """What a model's answers depend on that is not in the request: its files on disk (a local
-    folder or file, an embedded model's converted folder); a hub id by its name."""
-    if name in EMBEDDED_MODELS:
-        return [name, _files_identity(converted_dir(name))]
-    path = Path(name).expanduser()
-    return [name, _files_identity(path) if path.exists() else None]
-
-
-def fingerprint(pair_name: str) -> str:
-    """The pair's fingerprint: its models' files, every shipped or cached fuser and translator, the
-    code's version (``code_version``) and the server's ``KVVIZ_*`` settings (dtype, device, batched
-    decode ...). A ValueError for a pair that does not resolve (``resolve_pair``)."""
-    spec = resolve_pair(pair_name)
-    parts = {
-        "pair": dataclasses.asdict(spec),
-        "models": [model_identity(name) for name in dict.fromkeys(spec.model_names())],
-        "checkpoints": [_files_identity(root) for root in (ASSETS / "fusers", ASSETS / "translators",
-                                                           cache_dir() / "fusers", cache_dir() / "translators")],
-        "code": code_version(),
-        "settings": sorted((k, v) for k, v in os.environ.items() if k.startswith("KVVIZ_") and k != "KVVIZ_DATA_DIR"),
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-_code_version: str | None = None
-
-
-def code_version() -> str:
-    """kvviz's version and its source files' sizes and times (once per process)."""
-    global _code_version
-    if _code_version is None:
-        source = Path(kvviz.__file__).parent
-        files = [(str(p.relative_to(source)), s, m) for p, s, m in
-                 ((Path(f), s, m) for f, s, m in _files_identity(source)) if p.suffix == ".py"]
-        digest = hashlib.sha256(json.dumps(files).encode()).hexdigest()[:12]
-        _code_version = f"{kvviz.__version__}+{digest}"
-    return _code_version
-
-
-def shareable(request: HandoffRequest) -> bool:
-    """Only greedy runs are shared: a sampling run is the learner's own draw."""
-    return bool(request.generation.greedy)
-
-
-def run_key(pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int, fingerprint_of: str) -> str:
-    """The key of a run: everything its answers depend on (see the module's docstring)."""
-    asked = {"pair": pair_name, "fingerprint": fingerprint_of, "request": request.to_dict(), "names": list(names),
-             "workers": workers}
-    return hashlib.sha256(json.dumps(asked, sort_keys=True, default=str).encode()).hexdigest()
-
-
-# --- the cache of finished runs -----------------------------------------------------------------
-
-
-@dataclass
-class Finished:
-    """A finished run as the cache keeps it."""
-
-    events: list[Event]
-    nbytes: int
-    computed_at: float  # time.time() when it finished
-    identity: str  # the computation's (``Flight.identity``)
-
-
-class RunCache:
-    """Finished runs by key, least recently used first out, at most ``max_bytes`` in all (a run
-    larger than that is not kept)."""
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
-        self._runs: collections.OrderedDict[str, Finished] = collections.OrderedDict()
-        self.nbytes = 0
-
-    def __len__(self) -> int:
-        return len(self._runs)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._runs
-
-    def get(self, key: str) -> Finished | None:
-        found = self._runs.get(key)
-        if found is not None:
-            self._runs.move_to_end(key)
-        return found
-
-    def put(self, key: str, finished: Finished) -> None:
-        if key in self._runs:
-            self.nbytes -= self._runs.pop(key).nbytes
-        if finished.nbytes > self.max_bytes:
-            return
-        self._runs[key] = finished
-        self.nbytes += finished.nbytes
-        while self.nbytes > self.max_bytes:
-            _, dropped = self._runs.popitem(last=False)
-            self.nbytes -= dropped.nbytes
-
-    def clear(self) -> None:
-        self._runs.clear()
-        self.nbytes = 0
-
-
-def events_nbytes(events: list[Event]) -> int:
-    return len(pickle.dumps(events, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def cacheable(events: list[Event]) -> bool:
-    """A run that finished cleanly: no failure, no time cap reached, no handoff that raised."""
-    for event in events:
-        if isinstance(event, (Failed, Stopped)):
-            return False
-        if isinstance(event, Done) and "traceback" in (event.result.get("details") or {}):
-            return False
-    return True
-
-
-# --- the models' queue --------------------------------------------------------------------------
-
-
-class ModelGate:
-    """``slots`` computations at once; the others wait in order of arrival. ``wait_turn`` says each
-    waiting one's place and an estimate (``estimate``) from the last measured run times."""
-
-    def __init__(self, slots: int, max_waiting: int, clock: Callable[[], float] = time.monotonic):
-        self.slots, self.max_waiting, self.clock = max(1, slots), max_waiting, clock
-        self._cond = threading.Condition()
-        self._waiting: collections.deque[object] = collections.deque()
-        self._running = 0
-        self.run_seconds: collections.deque[float] = collections.deque(maxlen=20)  # the last runs' times
-
-    @property
-    def waiting(self) -> int:
-        with self._cond:
-            return len(self._waiting)
-
-    @property
-    def running(self) -> int:
-        with self._cond:
-            return self._running
-
-    def estimate(self, place: int) -> float | None:
-        """Seconds until the run at ``place`` (1: next) is done, from the median of the last runs'
-        times: the runs ahead of it and the running ones go ``slots`` at a time; None before any run."""
-        if not self.run_seconds:
-            return None
-        typical = statistics.median(self.run_seconds)
-        with self._cond:
-            ahead = place - 1 + self._running
-        return typical * (ahead // self.slots + 1)
-
-    def wait_turn(self, cancel: threading.Event, tell: Callable[[str], None]) -> bool:
-        """Wait for a slot; ``tell`` hears the place and estimate when they change. False when
-        ``cancel`` was set first (the slot is not taken). Raises ``QueueFull``."""
-        ticket = object()
-        with self._cond:
-            if self._running >= self.slots or self._waiting:
-                if len(self._waiting) >= self.max_waiting:
-                    raise QueueFull(f"The server is full: {len(self._waiting)} runs already wait for the models (at most "
-                                    f"{self.max_waiting} here). Press Run again in a minute.")
-            self._waiting.append(ticket)
-        said = None
-        try:
-            while True:
-                with self._cond:
-                    if self._waiting[0] is ticket and self._running < self.slots:
-                        self._waiting.popleft()
-                        self._running += 1
-                        self._cond.notify_all()
-                        return True
-                    place = self._waiting.index(ticket) + 1
-                if cancel.is_set():
-                    return False
-                line = waiting_line(place, self.estimate(place))
-                if line != said:
-                    tell(line)
-                    said = line
-                with self._cond:
-                    self._cond.wait(POLL_SECONDS * 5)
-        finally:
-            with self._cond:
-                if ticket in self._waiting:
-                    self._waiting.remove(ticket)
-                    self._cond.notify_all()
-
-    def release(self, seconds: float | None) -> None:
-        with self._cond:
-            self._running -= 1
-            if seconds is not None:
-                self.run_seconds.append(seconds)
-            self._cond.notify_all()
-
-    def hold(self) -> "_Held":
-        """A slot for another kind of model work (the sweep), without a place to tell."""
-        return _Held(self)
-
-
-class _Held:
-    def __init__(self, gate: ModelGate):
-        self.gate = gate
-
-    def __enter__(self):
-        self.gate.wait_turn(threading.Event(), lambda line: None)
-        self.started = time.monotonic()
-
-    def __exit__(self, *exc):
-        self.gate.release(None)
-
-
-def waiting_line(place: int, seconds: float | None) -> str:
-    """What a waiting learner reads: the place in the models' queue and when the run should be done."""
-    when = (f"yours should be done in about {seconds:.0f} s (from the last runs' times)" if seconds is not None
-            else "no run has been timed on this server yet")
-    return f"Waiting for the models: your run is number {place} in the queue; {when}."
 
 
 # --- the flights --------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvviz.core import policy
 from kvviz.runtime.cache import KVState
+from kvviz.runtime.step import DecodeStep
 
 
 @dataclass(eq=False)
@@ -104,3 +106,35 @@ class DecodeBatch:
                 sequence.sizes.append(len(batch))
                 sequence.done = True
             self._condition.notify_all()
+
+
+# --- each model's shared batch ------------------------------------------------------------------
+
+_decoding_lock = threading.Lock()
+
+
+def _decoding(loaded) -> tuple[DecodeStep, DecodeBatch | None]:
+    """The model's batched step and shared batch (None when the step does not cover the model),
+    made once, by the first decode that asks; kept on the ``LoadedModel``."""
+    with _decoding_lock:
+        if loaded._decoding is None:
+            step = DecodeStep(loaded)
+            batch = DecodeBatch(step.step, loaded.head.greedy_tokens) if step.supported else None
+            loaded._decoding = (step, batch)
+        return loaded._decoding
+
+
+def decode_batch(loaded) -> DecodeBatch | None:
+    """The model's shared ``DecodeBatch``, or None when the batched step does not cover the model
+    (``decode_path`` says why) or is turned off."""
+    return _decoding(loaded)[1] if policy.batched_decode_enabled() else None
+
+
+def decode_path(loaded) -> dict:
+    """How this model's decode tokens are computed (for the speed report and the docs)."""
+    if not policy.batched_decode_enabled():
+        return {"batched": False, "reason": "KVVIZ_BATCHED_DECODE=0"}
+    step, _ = _decoding(loaded)
+    if not step.supported:
+        return {"batched": False, "reason": step.reason}
+    return {"batched": True, "rows_at_least": step.floor, "row_classes": step.row_classes, "products": step.products}

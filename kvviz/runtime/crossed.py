@@ -41,6 +41,11 @@ from dataclasses import dataclass, field
 import torch
 
 MAX_TOKENS = 16  # answer tokens whose attention rows are kept (the first ones)
+# What a recording may hold (``HandoffRequest.inspect["parts"]``; all of them when it does not say):
+# the attention rows (``token_attention``), the logit lens (``logit_lens``), the scores against the
+# control (``token_change``). Each costs its own work (docs/SPEED.md section 13), so a caller that
+# shows one asks for that one.
+PARTS = ("attention", "lens", "scores")
 MAX_CHANGE_TOKENS = 16  # answer tokens scored against the control (the first ones, as the attention rows)
 DIGITS = 3  # decimals of the stored attention probabilities (JSON size)
 
@@ -79,6 +84,10 @@ class Inspection:
     prompt: tuple | None = None
     chose: torch.Tensor | None = None  # [tokens, hidden]: the final hidden state that chose each answer token
     receiver: object = None  # the model whose prompts are recorded (None: every model's)
+    parts: frozenset = frozenset(PARTS)  # what is recorded (``PARTS``)
+
+    def wants(self, part: str) -> bool:
+        return part in self.parts
 
     def records(self, loaded) -> bool:
         """Whether a prompt read by ``loaded`` is recorded (the receiver's; a sharer's is not)."""
@@ -87,14 +96,23 @@ class Inspection:
 
 def inspection_for(request, receiver=None) -> Inspection | None:
     """What one handoff's run records of its answer when the request asks (else None), in the
-    prompts ``receiver`` reads (every model's when None)."""
+    prompts ``receiver`` reads (every model's when None): the ``parts`` it names (all of ``PARTS``
+    when it names none). A part kvviz does not know is refused."""
     options = getattr(request, "inspect", None)
-    return None if options is None else Inspection(gold=options.get("gold") or None, receiver=receiver)
+    if options is None:
+        return None
+    parts = frozenset(options.get("parts") or PARTS)
+    unknown = sorted(parts - set(PARTS))
+    if unknown:
+        raise ValueError(f"inspect parts must be among {', '.join(PARTS)}; got {', '.join(unknown)}")
+    return Inspection(gold=options.get("gold") or None, receiver=receiver, parts=parts)
 
 
-def layer_outputs(loaded, output) -> torch.Tensor:
+def layer_outputs(loaded, output) -> torch.Tensor | None:
     """[layers, hidden]: the output of each decoder layer at the last position, through the final
-    norm (the last one is the model's own final hidden state)."""
+    norm (the last one is the model's own final hidden state); None when the forward kept none."""
+    if output.hidden_states is None:
+        return None
     num_layers = loaded.facts.num_layers
     norm = loaded.model.model.norm
     states = [norm(output.hidden_states[layer + 1][0, -1:]) for layer in range(num_layers - 1)]
@@ -112,7 +130,7 @@ def record_answer(inspection: Inspection, loaded, first_inspected, rows, token_i
     first_row, hidden, prompt_state, prompt_hidden = first_inspected
     inspection.model = loaded
     inspection.lens_hidden = hidden
-    inspection.prompt = (prompt_state, prompt_hidden)
+    inspection.prompt = None if prompt_state is None else (prompt_state, prompt_hidden)
     inspection.chose = chose
     inspection.rows = ([first_row] if first_row else []) + list(rows)
     inspection.answer_ids = list(token_ids)
@@ -282,9 +300,13 @@ def attach(result, inspection: Inspection | None, sent: SentTokens | None, nothi
     recorded, only a ``token_attention`` that says nothing was sent."""
     if inspection is None or not result.applicable:
         return
-    if inspection.model is None:  # no receiver wrote this answer (the sharer alone)
+    if inspection.model is None and inspection.wants("attention"):  # no receiver wrote this answer (the sharer alone)
         result.token_attention = {"nothing_sent": "nothing was sent: no receiver read anything (the sharer answers "
                                   "alone; its own prompt is not recorded)", "answer_tokens": [], "attention": []}
         return
-    result.token_attention = token_attention(inspection, sent, nothing_sent)
-    result.logit_lens = logit_lens(inspection)
+    if inspection.model is None:
+        return
+    if inspection.wants("attention"):
+        result.token_attention = token_attention(inspection, sent, nothing_sent)
+    if inspection.wants("lens"):
+        result.logit_lens = logit_lens(inspection)

@@ -21,13 +21,12 @@ from typing import Callable
 
 import torch
 
-from kvviz.core import policy
 from kvviz.core.prompts import has_chat_template, stop_token_ids
 from kvviz.core.results import GenerationSettings
 from kvviz.runtime import crossed, recording
-from kvviz.runtime import step as decode_step
 from kvviz.runtime.attention import AttentionPlan, AttentionRows
-from kvviz.runtime.batching import DecodeBatch, Sequence
+from kvviz.runtime.batching import Sequence, decode_batch
+from kvviz.runtime.recording import AnswerRecord
 from kvviz.runtime.cache import KVState, copy_cache, place
 from kvviz.runtime.measure import StageTimer, clock
 from kvviz.runtime.models import LoadedModel
@@ -102,8 +101,9 @@ def _prompt_forward(loaded: LoadedModel, state: KVState, count: int, need_logits
     rows, inspected = state.token_rows, False
     inspection = recording.inspection()
     if rows is None and need_logits and inspection is not None and inspection.records(loaded):
-        rows, inspected = AttentionRows(limit=1), True
-        kwargs["output_hidden_states"] = True
+        inspected = True  # the attention row and the layer outputs, as far as the recording wants them
+        rows = AttentionRows(limit=1) if inspection.wants("attention") else None
+        kwargs["output_hidden_states"] = inspection.wants("lens")
     if rows is not None:
         kwargs["kvviz_rows"] = rows
     output = loaded.model.model(**inputs, **kwargs)
@@ -112,7 +112,7 @@ def _prompt_forward(loaded: LoadedModel, state: KVState, count: int, need_logits
     state.next_position += count
     next_token = NextToken(loaded, output.last_hidden_state[:, -1, :]) if need_logits else None
     if inspected:
-        next_token.inspected = (rows.rows[0] if rows.rows else None, crossed.layer_outputs(loaded, output))
+        next_token.inspected = (rows.rows[0] if rows is not None and rows.rows else None, crossed.layer_outputs(loaded, output))
     return next_token, kwargs.get("kvviz_plan")
 
 
@@ -242,7 +242,8 @@ def lens_at_first_content_token(inspection) -> None:
     them teacher-forced on a copy of its prompt's state and every layer's output is taken at the
     last of them (one extra forward of those tokens). Nothing changes for an answer that starts
     with content, or without a recorded prompt."""
-    if inspection is None or inspection.model is None or inspection.prompt is None or not inspection.answer_ids:
+    if (inspection is None or not inspection.wants("lens") or inspection.model is None or inspection.prompt is None
+            or not inspection.answer_ids):
         return
     loaded = inspection.model
     index = crossed.first_content_index(loaded.tokenizer, inspection.answer_ids)
@@ -265,38 +266,6 @@ class DecodeOutput:
     batch_sizes: list[int] | None = None  # sequences in each decode step it took (None: not batched)
 
 
-# --- the shared decode batches -----------------------------------------------------------------
-
-_decoding_lock = threading.Lock()
-
-
-def _decoding(loaded: LoadedModel) -> tuple[decode_step.DecodeStep, DecodeBatch | None]:
-    """The model's batched step and shared batch (None when the step does not cover the model),
-    made once, by the first decode that asks; kept on the ``LoadedModel``."""
-    with _decoding_lock:
-        if loaded._decoding is None:
-            step = decode_step.DecodeStep(loaded)
-            batch = DecodeBatch(step.step, loaded.head.greedy_tokens) if step.supported else None
-            loaded._decoding = (step, batch)
-        return loaded._decoding
-
-
-def decode_batch(loaded: LoadedModel) -> DecodeBatch | None:
-    """The model's shared ``DecodeBatch``, or None when the batched step does not cover the model
-    (``decode_path`` says why) or is turned off."""
-    return _decoding(loaded)[1] if policy.batched_decode_enabled() else None
-
-
-def decode_path(loaded: LoadedModel) -> dict:
-    """How this model's decode tokens are computed (for the speed report and the docs)."""
-    if not policy.batched_decode_enabled():
-        return {"batched": False, "reason": "KVVIZ_BATCHED_DECODE=0"}
-    step, _ = _decoding(loaded)
-    if not step.supported:
-        return {"batched": False, "reason": step.reason}
-    return {"batched": True, "rows_at_least": step.floor, "row_classes": step.row_classes, "products": step.products}
-
-
 def choose_token(next_token: NextToken, settings: GenerationSettings, generator: torch.Generator | None) -> int:
     if settings.greedy:
         return next_token.greedy_token()
@@ -306,37 +275,6 @@ def choose_token(next_token: NextToken, settings: GenerationSettings, generator:
     sorted_probs = sorted_probs * keep
     choice = torch.multinomial(sorted_probs.cpu() / sorted_probs.sum().cpu(), 1, generator=generator)
     return int(sorted_ids[int(choice)])
-
-
-class _AnswerRecord:
-    """What ``kvviz.runtime.crossed`` records of one answer while it is decoded: each token's attention rows
-    (the first token's came from the prompt's prefill, ``NextToken.inspected``), the prompt's state
-    as the answer found it and the hidden state that chose each token (``token_change``)."""
-
-    def __init__(self, inspection, loaded: LoadedModel, state: KVState, first: NextToken):
-        self.inspection, self.loaded, self.state = inspection, loaded, state
-        self.inspected = (*first.inspected, state.copy(), first.hidden.detach().clone())
-        self.rows = state.token_rows = AttentionRows(limit=crossed.MAX_TOKENS - 1)
-        self.hidden_rows: list[torch.Tensor] = []
-
-    @classmethod
-    def start(cls, loaded: LoadedModel, state: KVState, first: NextToken, timer: StageTimer | None):
-        """A record when this decode is a recorded handoff's answer (its ``timer`` given), else None."""
-        inspection = recording.inspection()
-        if timer is None or inspection is None or first.inspected is None:
-            return None
-        return cls(inspection, loaded, state, first)
-
-    def choosing(self, next_token: NextToken) -> None:
-        if len(self.hidden_rows) < crossed.MAX_CHANGE_TOKENS:
-            self.hidden_rows.append(next_token.hidden.detach().reshape(1, -1))
-
-    def stop(self) -> None:
-        self.state.token_rows = None
-
-    def finish(self, token_ids: list[int]) -> None:
-        chose = torch.cat(self.hidden_rows[: len(token_ids)]) if token_ids else None
-        crossed.record_answer(self.inspection, self.loaded, self.inspected, self.rows.rows, token_ids, chose)
 
 
 @torch.no_grad()
@@ -374,7 +312,7 @@ def generate(
     next_token, stopped_by, text = first, "length", ""
     batch = decode_batch(loaded)
     sequence: Sequence | None = None
-    record = _AnswerRecord.start(loaded, state, first, timer)
+    record = AnswerRecord.start(loaded, state, first, timer)
     try:
         while True:
             if record is not None:

@@ -201,3 +201,20 @@ def answer_flops(facts: ModelFacts, prompt_tokens: int, generated: int, past_tok
     prompt = forward_flops(facts, prompt_tokens, past_tokens, 1)
     after_prompt = [count + prompt_tokens for count in _per_layer(past_tokens, facts.num_layers)]
     return prompt, prompt + decode_flops(facts, generated, after_prompt)
+
+
+def read_once(tensors: Sequence[torch.Tensor]) -> None:
+    """Read every byte of ``tensors`` once (a sum over each one's bytes seen as fp32 words: the same
+    work per byte at every precision, where a sum in an int8 tensor's own dtype is compute-bound):
+    the memory traffic of a pass over weights with no compute to speak of. A tensor whose bytes do not
+    split into 4-byte words, or that is not dense, is summed in its own dtype."""
+    for tensor in tensors:
+        flat = tensor.detach().reshape(-1) if tensor.layout == torch.strided else None
+        if flat is not None and flat.is_contiguous() and (flat.numel() * flat.element_size()) % 4 == 0:
+            flat.view(torch.float32).sum()
+        elif flat is not None:
+            flat.sum()
+
+
+def bytes_of(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)

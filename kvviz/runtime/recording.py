@@ -19,6 +19,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
+import torch
+
+from kvviz.runtime import crossed
+from kvviz.runtime.attention import AttentionRows
+from kvviz.runtime.cache import KVState
 from kvviz.runtime.crossed import Inspection, inspection_for
 
 
@@ -54,3 +59,38 @@ def inspection() -> Inspection | None:
     """What crossed is being recorded for the handoff running in this thread, or None."""
     current = _active.get()
     return None if current is None else current.inspection
+
+
+class AnswerRecord:
+    """What ``kvviz.runtime.crossed`` records of one answer while it is decoded: each token's attention rows
+    (the first token's came from the prompt's prefill, ``NextToken.inspected``), the prompt's state
+    as the answer found it and the hidden state that chose each token (``token_change``)."""
+
+    def __init__(self, inspection, loaded, state: KVState, first):
+        self.inspection, self.loaded, self.state = inspection, loaded, state
+        # the prompt's state, for scoring the answer against its control's and for moving the lens
+        prompt = state.copy() if inspection.wants("scores") or inspection.wants("lens") else None
+        self.inspected = (*first.inspected, prompt, first.hidden.detach().clone())
+        self.rows = AttentionRows(limit=crossed.MAX_TOKENS - 1)
+        if inspection.wants("attention"):
+            state.token_rows = self.rows
+        self.hidden_rows: list[torch.Tensor] = []
+
+    @classmethod
+    def start(cls, loaded, state: KVState, first, timer):
+        """A record when this decode is a recorded handoff's answer (its ``timer`` given), else None."""
+        inspection_now = inspection()
+        if timer is None or inspection_now is None or first.inspected is None:
+            return None
+        return cls(inspection_now, loaded, state, first)
+
+    def choosing(self, next_token) -> None:
+        if self.inspection.wants("scores") and len(self.hidden_rows) < crossed.MAX_CHANGE_TOKENS:
+            self.hidden_rows.append(next_token.hidden.detach().reshape(1, -1))
+
+    def stop(self) -> None:
+        self.state.token_rows = None
+
+    def finish(self, token_ids: list[int]) -> None:
+        chose = torch.cat(self.hidden_rows[: len(token_ids)]) if token_ids and self.hidden_rows else None
+        crossed.record_answer(self.inspection, self.loaded, self.inspected, self.rows.rows, token_ids, chose)

@@ -20,7 +20,8 @@ Every sequence gets exactly the bits it would get alone, by construction:
 The stack runs from its weights, not through the model's modules (a leaner path: no mask building,
 no per-layer keyword plumbing): Q, K and V in one product, gate and up in another, on a CPU
 through oneDNN with the weights packed once (faster than MKL's ``F.linear`` for a few rows;
-research/kernels_m.py). It covers Gemma 3 and the Llama family (Llama, Mistral, Qwen2, Qwen3);
+research/kernels_m.py), in the precision of the process's numeric mode (fp32, or bf16 weights:
+``kvviz.runtime.numerics``). It covers Gemma 3 and the Llama family (Llama, Mistral, Qwen2, Qwen3);
 ``DecodeStep.supported`` is False, with a reason, for anything else, for a model spread over
 several devices, or when the first-use check against the model's own forward fails, and the
 decode loop then runs the model's forward for one sequence at a time. Module hooks do not fire
@@ -35,51 +36,67 @@ import torch
 import torch.nn.functional as F
 
 from kvviz.runtime import cache as kv
+from kvviz.runtime import numerics
 from kvviz.runtime.attention import AttentionPlan, positional_mask, query_probabilities
 
 MAX_ROWS = 16  # one kernel call takes at most this many sequences; more run as several calls
-# The row count at which oneDNN's fp32 product of a few rows is fastest on this CPU family
-# (research/kernels_m.py: on AVX-512, 6 rows cost less than 2 or 3); 1 elsewhere.
+# The row count at which oneDNN's product of a few rows is fastest on this CPU family, fp32 and bf16
+# alike (research/kernels_m.py, research/numerics.py kernels --rows 1,2,3,4,5,6,8: on AVX-512, 6 rows
+# cost less than 2 or 3); 1 elsewhere.
 FAST_ROWS = {"AVX512": 6}
 GEMMA_TYPES = ("gemma3_text",)
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-CHECK_TOLERANCE = 1e-3  # relative, on the final hidden state, against the model's own forward
+# Relative, on the final hidden state, against the model's own forward, per product precision. With
+# bf16 products a last-bit difference between the step's norms and the model's (F.rms_norm against
+# transformers' own) can round an input to the neighbouring bfloat16 (2^-8 apart), which the layers
+# carry on: Gemma-3-270M's step and forward then differ by 1.4e-2; a wrong weight layout by O(1).
+CHECK_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 5e-2}
 
 
 # --- products ----------------------------------------------------------------------------------
 
 
-def onednn_available(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+def packed_kind(weight: torch.Tensor) -> torch.dtype | None:
+    """The dtype oneDNN multiplies ``weight`` in once packed (fp32, or bf16 in the ``bf16`` numeric
+    mode: ``kvviz.runtime.numerics``), or None where the weight stays as it is (not on a CPU, no oneDNN)."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return None
+    if weight.dtype == torch.bfloat16:  # oneDNN packs bf16 only where the CPU multiplies it natively
+        return torch.bfloat16 if numerics.native_bf16() else None
+    return torch.float32 if weight.dtype == torch.float32 else None
 
 
 class Product:
-    """``x @ weight.T + bias`` for a weight prepared once: packed for oneDNN on a CPU in fp32, else
-    the weight as it is (``F.linear``)."""
+    """``x @ weight.T + bias`` for a weight prepared once: packed for oneDNN on a CPU in fp32 or bf16
+    (``kind``; bf16 takes fp32 rows and gives fp32 rows, its bias added in fp32), else the weight as it
+    is (``F.linear``)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, onednn: bool):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: torch.dtype | None):
         self.bias = None if bias is None else bias.detach()
         self.out_features = weight.shape[0]
-        self.onednn = onednn
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None) if onednn else weight.detach()
+        self.kind = kind
+        self.weight = numerics.pack(weight) if kind is not None else weight.detach()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.onednn:
+        if self.kind == torch.float32:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if self.kind == torch.bfloat16:
+            out = numerics.packed_product(x, self.weight, torch.bfloat16)
+            return out if self.bias is None else out + self.bias
         return F.linear(x, self.weight, self.bias)
 
 
-def _joined(modules, onednn: bool):
+def _joined(modules, kind: torch.dtype | None):
     """One product for several linears that read the same input (Q, K and V; gate and up): their
     weights packed as one matrix for oneDNN; on the model's own weights (no copy to gain from) the
     products one after another."""
-    if not onednn:
-        return _Separate([Product(m.weight, m.bias, False) for m in modules])
+    if kind is None:
+        return _Separate([Product(m.weight, m.bias, None) for m in modules])
     biases = [m.bias for m in modules]
     bias = None if all(b is None for b in biases) else torch.cat(
-        [b if b is not None else torch.zeros(m.out_features, dtype=m.weight.dtype) for b, m in zip(biases, modules)]
+        [b if b is not None else torch.zeros(m.out_features, dtype=torch.float32) for b, m in zip(biases, modules)]
     )
-    return Product(torch.cat([m.weight for m in modules]), bias, True)
+    return Product(torch.cat([m.weight.detach() for m in modules]), bias, kind)
 
 
 class _Separate:
@@ -92,12 +109,12 @@ class _Separate:
 
 
 class LayerWeights:
-    def __init__(self, layer, onednn: bool, shift: float):
+    def __init__(self, layer, kind: torch.dtype | None, shift: float):
         attn, mlp = layer.self_attn, layer.mlp
-        self.qkv = _joined([attn.q_proj, attn.k_proj, attn.v_proj], onednn)
-        self.o = Product(attn.o_proj.weight, attn.o_proj.bias, onednn)
-        self.gate_up = _joined([mlp.gate_proj, mlp.up_proj], onednn)
-        self.down = Product(mlp.down_proj.weight, mlp.down_proj.bias, onednn)
+        self.qkv = _joined([attn.q_proj, attn.k_proj, attn.v_proj], kind)
+        self.o = Product(attn.o_proj.weight, attn.o_proj.bias, kind)
+        self.gate_up = _joined([mlp.gate_proj, mlp.up_proj], kind)
+        self.down = Product(mlp.down_proj.weight, mlp.down_proj.bias, kind)
         self.intermediate = mlp.gate_proj.out_features
 
         def norm(module):
@@ -175,17 +192,18 @@ class DecodeStep:
         self.scaling = config.query_pre_attn_scalar**-0.5 if self.gemma else self.head_dim**-0.5
         self.activation = decoder.layers[0].mlp.act_fn
         first_weight = decoder.layers[0].mlp.down_proj.weight
-        onednn = onednn_available(first_weight)
-        self.products = "oneDNN, packed fp32 weights" if onednn else "F.linear on the model's weights"
+        kind = packed_kind(first_weight)
+        self.products = (f"oneDNN, packed {'bf16' if kind == torch.bfloat16 else 'fp32'} weights" if kind is not None
+                         else "F.linear on the model's weights")
         shift = 1.0 if self.gemma else 0.0  # Gemma's norms scale by (1 + weight)
-        self.layers = [LayerWeights(layer, onednn, shift) for layer in decoder.layers]
+        self.layers = [LayerWeights(layer, kind, shift) for layer in decoder.layers]
         final = decoder.norm.weight.detach()
         self.final_norm = (final.float() + shift).to(final.dtype)
         first = self.layers[0]
         widths = [facts.hidden_size, decoder.layers[0].self_attn.o_proj.in_features, facts.hidden_size,
                   decoder.layers[0].mlp.down_proj.in_features]
         self.row_classes = probe_row_classes([first.qkv, first.o, first.gate_up, first.down], widths,
-                                             first_weight.dtype, first_weight.device)
+                                             loaded.dtype, first_weight.device)
         fast = FAST_ROWS.get(torch.backends.cpu.get_cpu_capability(), 1) if first_weight.device.type == "cpu" else 1
         self.floor = row_floor(self.row_classes, MAX_ROWS, fast)
         problem = self._check()
@@ -316,7 +334,7 @@ class DecodeStep:
             theirs = model.model(input_ids=torch.tensor([[follow]], device=device), cache=cache, use_cache=True,
                                  position_ids=torch.tensor([[prompt.shape[1]]], device=device)).last_hidden_state[0, -1].float()
         difference = float((ours - theirs).norm() / theirs.norm().clamp(min=1e-12))
-        if not difference <= CHECK_TOLERANCE:
+        if not difference <= CHECK_TOLERANCE.get(self.layers[0].down.kind, CHECK_TOLERANCE[torch.float32]):
             return f"the batched decode step differs from the model's own forward (relative {difference:.1e})"
         return None
 

@@ -37,39 +37,19 @@ is read from the runs' results (times, FLOPs, bytes); none is derived from a han
 from __future__ import annotations
 
 import json
-import os
-import platform
 import statistics
 import sys
-import threading
-import time
 from pathlib import Path
 
-import torch
-
-from kvviz.core import paths
-from kvviz.core.prompts import build_segments, encode
 from kvviz.core.results import HandoffRequest
 from kvviz.engine import runner
 from kvviz.engine.flags import option_arguments
 from kvviz.handoffs import registry
 from kvviz.handoffs.registry import build_request
-from kvviz.runtime.measure import spread, synchronize
+from kvviz.runtime.measure import spread
 from kvviz.studies import speed
-
-# Written for this project: neutral filler that says nothing about the fact.
-FILLER_SENTENCES = [
-    "The morning train left the station a few minutes after the bakery opened its doors.",
-    "Several visitors stopped to read the notice about the new opening hours of the museum.",
-    "A light rain fell over the hills while the farmers checked the fences along the road.",
-    "The committee agreed to meet again next month to review the budget for the school year.",
-    "Children played near the fountain as the street musicians tuned their old guitars.",
-    "The library added a shelf of travel guides and a quiet corner for reading newspapers.",
-    "Engineers inspected the bridge and reported that the repairs would take two more weeks.",
-    "In the evening the harbour lights came on one by one along the curved stone pier.",
-]
-FACT = "The key to the blue storage room is kept in the drawer of the kitchen table."
-QUESTION = "Where is the key to the blue storage room kept?"
+from kvviz.studies.machine import PeakMemory, machine_facts
+from kvviz.studies.perf_inputs import QUESTION, synthetic_context
 
 # Shared questions for the C2C / text / receiver comparison (no private context).
 SHARED_QUESTIONS = [
@@ -82,140 +62,7 @@ BYTES_RATIOS = (0.3, 0.5, 1.0)
 ANSWER_TOKENS = 16
 
 
-# --- inputs -----------------------------------------------------------------------------------
-
-
-def synthetic_context(tokenizer, length: int, question: str = QUESTION) -> tuple[str, int]:
-    """A context whose prompt segment (what the sender prefills, Skyline's prefix) has ``length`` tokens.
-
-    Filler sentences around one fact sentence in the middle. The left filler is half the token
-    budget; the right filler is cut character by character (binary search) until the receiver's
-    context segment measures exactly ``length`` tokens. Returns (text, measured length): the
-    measured length differs only when no cut reaches ``length`` exactly (then the closest).
-    """
-    filler_text = " ".join(FILLER_SENTENCES * (length // 100 + 2))
-    filler_ids = encode(tokenizer, filler_text)
-
-    def measure(text: str) -> int:
-        return len(build_segments(tokenizer, question, text).context_ids)
-
-    base = measure(FACT)
-    left_tokens = max(0, (length - base) // 2)
-    left = tokenizer.decode(filler_ids[:left_tokens]).strip() if left_tokens else ""
-    head = f"{left} {FACT}".strip()
-
-    def build(chars: int) -> tuple[str, int]:
-        text = f"{head} {filler_text[:chars]}".strip() if chars else head
-        return text, measure(text)
-
-    low, high = 0, len(filler_text)
-    while low < high:  # smallest cut whose count reaches the target
-        middle = (low + high) // 2
-        if build(middle)[1] >= length:
-            high = middle
-        else:
-            low = middle + 1
-    best = None
-    for chars in [low] + [low + d for d in (-1, 1, -2, 2, -3, 3, 4, 5, 6)]:
-        if 0 <= chars <= len(filler_text):
-            text, measured = build(chars)
-            if measured == length:
-                return text, measured
-            if best is None or abs(measured - length) < abs(best[1] - length):
-                best = (text, measured)
-    return best
-
-
 # --- measuring --------------------------------------------------------------------------------
-
-
-class PeakMemory:
-    """Peak memory growth during a block: CUDA allocator on GPU, sampled resident set on CPU."""
-
-    def __init__(self, device):
-        self.device = device
-        self.cuda = str(device).startswith("cuda")
-        self.peak_bytes = 0
-        self.method = (
-            "torch.cuda.max_memory_allocated above the allocation before"
-            if self.cuda
-            else "CPU: resident-set growth above the level after gc + malloc_trim, sampled every 1 ms from "
-            "/proc/self/statm; a lower bound (memory the allocator still holds is reused unseen)"
-        )
-
-    @staticmethod
-    def _trim() -> None:
-        """Hand freed heap memory back to the OS so that growth during the block shows in the RSS."""
-        import ctypes
-        import gc
-
-        gc.collect()
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
-
-    @staticmethod
-    def _rss() -> int:
-        try:
-            with open("/proc/self/statm", encoding="ascii") as handle:
-                return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except OSError:
-            import resource
-
-            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-    def __enter__(self):
-        if self.cuda:
-            synchronize()
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._before = torch.cuda.memory_allocated(self.device)
-        else:
-            self._trim()
-            self._before = self._rss()
-            self._max = self._before
-            self._stop = threading.Event()
-
-            def sample():
-                while not self._stop.is_set():
-                    self._max = max(self._max, self._rss())
-                    time.sleep(0.001)
-
-            self._thread = threading.Thread(target=sample, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.cuda:
-            synchronize()
-            self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._before
-        else:
-            self._stop.set()
-            self._thread.join()
-            self._max = max(self._max, self._rss())
-            self.peak_bytes = self._max - self._before
-        return False
-
-
-def machine_facts(device) -> dict:
-    facts = {
-        "uname": " ".join(platform.uname()),
-        "cpu_cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "device": str(device),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-    }
-    try:
-        import transformers
-
-        facts["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    if str(device).startswith("cuda"):
-        facts["gpu"] = torch.cuda.get_device_name(device)
-    facts["git_commit"] = (paths.git("rev-parse", "--short", "HEAD") or "unknown").strip()
-    return facts
 
 
 # --- the measurement --------------------------------------------------------------------------
@@ -369,7 +216,7 @@ def measure(pair, lengths: list[int], repeats: int, ratios=TIMING_RATIOS, messag
     with_c2c = not report["shared_question"]["c2c_unavailable"]
     memory = peak_memory(pair, contexts[memory_length][0], repeats, message_tokens, fuser, with_c2c, progress)
     report["memory"] = {"context_tokens": contexts[memory_length][1], **memory}
-    report["speed"] = speed.measure(pair, repeats, progress)
+    report["speed"] = speed.measure(pair, repeats, progress, at_once=False)
     report["decode_ms_per_token"] = report["speed"]["decode_ms_per_token"]
     report["warm_full_run_seconds"] = report["speed"]["warm_full_run_seconds"]
     return report
@@ -474,9 +321,10 @@ def main(args) -> int:
     if getattr(args, "speed_only", False):
         report = {"machine": machine_facts(pair.receiver.device), "repeats": args.repeats, "pair": pair.name,
                   "speed": speed.measure(pair, args.repeats, progress, page=not getattr(args, "no_page", False))}
-        for key in ("batched_decode_ms", "stack_stream_ratio", "warm_full_run_seconds", "warm_serial_run_seconds",
-                    "warm_page_run_seconds", "page_over_process_ratio"):
-            report[key] = report["speed"][key]
+        for key in ("numeric_mode", "batched_decode_ms", "stack_stream_ratio", "step_stream_ratio", "warm_full_run_seconds",
+                    "warm_recorded_run_seconds", "warm_serial_run_seconds", "warm_page_run_seconds", "page_over_process_ratio",
+                    "page_over_plain_ratio", "runs_at_once", "class_load", "targets"):
+            report[key] = report["speed"].get(key)
         text = speed.markdown(report["speed"]) + "\n"
     else:
         given = option_arguments(args)

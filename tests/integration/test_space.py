@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvviz.runtime.models import CONVERSION_MARKER, EMBEDDED_MODELS
+from kvviz.runtime.model_files import CONVERSION_MARKER, EMBEDDED_MODELS
 from tests.unit.test_space import exported, front_matter  # noqa: F401 (fixtures and helpers shared with the unit tests)
 
 
@@ -56,7 +56,7 @@ def free_port() -> int:
 @pytest.mark.integration
 @pytest.mark.real_model
 def test_the_exported_space_installs_in_a_fresh_venv_and_serves_the_page(exported, tmp_path):
-    from kvviz.runtime.models import converted_dir, is_prepared, prepare_embedded
+    from kvviz.runtime.model_files import converted_dir, is_prepared, prepare_embedded
     from tests.page_checks import CHROMIUM, CHROMIUM_FLAGS, artifacts_dir, require_chromium
 
     require_chromium()

@@ -13,6 +13,7 @@ import torch
 from kvviz.engine.runner import RunContext, run_handoff
 from kvviz.handoffs import registry
 from kvviz.runtime import cache as kv
+from kvviz.runtime import batching
 from kvviz.runtime import decode as decoding
 from kvviz.runtime.batching import DecodeBatch, Sequence
 from kvviz.runtime.cache import KVState
@@ -236,7 +237,7 @@ def test_an_architecture_the_step_does_not_cover_decodes_through_the_models_forw
     saved = loaded._decoding
     loaded._decoding = (step, None)
     try:
-        assert decoding.decode_path(loaded) == {"batched": False, "reason": step.reason}
+        assert batching.decode_path(loaded) == {"batched": False, "reason": step.reason}
         state = KVState()
         first, _ = decoding.prefill(loaded, state, list(range(5, 20)))
         output = decoding.generate(loaded, state, first, registry.build_request("q").generation, max_new_tokens=5)
@@ -311,6 +312,12 @@ def test_every_handoff_gets_the_same_tokens_in_a_shared_batch_as_alone(sample, c
     request = contract_request
     if sample:
         request = dataclasses.replace(request, generation=dataclasses.replace(request.generation, greedy=False, seed=3))
+    assert_every_handoff_alone_as_together(pair, request)
+
+
+def assert_every_handoff_alone_as_together(pair, request) -> None:
+    """Every registered handoff alone, then all at once as one run: each applies, each gets the same
+    tokens both ways, and the decode steps were shared."""
     names = [handoff.name for handoff in registry.all_handoffs()]
     alone = {name: run_handoff(name, pair, request) for name in names}
     together = run_together(pair, request, names)

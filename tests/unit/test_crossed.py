@@ -193,3 +193,26 @@ def test_the_lens_follows_the_first_content_token_not_a_leading_space(pair):
     plain = crossed.Inspection(answer_ids=word + space, model=loaded, lens_hidden=torch.zeros(1), prompt=(state.copy(), first.hidden))
     lens_at_first_content_token(plain)
     assert plain.lens_index == 0 and plain.lens_hidden.shape == (1,)  # an answer that starts with content: unchanged
+
+
+@pytest.mark.parametrize("parts", [["attention"], ["lens"], ["scores"], ["lens", "scores"]])
+def test_a_recording_holds_only_the_parts_asked_for_and_changes_no_answer(pair, parts):
+    """``inspect["parts"]``: what the caller shows, and nothing else, is computed (issue 42: each part
+    costs its own work); the answers stay those of a run that records nothing."""
+    from kvviz.engine.runner import RunContext
+
+    run = RunContext()  # one run: C2C's receiver beside its control, so that "scores" has a pair to score
+    asked = request({"parts": parts})
+    results = {name: run_handoff(name, pair, asked, run=run) for name in ("receiver", "skyline")}
+    plain = {name: run_handoff(name, pair, request()) for name in results}
+    for name, result in results.items():
+        assert result.answer_ids == plain[name].answer_ids
+        assert bool(result.token_attention) == ("attention" in parts), name
+        assert bool(result.logit_lens) == ("lens" in parts), name
+        assert set(result.details["crossed_seconds"]) == {"lens_position", "attention_and_lens", "scoring"}
+    assert bool(results["skyline"].token_change) == ("scores" in parts)  # Skyline beside the receiver alone, its control
+
+
+def test_a_part_kvviz_does_not_record_is_refused(pair):
+    result = run_handoff("receiver", pair, request({"parts": ["attention", "everything"]}))
+    assert not result.applicable and "inspect parts must be among attention, lens, scores; got everything" in result.reason

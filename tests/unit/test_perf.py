@@ -11,6 +11,7 @@ import torch
 
 from kvviz.engine import runner
 from kvviz.studies import perf
+from kvviz.studies.perf_inputs import FACT
 
 
 @pytest.mark.parametrize("length", [80, 121, 200])
@@ -20,8 +21,8 @@ def test_synthetic_context_has_the_exact_token_length(tiny_engine, length):
     pair, _ = tiny_engine
     text, measured = perf.synthetic_context(pair.receiver.tokenizer, length)
     assert measured == length == len(build_segments(pair.receiver.tokenizer, perf.QUESTION, text).context_ids)
-    assert perf.FACT in text
-    middle = (text.index(perf.FACT) + len(perf.FACT) / 2) / len(text)
+    assert FACT in text
+    middle = (text.index(FACT) + len(FACT) / 2) / len(text)
     assert 0.35 < middle < 0.65
 
 
@@ -58,11 +59,20 @@ def test_perf_report_on_the_tiny_pair(tiny_engine):
     model = report["speed"]["models"][0]
     assert model["limits"]["stream_weights_ms"]["median"] > 0 and model["limits"]["head_product_ms"]["median"] > 0
     assert model["ratios"]["decode / stream weights"]["n"] == 2
-    assert "decode ms/token" in text and "Warm run" in text
+    assert "step ms" in text and "Warm run" in text
     # decode steps shared by 1, 2, 4 and 6 sequences, the stack against its own weight-stream time
     assert set(report["speed"]["batched_decode_ms"][pair.receiver.name]) == {"1", "2", "4", "6"}
     assert model["ratios"]["stack / stack stream"]["median"] > 0 and model["decode_path"]["batched"]
     assert report["speed"]["warm_serial_run_seconds"] > 0 and report["speed"]["warm_page_run_seconds"] is None
+    # the numeric modes: this process's, and each mode's models (a model built in memory has no other mode)
+    assert report["speed"]["numeric_mode"] == "fp32" and report["speed"]["modes"]["fp32"]["models"][0]["model"] == pair.receiver.name
+    assert "runs_at_once" not in report["speed"]  # the speed report's (below)
+    # the run recording what crossed, and what it spent on it
+    assert report["speed"]["warm_recorded_run_seconds"] > 0
+    assert set(report["speed"]["full_run"]["crossed_cpu_seconds_per_run"]) >= {"attention_and_lens", "scoring"}
+    verdicts = {row["target"]: row["verdict"] for row in report["speed"]["targets"]}
+    assert verdicts[next(t for t in verdicts if t.startswith("warm page run"))] == "not measured"  # no page here
+    assert all(v in ("met", "missed", "not measured") for v in verdicts.values())
     json.dumps(report)  # plain data
 
 
@@ -78,10 +88,15 @@ def test_speed_only_prints_the_speed_table_and_nothing_else(tiny_engine, capsys,
 
     assert main(["bench", "--perf", "--speed-only", "--no-page", "--pair", "tiny", "--repeats", "1", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    assert "decode ms/token" in printed and "Warm run" in printed and "Decode steps shared" in printed
+    assert "step ms" in printed and "Warm run" in printed and "Distinct runs at once" in printed and "Targets (issue 42)" in printed
     assert "KVComm / Skyline" not in printed  # the context curve was not measured
     report = json.loads((tmp_path / "perf.json").read_text())
-    assert set(report) == {"machine", "repeats", "pair", "speed", "batched_decode_ms", "stack_stream_ratio",
-                           "warm_full_run_seconds", "warm_serial_run_seconds", "warm_page_run_seconds",
-                           "page_over_process_ratio"}
+    assert set(report) == {"machine", "repeats", "pair", "speed", "numeric_mode", "batched_decode_ms", "stack_stream_ratio",
+                           "step_stream_ratio", "warm_full_run_seconds", "warm_recorded_run_seconds",
+                           "warm_serial_run_seconds", "warm_page_run_seconds", "page_over_process_ratio",
+                           "page_over_plain_ratio", "runs_at_once", "class_load", "targets"}
+    # runs at once: 1, 4 and 8 distinct runs, every answer as alone
+    counts = report["runs_at_once"]["counts"]
+    assert set(counts) == {"1", "4", "8"} and all(c["answers_different_from_alone"] == 0 for c in counts.values())
+    assert counts["1"]["over_one_run"] == pytest.approx(1.0)
     assert report["warm_page_run_seconds"] is None and report["page_over_process_ratio"] is None  # --no-page
