@@ -28,6 +28,15 @@ def load_pair(pair_name, device: str | None = None, dtype=None, progress=print) 
     return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, same_shape_sender=same_shape_sender)
 
 
+def swap_pair(pair: LoadedPair, swap) -> LoadedPair:
+    """The pair a swap's arm runs on: the pair its ``pair`` names (a sharer that learned other
+    facts, ``kvviz.data.swaps.Swap.pair``), loaded on this pair's device and dtype; else this pair."""
+    name = getattr(swap, "pair", None)
+    if not name or name == pair.name:
+        return pair
+    return load_pair(name, str(pair.receiver.device), pair.receiver.dtype, progress=lambda message: None)
+
+
 def pair_devices(pair: LoadedPair) -> set:
     """Every device a layer of the pair's models sits on."""
     return {device for model in (pair.sharer, pair.receiver, pair.same_shape_sender) for device in model.layer_devices}

@@ -38,7 +38,7 @@ import torch
 from kvviz.core import policy, zerogpu
 from kvviz.core.facts import ModelFacts, facts_from_config
 from kvviz.core.paths import cache_dir
-from kvviz.runtime import attention
+from kvviz.runtime import adapters, attention
 from kvviz.runtime.head import OutputHead
 
 # Marker written last into a converted folder: a folder without it is an interrupted conversion.
@@ -156,6 +156,25 @@ PAIRS: dict[str, PairSpec] = {
         sharer="smollm2-135m",
         receiver="smollm2-135m",
         description="SmolLM2-135M-Instruct talks to a copy of itself.",
+    ),
+    # C2C where its premise holds (issue 44): a sharer that studied a handbook of invented facts
+    # (kvviz.data.handbook) the receiver never saw, and the same sharer taught the facts permuted
+    "knower": PairSpec(
+        name="knower",
+        sharer="smollm2-135m@handbook",
+        receiver="gemma3-270m",
+        same_shape_sender="gemma3-270m",
+        description=(
+            "SmolLM2-135M-Instruct that studied a handbook of invented facts (a LoRA adapter) shares, "
+            "Gemma-3-270M, which never saw it, receives."
+        ),
+    ),
+    "knower-opposite": PairSpec(
+        name="knower-opposite",
+        sharer="smollm2-135m@handbook-permuted",
+        receiver="gemma3-270m",
+        same_shape_sender="gemma3-270m",
+        description="The knower pair with a sharer that learned the handbook's facts permuted (the swap control).",
     ),
     "qwen": PairSpec(
         name="qwen",
@@ -441,7 +460,8 @@ def _load_uncached(name: str, device: str, dtype: torch.dtype, progress) -> Load
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.perf_counter()
-    location, gguf_file, kind = locate(name, progress)
+    base, adapter = adapters.split_name(name)  # BASE@ADAPTER: the base with a LoRA adapter merged in
+    location, gguf_file, kind = locate(base, progress)
     attention.register()
     kwargs = {"dtype": dtype, "attn_implementation": attention.ATTENTION_NAME}
     if gguf_file:
@@ -468,6 +488,11 @@ def _load_uncached(name: str, device: str, dtype: torch.dtype, progress) -> Load
                 + f"Details: {type(error).__name__}: {error}"
             ) from error
         raise ModelLoadError(f"Could not load '{name}' from {location}: {type(error).__name__}: {error}") from error
+    if adapter is not None:
+        try:
+            model = adapters.merge(model, name, progress)
+        except adapters.AdapterError as error:
+            raise ModelLoadError(str(error)) from error
     if device != "auto":
         model.to(device)
     model.eval()

@@ -25,15 +25,8 @@ from kvviz.core import policy
 from kvviz.core.paths import SHIPPED_FUSERS
 from kvviz.core.results import HandoffRequest
 from kvviz.handoffs.c2c import reference
-from kvviz.handoffs.c2c.fuser import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    C2CFuser,
-    FuserError,
-    is_reference_layout,
-    load_fuser,
-    read_config,
-)
+from kvviz.handoffs.c2c.config import CONFIG_FILE, WEIGHTS_FILE, FuserError, is_reference_layout, read_config
+from kvviz.handoffs.c2c.fuser import C2CFuser, load_fuser
 from kvviz.handoffs.registry import NotApplicable, Option, option_values
 from kvviz.runtime.checkpoints import checkpoint_label, fingerprints_match, model_fingerprint
 from kvviz.runtime.models import LoadedPair
