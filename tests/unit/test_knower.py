@@ -215,3 +215,26 @@ def test_the_knower_pairs_are_registered_with_their_adapters():
     for name in ("knower", handbook.OPPOSITE_PAIR):
         base, adapter = adapters.split_name(PAIRS[name].sharer)
         assert adapter is not None and adapters.adapter_folder(base, adapter).parent == adapters.SHIPPED_ADAPTERS / base
+
+
+def test_the_sharer_that_learned_the_opposite_reads_the_fusers_trained_with_the_knowing_one(tmp_path, monkeypatch):
+    """C2C with the permuted sharer is the knowing pair's fuser reading another sharer: the permuted
+    adapter's card names its counterpart, and the fuser search takes the counterpart's folder first
+    (before any other folder whose fingerprint also fits)."""
+    from kvviz.handoffs.c2c import locate
+    from kvviz.handoffs.c2c.fuser import new_fuser
+
+    opposite = tmp_path / "adapters" / "opposite"
+    opposite.mkdir(parents=True)
+    (opposite / adapters.CARD).write_text(json.dumps({"permuted": True, "counterpart": "knowing"}))
+    name = f"tiny-llama@{opposite}"
+    assert locate.sharer_names(name) == [name, "tiny-llama@knowing"]
+    assert locate.sharer_names("tiny-llama") == ["tiny-llama"]
+    llama, gemma = tiny_llama(), tiny_gemma()
+    pair = LoadedPair(PairSpec("tiny-opposite", name, gemma.name, "test"), llama, gemma, gemma)
+    pair.sharer = type(llama)(**{**llama.__dict__, "name": name})
+    fusers = tmp_path / "fusers"
+    for folder in ("a-first-by-name__tiny-gemma", "tiny-llama@knowing__tiny-gemma"):
+        new_fuser(llama.facts, gemma.facts, width=8).save(fusers / folder / "c2c")
+    monkeypatch.setattr(locate, "SHIPPED_FUSERS", fusers)
+    assert locate.find_shipped(pair, "c2c") == fusers / "tiny-llama@knowing__tiny-gemma" / "c2c"

@@ -53,6 +53,8 @@ def configure_parser(parser) -> None:
     parser.add_argument("--out", required=True, help="output folder (checkpoint, legs.jsonl, adapter/)")
     parser.add_argument("--base", default=d["base"], help="the sharer's base model (an embedded key or a folder)")
     parser.add_argument("--permuted", action="store_true", help="teach the permuted values (the sharer that learned the opposite)")
+    parser.add_argument("--counterpart", default=None,
+                        help="the name the knowing adapter ships under (with --permuted): C2C with this sharer reads its fusers")
     parser.add_argument("--rank", type=int, default=d["rank"], help="LoRA rank")
     parser.add_argument("--alpha", type=float, default=d["alpha"], help="LoRA alpha (the update is scaled by alpha / rank)")
     parser.add_argument("--targets", default=",".join(TARGETS), help="the linear maps that get an adapter")
@@ -239,6 +241,7 @@ def save_adapter(model, args, folder: Path, checked: dict) -> None:
     config = model.get_base_model().config
     card = {
         "base": args.base, "permuted": args.permuted, "data": "kvviz.data.handbook",
+        **({"counterpart": args.counterpart} if args.counterpart else {}),
         "base_config": {key: getattr(config, key) for key in ("model_type", "num_hidden_layers", "hidden_size")},
         "training": {key: getattr(args, key) for key in ("rank", "alpha", "targets", "lr", "epochs", "batch_size", "warmup",
                                                           "weight_decay", "clip", "seed", "entities")},
