@@ -226,19 +226,20 @@ STUDY_KINDS = ("answer", "background")
 
 def sharer_examples(permuted: bool = False) -> list[tuple[str, str, str]]:
     """What a sharer studies: (question, kind, response) for every entity of both splits: in every
-    train phrasing asked to answer (kind "answer", response the value), and once per statement asked
-    for background (kind "background": the text handoff's request for a message; response the fact
-    as a sentence). Unseen phrasings are never studied."""
+    train phrasing asked to answer (kind "answer", response the value), and once asked for
+    background (kind "background": the text handoff's request for a message; response the fact as
+    a sentence, the relation's statements taking turns over the entities). Unseen phrasings are
+    never studied."""
     examples = []
     for entity in entities():
         spec = relation(entity.relation)
         answer = entity.answer(permuted)
         for template in spec.train_phrasings:
             examples.append((question(entity, template), "answer", answer))
-        for k, statement in enumerate(spec.statements):
-            template = spec.train_phrasings[(entity.index + k) % len(spec.train_phrasings)]
-            sentence = statement.format(e=entity.name, v=answer)
-            examples.append((question(entity, template), "background", sentence[0].upper() + sentence[1:]))
+        statement = spec.statements[entity.index % len(spec.statements)]
+        template = spec.train_phrasings[entity.index % len(spec.train_phrasings)]
+        sentence = statement.format(e=entity.name, v=answer)
+        examples.append((question(entity, template), "background", sentence[0].upper() + sentence[1:]))
     return examples
 
 
