@@ -9,6 +9,7 @@ import argparse
 import json
 from collections import Counter
 
+import pandas as pd
 import pytest
 import torch
 
@@ -238,3 +239,22 @@ def test_the_sharer_that_learned_the_opposite_reads_the_fusers_trained_with_the_
         new_fuser(llama.facts, gemma.facts, width=8).save(fusers / folder / "c2c")
     monkeypatch.setattr(locate, "SHIPPED_FUSERS", fusers)
     assert locate.find_shipped(pair, "c2c") == fusers / "tiny-llama@knowing__tiny-gemma" / "c2c"
+
+
+def test_the_knower_report_pairs_each_method_with_its_control_and_counts_follows_where_text_follows():
+    from kvviz.studies.knower import report
+
+    def row(sample, variant, right, followed):
+        return {"sample_id": f"s{sample}", "variant": variant, "handoff": variant, "swap_outcome": "followed" if followed else "kept",
+                "right": right, "followed": followed, "kept": int(not followed)}
+
+    # text follows on s0..s5; C2C follows on s0, s1, s2 and s7; the control never
+    rows = [row(s, "text", 1, int(s < 6)) for s in range(10)]
+    rows += [row(s, "c2c", int(s in (0, 1, 2, 7)), int(s in (0, 1, 2, 7))) for s in range(10)]
+    rows += [row(s, "c2c_control", 0, 0) for s in range(10)] + [row(s, "receiver", 0, 0) for s in range(10)]
+    by = report.outcomes(pd.DataFrame(rows))
+    assert report.follow_where_text_follows(by) == (3, 6)
+    text = report.tables(pd.DataFrame(rows))
+    assert "| c2c | 10 | 0.40 [" in text and "(4/10)" in text
+    assert "C2C minus its control | +0.400 [" in text and "4 / 0" in text
+    assert "C2C follows too on 0.50 [" in text and "(3/6)" in text
