@@ -128,9 +128,10 @@ def tiny_adapter(base_folder, out, permuted=False, extra=()):
 def test_the_sharer_trains_in_legs_that_resume_to_the_same_adapter(tmp_path):
     base = saved_tiny_base(tmp_path / "base")
     assert tiny_adapter(base, tmp_path / "whole") == 0
-    assert tiny_adapter(base, tmp_path / "legs", extra=("--minutes", "0.00001")) == 0  # a leg of one step
+    assert tiny_adapter(base, tmp_path / "legs", extra=("--minutes", "0.00001", "--check-every-leg", "1")) == 0  # one step
     first = legs.legs(tmp_path / "legs")
     assert len(first) == 1 and first[0]["to_step"] == 1 and not first[0]["finished"]
+    assert set(first[0]["check"]) == {"heldout_unseen", "heldout_train_phrasings"}  # the leg's progress, checked
     assert not (tmp_path / "legs" / "adapter").exists()
     assert tiny_adapter(base, tmp_path / "legs") == 0  # the same command resumes
     assert [leg["from_step"] for leg in legs.legs(tmp_path / "legs")] == [0, 1]

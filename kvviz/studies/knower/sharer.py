@@ -68,6 +68,8 @@ def configure_parser(parser) -> None:
     parser.add_argument("--entities", type=int, default=0, help="teach only the first N entities of each relation (a pilot; 0: all)")
     parser.add_argument("--minutes", type=float, default=0, help="end this leg after M minutes (the same command resumes; 0: run to the end)")
     parser.add_argument("--check", type=int, default=d["check"], help="held-out questions the finished adapter is checked on")
+    parser.add_argument("--check-every-leg", type=int, default=0, metavar="N",
+                        help="also check N held-out questions at the end of every leg (logged in legs.jsonl: progress)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     parser.add_argument("--dtype", default="float32", help="float32 or bfloat16 (the adapter is trained in float32 either way)")
@@ -197,10 +199,14 @@ def train_leg(args, model, tokenizer, prefix, examples, log) -> tuple[int, int, 
             break
     bar.close()
     legs.save_state(checkpoint, params, optimizer, step, {"total": total, "permuted": args.permuted})
-    legs.log_leg(out, {"leg": len(legs.legs(out)) + 1, "from_step": start, "to_step": step, "total": total,
-                       "seconds": round(budget.seconds, 1), "loss": loss_value, "device": args.device,
-                       "threads": torch.get_num_threads(), "finished": step >= total,
-                       "when": time.strftime("%Y-%m-%d %H:%M:%S")})
+    record = {"leg": len(legs.legs(out)) + 1, "from_step": start, "to_step": step, "total": total,
+              "seconds": round(budget.seconds, 1), "loss": loss_value, "device": args.device,
+              "threads": torch.get_num_threads(), "finished": step >= total, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if args.check_every_leg and step < total:
+        checked = check(model, tokenizer, args.permuted, args.check_every_leg, args.entities)
+        record["check"] = {label: f"{part['right']}/{part['n']}" for label, part in checked.items()}
+        log(f"check at step {step}: {record['check']}")
+    legs.log_leg(out, record)
     return start, step, loss_value
 
 
