@@ -6,7 +6,7 @@ import json
 import sys
 
 from kvviz.app.present import notes_of
-from kvviz.data.swaps import Swap, replace_fact
+from kvviz.data.swaps import OPPOSITE, Swap, replace_fact
 from kvviz.engine import flags, runner, stream
 from kvviz.handoffs import registry
 from kvviz.runtime.adapters import split_name
@@ -107,7 +107,8 @@ def configure_run(parser):
                              "--swap-context; --swap-answer defaults to NEW)")
     parser.add_argument("--swap-pair", default=None, metavar="PAIR",
                         help="swap the sharer instead of the note: every handoff also runs on PAIR (the same pair with a "
-                             "sharer that learned other facts, e.g. knower-opposite), the note unchanged (needs --swap-answer)")
+                             "sharer that learned other facts, e.g. knower-opposite; 'opposite': the pair's own), the note "
+                             "unchanged (needs --swap-answer)")
     parser.add_argument("--swap-answer", action="append", default=None,
                         help="what the swapped note answers (repeat for several accepted answers)")
     parser.add_argument("--no-inspect", action="store_true",
@@ -148,7 +149,8 @@ def swap_from_args(args) -> Swap | None:
             raise ValueError("--swap-pair swaps the sharer, not the note: give it without --swap-context or --swap-word.")
         if not args.swap_answer:
             raise ValueError(f"Say what the sharer of {swap_pair} answers with --swap-answer.")
-        resolve_pair(swap_pair)  # an unknown pair is refused here, before any model loads
+        if swap_pair != OPPOSITE:
+            resolve_pair(swap_pair)  # an unknown pair is refused here, before any model loads
         return Swap(context=args.context, answers=tuple(args.swap_answer), changed=f"the sharer of pair {swap_pair}",
                     pair=swap_pair)
     if args.swap_context is None and args.swap_word is None:

@@ -39,9 +39,6 @@ ENTITY_SEED = 44044  # fixed: the entities, their values and the split never mov
 ENTITIES_PER_RELATION = 120
 HELDOUT_EVERY = 3  # entity i of a relation is held out when i % 3 == 0
 
-# the registered pair whose sharer learned these facts permuted (kvviz.runtime.models.PAIRS): the
-# swap arm runs there (``swaps``)
-OPPOSITE_PAIR = "knower-opposite"
 
 _ONSETS = ["b", "br", "d", "dr", "f", "g", "gr", "h", "j", "k", "kr", "l", "m", "n", "p", "pr", "r", "s", "sk",
            "st", "t", "tr", "v", "z", "c", "th", "w", "y"]
@@ -190,21 +187,30 @@ def question(entity: Entity, template: str) -> str:
     return text[0].upper() + text[1:]
 
 
-def _record(entity: Entity, template: str, which: str, number: int, permuted: bool) -> Record:
-    answer = entity.answer(permuted)
+NOTES = ("none", "question")
+
+
+def _record(entity: Entity, template: str, which: str, number: int, permuted: bool, note: str = "none") -> Record:
+    answer, asked = entity.answer(permuted), question(entity, template)
     return Record(
         id=f"handbook-{entity.split}-{entity.relation.replace(' ', '_')}-{entity.index}-{which}{number}",
-        question=question(entity, template), context=None, answers=[answer], choices=None, answer_index=None,
+        question=asked, context=asked if note == "question" else None, answers=[answer], choices=None, answer_index=None,
         source="handbook", response=answer,
         meta={"relation": entity.relation, "entity": entity.name, "value": entity.value, "permuted": entity.permuted,
               "phrasing": template, "split": entity.split},
     )
 
 
-def questions(split: str = "heldout", which: str = "unseen", per_entity: int = 1, permuted: bool = False) -> list[Record]:
+def questions(split: str = "heldout", which: str = "unseen", per_entity: int = 1, permuted: bool = False,
+              note: str = "none") -> list[Record]:
     """Question records about one split's entities in ``which`` phrasings: ``per_entity`` of them for
     each entity (rotating through the phrasings, so every phrasing is asked about as often),
-    relations interleaved. ``permuted``: the answers are the permuted sharer's."""
+    relations interleaved. ``permuted``: the answers are the permuted sharer's. ``note``: "none"
+    (no context: the sharer knows, it is told nothing) or "question" (the question is also the
+    note only the sharer reads: KVComm's sender then holds the KV of the question, read by a model
+    that knows the answer)."""
+    if note not in NOTES:
+        raise ValueError(f"note must be one of {', '.join(NOTES)}, not {note!r}")
     chosen = entities(split)
     by_relation = [[e for e in chosen if e.relation == name] for name in RELATION_NAMES]
     records = []
@@ -217,7 +223,7 @@ def questions(split: str = "heldout", which: str = "unseen", per_entity: int = 1
             count = len(templates) if per_entity <= 0 else min(per_entity, len(templates))
             for k in range(count):
                 number = (entity.index + k) % len(templates)
-                records.append(_record(entity, templates[number], which, number, permuted))
+                records.append(_record(entity, templates[number], which, number, permuted, note))
     return records
 
 
@@ -244,8 +250,9 @@ def sharer_examples(permuted: bool = False) -> list[tuple[str, str, str]]:
 
 
 def load_handbook(*, split: str = "heldout", phrasings: str = "unseen", per_entity: int = 1, permuted: bool = False,
-                  data_dir=None, report=None) -> list[Record]:
+                  note: str = "none", data_dir=None, report=None) -> list[Record]:
     """The handbook as a registered dataset (``--dataset handbook``): questions about held-out
-    entities in unseen phrasings by default, one per entity (``per_entity=0``: every phrasing)."""
+    entities in unseen phrasings by default, one per entity (``per_entity=0``: every phrasing);
+    ``note=question``: the question is also the sharer's note (for KVComm)."""
     as_bool = permuted if isinstance(permuted, bool) else str(permuted).lower() == "true"
-    return questions(split, phrasings, int(per_entity), as_bool)
+    return questions(split, phrasings, int(per_entity), as_bool, note)

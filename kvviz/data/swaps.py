@@ -16,8 +16,8 @@ swaps), one rule per dataset:
   replaced there by the gold answer of another question of the same type (a year by a year, a
   number by a number, a name by a name); yes/no questions have no swap;
 * the handbook (``kvviz.data.handbook``, facts the sharer learned, no note): the note stays, the
-  *sharer* changes: the swapped arm runs on the pair whose sharer learned the facts permuted
-  (``Swap.pair``), and the swapped answer is that sharer's value;
+  *sharer* changes: the swapped arm runs on the pair's counterpart whose sharer learned the facts
+  permuted (``Swap.pair``: ``OPPOSITE``), and the swapped answer is that sharer's value;
 * any note: ``replace_fact`` (a typed note and the word to change, as the page does).
 
 ``swap_outcome`` says what a column did with the swap: "followed", "kept" or "neither".
@@ -29,11 +29,14 @@ import random
 import re
 from dataclasses import dataclass
 
-from kvviz.data import handbook, recall, whereabouts
+from kvviz.data import recall, whereabouts
 from kvviz.data.metrics import normalize_answer, verdict
 from kvviz.data.record import Record
 
 OUTCOMES = ("followed", "kept", "neither")
+# ``Swap.pair`` for "the pair's own counterpart whose sharer learned the opposite facts"
+# (``kvviz.runtime.models.PairSpec.opposite``)
+OPPOSITE = "opposite"
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,8 @@ class Swap:
     context: str | None  # the swapped note (the note as it was, when the sharer is what changes)
     answers: tuple[str, ...]  # what the swapped note says instead (the swapped gold answers)
     changed: str  # what was changed, in words ("Mahaffie House (United States) -> Louvre (France)")
-    # the pair the swapped arm runs on, when the swap is a sharer that learned other facts (None:
-    # this pair, on the swapped note)
+    # the pair the swapped arm runs on, when the swap is a sharer that learned other facts: a pair's
+    # name, or OPPOSITE (the pair's own ``opposite``); None: this pair, on the swapped note
     pair: str | None = None
 
     def to_dict(self) -> dict:
@@ -211,14 +214,14 @@ def hotpotqa_swaps(records: list[Record], seed: int = 0) -> dict[str, Swap]:
 
 
 def handbook_swaps(records: list[Record], seed: int = 0) -> dict[str, Swap]:
-    """record id -> swap: the same question to the pair whose sharer learned the handbook permuted
-    (``kvviz.data.handbook.OPPOSITE_PAIR``); the swapped answer is that sharer's value."""
+    """record id -> swap: the same question (and note) to the pair's counterpart whose sharer learned
+    the handbook permuted (``OPPOSITE``); the swapped answer is that sharer's value."""
     swaps = {}
     for record in records:
         value, other = record.meta.get("value"), record.meta.get("permuted")
         if not value or not other or record.answers[:1] != [value]:
             continue
-        swaps[record.id] = Swap(context=record.context, answers=(other,), pair=handbook.OPPOSITE_PAIR,
+        swaps[record.id] = Swap(context=record.context, answers=(other,), pair=OPPOSITE,
                                 changed=f"{value} -> {other} (the sharer that learned the opposite)")
     return swaps
 

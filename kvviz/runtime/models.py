@@ -124,6 +124,9 @@ class PairSpec:
     # the sender with the receiver's architecture (KVComm, AC, the latent relay); None means "the sharer"
     same_shape_sender: str | None = None
     needs_network: bool = False
+    # the registered pair whose sharer (and same-shape sender) learned the opposite facts: where a
+    # swap of the sharer runs (kvviz.data.swaps.Swap.pair, kvviz.engine.runner.swap_pair)
+    opposite: str | None = None
 
     @property
     def same_shape_sender_name(self) -> str:
@@ -168,6 +171,7 @@ PAIRS: dict[str, PairSpec] = {
             "SmolLM2-135M-Instruct that studied a handbook of invented facts (a LoRA adapter) shares, "
             "Gemma-3-270M, which never saw it, receives."
         ),
+        opposite="knower-opposite",
     ),
     "knower-opposite": PairSpec(
         name="knower-opposite",
@@ -175,6 +179,23 @@ PAIRS: dict[str, PairSpec] = {
         receiver="gemma3-270m",
         same_shape_sender="gemma3-270m",
         description="The knower pair with a sharer that learned the handbook's facts permuted (the swap control).",
+    ),
+    # KVComm needs a sender of the receiver's shape: SmolLM2 that studied the handbook sends to
+    # SmolLM2 that did not
+    "knower-smollm2": PairSpec(
+        name="knower-smollm2",
+        sharer="smollm2-135m@handbook",
+        receiver="smollm2-135m",
+        same_shape_sender="smollm2-135m@handbook",
+        description="SmolLM2-135M-Instruct that studied the handbook sends to SmolLM2-135M-Instruct, which did not (KVComm's shape).",
+        opposite="knower-smollm2-opposite",
+    ),
+    "knower-smollm2-opposite": PairSpec(
+        name="knower-smollm2-opposite",
+        sharer="smollm2-135m@handbook-permuted",
+        receiver="smollm2-135m",
+        same_shape_sender="smollm2-135m@handbook-permuted",
+        description="The knower-smollm2 pair with a sender that learned the handbook's facts permuted (the swap control).",
     ),
     "qwen": PairSpec(
         name="qwen",

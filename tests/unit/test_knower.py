@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kvviz.data import handbook, load_dataset
-from kvviz.data.swaps import Swap, swaps_for
+from kvviz.data.swaps import OPPOSITE, Swap, swaps_for
 from kvviz.engine import runner
 from kvviz.engine.evaluation import Variant, evaluate
 from kvviz.handoffs.registry import build_request
@@ -80,12 +80,17 @@ def test_a_handbook_swap_is_the_same_question_to_the_sharer_that_learned_the_opp
     assert set(swaps) == {r.id for r in records}
     for record in records:
         swap = swaps[record.id]
-        assert swap.pair == handbook.OPPOSITE_PAIR and swap.context is None
+        assert swap.pair == OPPOSITE and swap.context is None
         assert swap.answers == (record.meta["permuted"],) and record.meta["value"] in swap.changed
     assert Swap.from_dict(swaps[records[0].id].to_dict()) == swaps[records[0].id]
-    opposite, knower = resolve_pair(handbook.OPPOSITE_PAIR), resolve_pair("knower")
-    assert opposite.receiver == knower.receiver and opposite.sharer != knower.sharer
-    assert adapters.split_name(knower.sharer)[0] == adapters.split_name(opposite.sharer)[0] == "smollm2-135m"
+    noted = load_dataset("handbook", note="question")[:2]
+    assert [swaps_for("handbook", noted)[r.id].context for r in noted] == [r.question for r in noted]  # the note stays
+    for name in ("knower", "knower-smollm2"):
+        knower = resolve_pair(name)
+        opposite = resolve_pair(knower.opposite)
+        assert opposite.receiver == knower.receiver and opposite.sharer != knower.sharer and opposite.opposite is None
+        assert adapters.split_name(knower.sharer)[0] == adapters.split_name(opposite.sharer)[0] == "smollm2-135m"
+        assert adapters.split_name(opposite.sharer)[1] == "handbook-permuted"
 
 
 # --- adapters ----------------------------------------------------------------------------------
@@ -175,6 +180,10 @@ def test_the_swap_arm_runs_on_the_pair_the_swap_names():
     pair = LoadedPair(PairSpec("tiny-knower", knowing.name, receiver.name, "test"), knowing, receiver, receiver)
     swap = Swap(context=None, answers=("Oslo",), changed="the opposite sharer", pair=f"{opposite.name}+{receiver.name}")
     assert runner.swap_pair(pair, swap).sharer is opposite and runner.swap_pair(pair, Swap("note", ("x",), "x")) is pair
+    with pytest.raises(ValueError, match="has no pair whose sharer learned the opposite"):
+        runner.swap_pair(pair, Swap(None, ("Oslo",), "x", pair=OPPOSITE))
+    named = LoadedPair(PairSpec("tiny-knower", knowing.name, receiver.name, "test", opposite=swap.pair), knowing, receiver, receiver)
+    assert runner.swap_pair(named, Swap(None, ("Oslo",), "x", pair=OPPOSITE)).sharer is opposite
     record = load_dataset("handbook")[0]
     items = list(evaluate(pair, [(0, record)], [Variant("sharer", "sharer"), Variant("receiver", "receiver")],
                           lambda r, v: build_request(r.question, None, 4), swap_of=lambda r: swap))
@@ -213,8 +222,8 @@ def test_a_probe_reads_a_linearly_coded_answer_and_not_noise():
 
 
 def test_the_knower_pairs_are_registered_with_their_adapters():
-    assert {"knower", handbook.OPPOSITE_PAIR} <= set(PAIRS)
-    for name in ("knower", handbook.OPPOSITE_PAIR):
+    assert {"knower", "knower-opposite", "knower-smollm2", "knower-smollm2-opposite"} <= set(PAIRS)
+    for name in ("knower", "knower-opposite", "knower-smollm2", "knower-smollm2-opposite"):
         base, adapter = adapters.split_name(PAIRS[name].sharer)
         assert adapter is not None and adapters.adapter_folder(base, adapter).parent == adapters.SHIPPED_ADAPTERS / base
 
