@@ -45,7 +45,8 @@ PLACES = ("entity", "question end", "prompt end")
 def configure_parser(parser) -> None:
     parser.add_argument("--models", default="smollm2-135m@handbook,smollm2-135m@handbook-permuted,smollm2-135m,gemma3-270m",
                         help="comma-separated model names (BASE@ADAPTER for a taught sharer)")
-    parser.add_argument("--train-per-entity", type=int, default=0, help="train phrasings per fuser-train entity (0: all five)")
+    parser.add_argument("--train-per-entity", type=int, default=3, help="train phrasings per fuser-train entity (0: all five)")
+    parser.add_argument("--test-per-entity", type=int, default=1, help="unseen phrasings per held-out entity (0: all three)")
     parser.add_argument("--steps", type=int, default=300, help="optimisation steps of each probe")
     parser.add_argument("--l2", type=float, default=1e-3, help="weight decay of each probe")
     parser.add_argument("--out", default=None, help="also write the JSON report here")
@@ -168,7 +169,7 @@ def main(args) -> int:
     flags.apply_threads(args)
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     train = handbook.questions("train", "train", per_entity=args.train_per_entity)
-    test = handbook.questions("heldout", "unseen", per_entity=0)
+    test = handbook.questions("heldout", "unseen", per_entity=args.test_per_entity)
     names = [name.strip() for name in args.models.split(",") if name.strip()]
     reports = [probe_model(name, train, test, args.steps, args.l2, args.device, log) for name in names]
     chance = 1 / len(handbook.RELATIONS[0].values)
