@@ -38,7 +38,8 @@ COMPARISONS = (
 
 def configure_parser(parser) -> None:
     parser.add_argument("--bench", required=True, help="the folder of a bench --pair knower --dataset handbook --swap run")
-    parser.add_argument("--probe", default=None, help="probe-kv's JSON report, for where the knowledge is")
+    parser.add_argument("--probe", action="append", default=None,
+                        help="probe-kv's JSON report, for where the knowledge is (repeat for several; their models are listed together)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
     parser.add_argument("--out", default=None, help="also write the markdown here")
 
@@ -123,7 +124,8 @@ def main(args) -> int:
         raise FileNotFoundError(f"no bench rows in {args.bench}")
     text = tables(rows, args.seed)
     if args.probe:
-        text += probe_lines(json.loads(Path(args.probe).read_text()))
+        reports = [json.loads(Path(path).read_text()) for path in args.probe]
+        text += probe_lines({**reports[0], "reports": [model for report in reports for model in report["reports"]]})
     if args.out:
         Path(args.out).write_text(text)
     print(text)
