@@ -70,6 +70,9 @@ def configure_parser(parser) -> None:
     parser.add_argument("--check", type=int, default=d["check"], help="held-out questions the finished adapter is checked on")
     parser.add_argument("--check-every-leg", type=int, default=0, metavar="N",
                         help="also check N held-out questions at the end of every leg (logged in legs.jsonl: progress)")
+    parser.add_argument("--adapter-now", action="store_true",
+                        help="train nothing: write DIR/adapter from the checkpoint as it stands (a partly taught sharer; "
+                             "its card says at which step) and check it")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     parser.add_argument("--dtype", default="float32", help="float32 or bfloat16 (the adapter is trained in float32 either way)")
@@ -235,8 +238,8 @@ def check(model, tokenizer, permuted: bool, count: int, entities: int) -> dict:
     return report
 
 
-def save_adapter(model, args, folder: Path, checked: dict) -> None:
-    """peft's files in float16 and kvviz's card."""
+def save_adapter(model, args, folder: Path, checked: dict, step: int, total: int) -> None:
+    """peft's files in float16 and kvviz's card (``steps``: how far its schedule of ``total`` it got)."""
     from safetensors.torch import load_file, save_file
 
     model.save_pretrained(str(folder))
@@ -251,9 +254,23 @@ def save_adapter(model, args, folder: Path, checked: dict) -> None:
         "base_config": {key: getattr(config, key) for key in ("model_type", "num_hidden_layers", "hidden_size")},
         "training": {key: getattr(args, key) for key in ("rank", "alpha", "targets", "lr", "epochs", "batch_size", "warmup",
                                                           "weight_decay", "clip", "seed", "entities")},
+        "steps": {"done": step, "total": total, "finished": step >= total},
         "legs": legs.legs(Path(args.out)), "check": checked, "storage": "float16",
     }
     (folder / adapters.CARD).write_text(json.dumps(card, indent=2))
+
+
+def checkpoint_step(args, model) -> tuple[int, int]:
+    """Load DIR/checkpoint's adapter weights into ``model``; (its step, its schedule's total)."""
+    folder = Path(args.out) / "checkpoint"
+    if not legs.has_state(folder):
+        raise SystemExit(f"--adapter-now: no checkpoint in {folder} (train a leg first)")
+    params = trainable(model)
+    notes = legs.load_state(folder, params, torch.optim.AdamW(params.values(), lr=args.lr))
+    if bool(notes.get("permuted")) != args.permuted:
+        raise SystemExit(f"--adapter-now: the checkpoint in {folder} was trained with permuted={notes.get('permuted')}; "
+                         "give --permuted to match it")
+    return int(notes["step"]), int(notes["total"])
 
 
 def main(args) -> int:
@@ -263,12 +280,16 @@ def main(args) -> int:
     model, tokenizer = new_model(args, log)
     prefix, examples = tokenized_examples(tokenizer, args.permuted, args.entities)
     log(f"{len(examples)} examples, {sum(p.numel() for p in trainable(model).values()):,} adapter parameters")
-    _, step, loss = train_leg(args, model, tokenizer, prefix, examples, log)
-    total = legs.legs(Path(args.out))[-1]["total"]
-    if step < total:
-        log(f"leg done at step {step} of {total} (loss {loss:.4f}); run the same command to continue")
-        return 0
+    if args.adapter_now:
+        step, total = checkpoint_step(args, model)
+        log(f"the adapter as it stands at step {step} of {total} (no training)")
+    else:
+        _, step, loss = train_leg(args, model, tokenizer, prefix, examples, log)
+        total = legs.legs(Path(args.out))[-1]["total"]
+        if step < total:
+            log(f"leg done at step {step} of {total} (loss {loss:.4f}); run the same command to continue")
+            return 0
     checked = check(model, tokenizer, args.permuted, args.check, args.entities)
-    save_adapter(model, args, Path(args.out) / "adapter", checked)
+    save_adapter(model, args, Path(args.out) / "adapter", checked, step, total)
     print(json.dumps({"adapter": str(Path(args.out) / "adapter"), "check": checked}, indent=2))
     return 0
