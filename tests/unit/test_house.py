@@ -52,9 +52,6 @@ OVER_400_UNTIL_SPLIT = {
     "kvviz/studies/speed.py",  # speed
     "kvviz/handoffs/translate/translator.py",  # follow
     "kvviz/studies/c2c/translator_eval.py",  # follow
-    "kvviz/handoffs/c2c/fuser.py",  # knower
-    "kvviz/handoffs/kvcomm/layers.py",  # knower
-    "kvviz/studies/c2c/train.py",  # knower
 }
 
 

@@ -138,6 +138,14 @@ def test_the_sharer_trains_in_legs_that_resume_to_the_same_adapter(tmp_path):
     assert len(first) == 1 and first[0]["to_step"] == 1 and not first[0]["finished"]
     assert set(first[0]["check"]) == {"heldout_unseen", "heldout_train_phrasings"}  # the leg's progress, checked
     assert not (tmp_path / "legs" / "adapter").exists()
+    with pytest.raises(SystemExit, match="permuted"):  # a checkpoint is written out only as what it learned
+        tiny_adapter(base, tmp_path / "legs", permuted=True, extra=("--adapter-now",))
+    assert tiny_adapter(base, tmp_path / "legs", extra=("--adapter-now",)) == 0  # the adapter as it stands, no step taken
+    now = json.loads((tmp_path / "legs" / "adapter" / adapters.CARD).read_text())
+    assert now["steps"] == {"done": 1, "total": first[0]["total"], "finished": False} and "check" in now
+    assert len(legs.legs(tmp_path / "legs")) == 1  # no leg was run
+    with pytest.raises(SystemExit, match="no checkpoint"):
+        tiny_adapter(base, tmp_path / "empty", extra=("--adapter-now",))
     assert tiny_adapter(base, tmp_path / "legs") == 0  # the same command resumes
     assert [leg["from_step"] for leg in legs.legs(tmp_path / "legs")] == [0, 1]
     from safetensors.torch import load_file
@@ -148,6 +156,7 @@ def test_the_sharer_trains_in_legs_that_resume_to_the_same_adapter(tmp_path):
     assert all(t.dtype == torch.float16 for t in whole.values())
     card = json.loads((tmp_path / "whole" / "adapter" / adapters.CARD).read_text())
     assert card["permuted"] is False and card["base_config"]["model_type"] == "llama" and "check" in card
+    assert card["steps"]["finished"] is True
 
 
 def test_a_model_with_an_adapter_loads_merged_and_differs_from_its_base(tmp_path):
