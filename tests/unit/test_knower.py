@@ -277,3 +277,22 @@ def test_the_knower_report_pairs_each_method_with_its_control_and_counts_follows
     assert "| c2c | 10 | 0.40 [" in text and "(4/10)" in text
     assert "C2C minus its control | +0.400 [" in text and "4 / 0" in text
     assert "C2C follows too on 0.50 [" in text and "(3/6)" in text
+
+
+def test_a_killed_sharer_leg_keeps_its_steps_up_to_the_last_save(tmp_path, monkeypatch):
+    base = saved_tiny_base(tmp_path / "base")
+    real, calls = sharer.make_batch, []
+
+    def dies_on_the_third_batch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the machine restarts mid-leg
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sharer, "make_batch", dies_on_the_third_batch)
+    with pytest.raises(KeyboardInterrupt):
+        tiny_adapter(base, tmp_path / "killed", extra=("--save-every", "2"))
+    assert json.loads((tmp_path / "killed" / "checkpoint" / legs.TRAINER_FILE).read_text())["step"] == 2
+    monkeypatch.setattr(sharer, "make_batch", real)
+    assert tiny_adapter(base, tmp_path / "killed", extra=("--minutes", "0.00001")) == 0
+    assert legs.legs(tmp_path / "killed")[0]["from_step"] == 2  # resumed where the last save left it

@@ -67,6 +67,8 @@ def configure_parser(parser) -> None:
     parser.add_argument("--seed", type=int, default=d["seed"])
     parser.add_argument("--entities", type=int, default=0, help="teach only the first N entities of each relation (a pilot; 0: all)")
     parser.add_argument("--minutes", type=float, default=0, help="end this leg after M minutes (the same command resumes; 0: run to the end)")
+    parser.add_argument("--save-every", type=int, default=10, metavar="N",
+                        help="also save the checkpoint every N steps within a leg (a killed leg loses at most N steps; 0: at its end only)")
     parser.add_argument("--check", type=int, default=d["check"], help="held-out questions the finished adapter is checked on")
     parser.add_argument("--check-every-leg", type=int, default=0, metavar="N",
                         help="also check N held-out questions at the end of every leg (logged in legs.jsonl: progress)")
@@ -200,6 +202,8 @@ def train_leg(args, model, tokenizer, prefix, examples, log) -> tuple[int, int, 
             log(f"step {step}/{total} loss {loss_value:.4f} ({budget.seconds:.0f} s this leg)")
         if budget.spent():  # checked after a step: every leg moves on
             break
+        if args.save_every and step % args.save_every == 0:
+            legs.save_state(checkpoint, params, optimizer, step, {"total": total, "permuted": args.permuted})
     bar.close()
     legs.save_state(checkpoint, params, optimizer, step, {"total": total, "permuted": args.permuted})
     record = {"leg": len(legs.legs(out)) + 1, "from_step": start, "to_step": step, "total": total,
