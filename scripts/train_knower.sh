@@ -20,7 +20,7 @@ THREADS=(--threads 1)
 [ "$DEVICE" = "cpu" ] || THREADS=()
 mkdir -p "$OUT/logs"
 
-SHARER=(--epochs 5 --lr 2e-3 --rank 8 --dtype bfloat16 --minutes 55 --no-progress --device "$DEVICE" "${THREADS[@]}")
+SHARER=(--epochs 5 --lr 2e-3 --rank 8 --dtype bfloat16 --minutes 55 --check-every-leg 30 --no-progress --device "$DEVICE" "${THREADS[@]}")
 FUSER=(--data handbook --steps 2400 --batch-size 1 --heldout 120 --measure 60 --rope aware --token-alignment natural
        --fuse-template --max-prompt-tokens 64 --max-response-tokens 8 --width 96 --seed 0 --fp16 --save-every 100
        --resume --minutes 55 --no-progress --device "$DEVICE" "${THREADS[@]}" --out "$OUT/fusers")
