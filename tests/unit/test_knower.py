@@ -154,6 +154,7 @@ def test_the_sharer_trains_in_legs_that_resume_to_the_same_adapter(tmp_path):
     resumed = load_file(str(tmp_path / "legs" / "adapter" / adapters.PEFT_WEIGHTS))
     assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
     assert all(t.dtype == torch.float16 for t in whole.values())
+    assert (tmp_path / "whole" / "adapter" / adapters.PEFT_WEIGHTS).stat().st_mode & 0o044 == 0o044  # readable by all: it ships
     card = json.loads((tmp_path / "whole" / "adapter" / adapters.CARD).read_text())
     assert card["permuted"] is False and card["base_config"]["model_type"] == "llama" and "check" in card
     assert card["steps"]["finished"] is True

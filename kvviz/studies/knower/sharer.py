@@ -248,9 +248,9 @@ def save_adapter(model, args, folder: Path, checked: dict, step: int, total: int
 
     model.save_pretrained(str(folder))
     (folder / "README.md").unlink(missing_ok=True)  # peft's model-card template, empty here
-    (folder / adapters.PEFT_WEIGHTS).chmod(0o644)
     weights = folder / adapters.PEFT_WEIGHTS
     save_file({k: v.to(torch.float16) for k, v in load_file(str(weights)).items()}, str(weights))
+    weights.chmod(0o644)  # safetensors writes it owner-only; a shipped file is read by everyone
     config = model.get_base_model().config
     card = {
         "base": args.base, "permuted": args.permuted, "data": "kvviz.data.handbook",
