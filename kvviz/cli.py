@@ -22,6 +22,9 @@ SUBCOMMANDS = {
     "eval-fuser": ("kvviz.studies.c2c.evaluate", "evaluate a C2C fuser against the receiver and its control"),
     "train-translator": ("kvviz.studies.c2c.train_translator", "train a KV translator through the frozen receiver, in resumable legs"),
     "eval-translator": ("kvviz.studies.c2c.translator_eval", "evaluate a KV translator (c2c_translate) on held-out private contexts"),
+    "train-sharer": ("kvviz.studies.knower.sharer", "teach a sharer the handbook of invented facts (a LoRA adapter), in resumable legs"),
+    "knower-report": ("kvviz.studies.knower.report", "the knowing sharer's table from a bench --pair knower --dataset handbook --swap run"),
+    "probe-kv": ("kvviz.studies.knower.probe", "where is the knowledge? a linear probe per layer on a model's KV at a handbook question"),
     "space": ("kvviz.app.space", "export the lab as a Hugging Face Space folder (space export DIR [--push REPO_ID])"),
 }
 

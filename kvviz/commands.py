@@ -6,9 +6,10 @@ import json
 import sys
 
 from kvviz.app.present import notes_of
-from kvviz.data.swaps import Swap, replace_fact
+from kvviz.data.swaps import OPPOSITE, Swap, replace_fact
 from kvviz.engine import flags, runner, stream
 from kvviz.handoffs import registry
+from kvviz.runtime.adapters import split_name
 from kvviz.runtime.model_files import prepare_embedded
 from kvviz.runtime.models import (
     EMBEDDED_MODELS,
@@ -67,6 +68,7 @@ def configure_prepare(parser):
 def main_prepare(args) -> int:
     pair = resolve_pair(args.pair)
     for name in pair.model_names():
+        name = split_name(name)[0]  # a model with an adapter is its base, prepared (kvviz.runtime.adapters)
         if name in EMBEDDED_MODELS:
             was_ready = is_prepared(name)
             folder = prepare_embedded(name, progress=lambda message: print(message, file=sys.stderr))
@@ -103,6 +105,10 @@ def configure_run(parser):
     parser.add_argument("--swap-word", default=None, metavar="OLD=NEW",
                         help="make the swapped note from --context by replacing the word(s) OLD with NEW (instead of "
                              "--swap-context; --swap-answer defaults to NEW)")
+    parser.add_argument("--swap-pair", default=None, metavar="PAIR",
+                        help="swap the sharer instead of the note: every handoff also runs on PAIR (the same pair with a "
+                             "sharer that learned other facts, e.g. knower-opposite; 'opposite': the pair's own), the note "
+                             "unchanged (needs --swap-answer)")
     parser.add_argument("--swap-answer", action="append", default=None,
                         help="what the swapped note answers (repeat for several accepted answers)")
     parser.add_argument("--no-inspect", action="store_true",
@@ -137,9 +143,19 @@ def format_table(results) -> str:
 def swap_from_args(args) -> Swap | None:
     """The swap the flags ask for (``--swap-context`` or ``--swap-word``, with ``--swap-answer``), or
     None; a ValueError says what is missing."""
+    swap_pair = getattr(args, "swap_pair", None)
+    if swap_pair:
+        if args.swap_context is not None or args.swap_word is not None:
+            raise ValueError("--swap-pair swaps the sharer, not the note: give it without --swap-context or --swap-word.")
+        if not args.swap_answer:
+            raise ValueError(f"Say what the sharer of {swap_pair} answers with --swap-answer.")
+        if swap_pair != OPPOSITE:
+            resolve_pair(swap_pair)  # an unknown pair is refused here, before any model loads
+        return Swap(context=args.context, answers=tuple(args.swap_answer), changed=f"the sharer of pair {swap_pair}",
+                    pair=swap_pair)
     if args.swap_context is None and args.swap_word is None:
         if args.swap_answer:
-            raise ValueError("--swap-answer needs --swap-context or --swap-word.")
+            raise ValueError("--swap-answer needs --swap-context, --swap-word or --swap-pair.")
         return None
     if not args.context:
         raise ValueError("A swap changes the note: give the note with --context.")

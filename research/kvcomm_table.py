@@ -60,7 +60,7 @@ def variants(ratios: list[float], control_ratio: float) -> dict[str, dict | None
 def reference_count_layers(pair, options: dict, calibration_sample: tuple[str, str]) -> tuple[int, ...]:
     """The reference code's selection: the top ceil(r * L) layers by score, plus layer 0."""
     from kvviz.handoffs.kvcomm import layers as kvcomm
-    from kvviz.handoffs.kvcomm.layers import KVCommOptions
+    from kvviz.handoffs.kvcomm.options import KVCommOptions
 
     num_layers = pair.receiver.facts.num_layers
     attention = kvcomm.calibrate(pair, *calibration_sample)["attention"]

@@ -24,7 +24,7 @@ os.environ.setdefault("KVVIZ_FUSER_DIRS", tempfile.gettempdir())
 
 import pytest
 
-from kvviz.handoffs.kvcomm.layers import options_of
+from kvviz.handoffs.kvcomm.options import options_of
 from kvviz.runtime.models import LoadedPair, PairSpec
 from tests.tiny_models import tiny_gemma, tiny_llama
 

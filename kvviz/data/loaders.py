@@ -29,6 +29,7 @@ from typing import Any
 
 from kvviz.data.arc import load_arc_challenge
 from kvviz.data.countries import load_countries
+from kvviz.data.handbook import load_handbook
 from kvviz.data.hotpotqa import load_hotpotqa
 from kvviz.data.instructions import load_dolly, load_instructions
 from kvviz.data.mmlu_redux import load_mmlu_redux
@@ -52,6 +53,7 @@ DATASETS: dict[str, Callable[..., list[Record]]] = {
     "dolly": load_dolly,
     "instructions": load_instructions,
     "whereabouts": load_whereabouts,
+    "handbook": load_handbook,
 }
 
 

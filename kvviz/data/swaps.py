@@ -15,6 +15,9 @@ swaps), one rule per dataset:
 * HotpotQA: the gold answer, where it appears word for word in the supporting sentences, is
   replaced there by the gold answer of another question of the same type (a year by a year, a
   number by a number, a name by a name); yes/no questions have no swap;
+* the handbook (``kvviz.data.handbook``, facts the sharer learned, no note): the note stays, the
+  *sharer* changes: the swapped arm runs on the pair's counterpart whose sharer learned the facts
+  permuted (``Swap.pair``: ``OPPOSITE``), and the swapped answer is that sharer's value;
 * any note: ``replace_fact`` (a typed note and the word to change, as the page does).
 
 ``swap_outcome`` says what a column did with the swap: "followed", "kept" or "neither".
@@ -31,22 +34,30 @@ from kvviz.data.metrics import normalize_answer, verdict
 from kvviz.data.record import Record
 
 OUTCOMES = ("followed", "kept", "neither")
+# ``Swap.pair`` for "the pair's own counterpart whose sharer learned the opposite facts"
+# (``kvviz.runtime.models.PairSpec.opposite``)
+OPPOSITE = "opposite"
 
 
 @dataclass(frozen=True)
 class Swap:
     """A record's note with its answer-bearing fact changed."""
 
-    context: str  # the swapped note
+    context: str | None  # the swapped note (the note as it was, when the sharer is what changes)
     answers: tuple[str, ...]  # what the swapped note says instead (the swapped gold answers)
     changed: str  # what was changed, in words ("Mahaffie House (United States) -> Louvre (France)")
+    # the pair the swapped arm runs on, when the swap is a sharer that learned other facts: a pair's
+    # name, or OPPOSITE (the pair's own ``opposite``); None: this pair, on the swapped note
+    pair: str | None = None
 
     def to_dict(self) -> dict:
-        return {"context": self.context, "answers": list(self.answers), "changed": self.changed}
+        return {"context": self.context, "answers": list(self.answers), "changed": self.changed,
+                **({"pair": self.pair} if self.pair else {})}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Swap":
-        return cls(context=data["context"], answers=tuple(data["answers"]), changed=data.get("changed", ""))
+        return cls(context=data["context"], answers=tuple(data["answers"]), changed=data.get("changed", ""),
+                   pair=data.get("pair"))
 
 
 def swap_outcome(swapped_answer: str, original_answers, swapped_answers) -> str | None:
@@ -202,7 +213,20 @@ def hotpotqa_swaps(records: list[Record], seed: int = 0) -> dict[str, Swap]:
     return swaps
 
 
-SWAPPERS = {"countries": countries_swaps, "recall": recall_swaps, "hotpotqa": hotpotqa_swaps, "whereabouts": whereabouts_swaps}
+def handbook_swaps(records: list[Record], seed: int = 0) -> dict[str, Swap]:
+    """record id -> swap: the same question (and note) to the pair's counterpart whose sharer learned
+    the handbook permuted (``OPPOSITE``); the swapped answer is that sharer's value."""
+    swaps = {}
+    for record in records:
+        value, other = record.meta.get("value"), record.meta.get("permuted")
+        if not value or not other or record.answers[:1] != [value]:
+            continue
+        swaps[record.id] = Swap(context=record.context, answers=(other,), pair=OPPOSITE,
+                                changed=f"{value} -> {other} (the sharer that learned the opposite)")
+    return swaps
+
+
+SWAPPERS = {"handbook": handbook_swaps, "countries": countries_swaps, "recall": recall_swaps, "hotpotqa": hotpotqa_swaps, "whereabouts": whereabouts_swaps}
 
 
 def swaps_for(dataset: str, records: list[Record], seed: int = 0) -> dict[str, Swap]:

@@ -59,7 +59,8 @@ def evaluate(
 ) -> Iterator[Evaluated]:
     """Each (record, variant) pair not in ``done`` ((record id, variant label) pairs), in record
     order, the variants in their order. ``swap_of``: a record's swapped note (or None); the same
-    variant then also answers on it (the swap arm), with the same options."""
+    variant then also answers on it (the swap arm), with the same options (on the pair the swap names,
+    when its sharer is what changed)."""
     for index, record in items:
         swap = swap_of(record) if swap_of is not None else None
         for variant in variants:
@@ -70,7 +71,7 @@ def evaluate(
             swapped = None
             if swap is not None:
                 swapped_request = dataclasses.replace(request, context=swap.context)
-                swapped = runner.run_handoff(variant.handoff, pair, swapped_request)
+                swapped = runner.run_handoff(variant.handoff, runner.swap_pair(pair, swap), swapped_request)
             yield Evaluated(index, record, variant, request, result, swap, swapped)
 
 

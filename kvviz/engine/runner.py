@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from kvviz.core import limits
 from kvviz.core.results import HandoffRequest, HandoffResult
+from kvviz.data.swaps import OPPOSITE
 from kvviz.engine.events import Lens, Scored
 from kvviz.handoffs import get, registry
 from kvviz.handoffs.common import HandoffIO, TokenCallback
@@ -29,6 +30,21 @@ def load_pair(pair_name, device: str | None = None, dtype=None, progress=print, 
     receiver = load_model(spec.receiver, device, dtype, progress, numeric_mode)
     same_shape_sender = load_model(spec.same_shape_sender_name, device, dtype, progress, numeric_mode)
     return LoadedPair(spec=spec, sharer=sharer, receiver=receiver, same_shape_sender=same_shape_sender)
+
+
+def swap_pair(pair: LoadedPair, swap) -> LoadedPair:
+    """The pair a swap's arm runs on: the pair its ``pair`` names (a sharer that learned other
+    facts, ``kvviz.data.swaps.Swap.pair``; ``OPPOSITE``: this pair's ``opposite``), loaded on this
+    pair's device and dtype; else this pair."""
+    name = getattr(swap, "pair", None)
+    if name == OPPOSITE:
+        name = pair.spec.opposite
+        if not name:
+            raise ValueError(f"Pair '{pair.name}' has no pair whose sharer learned the opposite facts "
+                             "(its PairSpec.opposite), so its sharer cannot be swapped.")
+    if not name or name == pair.name:
+        return pair
+    return load_pair(name, str(pair.receiver.device), pair.receiver.dtype, progress=lambda message: None)
 
 
 def pair_devices(pair: LoadedPair) -> set:

@@ -110,12 +110,12 @@ def results(pair: LoadedPair, request: HandoffRequest, names, swap: Swap | None 
     run could not start (a prompt too long for the pair).
 
     With ``swap`` (the note with its answer-bearing fact changed) the same handoffs run again on
-    the swapped note, as a second run, and each result's ``swap`` says what it answered there and
+    the swapped note, as a second run (on the pair the swap names when its sharer is what changed), and each result's ``swap`` says what it answered there and
     whether it followed the swap (``kvviz.data.swaps.swap_record``; ``gold``: the original answers)."""
     first = _results(pair, request, names)
     if swap is None:
         return first
-    swapped = _results(pair, swapped_request(request, swap), names)
+    swapped = _results(runner.swap_pair(pair, swap), swapped_request(request, swap), names)
     for result, other in zip(first, swapped):
         result.swap = swap_record(result.to_dict(), other.to_dict(), swap, gold)
     return first

@@ -35,7 +35,7 @@ import torch
 from kvviz.core import policy, zerogpu
 from kvviz.core.facts import ModelFacts, facts_from_config
 from kvviz.core.paths import cache_dir
-from kvviz.runtime import attention, numerics
+from kvviz.runtime import adapters, attention, numerics
 from kvviz.runtime.head import OutputHead
 from kvviz.runtime.model_files import EMBEDDED_MODELS, ModelLoadError, converted_dir, is_prepared, locate
 
@@ -51,6 +51,9 @@ class PairSpec:
     # the sender with the receiver's architecture (KVComm, AC, the latent relay); None means "the sharer"
     same_shape_sender: str | None = None
     needs_network: bool = False
+    # the registered pair whose sharer (and same-shape sender) learned the opposite facts: where a
+    # swap of the sharer runs (kvviz.data.swaps.Swap.pair, kvviz.engine.runner.swap_pair)
+    opposite: str | None = None
 
     @property
     def same_shape_sender_name(self) -> str:
@@ -83,6 +86,43 @@ PAIRS: dict[str, PairSpec] = {
         sharer="smollm2-135m",
         receiver="smollm2-135m",
         description="SmolLM2-135M-Instruct talks to a copy of itself.",
+    ),
+    # C2C where its premise holds (issue 44): a sharer that studied a handbook of invented facts
+    # (kvviz.data.handbook) the receiver never saw, and the same sharer taught the facts permuted
+    "knower": PairSpec(
+        name="knower",
+        sharer="smollm2-135m@handbook",
+        receiver="gemma3-270m",
+        same_shape_sender="gemma3-270m",
+        description=(
+            "SmolLM2-135M-Instruct that studied a handbook of invented facts (a LoRA adapter) shares, "
+            "Gemma-3-270M, which never saw it, receives."
+        ),
+        opposite="knower-opposite",
+    ),
+    "knower-opposite": PairSpec(
+        name="knower-opposite",
+        sharer="smollm2-135m@handbook-permuted",
+        receiver="gemma3-270m",
+        same_shape_sender="gemma3-270m",
+        description="The knower pair with a sharer that learned the handbook's facts permuted (the swap control).",
+    ),
+    # KVComm needs a sender of the receiver's shape: SmolLM2 that studied the handbook sends to
+    # SmolLM2 that did not
+    "knower-smollm2": PairSpec(
+        name="knower-smollm2",
+        sharer="smollm2-135m@handbook",
+        receiver="smollm2-135m",
+        same_shape_sender="smollm2-135m@handbook",
+        description="SmolLM2-135M-Instruct that studied the handbook sends to SmolLM2-135M-Instruct, which did not (KVComm's shape).",
+        opposite="knower-smollm2-opposite",
+    ),
+    "knower-smollm2-opposite": PairSpec(
+        name="knower-smollm2-opposite",
+        sharer="smollm2-135m@handbook-permuted",
+        receiver="smollm2-135m",
+        same_shape_sender="smollm2-135m@handbook-permuted",
+        description="The knower-smollm2 pair with a sender that learned the handbook's facts permuted (the swap control).",
     ),
     "qwen": PairSpec(
         name="qwen",
@@ -258,7 +298,8 @@ def _load_uncached(name: str, device: str, dtype: torch.dtype, progress) -> Load
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.perf_counter()
-    location, gguf_file, kind = locate(name, progress)
+    base, adapter = adapters.split_name(name)  # BASE@ADAPTER: the base with a LoRA adapter merged in
+    location, gguf_file, kind = locate(base, progress)
     attention.register()
     kwargs = {"dtype": dtype, "attn_implementation": attention.ATTENTION_NAME}
     if gguf_file:
@@ -285,6 +326,11 @@ def _load_uncached(name: str, device: str, dtype: torch.dtype, progress) -> Load
                 + f"Details: {type(error).__name__}: {error}"
             ) from error
         raise ModelLoadError(f"Could not load '{name}' from {location}: {type(error).__name__}: {error}") from error
+    if adapter is not None:
+        try:
+            model = adapters.merge(model, name, progress)
+        except adapters.AdapterError as error:
+            raise ModelLoadError(str(error)) from error
     if device != "auto":
         model.to(device)
     model.eval()

@@ -51,6 +51,6 @@ def test_two_cpu_processes_train_with_gloo(tmp_path):
     assert summary["kind"] == "c2c"
     config = json.loads((tmp_path / "out" / "c2c" / "config.json").read_text())
     assert config["training"]["processes"] == 2 and config["training"]["steps"] == 3
-    assert (tmp_path / "out" / "checkpoint_c2c" / "optimizer.safetensors").exists()
+    assert (tmp_path / "out" / "checkpoint_c2c" / "state.safetensors").exists()  # kvviz.studies.legs: parameters, optimizer, random state
     assert "gloo" in done.stdout + done.stderr
     assert len((tmp_path / "out" / "loss_c2c.csv").read_text().strip().splitlines()) == 4

@@ -15,7 +15,7 @@ import torch
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings, HandoffRequest
 from kvviz.engine.runner import run_handoff
-from kvviz.handoffs.kvcomm.layers import KVCommOptions
+from kvviz.handoffs.kvcomm.options import KVCommOptions
 from kvviz.runtime import cache as kv
 from kvviz.runtime.decode import full_logits, prefill
 from kvviz.runtime.models import converted_dir, is_prepared

@@ -17,7 +17,7 @@ from kvviz.app.methods import kvcomm as kvcomm_page  # noqa: E402
 from kvviz.app.methods import registry as methods
 from kvviz.app.presets import PRESETS, PRESETS_BY_KEY, load_precomputed  # noqa: E402
 from kvviz.core.plotkit import bar_counts  # noqa: E402
-from kvviz.handoffs.kvcomm.layers import options_of  # noqa: E402
+from kvviz.handoffs.kvcomm.options import options_of  # noqa: E402
 
 
 def test_model_runs_share_one_queue_and_every_public_event_is_named():

@@ -21,7 +21,7 @@ from kvviz.cli import build_parser
 from kvviz.data import MC_INSTRUCTION, choice_query, load_dataset, wilson_interval
 from kvviz.engine import runner
 from kvviz.handoffs import registry
-from kvviz.handoffs.kvcomm.layers import options_of
+from kvviz.handoffs.kvcomm.options import options_of
 from kvviz.studies import bench, perf
 from kvviz.studies.bench import report, run, scoring, summary
 from kvviz.studies.bench import rows as bench_rows

@@ -16,7 +16,8 @@ from kvviz.data import Record, contains_answer, recall
 from kvviz.engine.runner import run_handoff
 from kvviz.handoffs.c2c import locate, reference
 from kvviz.handoffs.c2c.align import align_prompt
-from kvviz.handoffs.c2c.fuser import FuserError, load_fuser, new_fuser
+from kvviz.handoffs.c2c.config import FuserError
+from kvviz.handoffs.c2c.fuser import load_fuser, new_fuser
 from kvviz.handoffs.c2c.fusion import fuse_prompt, sharer_kv
 from kvviz.runtime.decode import prefill
 from kvviz.runtime.models import LoadedPair, PairSpec

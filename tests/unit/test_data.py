@@ -100,7 +100,7 @@ def test_named_dataset_counts(shared_data_dir, name, options, expected):
 def test_every_registered_name_is_tested():
     assert set(DATASETS) == {
         "countries", "tipsheets", "hotpotqa", "recall", "arc_challenge",
-        "openbookqa", "mmlu_redux", "dolly", "instructions", "whereabouts",
+        "openbookqa", "mmlu_redux", "dolly", "instructions", "whereabouts", "handbook",  # handbook: tests/unit/test_knower.py
     }
 
 

@@ -15,7 +15,7 @@ from kvviz.core.results import GenerationSettings, HandoffRequest
 from kvviz.engine.runner import run_handoff
 from kvviz.handoffs import common, text
 from kvviz.handoffs.kvcomm import handoff as kvcomm
-from kvviz.handoffs.kvcomm.layers import KVCommOptions
+from kvviz.handoffs.kvcomm.options import KVCommOptions
 from kvviz.runtime import cache as kv
 from kvviz.runtime.attention import AttentionPlan, positional_mask
 from kvviz.runtime.decode import full_logits, prefill

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from kvviz.handoffs.c2c.align import terminal_layer_map
-from kvviz.handoffs.c2c.fuser import C2CFuser, FuserError, annealed_temperature, load_fuser, new_fuser
+from kvviz.handoffs.c2c.config import FuserError
+from kvviz.handoffs.c2c.fuser import C2CFuser, annealed_temperature, load_fuser, new_fuser
 from kvviz.runtime.models import LoadedPair, PairSpec
 from tests.tiny_models import tiny_gemma, tiny_llama
 

@@ -47,9 +47,6 @@ LONGEST_MODULE = 400
 OVER_400_UNTIL_SPLIT = {
     "kvviz/handoffs/translate/translator.py",  # follow
     "kvviz/studies/c2c/translator_eval.py",  # follow
-    "kvviz/handoffs/c2c/fuser.py",  # knower
-    "kvviz/handoffs/kvcomm/layers.py",  # knower
-    "kvviz/studies/c2c/train.py",  # knower
 }
 
 

@@ -13,7 +13,7 @@ from kvviz.core.results import HandoffRequest, HandoffResult
 from kvviz.engine.runner import run_handoff
 from kvviz.handoffs import registry
 from kvviz.handoffs.kvcomm import handoff as kvcomm
-from kvviz.handoffs.kvcomm.layers import KVCommOptions, options_of
+from kvviz.handoffs.kvcomm.options import KVCommOptions, options_of
 from kvviz.studies.bench.run import expand_variants
 from kvviz.studies.bench.scoring import option_scores
 from tests.conftest import tiny_pair

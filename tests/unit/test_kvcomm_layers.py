@@ -13,7 +13,8 @@ import pytest
 
 from kvviz.engine.runner import run_handoff
 from kvviz.handoffs.kvcomm import handoff as kvcomm
-from kvviz.handoffs.kvcomm.layers import CALIBRATION_CONTEXT, CALIBRATION_QUERY, KVCommOptions, layer_budget, select_layers
+from kvviz.handoffs.kvcomm.layers import CALIBRATION_CONTEXT, CALIBRATION_QUERY, STRATEGIES, layer_budget, select_layers
+from kvviz.handoffs.kvcomm.options import STRATEGY_NAMES, KVCommOptions
 from tests.unit.test_engine import QUERY, request
 
 
@@ -186,3 +187,10 @@ def test_layer_records_say_what_each_layer_got(tiny):
     free = run_handoff("kvcomm", tiny, request(ratio=0.5, always_send_layer0=False))
     explicit = run_handoff("kvcomm", tiny, request(strategy="explicit", layers=(0, 1)))
     assert free.details["forced_layers"] == explicit.details["forced_layers"] == []
+
+
+def test_every_strategy_is_named_once_in_the_options():
+    """The options validate a strategy by name (kvviz.handoffs.kvcomm.options), the layers choose by it."""
+    assert tuple(STRATEGIES) == STRATEGY_NAMES
+    with pytest.raises(ValueError, match="Unknown KVComm strategy"):
+        KVCommOptions(strategy="loudest")

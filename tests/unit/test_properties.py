@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from kvviz.core.prompts import build_segments, encode, encode_with_offsets, render
 from kvviz.handoffs.c2c.align import align_prompt, map_tokens, terminal_layer_map
-from kvviz.handoffs.kvcomm.layers import KVCommOptions, select_layers
+from kvviz.handoffs.kvcomm.layers import select_layers
+from kvviz.handoffs.kvcomm.options import KVCommOptions
 from kvviz.runtime import cache as kv
 from tests.tiny_models import tiny_tokenizer
 

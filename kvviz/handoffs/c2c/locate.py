@@ -25,16 +25,10 @@ from kvviz.core import policy
 from kvviz.core.paths import SHIPPED_FUSERS
 from kvviz.core.results import HandoffRequest
 from kvviz.handoffs.c2c import reference
-from kvviz.handoffs.c2c.fuser import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    C2CFuser,
-    FuserError,
-    is_reference_layout,
-    load_fuser,
-    read_config,
-)
+from kvviz.handoffs.c2c.config import CONFIG_FILE, WEIGHTS_FILE, FuserError, is_reference_layout, read_config
+from kvviz.handoffs.c2c.fuser import C2CFuser, load_fuser
 from kvviz.handoffs.registry import NotApplicable, Option, option_values
+from kvviz.runtime import adapters
 from kvviz.runtime.checkpoints import checkpoint_label, fingerprints_match, model_fingerprint
 from kvviz.runtime.models import LoadedPair
 
@@ -49,14 +43,27 @@ def shipped_folder(sharer: str, receiver: str) -> Path:
     return SHIPPED_FUSERS / f"{safe(sharer)}__{safe(receiver)}"
 
 
+def sharer_names(sharer: str) -> list[str]:
+    """The sharer names whose shipped fusers this sharer reads first: its own, then, for a sharer
+    with an adapter whose card names a ``counterpart`` (the sharer that learned the opposite names
+    the one that learned the facts), the counterpart's: C2C with the permuted sharer is the
+    fuser trained with the knowing one, reading the other sharer (``kvviz.runtime.adapters``)."""
+    base, adapter = adapters.split_name(sharer)
+    if adapter is None:
+        return [sharer]
+    counterpart = adapters.read_card(adapters.adapter_folder(base, adapter)).get("counterpart")
+    return [sharer] + ([f"{base}{adapters.SEPARATOR}{counterpart}"] if counterpart else [])
+
+
 def find_shipped(pair: LoadedPair, kind: str = "c2c", root: Path | None = None) -> Path | None:
-    """The shipped fuser of this kind whose fingerprint matches the pair, or None."""
+    """The shipped fuser of this kind whose fingerprint matches the pair, or None (the sharer's own
+    folder first, ``sharer_names``, then every folder in order)."""
     root = SHIPPED_FUSERS if root is None else root
     if not root.is_dir():
         return None
     wanted_s, wanted_r = model_fingerprint(pair.sharer.facts), model_fingerprint(pair.receiver.facts)
-    preferred = shipped_folder(pair.sharer.name, pair.receiver.name) / kind
-    candidates = [preferred] + sorted(p / kind for p in root.iterdir() if p.is_dir())
+    preferred = [shipped_folder(name, pair.receiver.name) / kind for name in sharer_names(pair.sharer.name)]
+    candidates = preferred + sorted(p / kind for p in root.iterdir() if p.is_dir())
     for folder in candidates:
         if not (folder / "config.json").is_file():
             continue

@@ -33,14 +33,8 @@ from pathlib import Path
 import torch
 
 from kvviz.core.paths import cache_dir
-from kvviz.handoffs.c2c.fuser import (
-    REFERENCE_CONFIG,
-    C2CFuser,
-    FuserConfig,
-    FuserError,
-    build_from_tensors,
-    is_reference_layout,
-)
+from kvviz.handoffs.c2c.config import REFERENCE_CONFIG, FuserConfig, FuserError, is_reference_layout
+from kvviz.handoffs.c2c.fuser import C2CFuser, build_from_tensors
 from kvviz.runtime.checkpoints import model_fingerprint
 
 SUPPORTED_CLASSES = ("C2CProjector",)

@@ -36,7 +36,7 @@ So "exactly M layers" holds in every strategy, and r = 0 sends nothing but the s
 Strategies (``kvviz.handoffs.kvcomm.layers``, one small pick each over one shared step): "kvcomm"
 (the score above), "attention" (alpha = 1), "prior" (alpha = 0), "contiguous" (the best-scoring
 block of consecutive layers), "random" (seeded; no score), "explicit" (the layers given; no score).
-The options (``KVCommOptions``) live in ``request.options["kvcomm"]``.
+The options (``KVCommOptions``, ``kvviz.handoffs.kvcomm.options``) live in ``request.options["kvcomm"]``.
 
 Per-layer records (``HandoffResult.layers``, one per receiver layer; plots read these):
   layer                      receiver layer index

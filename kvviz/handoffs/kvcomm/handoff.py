@@ -19,22 +19,17 @@ from kvviz.handoffs.common import (
     read_prompt,
 )
 from kvviz.handoffs.kvcomm.layers import (
-    NAME,
-    OPTIONS,
-    apply_options,
     attention_importance,
     calibrate,
-    calibrate_on_sample,
     calibration_texts,
     forced_layers,
     layer_records,
     layer_scores,
-    options_of,
     resolve_alpha,
     select_layers,
     spearman,
-    variant_label,
 )
+from kvviz.handoffs.kvcomm.options import NAME, OPTIONS, apply_options, calibrate_on_sample, options_of, variant_label
 from kvviz.handoffs.registry import Handoff, TaskCalibration, all_of, needs_context
 from kvviz.runtime import cache as kv
 from kvviz.runtime.decode import generate, prefill, read_prompt_once

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 
 from kvviz.core.prompts import has_chat_template
-from kvviz.data import load_dataset, recall
+from kvviz.data import handbook, load_dataset, recall
 from kvviz.handoffs.c2c.align import TokenAlignment, align_prompt
 
 # How train-fuser splits and cuts its data by default (kvviz.studies.c2c.train.DEFAULTS starts from these).
@@ -77,8 +77,16 @@ def split_records(data: str, seed: int, heldout: int, context_only: bool = False
     ``recall``: ``kvviz.data.recall`` records, split by entity (held-out records use names and values
     never seen in training); ``train_count`` of them for training. ``recall+dolly``: the same
     held-out recall records; training interleaves recall with Dolly records that have an input
-    (``dolly_share`` of them). Other data: a seeded shuffle, the first ``heldout`` held out.
+    (``dolly_share`` of them). ``handbook``: questions about the handbook's fuser-train entities in
+    its train phrasings (every entity in every phrasing, in a seeded order) for training; held out,
+    ``heldout`` questions about held-out entities in unseen phrasings (``kvviz.data.handbook``: the
+    sharer knows both, the fuser never sees a held-out entity). Other data: a seeded shuffle, the
+    first ``heldout`` held out.
     """
+    if data == "handbook":
+        train = handbook.questions("train", "train", per_entity=0)
+        random.Random(seed).shuffle(train)
+        return train, handbook.questions("heldout", "unseen", per_entity=1)[:heldout]
     if data in ("recall", "recall+dolly"):
         count = train_count or 2000
         held = recall.generate("heldout", heldout, seed)

@@ -9,6 +9,8 @@ temperature annealed from ``--tau-start`` to ``--tau-end`` over ``--tau-anneal``
 seed and initialisation.
 
 Data: ``--data recall`` (``kvviz.data.recall``: private-context facts, split by entity),
+``handbook`` (``kvviz.data.handbook``: questions about invented entities only the sharer was
+taught, no context; train on fuser-train entities, hold out the others: ``--pair knower``),
 ``dolly`` (Dolly records; ``--context-only`` keeps those with an input), ``recall+dolly`` (recall
 mixed with Dolly records that have an input, ``--dolly-share`` of the training examples), or a
 JSONL path. Architecture: ``--rope plain|aware``, ``--fuse kv|k|v``, ``--bias``,
@@ -21,16 +23,21 @@ sharer's KV is not cached between steps: a run sees each example once, so a cach
 Data-parallel: run the same command under ``accelerate launch --num_processes N`` (GPUs, or CPU
 processes with the gloo backend). Each process takes every N-th example; DDP averages gradients.
 
+Legs (``kvviz.studies.legs``): with ``--minutes M`` the run stops after M minutes of training, saves
+its state and exits; the same command with ``--resume`` continues it (give ``--resume`` from the
+first leg on: there is nothing to resume yet, so it starts). Each leg is a line of
+``legs_<kind>.jsonl`` (its steps and seconds).
+
 Outputs in ``--out``: ``c2c/`` or ``control/`` (the fuser checkpoint),
 ``loss_<kind>.csv``, ``loss_<kind>.html`` (plotly), ``summary_<kind>.json`` and ``checkpoint_<kind>/``
-(fuser + optimizer state, for ``--resume``); <kind> is ``c2c`` or ``control``, so both can share
-one folder.
+(the fuser's parameters, the optimizer's state and the step, as safetensors and JSON, for
+``--resume``); <kind> is ``c2c`` or ``control``, so both can share one folder. (``train_report``
+writes the loss curve, the fuser's training record and the summary.)
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 import time
@@ -39,16 +46,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import plotly.graph_objects as go
 import torch
-from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from kvviz.engine import flags, runner
-from kvviz.handoffs.c2c.fuser import C2CFuser, annealed_temperature, load_fuser, new_fuser
-from kvviz.studies.c2c.communication import communication_measure
+from kvviz.handoffs.c2c.fuser import C2CFuser, annealed_temperature, new_fuser
+from kvviz.studies import legs
 from kvviz.studies.c2c.examples import SPLIT_DEFAULTS, Example, build_examples, split_records
-from kvviz.studies.c2c.scoring import mean_nll, response_nll
+from kvviz.studies.c2c.scoring import response_nll
+from kvviz.studies.c2c.train_report import finish, log_loss, start_loss_log
 
 DEFAULTS = {
     **SPLIT_DEFAULTS,
@@ -71,57 +77,6 @@ DEFAULTS = {
 }
 
 
-# --- checkpoint of the trainer (never pickled) ------------------------------------------------
-
-
-def save_trainer_state(folder: Path, fuser: C2CFuser, optimizer, step: int, extra: dict) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    fuser.save(folder / "fuser")
-    names = {id(p): n for n, p in fuser.named_parameters()}
-    tensors = {}
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            state = optimizer.state.get(param, {})
-            for key, value in state.items():
-                tensors[f"{names[id(param)]}::{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
-    tensors["rng::torch"] = torch.get_rng_state()
-    save_file(tensors, str(folder / "optimizer.safetensors.tmp"))
-    (folder / "optimizer.safetensors.tmp").replace(folder / "optimizer.safetensors")
-    (folder / "trainer.json").write_text(json.dumps({"step": step, **extra}, indent=2))
-
-
-def load_trainer_state(folder: Path, fuser: C2CFuser, optimizer) -> dict:
-    loaded = load_fuser(folder / "fuser")
-    fuser.load_state_dict(loaded.state_dict())
-    tensors = load_file(str(folder / "optimizer.safetensors"))
-    params = dict(fuser.named_parameters())
-    for key, value in tensors.items():
-        name, field_name = key.split("::", 1)
-        if name == "rng":
-            torch.set_rng_state(value)
-            continue
-        optimizer.state[params[name]][field_name] = value if field_name != "step" else value.float()
-    return json.loads((folder / "trainer.json").read_text())
-
-
-# --- loss curve -------------------------------------------------------------------------------
-
-
-def write_loss_plot(csv_path: Path, html_path: Path, heldout: dict | None = None) -> None:
-    rows = list(csv.DictReader(csv_path.open()))
-    steps = [int(r["step"]) for r in rows]
-    losses = [float(r["loss"]) for r in rows]
-    window = max(1, len(losses) // 20)
-    smooth = [sum(losses[max(0, i - window + 1) : i + 1]) / len(losses[max(0, i - window + 1) : i + 1]) for i in range(len(losses))]
-    figure = go.Figure()
-    figure.add_trace(go.Scatter(x=steps, y=losses, mode="lines", name="train loss (per token)", opacity=0.35))
-    figure.add_trace(go.Scatter(x=steps, y=smooth, mode="lines", name=f"moving mean ({window} steps)"))
-    for label, value in (heldout or {}).items():
-        figure.add_trace(go.Scatter(x=[steps[0], steps[-1]] if steps else [0, 1], y=[value, value], mode="lines", name=label, line={"dash": "dot"}))
-    figure.update_layout(title="C2C fuser training", xaxis_title="step", yaxis_title="response NLL (nats/token)")
-    figure.write_html(str(html_path), include_plotlyjs="cdn")
-
-
 # --- CLI --------------------------------------------------------------------------------------
 
 
@@ -130,7 +85,7 @@ def configure_parser(parser) -> None:
     flags.add_model_arguments(parser, threads_help="torch CPU threads (default: leave as is)")
     parser.add_argument(
         "--data", default=d["data"],
-        help="recall, dolly, recall+dolly, instructions, or a JSONL path with instruction/input/output",
+        help="recall, handbook, dolly, recall+dolly, instructions, or a JSONL path with instruction/input/output",
     )
     parser.add_argument("--dolly-share", type=float, default=d["dolly_share"], help="share of Dolly records in recall+dolly")
     parser.add_argument("--out", required=True, help="output folder")
@@ -174,6 +129,8 @@ def configure_parser(parser) -> None:
     parser.add_argument("--measure", type=int, default=0, help="held-out examples for the communication measure at the end")
     parser.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (0: only at the end)")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint_<kind> if present")
+    parser.add_argument("--minutes", type=float, default=0,
+                        help="end this leg after M minutes of training, saving its state (rerun with --resume; 0: no limit)")
     parser.add_argument("--fp16", action="store_true", help="store the final weights in float16 (half the size)")
     parser.add_argument("--no-progress", action="store_true")
 
@@ -271,34 +228,41 @@ def optimizer_for(args, fuser: C2CFuser):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
+def checkpoint_folder(run: Run) -> Path:
+    return run.out / f"checkpoint_{run.kind}"
+
+
 def resume(run: Run, fuser: C2CFuser, optimizer, scheduler) -> int:
     """The step to start from: a saved checkpoint's with ``--resume``, else 0."""
-    checkpoint_dir = run.out / f"checkpoint_{run.kind}"
-    if not (run.args.resume and (checkpoint_dir / "trainer.json").is_file()):
+    folder = checkpoint_folder(run)
+    if not (run.args.resume and legs.has_state(folder)):
         return 0
-    start_step = int(load_trainer_state(checkpoint_dir, fuser, optimizer)["step"])
+    start_step = int(legs.load_state(folder, dict(fuser.named_parameters()), optimizer)["step"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # replaying the schedule before any optimizer step
         for _ in range(start_step):
             scheduler.step()
-    run.log(f"resumed from {checkpoint_dir} at step {start_step}")
+    run.log(f"resumed from {folder} at step {start_step}")
     return start_step
 
 
-def start_loss_log(path: Path, start_step: int) -> None:
-    """The loss CSV's header (resuming: the curve up to the checkpoint is kept)."""
-    kept = []
-    if start_step and path.exists():
-        kept = [row for row in csv.reader(path.open()) if row and row[0] != "step" and int(row[0]) <= start_step]
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["step", "loss", "lr", "tau", "seconds"])
-        writer.writerows(kept)
+def leg_spent(run: Run, budget: legs.Budget) -> bool:
+    """Whether the leg's time is up (every process decides alike: the first to run out stops all)."""
+    spent = budget.spent()
+    if run.accelerator.num_processes > 1:
+        flag = torch.tensor([int(spent)], device=run.accelerator.device)
+        spent = bool(run.accelerator.reduce(flag, reduction="sum").item())
+    return spent
 
 
-def train_steps(run: Run, model, optimizer, scheduler, train: list[Example], start_step: int) -> float:
-    """The training loop from ``start_step``; returns its seconds. ``model``: the fuser, wrapped by
-    accelerate (DDP) when distributed."""
+def save_leg(run: Run, core: C2CFuser, optimizer, step: int) -> None:
+    legs.save_state(checkpoint_folder(run), dict(core.named_parameters()), optimizer, step, {"kind": run.kind})
+
+
+def train_steps(run: Run, model, optimizer, scheduler, train: list[Example], start_step: int) -> tuple[float, int]:
+    """The training loop from ``start_step`` until the last step or the leg's time (``--minutes``);
+    returns (its seconds, the step reached). ``model``: the fuser, wrapped by accelerate (DDP) when
+    distributed."""
     args = run.args
     core: C2CFuser = run.accelerator.unwrap_model(model)
     rank, world = run.accelerator.process_index, run.accelerator.num_processes
@@ -309,8 +273,9 @@ def train_steps(run: Run, model, optimizer, scheduler, train: list[Example], sta
     if run.is_main and not args.no_progress:
         progress = tqdm(total=args.steps, initial=start_step, desc=f"train {run.kind}", file=sys.stderr, dynamic_ncols=True)
     anneal_steps = max(1, int(round(args.tau_anneal * args.steps)))
-    started = time.perf_counter()
-    for step in range(start_step, args.steps):
+    budget = legs.Budget(args.minutes)
+    step = start_step
+    while step < args.steps:
         core.train()
         core.temperature = annealed_temperature(step, anneal_steps, args.tau_start, args.tau_end)
         optimizer.zero_grad(set_to_none=True)
@@ -324,78 +289,29 @@ def train_steps(run: Run, model, optimizer, scheduler, train: list[Example], sta
         grad_norm = torch.nn.utils.clip_grad_norm_(core.parameters(), args.clip)
         optimizer.step()
         scheduler.step()
+        step += 1
         mean_loss = total / max(count, 1)
         if run.is_main:
-            with csv_path.open("a", newline="") as handle:
-                csv.writer(handle).writerow([step + 1, f"{mean_loss:.5f}", f"{scheduler.get_last_lr()[0]:.3e}",
-                                             f"{core.temperature:.4g}", f"{time.perf_counter() - started:.1f}"])
+            log_loss(csv_path, step, mean_loss, scheduler.get_last_lr()[0], core.temperature, budget.seconds)
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(loss=f"{mean_loss:.3f}", tau=f"{core.temperature:.3g}", gnorm=f"{float(grad_norm):.2f}")
-        if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.steps and run.is_main:
-            save_trainer_state(run.out / f"checkpoint_{run.kind}", core, optimizer, step + 1, {"kind": run.kind})
+            elif step % 20 == 0:
+                run.log(f"{run.kind} step {step}/{args.steps} loss {mean_loss:.4f} ({budget.seconds:.0f} s this leg)")
+        if args.save_every and step % args.save_every == 0 and step < args.steps and run.is_main:
+            save_leg(run, core, optimizer, step)
+        if leg_spent(run, budget):  # checked after a step: every leg moves on
+            break
     if progress is not None:
         progress.close()
-    return time.perf_counter() - started
-
-
-def training_record(run: Run, core: C2CFuser, heldout: list[Example], measured: dict, seconds: float, steps_run: int) -> dict:
-    """How the fuser was trained, for its config (``FuserConfig.training``)."""
-    args = run.args
-    applied = core.open_gates().cpu()
-    record = {
-        "data": args.data, "steps": args.steps, "batch_size": args.batch_size, "processes": run.accelerator.num_processes,
-        "seed": args.seed, "lr": args.lr, "gate_lr_scale": args.gate_lr_scale, "weight_decay": args.weight_decay,
-        "warmup": args.warmup, "clip": args.clip, "tau": [args.tau_start, args.tau_end], "tau_anneal": args.tau_anneal,
-        "dolly_share": args.dolly_share, "zero_init": args.zero_init, "heldout": args.heldout,
-        "heldout_examples": len(heldout), "max_prompt_tokens": args.max_prompt_tokens,
-        "max_response_tokens": args.max_response_tokens, "max_sharer_tokens": args.max_sharer_tokens,
-        "context": args.context, "receiver_sees_context": run.receiver_sees_context, "context_only": args.context_only,
-        "heldout_nll": round(measured["heldout_nll"], 5), "receiver_heldout_nll": round(measured["receiver_nll"], 5),
-        "train_seconds": round(seconds, 1), "open_gates_k": int(applied[:, 0].sum()), "open_gates_v": int(applied[:, 1].sum()),
-        "control": args.control, "storage": "float16" if args.fp16 else "float32",
-        "seconds_per_step": round(seconds / max(steps_run, 1), 3),
-    }
-    if measured["communication"] is not None:
-        record["communication"] = measured["communication"]
-    return record
-
-
-def measure_heldout(run: Run, core: C2CFuser, heldout: list[Example]) -> dict:
-    """Held-out NLL of the fuser and of the receiver alone, and with ``--measure`` the communication measure."""
-    measured = {"heldout_nll": mean_nll(run.pair, core, heldout), "receiver_nll": mean_nll(run.pair, None, heldout),
-                "communication": None}
-    if run.args.measure:
-        communication = communication_measure(run.pair, core, heldout[: run.args.measure], not run.receiver_sees_context)
-        run.log(f"communication gain {communication['gain']:+.4f} nats/token, 95% CI {communication['ci95']}")
-        measured["communication"] = communication
-    return measured
-
-
-def finish(run: Run, core: C2CFuser, heldout: list[Example], seconds: float, steps_run: int) -> dict:
-    """Measure, save the fuser with its training record, the loss plot and the summary."""
-    args, kind = run.args, run.kind
-    measured = measure_heldout(run, core, heldout)
-    core.config.training = training_record(run, core, heldout, measured, seconds, steps_run)
-    target = run.out / kind
-    core.save(target, dtype=torch.float16 if args.fp16 else torch.float32)
-    write_loss_plot(run.out / f"loss_{kind}.csv", run.out / f"loss_{kind}.html",
-                    {f"held-out NLL ({kind})": measured["heldout_nll"], "held-out NLL (receiver alone)": measured["receiver_nll"]})
-    gates = core.gate_logits.detach().cpu()
-    summary = {
-        "fuser": str(target),
-        "kind": kind,
-        "parameters": core.num_parameters,
-        "heldout_nll": measured["heldout_nll"],
-        "receiver_heldout_nll": measured["receiver_nll"],
-        "train_seconds": seconds,
-        "total_seconds": time.perf_counter() - run.started,
-        "open_gates": {"k": core.config.training["open_gates_k"], "v": core.config.training["open_gates_v"], "layers": gates.shape[0]},
-        "gate_logits": [[round(float(x), 4) for x in row] for row in gates.tolist()],
-        "communication": measured["communication"],
-    }
-    (run.out / f"summary_{kind}.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    if run.is_main:
+        if step < args.steps:
+            save_leg(run, core, optimizer, step)
+        legs.log_leg(run.out, {"kind": run.kind, "from_step": start_step, "to_step": step, "total": args.steps,
+                               "seconds": round(budget.seconds, 1), "device": str(run.accelerator.device),
+                               "processes": world, "threads": torch.get_num_threads(),
+                               "when": time.strftime("%Y-%m-%d %H:%M:%S")}, name=f"legs_{run.kind}.jsonl")
+    return budget.seconds, step
 
 
 def main(args) -> int:
@@ -405,10 +321,14 @@ def main(args) -> int:
     optimizer, scheduler = optimizer_for(args, fuser)
     start_step = resume(run, fuser, optimizer, scheduler)
     model, optimizer = run.accelerator.prepare(fuser, optimizer)
-    seconds = train_steps(run, model, optimizer, scheduler, train, start_step)
+    _, step = train_steps(run, model, optimizer, scheduler, train, start_step)
     run.accelerator.wait_for_everyone()
     if not run.is_main:
         return 0
-    summary = finish(run, run.accelerator.unwrap_model(model), heldout, seconds, args.steps - start_step)
+    if step < args.steps:
+        run.log(f"leg done at step {step} of {args.steps}: run the same command (with --resume) to continue")
+        return 0
+    seconds = sum(leg["seconds"] for leg in legs.legs(run.out, name=f"legs_{run.kind}.jsonl"))
+    summary = finish(run, run.accelerator.unwrap_model(model), heldout, seconds, args.steps)
     print(json.dumps(summary, indent=2))
     return 0
