@@ -50,16 +50,19 @@ from kvviz.core.paths import ASSETS
 from kvviz.core.prompts import build_segments
 from kvviz.core.results import GenerationSettings
 from kvviz.data import contains_answer, load_dataset, recall, whereabouts, wilson_interval
-from kvviz.data.metrics import mcnemar_exact
+from kvviz.data.stats import bootstrap_ratio, mcnemar_exact
 from kvviz.data.record import Record
 from kvviz.data.swaps import SWAPPERS, replace_fact, swap_outcome, swaps_for
 from kvviz.engine.runner import load_pair
+from kvviz.handoffs.translate import align as tr_align
+from kvviz.handoffs.translate import prefix as tr_prefix
+from kvviz.handoffs.translate import side
 from kvviz.handoffs.translate import translator as tr
 from kvviz.handoffs.translate.locate import shipped_translator
 from kvviz.runtime import cache as kv
 from kvviz.runtime.cache import KVState
 from kvviz.runtime.decode import generate, prefill
-from kvviz.studies.c2c.communication import bootstrap_ratio, derangement
+from kvviz.studies.c2c.communication import derangement
 from kvviz.studies.c2c.examples import response_ids
 
 ROWS = ("receiver", "skyline", "oracle", "translator", "control", "closed")
@@ -67,11 +70,6 @@ CHECKS = {"oracle": "skyline", "closed": "receiver"}  # rows that must equal ano
 SWAP_ROWS = ("skyline", "translator")  # the rows that also read the swapped note
 FOLLOW_ROWS = ("receiver", "control", "skyline", "translator")  # follow rates reported (the first two: the floor)
 PRESETS_FILE = ASSETS / "presets.toml"
-
-
-def sign_test(wins: int, losses: int) -> float:
-    """Two-sided exact sign test p-value (ties dropped): McNemar's exact test on the two counts."""
-    return mcnemar_exact(wins, losses)
 
 
 def heldout_sets(recall_n: int, countries_n: int, seed: int = 0, whereabouts_n: int = 0) -> dict:
@@ -124,7 +122,7 @@ class Runner:
         self.settings = GenerationSettings(max_new_tokens=max_new_tokens)
 
     def state(self, row: str, record, other=None):
-
+        """(the receiver's state before the question, the question's tokens, a side memory or None)."""
         receiver, sharer = self.pair.receiver, self.pair.sharer
         alone = build_segments(receiver.tokenizer, record.question)
         with_context = build_segments(receiver.tokenizer, record.question, record.context)
@@ -132,25 +130,28 @@ class Runner:
             segments = alone if row == "receiver" else with_context
             state = KVState()
             prefill(receiver, state, segments.context_ids, need_logits=False)
-            return state, segments.query_ids
+            return state, segments.query_ids, None
         context = other.context if row == "control" else record.context
-        alignment = tr.align_context(receiver.tokenizer, sharer.tokenizer, context, self.translator.config.sharer_start)
+        alignment = tr_align.align_context(receiver.tokenizer, sharer.tokenizer, context, self.translator.config.sharer_start)
         if row == "oracle":
-            return tr.oracle_prefix(self.pair, alignment).state, with_context.query_ids
+            return tr_prefix.oracle_prefix(self.pair, alignment).state, with_context.query_ids, None
         gates = [0.0] * receiver.facts.num_layers if row == "closed" else None
-        prefix, _, _ = tr.translate(self.pair, self.translator, alignment, gates=gates)
-        return prefix.state, with_context.query_ids
+        prefix, _, _ = tr_prefix.translate(self.pair, self.translator, alignment, gates=gates)
+        return prefix.state, with_context.query_ids, prefix.memory
 
     @torch.no_grad()
     def answer(self, row: str, record, other=None) -> tuple[str, float, int]:
         """(greedy answer, summed gold NLL, gold tokens)."""
 
         receiver = self.pair.receiver
-        state, query_ids = self.state(row, record, other)
+        state, query_ids, memory = self.state(row, record, other)
         scoring = KVState(cache=_copy(state.cache), next_position=state.next_position,
                           prefix_positions=state.prefix_positions, prefix_bias=state.prefix_bias)
         gold = response_ids(receiver.tokenizer, record.answers[0], 16)
-        nll = float(tr.nll_after(receiver, scoring, query_ids, gold))
+        with side.reading(receiver, memory):
+            nll = float(tr_prefix.nll_after(receiver, scoring, query_ids, gold))
+        if memory is not None:  # the batched decode step fires no hook: decode through the model's forward
+            return side.greedy_answer(receiver, state, memory, query_ids, self.settings.max_new_tokens), nll, len(gold)
         first, _ = prefill(receiver, state, query_ids)
         output = generate(receiver, state, first, self.settings)
         return output.text, nll, len(gold)
@@ -159,11 +160,6 @@ class Runner:
 def _copy(cache):
 
     return kv.copy_cache(cache)
-
-
-def bootstrap(diffs: list[float], tokens: list[int], seed: int) -> list[float]:
-
-    return bootstrap_ratio(diffs, tokens, seed)
 
 
 def rate(hits: int, n: int) -> dict:
@@ -191,8 +187,8 @@ def summarise(rows: dict, records, seed: int) -> dict:
         wins = sum(d > 0 for d in diffs)
         losses = sum(d < 0 for d in diffs)
         out["communication"] = {
-            "gain": sum(diffs) / sum(tokens), "ci95": bootstrap(diffs, tokens, seed),
-            "right_context_lower_nll": wins, "of": len(diffs), "sign_test_p": sign_test(wins, losses),
+            "gain": sum(diffs) / sum(tokens), "ci95": bootstrap_ratio(diffs, tokens, seed),
+            "right_context_lower_nll": wins, "of": len(diffs), "sign_test_p": mcnemar_exact(wins, losses),
         }
     if "control" in rows and "receiver" in rows:
         tokens = [r[2] for r in rows["receiver"]]
@@ -200,7 +196,7 @@ def summarise(rows: dict, records, seed: int) -> dict:
         out["control_within_receiver_interval"] = low <= control_rate <= high
         control_vs_receiver = [c[1] - r[1] for c, r in zip(rows["control"], rows["receiver"])]
         out["control_minus_receiver_nll"] = {"value": sum(control_vs_receiver) / sum(tokens),
-                                              "ci95": bootstrap(control_vs_receiver, tokens, seed)}
+                                              "ci95": bootstrap_ratio(control_vs_receiver, tokens, seed)}
     return out
 
 
