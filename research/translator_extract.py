@@ -50,7 +50,7 @@ def corpus_texts(path: str, split: str) -> list[str]:
 def heldout_entity_texts() -> list[str]:
     """Contexts whose names and values training never saw: recall's held-out split, the
     evaluators' 100 Countries records and who-is-where notes of the held-out landmarks and cities."""
-    from kvviz.studies.c2c.translator_eval import countries_split
+    from kvviz.studies.c2c.translator_sets import countries_split
 
     texts = [r.context for r in recall.generate("heldout", 400, seed=7)]
     _, countries = countries_split()

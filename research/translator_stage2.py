@@ -44,7 +44,7 @@ def log(message: str) -> None:
 
 def training_records(recall_n: int, dolly_n: int, seed: int):
     from kvviz.data import load_dataset, recall
-    from kvviz.studies.c2c.translator_eval import countries_split
+    from kvviz.studies.c2c.translator_sets import countries_split
 
     records = [("recall", r) for r in recall.generate("train", recall_n, seed=200 + seed)]
     countries, _ = countries_split()

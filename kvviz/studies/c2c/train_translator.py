@@ -50,7 +50,7 @@ from kvviz.engine.runner import load_pair
 from kvviz.handoffs.translate import translator as tr
 from kvviz.runtime.checkpoints import CheckpointError
 from kvviz.studies.c2c import translator_data as td
-from kvviz.studies.c2c.translator_eval import evaluate
+from kvviz.studies.c2c.translator_rows import evaluate
 from kvviz.studies.c2c.translator_loss import FollowLoss, ReceiverLoss
 
 STATE_FORMAT = "kvviz-translator-training"
