@@ -106,3 +106,14 @@ def test_a_side_translator_saves_its_gates_and_loads_as_one(mixed_tiny_pair, tmp
     assert loaded.side and torch.equal(loaded.side_gate_logits, translator.side_gate_logits)
     query_ids = build_segments(pair.receiver.tokenizer, QUERY).query_ids
     assert (side_logits(pair, loaded, CONTEXT, query_ids) - alone_logits(pair, query_ids)).abs().max() > 1e-3
+
+
+def test_the_handoff_says_it_does_not_run_a_side_translator(mixed_tiny_pair, tmp_path):
+    """The page's handoff decodes through the batched step, which has no side branch: a side-memory
+    translator is refused with the reason, not run as a splice."""
+    from tests.unit.test_translator import run_translation
+
+    pair = mixed_tiny_pair
+    folder = side_translator(pair).save(tmp_path / "side")
+    result = run_translation(pair, folder)
+    assert not result.applicable and "side branch" in result.reason

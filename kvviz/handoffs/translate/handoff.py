@@ -43,6 +43,8 @@ def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO, control: bool 
         translator = get_translator(folder, pair)
     except tr.TranslatorError as error:
         raise NotApplicable(str(error)) from error
+    if translator.side:
+        raise NotApplicable(SIDE_REFUSAL.format(folder=folder))
     receiver, sharer = pair.receiver, pair.sharer
     context = content_free_note(request.context) if control else request.context
     timer = StageTimer()
@@ -124,6 +126,8 @@ def run_control(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> Han
     return run(pair, request, io, control=True)
 
 
+SIDE_REFUSAL = ("The translator at {folder} is read through a gated side branch (attach = side), which this handoff "
+                "does not run: the batched decode step has no side branch (eval-translator and train-translator run it).")
 NO_LIKELIHOOD = "not computed: {name} builds the receiver's cache from translated KV, which the bench does not rebuild"
 NEEDS = ("a private context", "a trained KV translator for the pair")
 
