@@ -17,7 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvviz.data import contains_answer  # noqa: E402
+from kvviz.data.record import Record  # noqa: E402
+from kvviz.data.stats import paired_comparison  # noqa: E402
 
 
 def cell(row: dict) -> str:
@@ -214,10 +222,29 @@ def complete(report: dict, base: dict) -> dict:
             summary["swap"]["rows"] = {**{r: full["swap"]["rows"][r] for r in ("receiver", "skyline")}, **summary["swap"]["rows"]}
             skyline = full["swap"]["rows"]["skyline"]["rate"]
             summary["swap"]["follow_vs_skyline"] = summary["swap"]["rows"]["translator"]["rate"] / skyline if skyline else None
+        paired_harm(summary, full, name)
         for people, entry in (summary.get("by_people") or {}).items():
             borrowed = (full.get("by_people") or {}).get(people) or {}
             summary["by_people"][people] = {**{r: borrowed[r] for r in ("receiver", "skyline") if r in borrowed}, **entry}
     return report
+
+
+def paired_harm(summary: dict, full: dict, name: str) -> None:
+    """Harm against the receiver alone for a partial report: its answers paired, record by record, with
+    the full report's receiver answers on the same records (both reports keep every answer)."""
+    mine, theirs = summary.get("answers") or {}, full.get("answers") or {}
+    if mine.get("ids") != theirs.get("ids") or "receiver" not in theirs:
+        return
+    records = [Record(id=i, question="", context="", answers=a, choices=None, answer_index=None, source=name)
+               for i, a in zip(theirs["ids"], theirs.get("golds") or [])]
+    if len(records) != len(theirs["ids"]):
+        return
+    alone = [int(contains_answer(text, r.answers)) for text, r in zip(theirs["receiver"], records)]
+    summary["harm"] = {}
+    for row in ("translator", "control"):
+        if row in mine:
+            compared = paired_comparison([int(contains_answer(t, r.answers)) for t, r in zip(mine[row], records)], alone)
+            summary["harm"][row] = {**compared, "no_worse": compared["ci95"][1] >= 0}
 
 
 def main() -> int:

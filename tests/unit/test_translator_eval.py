@@ -29,6 +29,7 @@ def test_the_evaluator_measures_every_row_and_its_checks_hold(mixed_tiny_pair, o
     for check in summary["checks"].values():
         assert check["records"] == 3 and check["same_answers"] == 3 and check["max_nll_difference"] < 1e-3
     assert summary["communication"]["of"] == 4 and len(summary["communication"]["ci95"]) == 2
+    assert summary["answers"]["ids"] == [r.id for r in records] and len(summary["answers"]["translator"]) == 4
     cells = summary["matched_deranged"]
     assert cells["translator"]["matched"] is summary["rows"]["translator"] and cells["translator"]["deranged"] is summary["rows"]["control"]
     assert cells["skyline"]["deranged"] is summary["rows"]["skyline_control"]

@@ -134,6 +134,9 @@ def evaluate(pair, translator, sets: dict, rows=ROWS, seed: int = 0, max_new_tok
         if name == "whereabouts":
             summary["by_people"] = people_summary(results, records)
         summary["checks"] = check_summary(checked, results)
+        # every record's answer per row: a later report of other rows on the same records is paired with these
+        summary["answers"] = {"ids": [r.id for r in records], "golds": [list(r.answers) for r in records],
+                              **{row: [result[0] for result in results[row]] for row in results}}
         summary["examples"] = [
             {"context": r.context, "question": r.question, "gold": r.answers[0],
              **{row: results[row][i][0] for row in results},
