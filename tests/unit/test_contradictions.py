@@ -95,6 +95,9 @@ def test_bench_adds_the_contradiction_arm_beside_the_swap(tmp_path, tiny_engine)
     entries = json.loads((out / "contradiction.json").read_text())
     assert [e["variant"] for e in entries] == ["receiver", "skyline"] and entries[1]["counter"]["n"] == 3
     assert set(entries[1]["paired"]) == {"receiver"} and "Inserted contradiction" in (out / "summary.md").read_text()
+    # matched / control in one cell: Skyline's control is the receiver alone
+    assert entries[1]["control"]["variant"] == "receiver" and entries[0]["control"] is None
+    assert f"{entries[1]['accuracy']['rate']:.2f} / {entries[0]['accuracy']['rate']:.2f} (receiver)" in (out / "summary.md").read_text()
 
 
 def run_args(**values):

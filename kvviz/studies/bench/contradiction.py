@@ -9,17 +9,19 @@ note with one contradicting sentence inserted after the sentence that states the
   note and on the contradicted one, each mean with a seeded bootstrap 95% interval; samples whose
   two answers start with the same token are left out of these means (they cannot tell them apart);
 * its counter rate paired against Skyline's and the receiver alone's (McNemar's exact test): a
-  handoff that reads the note's text as Skyline does takes up the inserted sentence as often.
+  handoff that reads the note's text as Skyline does takes up the inserted sentence as often;
+* beside it, in one cell, its accuracy on the original note and its control's (``content``'s cell).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from kvviz.data import format_p, paired_mcnemar, wilson_interval
+from kvviz.data import format_p, paired_mcnemar, verdict, wilson_interval
 from kvviz.data.contradictions import OUTCOMES
 from kvviz.data.stats import bootstrap_ratio
 from kvviz.engine.contradiction import contradiction_record
+from kvviz.studies.bench.content import control_variants, matched_cell, with_controls
 
 REFERENCES = ("skyline", "receiver")
 PROBABILITIES = ("p_gold_clean", "p_gold", "p_counter_clean", "p_counter")
@@ -70,7 +72,8 @@ def contradiction_summary(rows: pd.DataFrame, order: list[str] | None = None, se
     for name in names:
         group = groups[name]
         distinct = group[group["contra_same_first_token"].astype(str) != "1"]
-        entry = {"variant": name, "n": len(group), "distinct_first_tokens": len(distinct),
+        right = sum(verdict(answer, gold.split(" | ")) == "right" for answer, gold in zip(group["answer"], group["gold"]))
+        entry = {"variant": name, "n": len(group), "distinct_first_tokens": len(distinct), "accuracy": _rate(right, len(group)),
                  **{outcome: _rate(int((group["contra_outcome"] == outcome).sum()), len(group)) for outcome in OUTCOMES},
                  "paired": {}}
         for column in PROBABILITIES:
@@ -81,7 +84,7 @@ def contradiction_summary(rows: pd.DataFrame, order: list[str] | None = None, se
             if other is not None and other != name:
                 entry["paired"][reference] = paired_mcnemar(counters, name, other)
         entries.append(entry)
-    return entries
+    return with_controls(entries, control_variants(rows), "accuracy")
 
 
 def _cell(rate: dict) -> str:
@@ -107,12 +110,12 @@ def contradiction_markdown(entries: list[dict], title: str = "") -> str:
     """The contradiction table: one row per variant."""
     if not entries:
         return ""
-    header = ["handoff", "n", "gives the gold (stated first)", "gives the counter (inserted)", "both", "neither",
+    header = ["handoff", "n", "right on the original note: it / its control", "gives the gold (stated first)", "gives the counter (inserted)", "both", "neither",
               "P(gold): original → contradicted", "P(counter): original → contradicted", "counter vs Skyline",
               "counter vs receiver alone"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for entry in entries:
-        cells = [entry["variant"], str(entry["n"]), *(_cell(entry[o]) for o in OUTCOMES),
+        cells = [entry["variant"], str(entry["n"]), matched_cell(entry, "accuracy"), *(_cell(entry[o]) for o in OUTCOMES),
                  _shift(entry["p_gold_clean"], entry["p_gold"]), _shift(entry["p_counter_clean"], entry["p_counter"]),
                  _paired(entry, "skyline"), _paired(entry, "receiver")]
         lines.append("| " + " | ".join(cells) + " |")
