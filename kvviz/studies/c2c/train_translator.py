@@ -45,12 +45,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from kvviz.data import passages, recall, whereabouts
 from kvviz.engine.runner import load_pair
 from kvviz.handoffs.translate import translator as tr
 from kvviz.runtime.checkpoints import CheckpointError
 from kvviz.studies.c2c import translator_data as td
 from kvviz.studies.c2c.translator_rows import evaluate
+from kvviz.studies.c2c.translator_sets import heldout_sets
 from kvviz.studies.c2c.translator_loss import FollowLoss, ReceiverLoss
 
 STATE_FORMAT = "kvviz-translator-training"
@@ -264,9 +264,7 @@ def validation_sets(n: int) -> dict:
     the evaluator's records)."""
     if not n:
         return {}
-    _, dolly = passages.dolly_passages()
-    return {"whereabouts": whereabouts.generate("heldout", n, seed=VALIDATION_SEED),
-            "recall": recall.generate("heldout", n, seed=VALIDATION_SEED), "passages": dolly[:n]}
+    return heldout_sets(n, 0, VALIDATION_SEED - 1, whereabouts_n=n, passages_n=n)  # seed + 1: the records of seed 50
 
 
 def validate(pair, translator, n: int) -> dict:

@@ -99,6 +99,8 @@ def configure_parser(parser) -> None:
                         help="HotpotQA questions over their whole supporting paragraphs (held out by paragraph; 0: skip)")
     parser.add_argument("--unneeded", type=int, default=100,
                         help="held-out notes asked about a landmark they do not name: the harm set (0: skip)")
+    parser.add_argument("--passages", type=int, default=0,
+                        help="Dolly's extractive passages: the validation passages training runs are compared on (0: skip)")
     parser.add_argument("--no-swap", action="store_true", help="leave out the swapped-fact rows")
     parser.add_argument("--no-presets", action="store_true", help="leave out the page's presets")
     parser.add_argument("--rows", default=",".join(ROWS),
@@ -128,7 +130,7 @@ def main(args) -> int:
     if unknown:
         raise ValueError(f"unknown rows {sorted(unknown)}; choose from {', '.join(ROWS)}")
     started = time.perf_counter()
-    sets = heldout_sets(args.recall, args.countries, args.seed, args.whereabouts, args.paragraphs, args.unneeded)
+    sets = heldout_sets(args.recall, args.countries, args.seed, args.whereabouts, args.paragraphs, args.unneeded, args.passages)
     report = evaluate(pair, translator, sets, rows, args.seed, args.max_new_tokens, log, checks=args.checks, swap=not args.no_swap)
     if not args.no_presets:
         report["presets"] = run_presets(pair, translator, max_new_tokens=args.max_new_tokens)

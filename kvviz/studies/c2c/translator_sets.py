@@ -13,7 +13,9 @@ Sets (context private to the sharer; names, values, landmarks and paragraphs nev
   its swaps are HotpotQA's;
 * ``unneeded``: held-out who-is-where notes asked the country of a held-out landmark nobody in the
   note is at (seed + 1): the note does not hold the answer, the receiver may know it (the harm set:
-  reading the note must not make the answer worse than the receiver alone's).
+  reading the note must not make the answer worse than the receiver alone's);
+* ``passages``: Dolly's extractive passages, never trained on: the *validation* passages a training
+  run is compared on (``train-translator``'s legs read them), so never a final held-out number.
 
 A *fresh draw* is another ``seed`` than any run was chosen on (the draws are independent; the
 paragraphs are one fixed set).
@@ -50,7 +52,7 @@ def unneeded_records(n: int, seed: int = 0) -> list[Record]:
 
 
 def heldout_sets(recall_n: int, countries_n: int, seed: int = 0, whereabouts_n: int = 0, paragraphs_n: int = 0,
-                 unneeded_n: int = 0) -> dict:
+                 unneeded_n: int = 0, passages_n: int = 0) -> dict:
     """The held-out records of each set asked for (``n`` 0 leaves a set out), as the module docstring says."""
     sets = {}
     if recall_n:
@@ -63,6 +65,8 @@ def heldout_sets(recall_n: int, countries_n: int, seed: int = 0, whereabouts_n: 
         sets["paragraphs"] = passages.heldout_paragraphs()[:paragraphs_n]
     if unneeded_n:
         sets["unneeded"] = unneeded_records(unneeded_n, seed + 1)
+    if passages_n:
+        sets["passages"] = passages.dolly_passages()[1][:passages_n]
     return sets
 
 
