@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvviz.studies.bench.contradiction import contradiction_markdown, contradiction_summary  # noqa: E402
-from kvviz.studies.bench.report import replace_section, section_marks  # noqa: E402
+from kvviz.studies.bench.report import section_marks, write_section  # noqa: E402
 from kvviz.studies.bench.rows import read_rows  # noqa: E402
 
 START, END = section_marks("contradiction-table")
@@ -104,8 +104,7 @@ def main() -> int:
     if args.write is None:
         print(text)
     else:
-        old = args.write.read_text(encoding="utf-8") if args.write.exists() else ""
-        args.write.write_text(replace_section(old, "contradiction-table", text), encoding="utf-8")
+        write_section(args.write, "contradiction-table", text)
         print(f"wrote the inserted-contradiction section of {args.write}")
     return 0
 

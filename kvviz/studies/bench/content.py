@@ -43,7 +43,8 @@ def swap_columns(record, result, swapped, swap: Swap) -> dict:
     }
 
 
-def _rate(hits: int, n: int) -> dict:
+def rate_entry(hits: int, n: int) -> dict:
+    """A count with its share and 95% Wilson interval (None where n is 0)."""
     low, high = wilson_interval(hits, n) if n else (None, None)
     return {"rate": hits / n if n else None, "low": low, "high": high, "hits": hits, "n": n}
 
@@ -93,10 +94,10 @@ def content_summary(rows: pd.DataFrame, order: list[str] | None = None) -> list[
         right = group[group["right"] == 1]
         entry = {
             "variant": name, "n": len(group),
-            "accuracy": _rate(int(group["right"].sum()), len(group)),
-            "follow": _rate(int(group["followed"].sum()), len(group)),
-            "keep": _rate(int(group["kept"].sum()), len(group)),
-            "content_share": _rate(int(right["followed"].sum()), len(right)),
+            "accuracy": rate_entry(int(group["right"].sum()), len(group)),
+            "follow": rate_entry(int(group["followed"].sum()), len(group)),
+            "keep": rate_entry(int(group["kept"].sum()), len(group)),
+            "content_share": rate_entry(int(right["followed"].sum()), len(right)),
             "paired": {},
         }
         for reference in REFERENCES:
@@ -107,7 +108,8 @@ def content_summary(rows: pd.DataFrame, order: list[str] | None = None) -> list[
     return with_controls(entries, control_variants(rows), "accuracy")
 
 
-def _cell(rate: dict) -> str:
+def rate_cell(rate: dict) -> str:
+    """"0.31 [0.23, 0.41] (31/100)"."""
     if rate["rate"] is None:
         return "n/a"
     return f"{rate['rate']:.2f} [{rate['low']:.2f}, {rate['high']:.2f}] ({rate['hits']}/{rate['n']})"
@@ -123,7 +125,8 @@ def matched_cell(entry: dict, key: str) -> str:
     return f"{own['rate']:.2f} / {control[key]['rate']:.2f} ({control['variant']})"
 
 
-def _paired_cell(entry: dict, reference: str) -> str:
+def paired_cell(entry: dict, reference: str) -> str:
+    """A paired comparison against ``reference`` (its two rates and McNemar's p), or a dash."""
     paired = entry["paired"].get(reference)
     if paired is None:
         return "—"
@@ -139,9 +142,9 @@ def content_markdown(entries: list[dict], title: str = "") -> str:
               "content share (followed, of the right)", "follow vs Skyline", "follow vs receiver alone"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for entry in entries:
-        cells = [entry["variant"], str(entry["n"]), matched_cell(entry, "accuracy"), _cell(entry["accuracy"]),
-                 _cell(entry["follow"]), _cell(entry["keep"]),
-                 _cell(entry["content_share"]), _paired_cell(entry, "skyline"), _paired_cell(entry, "receiver")]
+        cells = [entry["variant"], str(entry["n"]), matched_cell(entry, "accuracy"), rate_cell(entry["accuracy"]),
+                 rate_cell(entry["follow"]), rate_cell(entry["keep"]),
+                 rate_cell(entry["content_share"]), paired_cell(entry, "skyline"), paired_cell(entry, "receiver")]
         lines.append("| " + " | ".join(cells) + " |")
     intro = ("Content or prompt? Each sample also ran on its swapped note (the answer-bearing fact changed); "
              "intervals are 95% Wilson, the paired columns compare follow rates on the same samples (McNemar's exact test).")

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvviz.data import format_p, paired_mcnemar, verdict, wilson_interval
+from kvviz.data import paired_mcnemar, verdict
 from kvviz.data.contradictions import OUTCOMES
 from kvviz.data.stats import bootstrap_ratio
 from kvviz.engine.contradiction import contradiction_record
-from kvviz.studies.bench.content import control_variants, matched_cell, with_controls
+from kvviz.studies.bench.content import control_variants, matched_cell, paired_cell, rate_cell, rate_entry, with_controls
 
 REFERENCES = ("skyline", "receiver")
 PROBABILITIES = ("p_gold_clean", "p_gold", "p_counter_clean", "p_counter")
@@ -42,11 +42,6 @@ def contradiction_columns(record, result, contradicted, contradiction) -> dict:
         **{f"contra_{name}": number(judged[name]) for name in PROBABILITIES},
         "contra_same_first_token": int(judged["same_first_token"]),
     }
-
-
-def _rate(hits: int, n: int) -> dict:
-    low, high = wilson_interval(hits, n) if n else (None, None)
-    return {"rate": hits / n if n else None, "low": low, "high": high, "hits": hits, "n": n}
 
 
 def _mean(values: list[float], seed: int = 0) -> dict:
@@ -73,8 +68,8 @@ def contradiction_summary(rows: pd.DataFrame, order: list[str] | None = None, se
         group = groups[name]
         distinct = group[group["contra_same_first_token"].astype(str) != "1"]
         right = sum(verdict(answer, gold.split(" | ")) == "right" for answer, gold in zip(group["answer"], group["gold"]))
-        entry = {"variant": name, "n": len(group), "distinct_first_tokens": len(distinct), "accuracy": _rate(right, len(group)),
-                 **{outcome: _rate(int((group["contra_outcome"] == outcome).sum()), len(group)) for outcome in OUTCOMES},
+        entry = {"variant": name, "n": len(group), "distinct_first_tokens": len(distinct), "accuracy": rate_entry(right, len(group)),
+                 **{outcome: rate_entry(int((group["contra_outcome"] == outcome).sum()), len(group)) for outcome in OUTCOMES},
                  "paired": {}}
         for column in PROBABILITIES:
             values = pd.to_numeric(distinct[f"contra_{column}"], errors="coerce").dropna().tolist()
@@ -87,23 +82,10 @@ def contradiction_summary(rows: pd.DataFrame, order: list[str] | None = None, se
     return with_controls(entries, control_variants(rows), "accuracy")
 
 
-def _cell(rate: dict) -> str:
-    if rate["rate"] is None:
-        return "n/a"
-    return f"{rate['rate']:.2f} [{rate['low']:.2f}, {rate['high']:.2f}] ({rate['hits']}/{rate['n']})"
-
-
 def _shift(before: dict, after: dict) -> str:
     if before["mean"] is None or after["mean"] is None:
         return "n/a"
     return f"{before['mean']:.3f} → {after['mean']:.3f} [{after['low']:.3f}, {after['high']:.3f}]"
-
-
-def _paired(entry: dict, reference: str) -> str:
-    paired = entry["paired"].get(reference)
-    if paired is None:
-        return "—"
-    return f"{paired['acc_first']:.2f} vs {paired['acc_second']:.2f}, p = {format_p(paired['p'])}"
 
 
 def contradiction_markdown(entries: list[dict], title: str = "") -> str:
@@ -115,9 +97,9 @@ def contradiction_markdown(entries: list[dict], title: str = "") -> str:
               "counter vs receiver alone"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for entry in entries:
-        cells = [entry["variant"], str(entry["n"]), matched_cell(entry, "accuracy"), *(_cell(entry[o]) for o in OUTCOMES),
+        cells = [entry["variant"], str(entry["n"]), matched_cell(entry, "accuracy"), *(rate_cell(entry[o]) for o in OUTCOMES),
                  _shift(entry["p_gold_clean"], entry["p_gold"]), _shift(entry["p_counter_clean"], entry["p_counter"]),
-                 _paired(entry, "skyline"), _paired(entry, "receiver")]
+                 paired_cell(entry, "skyline"), paired_cell(entry, "receiver")]
         lines.append("| " + " | ".join(cells) + " |")
     distinct = min((entry["distinct_first_tokens"] for entry in entries), default=0)
     intro = ("Inserted contradiction: each sample also ran on its note with one sentence stating the swap's other value "

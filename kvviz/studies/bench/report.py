@@ -176,6 +176,12 @@ def kept_sections(path: Path) -> str:
     return out
 
 
+def write_section(path: Path, name: str, new: str) -> None:
+    """Replace (or append) the section ``name`` of the file at ``path`` with ``new``."""
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    path.write_text(replace_section(old, name, new), encoding="utf-8")
+
+
 def replace_section(text: str, name: str, new: str) -> str:
     """``text`` with its section ``name`` replaced by ``new`` (which holds its own marks), or with
     ``new`` appended when ``text`` has no such section."""

@@ -226,10 +226,12 @@ def plan(args) -> Plan:
         config["calibrated_handoffs"] = calibrated
     swaps = contradicted = None
     if getattr(args, "contradict", False):
-        contradicted, records = contradicted_records(args, records)
+        made = contradictions_for(args.dataset, [record for _, record in records], args.seed)
+        contradicted, records = counterfactual_records("--contradict", made, records)
         config["contradict"] = {"samples": len(records), "rule": f"kvviz.data.contradictions ({args.dataset}), seed {args.seed}"}
     if getattr(args, "swap", False):
-        swaps, records = swapped_records(args, records)
+        made = swaps_for(args.dataset, [record for _, record in records], args.seed)
+        swaps, records = counterfactual_records("--swap", made, records)
         config["swap"] = {"samples": len(records), "rule": f"kvviz.data.swaps ({args.dataset}), seed {args.seed}"}
     if rank == 0 or world == 1 or (out / "config.json").exists():
         # the other ranks check against what rank 0 wrote (or will write: same command line)
@@ -241,25 +243,12 @@ def plan(args) -> Plan:
     return Plan(out, rank, world, local, variants, options, mine, calibration_record, calibrated, swaps, contradicted)
 
 
-def swapped_records(args, records: list[tuple[int, object]]) -> tuple[dict, list[tuple[int, object]]]:
-    """(record id -> swap, the records that have one): ``bench --swap`` scores only samples whose
-    note has a swapped fact (``kvviz.data.swaps``), and says how many it left out."""
-    swaps = swaps_for(args.dataset, [record for _, record in records], args.seed)
-    kept = [(index, record) for index, record in records if record.id in swaps]
-    if len(kept) < len(records):
-        print(f"--swap: {len(records) - len(kept)} of {len(records)} sample(s) have no swapped fact and are left out",
-              file=sys.stderr)
-    return {record.id: swaps[record.id] for _, record in kept}, kept
-
-
-def contradicted_records(args, records: list[tuple[int, object]]) -> tuple[dict, list[tuple[int, object]]]:
-    """(record id -> contradiction, the records that have one): ``bench --contradict`` scores only
-    samples whose note has one (``kvviz.data.contradictions``), and says how many it left out."""
-    made = contradictions_for(args.dataset, [record for _, record in records], args.seed)
+def counterfactual_records(flag: str, made: dict, records: list[tuple[int, object]]) -> tuple[dict, list[tuple[int, object]]]:
+    """(record id -> its counterfactual note, the records that have one): ``bench --swap`` and
+    ``--contradict`` score only samples whose note has one, and say how many they left out."""
     kept = [(index, record) for index, record in records if record.id in made]
     if len(kept) < len(records):
-        print(f"--contradict: {len(records) - len(kept)} of {len(records)} sample(s) have no contradiction and are left out",
-              file=sys.stderr)
+        print(f"{flag}: {len(records) - len(kept)} of {len(records)} sample(s) have none and are left out", file=sys.stderr)
     return {record.id: made[record.id] for _, record in kept}, kept
 
 
