@@ -24,6 +24,8 @@ import json
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -36,10 +38,17 @@ COMMAND = "bash research/contradiction_tables.sh"
 DATASET_NAMES = {"countries": "Countries", "hotpotqa": "HotpotQA (dev, distractor)"}
 
 
-def read_run(folder: Path) -> tuple[dict, list[dict]]:
-    """(config, contradiction entries recomputed from the rows) of one bench --contradict folder."""
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    return config, contradiction_summary(read_rows(folder), config.get("variants"))
+def read_runs(folders: list[Path]) -> tuple[list[dict], list[dict]]:
+    """(configs, contradiction entries) of one dataset's bench --contradict folders, their rows read as
+    one table: the same samples (dataset, seed, limit) on pairs with the same receiver, so a handoff that
+    only runs on another pair (CIPHER on embedded-gemma) is paired with the embedded pair's Skyline and
+    receiver alone, sample by sample."""
+    configs = [json.loads((folder / "config.json").read_text(encoding="utf-8")) for folder in folders]
+    if len({(c["dataset"], c["seed"], c["limit"]) for c in configs}) > 1:
+        raise SystemExit(f"{[str(f) for f in folders]}: one table needs one dataset, seed and limit")
+    rows = pd.concat([read_rows(folder) for folder in folders], ignore_index=True)
+    order = [variant for config in configs for variant in config.get("variants", [])]
+    return configs, contradiction_summary(rows, list(dict.fromkeys(order)))
 
 
 def facts(entries: list[dict]) -> list[str]:
@@ -57,18 +66,15 @@ def facts(entries: list[dict]) -> list[str]:
 
 
 def dataset_section(name: str, folders: list[Path]) -> str:
-    parts = [f"### {DATASET_NAMES.get(name, name)}", ""]
-    for folder in folders:
-        config, entries = read_run(folder)
-        made = config.get("contradict") or {}
-        parts.append(f"Pair `{config['pair']}`, {made.get('samples', '?')} samples with a contradiction "
-                     f"(`--limit {config.get('limit')}`, seed {config.get('seed')}, {config.get('max_new_tokens')} new tokens; "
-                     f"{made.get('rule', '')}).")
-        parts.append("")
-        parts.append(contradiction_markdown(entries).split("\n", 2)[2])  # the table, without its intro line
-        parts += facts(entries)
-        parts.append("")
-    return "\n".join(parts)
+    configs, entries = read_runs(folders)
+    first = configs[0]
+    made = first.get("contradict") or {}
+    pairs = ", ".join(f"`{c['pair']}` ({', '.join(c.get('variants', []))})" for c in configs)
+    parts = [f"### {DATASET_NAMES.get(name, name)}", "",
+             f"{made.get('samples', '?')} samples with a contradiction (`--limit {first.get('limit')}`, seed {first.get('seed')}, "
+             f"{first.get('max_new_tokens')} new tokens; {made.get('rule', '')}); pairs {pairs}.", "",
+             contradiction_markdown(entries).split("\n", 2)[2]]  # the table, without its intro line
+    return "\n".join(parts + facts(entries) + [""])
 
 
 def section(tables: list[tuple[str, Path]]) -> str:

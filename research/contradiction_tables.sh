@@ -8,8 +8,8 @@
 # Per dataset (runs/contra-<dataset> and runs/contra-gemma-<dataset>, git-ignored):
 #   1. the embedded pair: receiver, Skyline, text, C2C and its control, KVComm at r = 0.5 and its control,
 #      AC, the latent relay (N = 4), KV steering (use the context), the C2C translation and its control;
-#   2. embedded-gemma (Gemma-3-270M to itself): CIPHER needs the receiver's tokenizer, with the receiver
-#      and Skyline beside it on the same samples.
+#   2. embedded-gemma (Gemma-3-270M to itself): CIPHER needs the receiver's tokenizer; the same receiver
+#      reads the same samples, so its rows join the embedded pair's table (paired with its Skyline and receiver).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
@@ -20,7 +20,7 @@ for dataset in countries hotpotqa; do
   "$PY" -m kvviz bench --pair embedded --dataset "$dataset" --contradict --limit 100 --threads 1 --quiet --max-new-tokens 12 \
     --handoffs "$EMBEDDED" --ratios 0.5 --latent-steps 4 --steering-pairs use_the_context --out "$OUT/contra-$dataset"
   "$PY" -m kvviz bench --pair embedded-gemma --dataset "$dataset" --contradict --limit 100 --threads 1 --quiet --max-new-tokens 12 \
-    --handoffs receiver,skyline,cipher --out "$OUT/contra-gemma-$dataset"
+    --handoffs cipher --out "$OUT/contra-gemma-$dataset"
 done
 args=()
 for dataset in countries hotpotqa; do
