@@ -15,6 +15,9 @@ import threading
 from kvviz.core import zerogpu
 
 
+SPACE_PROXIES = "127.0.0.1,::1,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16"
+
+
 def _preload(pair: str) -> None:
     """Load the pair in the background so the first live run does not wait for it."""
     try:
@@ -46,9 +49,12 @@ def main(argv=None) -> None:
         os.environ["KVVIZ_DTYPE"] = args.dtype
     if zerogpu.on_zerogpu():  # each run goes to a GPU worker of its own: runs at once share no decode step
         os.environ.setdefault("KVVIZ_CONCURRENCY", "1")
+    if os.environ.get("SPACE_ID"):  # a Space is reached through its proxy, on the private network: the workshop's
+        os.environ.setdefault("FORWARDED_ALLOW_IPS", SPACE_PROXIES)  # allowances count the address it forwards
 
     from kvviz.app.ui import build_demo, launch_kwargs
     from kvviz.app.workshop import api as workshop
+    from kvviz.app.workshop import joining
     from kvviz.core import policy
     from kvviz.engine.stream import use_one_thread_per_handoff
 
@@ -66,9 +72,13 @@ def main(argv=None) -> None:
     mode = "public mode" if policy.public_mode() else "local mode"
     runs = policy.model_concurrency()
     print(f"kvviz: {mode}, {runs} run(s) at once, queue of {policy.caps().queue_size}", flush=True)
-    print(f"kvviz: workshop at http://{args.host}:{args.port}/workshop (store: {workshop.store_label()})", flush=True)
+    classes = workshop.Service(listen_host=args.host)
+    print(f"kvviz: workshop at http://{args.host}:{args.port}/workshop (store: {classes.store_label})", flush=True)
+    if joining.is_loopback(args.host):
+        print("kvviz: phones cannot reach this address; for a class, serve on the network: python app.py --host 0.0.0.0",
+              flush=True)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share,
-                app_kwargs=workshop.launch_app_kwargs(), **launch_kwargs())
+                app_kwargs=workshop.launch_app_kwargs(classes), **launch_kwargs())
 
 
 if __name__ == "__main__":

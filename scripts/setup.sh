@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install everything kvviz needs into the current Python environment.
 #   bash scripts/setup.sh          runtime: the app, the CLI and the embedded models
-#   bash scripts/setup.sh --test   also the test tools, Debian's Chromium for browser tests and Debian's
-#                                  postgresql for the workshop store's PostgreSQL tests
+#   bash scripts/setup.sh --test   also the test tools, Debian's Chromium for browser tests, Debian's
+#                                  postgresql for the workshop store's PostgreSQL tests and Debian's nginx
+#                                  for the several-servers recipe (scripts/workshop_cluster.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,6 +41,21 @@ if [ "$with_tests" = 1 ]; then
     else
       echo "note: PostgreSQL's initdb is missing and this user cannot apt-get install it;" \
            "the PostgreSQL store tests will skip (sudo apt-get install postgresql)." >&2
+    fi
+  fi
+  # Several servers, one class (scripts/workshop_cluster.py, tests/integration/test_workshop_cluster.py): nginx
+  # balances the app servers; the tests start it with a configuration of their own, not the package's service.
+  if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "Installing Debian's nginx for the several-servers test ..."
+      apt-get update -qq
+      package=nginx-light
+      apt-cache show nginx-light >/dev/null 2>&1 || package=nginx
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null
+      /usr/sbin/nginx -s quit 2>/dev/null || true  # where the package started its own service on port 80
+    else
+      echo "note: nginx is missing and this user cannot apt-get install it;" \
+           "the several-servers test will skip (sudo apt-get install nginx-light)." >&2
     fi
   fi
 fi

@@ -1,8 +1,8 @@
 """What the browser tests and scripts measure on the rendered page, and how they open Debian's
 Chromium: the browser's path and flags, a launched browser (a missing Chromium fails under
-``CI=true`` and skips elsewhere), the artifacts folder; and, as JavaScript for Playwright's
-``page.evaluate``, WCAG contrast of every visible text, element boxes, and whether a plot's title and
-legend lie inside its SVG."""
+``CI=true`` and skips elsewhere), the artifacts folder, a walk through the walk-through; and, as
+JavaScript for Playwright's ``page.evaluate``, WCAG contrast of every visible text, element boxes,
+and whether a plot's title and legend lie inside its SVG."""
 
 import contextlib
 import os
@@ -47,6 +47,39 @@ def launched_chromium():
             yield browser
         finally:
             browser.close()
+
+
+def marks(page) -> dict[str, str]:
+    """Each shown card's mark (``data-verdict``), by column."""
+    return page.evaluate("() => Object.fromEntries([...document.querySelectorAll('[id^=kv-mark-]')]"
+                         ".filter(e => e.offsetParent).map(e => [e.id.slice(8), e.dataset.verdict]))")
+
+
+def wait_for_marks(page, kinds: set[str]) -> None:
+    """Until every shown card's mark is one of ``kinds``."""
+    page.wait_for_function("(kinds) => { const shown = [...document.querySelectorAll('[id^=kv-mark-]')]"
+                           ".filter(e => e.offsetParent); return shown.length > 0 && shown.every(e => kinds.includes("
+                           "e.dataset.verdict)); }", arg=sorted(kinds), timeout=15_000)
+
+
+def walked(page, steps, settle_ms: int = 300):
+    """Open the walk-through and go through ``steps`` with Next: yields (index, step) once each
+    step's text is in the panel, its preset's question in the form and its target outlined and
+    scrolled into place."""
+    from kvviz.app.presets import preset
+
+    page.locator("#kv-walkthrough").click()
+    for index, step in enumerate(steps):
+        if index:
+            page.locator("#kv-walk-next").click()
+        page.locator("#kv-walk-text").get_by_text(step.title).wait_for(timeout=30_000)
+        if step.preset:
+            page.wait_for_function("(q) => document.querySelector('#kv-query textarea').value === q",
+                                   arg=preset(step.preset).query, timeout=30_000)
+        page.wait_for_function("(id) => document.getElementById(id) && document.getElementById(id)"
+                               ".classList.contains('kv-highlight')", arg=step.target, timeout=10_000)
+        page.wait_for_timeout(settle_ms)  # the scroll lands after the outline
+        yield index, step
 
 
 # WCAG 2 contrast of every visible text against its composited background.

@@ -2,7 +2,11 @@
 share the server's interpreter lock): ``python -m tests.workshop_load URL`` reads a JSON list of
 ``{"token", "predictions": [[exercise, value], ...]}`` on stdin, runs every learner at once (one
 asyncio task and one connection each, predictions in order) and prints a JSON object: each round
-trip's seconds and the failures (status and body)."""
+trip's seconds and the failures (status and body).
+
+``python -m tests.workshop_load --flood URL N`` is an anonymous client instead: N requests, creates
+and saves in turn, over four connections at once, from one address (``X-Forwarded-For`` through
+the trusted 127.0.0.1); it prints the count of each status."""
 
 from __future__ import annotations
 
@@ -36,5 +40,23 @@ async def run(url: str, seats: list[dict]) -> dict:
     return {"times": times, "failures": failures}
 
 
+async def flood(url: str, count: int, connections: int = 4) -> dict:
+    statuses: dict[str, int] = {}
+    results = {"results": [{"handoff": "text", "answer": "x" * 8000}]}
+
+    async def sender(indexes) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=30, headers={"X-Forwarded-For": "203.0.113.99"}) as http:
+            for index in indexes:
+                answer = await (http.post("/workshop/api/runs", json={"title": "flood", "results": results}) if index % 2
+                                else http.post("/workshop/api/classes", json={}))
+                statuses[str(answer.status_code)] = statuses.get(str(answer.status_code), 0) + 1
+
+    await asyncio.gather(*(sender(range(start, count, connections)) for start in range(connections)))
+    return statuses
+
+
 if __name__ == "__main__":
-    json.dump(asyncio.run(run(sys.argv[1], json.load(sys.stdin))), sys.stdout)
+    if sys.argv[1] == "--flood":
+        json.dump(asyncio.run(flood(sys.argv[2], int(sys.argv[3]))), sys.stdout)
+    else:
+        json.dump(asyncio.run(run(sys.argv[1], json.load(sys.stdin))), sys.stdout)

@@ -21,9 +21,10 @@ from sqlalchemy.orm import Session
 
 from kvviz.core.policy import LOCAL_WORKSHOP
 from kvviz.store import database
-from kvviz.store.classes import Refused, Workshop, digest
+from kvviz.store.classes import Workshop
 from kvviz.store.runs import SavedRuns
 from kvviz.store.tables import Base, Class, Learner, Prediction
+from kvviz.store.values import Refused, digest
 
 EXERCISES = ["one", "two", "three"]
 
@@ -90,7 +91,7 @@ def test_a_learner_joins_with_the_code_and_a_name_and_bad_ones_get_one_line(shop
     assert (seat.code, seat.name) == (made.code, "Ada Lovelace")
     refused("No class has the code ZZZZZZ", shop.join, "ZZZZZZ", "Bob")
     refused("Type a display name", shop.join, made.code, "   ")
-    refused("Keep the name to 24 characters", shop.join, made.code, "x" * 25)
+    refused("The name is 25 characters; the limit is 24.", shop.join, made.code, "x" * 25)
     refused("no markup or links", shop.join, made.code, "<b>Eve</b>")
     refused("no markup or links", shop.join, made.code, "see https://example.org")
     assert refused("already uses that name", shop.join, made.code, "Ada Lovelace").status == 409
@@ -244,3 +245,81 @@ def test_the_database_enforces_one_prediction_per_learner_and_exercise(engine, s
     with pytest.raises(Exception), engine.begin() as connection:
         connection.execute(text("INSERT INTO predictions (class_id, learner_id, exercise, value, created_at) "
                                 "SELECT class_id, learner_id, exercise, 'again', created_at FROM predictions"))
+
+
+def test_a_class_nobody_joins_expires_early_and_the_first_learner_gives_it_its_whole_lifetime(shop, clock):
+    empty = shop.create_class(EXERCISES)
+    used = shop.create_class(EXERCISES)
+    assert empty.expires_at == clock.now + timedelta(hours=LOCAL_WORKSHOP.empty_class_hours)
+    clock.advance(minutes=30)
+    shop.host_settings(empty.code, empty.host_token, "page")  # a host at work renews the early expiry
+    shop.join(used.code, "Ada")
+    assert shop.board(used.code, used.host_token)["expires_at"] == (used.expires_at - timedelta(
+        hours=LOCAL_WORKSHOP.empty_class_hours) + timedelta(hours=LOCAL_WORKSHOP.class_hours)).isoformat()
+    clock.advance(hours=LOCAL_WORKSHOP.empty_class_hours, minutes=1)
+    refused("has expired", shop.board, empty.code, empty.host_token)
+    assert shop.board(used.code, used.host_token)["names"] == ["Ada"]
+
+
+def test_a_full_server_makes_room_with_its_oldest_idle_empty_class_never_one_with_learners(engine, clock):
+    shop = Workshop(engine, replace(LOCAL_WORKSHOP, max_classes=3), clock)
+    with_learner, idle, fresh = (shop.create_class(EXERCISES) for _ in range(3))
+    shop.join(with_learner.code, "Ada")
+    clock.advance(minutes=LOCAL_WORKSHOP.idle_class_minutes - 1)
+    shop.host_settings(fresh.code, fresh.host_token, "page")  # its host is at work
+    refused("already holds 3 classes", shop.create_class, EXERCISES)  # nothing idle long enough yet
+    clock.advance(minutes=2)
+    newest = shop.create_class(EXERCISES)
+    refused("No class has the code", shop.board, idle.code, idle.host_token)
+    for kept in (with_learner, fresh, newest):
+        assert shop.board(kept.code, kept.host_token)["code"] == kept.code
+
+
+def test_paced_reveal_waits_for_open_and_a_pin_cannot_take_another_classs_run(engine, shop):
+    made, other = shop.create_class(EXERCISES), shop.create_class(EXERCISES)
+    assert refused("Open this exercise before you reveal it", shop.host_settings, made.code, made.host_token, "page",
+                   reveal="one").status == 409
+    assert shop.host_settings(made.code, made.host_token, "page", open_exercise="one", reveal="one")["revealed"] == ["one"]
+    runs = SavedRuns(engine)
+    run_id = runs.save("mine", "", {"results": []})
+    runs.pin(shop, made.code, made.host_token, run_id)
+    assert refused("pinned to another class", runs.pin, shop, other.code, other.host_token, run_id).status == 409
+    runs.pin(shop, made.code, made.host_token, run_id)  # again, by its own class: fine
+
+
+def test_saved_runs_expire_and_the_oldest_unpinned_make_room_under_the_count_and_byte_caps(engine, shop, clock):
+    caps = replace(LOCAL_WORKSHOP, max_saved_runs=4, max_saved_bytes=3000, saved_run_days=7)
+    runs = SavedRuns(engine, caps, clock)
+    made = shop.create_class(EXERCISES)
+    pinned = runs.save("pinned", "", {"x": "p" * 900})
+    runs.pin(shop, made.code, made.host_token, pinned)
+    first, second = (runs.save(f"run {n}", "", {"x": "r" * 900}) for n in range(2))
+    third = runs.save("run 2", "", {"x": "r" * 900})  # 4 x ~910 bytes > 3000: the oldest unpinned goes
+    refused("No saved run has the id", runs.get, first)
+    assert {runs.get(run_id)["title"] for run_id in (pinned, second, third)} == {"pinned", "run 1", "run 2"}
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("SELECT sum(size) FROM saved_runs").scalar() <= caps.max_saved_bytes
+    refused("pinned to classes", SavedRuns(engine, replace(caps, max_saved_bytes=1000), clock).save, "big", "", {"x": "b" * 500})
+    clock.advance(days=7, seconds=1)
+    refused("No saved run has the id", runs.get, pinned)
+    runs.save("after a week", "", {})
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("SELECT count(*) FROM saved_runs").scalar() == 1
+
+
+def test_hostile_text_is_cleaned_by_the_one_rule_and_formula_cells_are_quoted_in_the_csv(shop):
+    made = shop.create_class(EXERCISES, mode="self")
+    seat = shop.join(made.code, "Ad\x00a\u202e")
+    assert seat.name == "Ada"
+    assert "surrogate" in refused("invalid character", shop.join, made.code, "Bo\ud800").line
+    shop.predict(seat.token, "one", '=HYPERLINK("http://x.example","click")', None)
+    shop.predict(seat.token, "two", "txt\u202e.exe\x00", None)
+    shop.predict(seat.token, "three", "-3", None)
+    refused("invalid character", shop.predict, seat.token, "three", "\udfff", None)
+    rows = list(csv.DictReader(io.StringIO(shop.export_csv(made.code, made.host_token))))
+    assert [row["prediction"] for row in rows] == ["'=HYPERLINK(\"http://x.example\",\"click\")", "txt.exe", "-3"]
+    other = shop.join(made.code, "Tab")
+    shop.predict(other.token, "one", "@SUM(A1)", None)
+    shop.predict(other.token, "two", "+1+1", None)
+    cells = [row["prediction"] for row in csv.DictReader(io.StringIO(shop.export_csv(made.code, made.host_token)))]
+    assert cells[-2:] == ["'@SUM(A1)", "'+1+1"]

@@ -10,15 +10,19 @@ on the note minus KVComm on the swapped note" shows, token by token, what the sw
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import html
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvviz.app.reading import catalog
+from kvviz.app.reading.reading import Column, Reading
 from kvviz.app.tokenview import change_row_html, chip_text
 from kvviz.core.plotkit import layout, wrap
-from kvviz.handoffs import registry
+from kvviz.core.results import HandoffResult
 
 HISTORY_SIZE = 6  # runs kept per session (the oldest goes first)
 HISTORY_SECONDS = 3600  # a session's history is dropped this long after it last changed
@@ -29,38 +33,46 @@ A_COLOR, B_COLOR = "#0072B2", "#D55E00"
 # --- the history -----------------------------------------------------------------------------------
 
 
-def slim(payload: dict) -> dict:
-    """A payload as the history keeps it: the attention arrays the diff does not read (the rest of
-    each row's mass) dropped."""
-    results = []
-    for result in payload.get("results") or []:
-        data = result.get("token_attention") or {}
-        if data.get("other"):
-            result = {**result, "token_attention": {**data, "other": []}}
-        results.append(result)
-    return {**payload, "results": results}
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison: its run in the history, the column's result and, for its answer on
+    the swapped note, what the swap changed ("" for the note's own run)."""
+
+    entry: dict
+    result: HandoffResult
+    swapped: str = ""
 
 
-def remember(history: list[dict] | None, payload: dict | None) -> list[dict]:
-    """The history with ``payload`` added as the newest run (unless it is already there, or holds no
+def slim(reading: Reading) -> Reading:
+    """A run as the history keeps it: the attention arrays the diff does not read (the rest of each
+    row's mass) dropped."""
+    columns = {}
+    for name, column in reading.columns.items():
+        data = column.result.token_attention if column.result is not None else {}
+        if data and data.get("other"):
+            column = dataclasses.replace(column, result=dataclasses.replace(column.result,
+                                                                            token_attention={**data, "other": []}))
+        columns[name] = column
+    return dataclasses.replace(reading, columns=columns)
+
+
+def remember(history: list[dict] | None, reading: Reading | None) -> list[dict]:
+    """The history with ``reading`` added as the newest run (unless it is already there, or holds no
     result); at most ``HISTORY_SIZE`` runs."""
     history = list(history or [])
-    if not payload or not payload.get("results"):
+    if reading is None or not reading.finished():
         return history
-    stamp = payload.get("stamp")
-    if stamp is not None and any(entry["payload"].get("stamp") == stamp for entry in history):
+    if reading.stamp and any(entry["reading"].stamp == reading.stamp for entry in history):
         return history
     number = (history[-1]["number"] + 1) if history else 1
-    history.append({"number": number, "payload": slim(payload)})
+    history.append({"number": number, "reading": slim(reading)})
     return history[-HISTORY_SIZE:]
 
 
 def run_label(entry: dict) -> str:
-    payload = entry["payload"]
-    request = payload.get("request") or {}
-    kind = "preset " + payload["preset"] if payload.get("precomputed") and payload.get("preset") else "live"
-    query = str(request.get("query") or "")
-    short = query if len(query) <= 40 else query[:39] + "…"
+    reading = entry["reading"]
+    kind = "preset " + reading.preset if reading.precomputed and reading.preset else "live"
+    short = reading.query if len(reading.query) <= 40 else reading.query[:39] + "…"
     return f"run {entry['number']} ({kind}): {short}"
 
 
@@ -71,46 +83,43 @@ def entries(history: list[dict]) -> dict[int, dict]:
 SWAPPED = ":swapped"  # a side's suffix: the column's answer on the swapped note
 
 
-def swapped_result(result: dict) -> dict | None:
+def swapped_result(column: Column) -> HandoffResult | None:
     """A column's answer on the swapped note as a result of its own (its answer and tokens; what it
     read is recorded on the note's run only), or None where no swapped note ran."""
-    swap = result.get("swap") or {}
-    if not swap or not swap.get("applicable", True) or swap.get("answer") is None:
+    swap = column.swap
+    if column.result is None or not swap.changed or not swap.applicable:
         return None
-    tokens = swap.get("answer_tokens") or []
-    return {"handoff": result["handoff"], "answer": swap["answer"], "answer_ids": swap.get("answer_ids") or [],
-            "applicable": True, "token_attention": {"answer_tokens": tokens} if tokens else {},
-            "on_swapped_note": swap.get("changed") or "the swapped note"}
+    tokens = list(swap.answer_tokens)
+    return HandoffResult(handoff=column.name, pair=column.result.pair, answer=swap.answer, answer_ids=list(swap.answer_ids),
+                         token_attention={"answer_tokens": tokens} if tokens else {})
 
 
-def side_result(history: list[dict], key: str | None) -> tuple[dict | None, dict | None]:
-    """(run entry, result) of a side ``"N:handoff"`` (or ``"N:handoff:swapped"``); (None, None) when
-    it is not in the history."""
+def side_of(history: list[dict], key: str | None) -> Side | None:
+    """The side ``"N:handoff"`` (or ``"N:handoff:swapped"``) names, or None when it is not in the history."""
     if key and key.endswith(SWAPPED):
-        entry, result = side_result(history, key[: -len(SWAPPED)])
-        swapped = swapped_result(result) if result is not None else None
-        return (entry, swapped) if swapped is not None else (None, None)
+        side = side_of(history, key[: -len(SWAPPED)])
+        column = side.entry["reading"].column(side.result.handoff) if side is not None else None
+        swapped = swapped_result(column) if column is not None else None
+        return Side(side.entry, swapped, column.swap.changed or "the swapped note") if swapped is not None else None
     if not key or ":" not in key:
-        return None, None
+        return None
     number, name = key.split(":", 1)
     entry = entries(history).get(int(number)) if number.isdigit() else None
-    if entry is None:
-        return None, None
-    found = next((r for r in entry["payload"].get("results") or [] if r.get("handoff") == name), None)
-    return (entry, found) if found is not None else (None, None)
+    result = entry["reading"].result(name) if entry is not None else None
+    return Side(entry, result) if result is not None else None
 
 
 def choices(history: list[dict]) -> list[tuple[str, str]]:
     """Every column of every kept run that has an answer, newest run first: (label, key)."""
     out = []
     for entry in reversed(history or []):
-        for result in entry["payload"].get("results") or []:
-            if result.get("applicable", True) and result.get("answer") is not None:
-                out.append((f"{run_label(entry)} · {registry.label_of(result['handoff'])}",
-                            f"{entry['number']}:{result['handoff']}"))
-                if swapped_result(result) is not None:
-                    out.append((f"{run_label(entry)} · {registry.label_of(result['handoff'])} on the swapped note",
-                                f"{entry['number']}:{result['handoff']}{SWAPPED}"))
+        for column in entry["reading"].finished():
+            if not column.applicable:
+                continue
+            label = f"{run_label(entry)} · {catalog.label_of(column.name)}"
+            out.append((label, f"{entry['number']}:{column.name}"))
+            if swapped_result(column) is not None:
+                out.append((f"{label} on the swapped note", f"{entry['number']}:{column.name}{SWAPPED}"))
     return out
 
 
@@ -119,25 +128,25 @@ def swapped_side(history: list[dict], key: str | None) -> str | None:
     if not key or key.endswith(SWAPPED):
         return None
     other = key + SWAPPED
-    return other if side_result(history, other)[1] is not None else None
+    return other if side_of(history, other) is not None else None
 
 
 def control_side(history: list[dict], key: str | None) -> str | None:
-    """The side holding ``key``'s control (``Handoff.control``) in the same run, if it ran."""
-    entry, result = side_result(history, key)
-    control = registry.control_of(result["handoff"]) if result else ""
-    other = f"{entry['number']}:{control}" if control else None
-    return other if other and side_result(history, other)[1] is not None else None
+    """The side holding ``key``'s control (its method's ``control``) in the same run, if it ran."""
+    side = side_of(history, key)
+    control = catalog.control_of(side.result.handoff) if side is not None and not side.swapped else ""
+    other = f"{side.entry['number']}:{control}" if control else None
+    return other if other and side_of(history, other) is not None else None
 
 
 def previous_side(history: list[dict], key: str | None) -> str | None:
     """The same column in the newest kept run before ``key``'s, if it ran there."""
-    entry, result = side_result(history, key)
-    if entry is None:
+    side = side_of(history, key)
+    if side is None:
         return None
-    for earlier in reversed([e for e in history if e["number"] < entry["number"]]):
-        other = f"{earlier['number']}:{result['handoff']}"
-        if side_result(history, other)[1] is not None:
+    for earlier in reversed([e for e in history if e["number"] < side.entry["number"]]):
+        other = f"{earlier['number']}:{side.result.handoff}"
+        if side_of(history, other) is not None:
             return other
     return None
 
@@ -149,8 +158,8 @@ def default_sides(history: list[dict]) -> tuple[str | None, str | None]:
     if not history:
         return None, None
     newest = history[-1]
-    names = [r["handoff"] for r in newest["payload"].get("results") or [] if r.get("applicable", True)]
-    own_control = [name for name in names if registry.control_of(name) not in ("", "receiver")]
+    names = [column.name for column in newest["reading"].finished() if column.applicable]
+    own_control = [name for name in names if catalog.control_of(name) not in ("", "receiver")]
     for name in own_control + [name for name in names if name not in own_control]:
         key = f"{newest['number']}:{name}"
         if control_side(history, key):
@@ -162,15 +171,15 @@ def default_sides(history: list[dict]) -> tuple[str | None, str | None]:
 # --- the diff ----------------------------------------------------------------------------------------
 
 
-def answer_tokens(result: dict) -> list[str]:
+def answer_tokens(result: HandoffResult) -> list[str]:
     """The answer as tokens where the run recorded them, else as words."""
-    data = result.get("token_attention") or {}
+    data = result.token_attention or {}
     if data.get("answer_tokens"):
         return list(data["answer_tokens"])
-    change = result.get("token_change") or {}
+    change = result.token_change or {}
     if change.get("tokens"):
         return list(change["tokens"])
-    return str(result.get("answer") or "").split()
+    return str(result.answer or "").split()
 
 
 def token_diff_html(a: list[str], b: list[str]) -> tuple[str, str]:
@@ -183,11 +192,11 @@ def token_diff_html(a: list[str], b: list[str]) -> tuple[str, str]:
     return "".join(left), "".join(right)
 
 
-def sent_mass(result: dict, skip_sink: bool = True) -> tuple[list[str], list[float]]:
+def sent_mass(result: HandoffResult, skip_sink: bool = True) -> tuple[list[str], list[float]]:
     """(sent tokens, each one's attention summed over every layer and head, averaged over the
     answer tokens that were captured): what the answer read, as one number per sent token. The
     first sent token (the attention sink) is left out when ``skip_sink``."""
-    data = result.get("token_attention") or {}
+    data = result.token_attention or {}
     rows = data.get("attention") or []
     tokens = list(data.get("sent_tokens") or [])
     if not rows or not tokens:
@@ -203,10 +212,10 @@ def sent_mass(result: dict, skip_sink: bool = True) -> tuple[list[str], list[flo
     return tokens[start:], means[start:]
 
 
-def layer_mass(result: dict) -> list[float]:
+def layer_mass(result: HandoffResult) -> list[float]:
     """Per receiver layer: attention on every sent token but the sink, averaged over heads and
     captured answer tokens (a share of each head's row, 0 to 1)."""
-    data = result.get("token_attention") or {}
+    data = result.token_attention or {}
     rows = data.get("attention") or []
     if not rows:
         return []
@@ -237,30 +246,29 @@ def request_differences(a: dict, b: dict) -> list[str]:
         for option in sorted(set(options_a.get(handoff) or {}) | set(options_b.get(handoff) or {})):
             value, other = (options_a.get(handoff) or {}).get(option), (options_b.get(handoff) or {}).get(option)
             if value != other:
-                out.append(f"{registry.label_of(handoff)} {option}: {value} vs {other}")
+                out.append(f"{catalog.label_of(handoff)} {option}: {value} vs {other}")
     return out
 
 
-def side_title(entry: dict, result: dict) -> str:
-    note = f" on the swapped note ({result['on_swapped_note']})" if result.get("on_swapped_note") else ""
-    return f"{registry.title_of(result['handoff'])}{note} · {run_label(entry)}"
+def side_title(side: Side) -> str:
+    note = f" on the swapped note ({side.swapped})" if side.swapped else ""
+    return f"{catalog.title_of(side.result.handoff)}{note} · {run_label(side.entry)}"
 
 
 def compare_html(history: list[dict], key_a: str | None, key_b: str | None) -> str:
     """The diff of two sides as HTML: what each is, what differs in the requests, the answers token
     by token, and which sent tokens each answer read more."""
-    entry_a, a = side_result(history, key_a)
-    entry_b, b = side_result(history, key_b)
-    if a is None or b is None:
+    side_a, side_b = side_of(history, key_a), side_of(history, key_b)
+    if side_a is None or side_b is None:
         if not history:
             return '<div class="kv-tv-empty">No runs yet in this session: load a preset or press <b>Run live</b>.</div>'
         return '<div class="kv-tv-empty">Pick two columns (A and B) from this session\'s runs.</div>'
+    a, b = side_a.result, side_b.result
     left, right = token_diff_html(answer_tokens(a), answer_tokens(b))
-    same_run = entry_a["number"] == entry_b["number"]
-    differences = [] if same_run else request_differences(entry_a["payload"].get("request") or {},
-                                                           entry_b["payload"].get("request") or {})
-    swapped = a.get("on_swapped_note") or b.get("on_swapped_note")
-    setting = (f"the same run, {'A' if a.get('on_swapped_note') else 'B'} on the swapped note ({swapped}): the same "
+    same_run = side_a.entry["number"] == side_b.entry["number"]
+    differences = [] if same_run else request_differences(side_a.entry["reading"].request, side_b.entry["reading"].request)
+    swapped = side_a.swapped or side_b.swapped
+    setting = (f"the same run, {'A' if side_a.swapped else 'B'} on the swapped note ({swapped}): the same "
                "question and settings, one fact of the note changed" if same_run and swapped else
                "two columns of the same run (the same question and settings)" if same_run else
                ("two runs; what differs: " + "; ".join(differences)) if differences else
@@ -268,10 +276,9 @@ def compare_html(history: list[dict], key_a: str | None, key_b: str | None) -> s
     parts = [
         f'<div class="kv-cmp-what">{html.escape(setting[:1].upper() + setting[1:])}.</div>',
         '<table class="kv-cmp"><tr><th></th><th>A</th><th>B</th></tr>',
-        f'<tr><th>column</th><td>{html.escape(side_title(entry_a, a))}</td><td>{html.escape(side_title(entry_b, b))}</td></tr>',
+        f'<tr><th>column</th><td>{html.escape(side_title(side_a))}</td><td>{html.escape(side_title(side_b))}</td></tr>',
         f'<tr><th>answer</th><td>{left}</td><td>{right}</td></tr>',
-        f'<tr><th>as text</th><td>{html.escape(str(a.get("answer") or ""))}</td>'
-        f'<td>{html.escape(str(b.get("answer") or ""))}</td></tr>',
+        f'<tr><th>as text</th><td>{html.escape(a.answer or "")}</td><td>{html.escape(b.answer or "")}</td></tr>',
         "</table>",
         scored_against_html(a, b, same_run),
         sent_diff_html(a, b),
@@ -279,20 +286,20 @@ def compare_html(history: list[dict], key_a: str | None, key_b: str | None) -> s
     return f'<div class="kv-cmp-view">{"".join(parts)}</div>'
 
 
-def scored_against_html(a: dict, b: dict, same_run: bool) -> str:
+def scored_against_html(a: HandoffResult, b: HandoffResult, same_run: bool) -> str:
     """Where B is A's control in A's run (or A is B's): the method's answer tokens coloured by the
     change in their log-probability against it (``token_change``, as in What crossed)."""
     if not same_run:
         return ""
     for method, control in ((a, b), (b, a)):
-        change = method.get("token_change") or {}
-        if change.get("change") and change.get("control") == control.get("handoff"):
-            label = html.escape(registry.label_of(method["handoff"]))
+        change = method.token_change or {}
+        if change.get("change") and change.get("control") == control.handoff:
+            label = html.escape(catalog.label_of(method.handoff))
             return f'<div class="kv-cmp-what">{label}\'s answer scored against its control:</div>{change_row_html(method)}'
     return ""
 
 
-def sent_diff_html(a: dict, b: dict) -> str:
+def sent_diff_html(a: HandoffResult, b: HandoffResult) -> str:
     """Which sent tokens each answer read, and A minus B where both read the same tokens."""
     tokens_a, mass_a = sent_mass(a)
     tokens_b, mass_b = sent_mass(b)
@@ -315,7 +322,7 @@ def sent_diff_html(a: dict, b: dict) -> str:
     for side, tokens, mass in (("A", tokens_a, mass_a), ("B", tokens_b, mass_b)):
         if not mass:
             result = a if side == "A" else b
-            why = (result.get("token_attention") or {}).get("nothing_sent") or "no attention onto sent tokens recorded"
+            why = (result.token_attention or {}).get("nothing_sent") or "no attention onto sent tokens recorded"
             lines.append(f"<li>{side}: {html.escape(str(why))}</li>")
             continue
         order = sorted(range(len(mass)), key=lambda i: -mass[i])[:TOP_SENT]
@@ -340,10 +347,11 @@ def compare_figure(history: list[dict], key_a: str | None, key_b: str | None) ->
         wrap("logit lens: probability of the side's first answer token after each layer", 40)))
     drawn = 0
     for side, key, color in (("A", key_a, A_COLOR), ("B", key_b, B_COLOR)):
-        entry, result = side_result(history, key)
-        if result is None:
+        found = side_of(history, key)
+        if found is None:
             continue
-        label = f"{side}: {registry.label_of(result['handoff'])}, run {entry['number']}"
+        result = found.result
+        label = f"{side}: {catalog.label_of(result.handoff)}, run {found.entry['number']}"
         mass = layer_mass(result)
         if mass:
             fig.add_trace(go.Scatter(x=list(range(len(mass))), y=mass, mode="lines+markers", name=f"{label}, attention",
@@ -351,7 +359,7 @@ def compare_figure(history: list[dict], key_a: str | None, key_b: str | None) ->
                                      hovertemplate="layer %{x}: %{y:.3f} of each head's attention on the sent tokens "
                                                    "(this run's recorded rows)<extra>" + html.escape(label) + "</extra>"), row=1, col=1)
             drawn += 1
-        lens = result.get("logit_lens") or {}
+        lens = result.logit_lens or {}
         if lens.get("answer_probability"):
             token = lens.get("answer_token") or ""
             fig.add_trace(go.Scatter(x=lens["layers"], y=lens["answer_probability"], mode="lines+markers",

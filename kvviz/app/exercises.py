@@ -6,20 +6,17 @@ validated here; every field that is wrong gets one line that names the exercise 
 stored ``runs``), or at a question of its own (``query``, ``answers``, ``context``, ``columns``),
 which only a live run can reveal.
 
-How an exercise is checked (``check``, one kind):
-
-* ``verdict = "column"``  the column's verdict: right / wrong / none / na (``kvviz.app.lessons.mark``)
-* ``follow = "column"``   what the column did with the swapped note: followed / kept / neither
-* ``layers = "column"``   how many layers the column sent (a whole number)
-* ``says = "column"``     the words the column's answer contains (a short answer)
-* ``seconds = "column"``  the column's total time in seconds, or with ``over = "other"`` the ratio
-* ``bytes = "column"``    the bytes the column communicated, or with ``over`` the ratio
-* ``which = "outcome"``   the one column among ``choices`` whose verdict or swap outcome is that
+How an exercise is checked (``check``): one question of the vocabulary the presets and the
+walk-through use too (``kvviz.app.reading.questions``): ``verdict``, ``evidence``, ``follow``,
+``beats``, ``layers``, ``sent``, ``says``, ``writes``, ``seconds`` or ``bytes`` (of a column; a ratio
+``over`` another), ``gain``, or ``which`` (the one column among ``choices`` whose verdict, swap
+outcome or evidence is the given one). The run is read once (``kvviz.app.reading.read``) and
+answers it; what else the explanation says (``claims``) is checked the same way.
 
 ``expected`` is the answer the exercise's explanation is written for: ``answer_of`` reads the
 answer from the run, and tests/unit/test_exercises.py checks that every shipped exercise's
 ``expected`` is what the stored run gives, so an exercise whose answer the models no longer give
-fails the tests. ``grade`` says whether a learner's prediction matches the run's answer.
+fails the tests. ``grade`` says whether a learner's prediction matches the run's answer. No torch.
 """
 
 from __future__ import annotations
@@ -29,19 +26,18 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvviz.app.lessons import claim_failures, mark, sent_layers
-from kvviz.app.presets import CHECK_KINDS as CLAIM_KINDS
-from kvviz.app.presets import PRESETS_BY_KEY, Preset, load_precomputed
+from kvviz.app.presets import PRESETS_BY_KEY, Preset, claims_of, load_precomputed
+from kvviz.app.reading import catalog
+from kvviz.app.reading.questions import CHOICES, KINDS, NUMBERS, Question, parse_question
+from kvviz.app.reading.questions import agrees as answer_agrees
+from kvviz.app.reading.reading import Reading, read
 from kvviz.core.paths import ASSETS
 from kvviz.data.metrics import contains_answer
-from kvviz.handoffs import registry
 
 EXERCISES_PATH = ASSETS / "exercises.toml"
 PREDICTS = ("choice", "number", "words")
-VERDICT_ANSWERS = ("right", "wrong", "none", "na")
-SWAP_ANSWERS = ("followed", "kept", "neither")
-CHECK_KINDS = ("verdict", "follow", "layers", "says", "seconds", "bytes", "which")
-NUMERIC_CHECKS = ("layers", "seconds", "bytes")
+CHECK_KINDS = KINDS  # one question of the vocabulary
+NUMERIC_CHECKS = NUMBERS
 FIELDS = ("key", "title", "topic", "minutes", "preset", "run", "query", "context", "answers", "columns", "ask",
           "predict", "choices", "check", "expected", "tolerance", "claims", "explain")
 # what each choice means on the page, for the checks whose answers are words of the lab
@@ -79,15 +75,20 @@ class Exercise:
     columns: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()
     tolerance: float = 0.0
-    claims: dict = field(default_factory=dict)  # what else the explanation says, as a preset's check
+    claims: dict = field(default_factory=dict)  # what else the explanation says: a table of claims, as a preset's check
 
     @property
     def kind(self) -> str:
         return next(name for name in CHECK_KINDS if name in self.check)
 
     @property
+    def question(self) -> Question:
+        """What the run is asked (its ``check``, a question of the one vocabulary)."""
+        return parse_question(self.check, self.key, self.choices)[0]
+
+    @property
     def column(self) -> str | None:
-        return None if self.kind == "which" else self.check[self.kind]
+        return None if self.kind in ("which", "crossed") else self.check[self.kind]
 
     @property
     def gold(self) -> tuple[str, ...]:
@@ -96,7 +97,7 @@ class Exercise:
 
     def choice_label(self, choice: str) -> str:
         if self.kind == "which":
-            return registry.label_of(choice)
+            return catalog.label_of(choice)
         return CHOICE_LABELS.get(choice, choice)
 
 
@@ -121,15 +122,16 @@ def _problems(index: int, raw: dict) -> list[str]:
             out.append(f"{where}: query must be given when there is no preset")
         if not raw.get("answers") or not all(isinstance(a, str) and a for a in raw.get("answers", [])):
             out.append(f"{where}: answers must be a list of gold answers when there is no preset")
-        unknown = [c for c in raw.get("columns", []) if c not in registry.HANDOFFS]
+        unknown = [c for c in raw.get("columns", []) if c not in catalog.METHODS]
         if not raw.get("columns") or unknown:
-            out.append(f"{where}: columns must name registered handoffs ({', '.join(registry.HANDOFFS)})")
+            out.append(f"{where}: columns must name columns of the page ({', '.join(catalog.names())})")
     if raw.get("predict") not in PREDICTS:
         out.append(f"{where}: predict must be one of {', '.join(PREDICTS)}")
     out += _check_problems(where, raw)
-    unknown_claims = sorted(set(raw.get("claims", {})) - set(CLAIM_KINDS))
-    if unknown_claims:
-        out.append(f"{where}: unknown claim(s) {', '.join(unknown_claims)} (known: {', '.join(CLAIM_KINDS)})")
+    try:
+        claims_of(raw.get("claims", {}), where)
+    except ValueError as error:
+        out += str(error).splitlines()
     minutes = raw.get("minutes", 5)
     if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or minutes <= 0:
         out.append(f"{where}: minutes must be a positive number")
@@ -138,41 +140,28 @@ def _problems(index: int, raw: dict) -> list[str]:
 
 def _check_problems(where: str, raw: dict) -> list[str]:
     """The ``check``, ``choices``, ``expected`` and ``tolerance`` fields, against each other."""
-    check = raw.get("check")
-    if not isinstance(check, dict):
-        return [f"{where}: check must be a table with one of {', '.join(CHECK_KINDS)}"]
-    kinds = [name for name in CHECK_KINDS if name in check]
-    extra = sorted(set(check) - set(CHECK_KINDS) - {"over"})
-    if len(kinds) != 1 or extra:
-        return [f"{where}: check must hold exactly one of {', '.join(CHECK_KINDS)} (and over for a ratio)"
-                + (f"; unknown {', '.join(extra)}" if extra else "")]
-    kind, out = kinds[0], []
-    named = [check.get("over")] if "over" in check else []
-    named += [] if kind == "which" else [check[kind]]
-    out += [f"{where}: check names {name!r}, not a registered handoff" for name in named if name not in registry.HANDOFFS]
-    if "over" in check and kind not in ("seconds", "bytes"):
-        out.append(f"{where}: check.over (a ratio) goes with seconds or bytes only")
-    if kind == "which" and check["which"] not in VERDICT_ANSWERS + SWAP_ANSWERS:
-        out.append(f"{where}: check.which must be a verdict or a swap outcome ({', '.join(VERDICT_ANSWERS + SWAP_ANSWERS)})")
     predict, choices, expected = raw.get("predict"), raw.get("choices", []), raw.get("expected")
-    allowed = {"verdict": VERDICT_ANSWERS, "follow": SWAP_ANSWERS, "which": tuple(registry.HANDOFFS)}.get(kind)
+    question, out = parse_question(raw.get("check"), where, tuple(choices) if isinstance(choices, list) else ())
+    if question is None:
+        return out
+    allowed = tuple(catalog.names()) if question.kind == "which" else CHOICES.get(question.kind)
     if predict == "choice":
         if allowed is None:
-            out.append(f"{where}: a {kind} check asks for a number or words, not a choice")
+            out.append(f"{where}: a {question.kind} check asks for a number or words, not a choice")
         elif len(choices) < 2 or any(choice not in allowed for choice in choices):
             out.append(f"{where}: choices must be two or more of {', '.join(allowed)}")
         elif expected not in choices:
             out.append(f"{where}: expected must be one of the choices")
     elif predict == "number":
-        if kind not in NUMERIC_CHECKS:
-            out.append(f"{where}: predict = \"number\" needs a layers, seconds or bytes check")
+        if question.kind not in NUMERIC_CHECKS:
+            out.append(f"{where}: predict = \"number\" needs a {', '.join(NUMERIC_CHECKS)} check")
         if isinstance(expected, bool) or not isinstance(expected, (int, float)):
             out.append(f"{where}: expected must be a number")
         tolerance = raw.get("tolerance", 0)
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance < 0:
             out.append(f"{where}: tolerance must be a number, 0 or more")
     elif predict == "words":
-        if kind != "says":
+        if question.kind != "says":
             out.append(f"{where}: predict = \"words\" needs a says check")
         if not isinstance(expected, str) or not expected.strip():
             out.append(f"{where}: expected must be the words the column says")
@@ -224,58 +213,24 @@ def stored_results(exercise: Exercise, precomputed: dict | None = None) -> list[
     return None if entry is None else entry.get("results")
 
 
-def _measure(result: dict, kind: str) -> float | None:
-    if not result.get("applicable", True):
-        return None
-    if kind == "seconds":
-        total = (result.get("timings") or {}).get("total")
-        return None if total is None else float(total)
-    return float(result.get("bytes_communicated") or 0)
+def reading_of(exercise: Exercise, results: list[dict]) -> Reading:
+    """The run an exercise is checked against (one run's results, by handoff), read once by its gold."""
+    return read({"results": results}, exercise.gold)
 
 
-def answer_of(exercise: Exercise, results: list[dict]) -> str | float | None:
-    """The exercise's answer in these results (one run's, by handoff); None where they cannot say."""
-    by_name = {result.get("handoff"): result for result in results}
-    kind = exercise.kind
-    if kind == "which":
-        wanted = exercise.check["which"]
-        outcome = (lambda r: mark(r, exercise.gold)) if wanted in VERDICT_ANSWERS else (
-            lambda r: (r.get("swap") or {}).get("outcome"))
-        found = [name for name in exercise.choices if name in by_name and outcome(by_name[name]) == wanted]
-        return found[0] if len(found) == 1 else None
-    result = by_name.get(exercise.column)
-    if result is None:
-        return None
-    if kind == "verdict":
-        return mark(result, exercise.gold)
-    if kind == "follow":
-        return (result.get("swap") or {}).get("outcome")
-    if kind == "layers":
-        return len(sent_layers(result))
-    if kind == "says":
-        return result.get("answer", "")
-    value = _measure(result, kind)
-    if "over" not in exercise.check or value is None:
-        return value
-    base = by_name.get(exercise.check["over"])
-    below = None if base is None else _measure(base, kind)
-    return None if not below else value / below
+def answer_of(exercise: Exercise, results: list[dict] | Reading) -> str | float | None:
+    """The exercise's answer in these results (one run's, or its reading); None where they cannot say."""
+    reading = results if isinstance(results, Reading) else reading_of(exercise, results)
+    return reading.answer(exercise.question)
 
 
 def agrees(exercise: Exercise, prediction: str | float, answer: str | float | None) -> bool:
     """Whether a prediction matches the run's answer (for a number: within the tolerance; for words:
     the learner's words name what the column's answer says, as the exercise expects)."""
-    if answer is None:
-        return False
-    if exercise.predict == "number":
-        try:
-            return abs(float(prediction) - float(answer)) <= exercise.tolerance + 1e-9
-        except (TypeError, ValueError):
-            return False
     if exercise.predict == "words":
-        return contains_answer(str(answer), [str(exercise.expected)]) and contains_answer(str(prediction),
-                                                                                         [str(exercise.expected)])
-    return str(prediction) == str(answer)
+        return answer_agrees(exercise.question, exercise.expected, answer) and contains_answer(
+            str(prediction), [str(exercise.expected)])
+    return answer_agrees(exercise.question, prediction, answer, exercise.tolerance)
 
 
 def grade(exercise: Exercise, prediction: str | float, results: list[dict] | None = None) -> bool:
@@ -284,9 +239,11 @@ def grade(exercise: Exercise, prediction: str | float, results: list[dict] | Non
     return agrees(exercise, prediction, None if results is None else answer_of(exercise, results))
 
 
-def untrue_claims(exercise: Exercise, results: list[dict]) -> list[str]:
+def untrue_claims(exercise: Exercise, results: list[dict] | Reading) -> list[str]:
     """The claims of the exercise's explanation (``claims``) that these results do not show."""
-    return claim_failures(exercise.claims, results, exercise.gold, f"exercise {exercise.key}")
+    reading = results if isinstance(results, Reading) else reading_of(exercise, results)
+    where = f"exercise {exercise.key}"
+    return reading.failures(claims_of(exercise.claims, where), where)
 
 
 def check_prediction(exercise: Exercise, prediction: str) -> str | None:

@@ -1,6 +1,6 @@
 """Figures across handoffs: pure functions, data in, figure out.
 
-Every function takes result dicts (``HandoffResult.to_dict()``, or the result objects themselves)
+Every function takes results (``HandoffResult``, as the reading of a run holds them, or their dicts)
 and returns a ``plotly.graph_objects.Figure``. Nothing here runs a model or touches the UI, so the
 same figures serve the app, the benchmark and the tests. Each handoff's own per-layer figure lives
 in its file (its descriptor's ``figure``); colours, labels and titles come from the registry, one
@@ -16,10 +16,10 @@ from typing import Iterable
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvviz.app.lessons import timed_of
 from kvviz.app.methods import registry as methods
-from kvviz.core.plotkit import as_dicts, bar_counts, empty_figure, human_bytes, layout
-from kvviz.core.results import STAGES
+from kvviz.app.reading.reading import typed
+from kvviz.core.plotkit import bar_counts, empty_figure, human_bytes, layout
+from kvviz.core.results import STAGES, HandoffResult
 from kvviz.handoffs.registry import color_of, label_of
 
 STAGE_LABELS = {
@@ -70,15 +70,16 @@ __all__ = [
 ]
 
 
-def _applicable(results: Iterable) -> list[dict]:
-    return [r for r in as_dicts(results) if r.get("applicable", True)]
+def _typed(results: Iterable) -> list[HandoffResult]:
+    return [typed(result) for result in results or []]
 
 
-def find(results: Iterable, handoff: str) -> dict | None:
-    for result in as_dicts(results):
-        if result.get("handoff") == handoff:
-            return result
-    return None
+def _applicable(results: Iterable) -> list[HandoffResult]:
+    return [result for result in _typed(results) if result.applicable]
+
+
+def find(results: Iterable, handoff: str) -> HandoffResult | None:
+    return next((result for result in _typed(results) if result.handoff == handoff), None)
 
 
 # --- 3. latency by stage ------------------------------------------------------------------------
@@ -89,35 +90,37 @@ def stage_label(handoff: str, stage: str) -> str:
     return methods.stage_labels(handoff).get(stage, STAGE_LABELS[stage])
 
 
-def first_token_hover(result: dict) -> str:
+def first_token_hover(result: HandoffResult) -> str:
     """First-token times as measured: from the question to the receiver's first token (everything
     on the way), and the receiver's side alone where the handoff has one."""
     text = ""
-    if result.get("first_token_seconds") is not None:
-        text += f"<br>first token {float(result['first_token_seconds']):.2f} s (question to first answer token)"
-    if result.get("receiver_first_token_seconds") is not None:
-        text += f"<br>receiver side alone {float(result['receiver_first_token_seconds']):.2f} s"
+    if result.first_token_seconds is not None:
+        text += f"<br>first token {float(result.first_token_seconds):.2f} s (question to first answer token)"
+    if result.receiver_first_token_seconds is not None:
+        text += f"<br>receiver side alone {float(result.receiver_first_token_seconds):.2f} s"
     return text
 
 
-def latency_figure(results) -> go.Figure:
+def latency_figure(results, alone: bool | None = None) -> go.Figure:
     """Stacked bars per handoff, one segment per stage (seconds). The bar colour is the handoff's
-    colour; stages are told apart by their fill pattern."""
+    colour; stages are told apart by their fill pattern. ``alone``: whether each handoff was timed
+    alone (the reading's ``Timing.timed``; default: whether the results are precomputed)."""
     rows = _applicable(results)
+    alone = all(r.precomputed for r in rows) if alone is None else alone
     title = ("Latency by stage (seconds)" if not rows else
-             "Latency by stage (seconds, each handoff timed alone)" if all(timed_of(r) == "alone" for r in rows)
+             "Latency by stage (seconds, each handoff timed alone)" if alone
              else "Latency by stage (seconds of wall clock in one run:<br><sup>its columns shared the CPU, so compare "
                   "them within this run only)</sup>")
     if not rows:
         return empty_figure(title, "No results yet: pick a preset or press Run.", HEIGHTS["latency"])
-    names = [r["handoff"] for r in rows]
+    names = [r.handoff for r in rows]
     x = [label_of(name) for name in names]
     fig = go.Figure()
     for stage in STAGES:
-        values = [float(r.get("timings", {}).get(stage, 0.0)) for r in rows]
+        values = [float((r.timings or {}).get(stage, 0.0)) for r in rows]
         hover = [
             f"{label_of(n)}<br>{stage_label(n, stage)}: {v * 1000:.0f} ms"
-            f"<br>total {float(r.get('timings', {}).get('total', 0.0)):.2f} s" + first_token_hover(r)
+            f"<br>total {float((r.timings or {}).get('total', 0.0)):.2f} s" + first_token_hover(r)
             for n, v, r in zip(names, values, rows)
         ]
         fig.add_trace(
@@ -145,7 +148,7 @@ def latency_figure(results) -> go.Figure:
                         pattern=dict(shape=STAGE_PATTERNS[stage], fgcolor="#1f2937", size=6)),
             meta={"series": f"legend:{stage}", "legend_only": True},
         ))
-    totals = [float(r.get("timings", {}).get("total", 0.0)) for r in rows]
+    totals = [float((r.timings or {}).get("total", 0.0)) for r in rows]
     fig.add_trace(
         go.Scatter(
             x=x,
@@ -167,11 +170,11 @@ def latency_figure(results) -> go.Figure:
 # --- 4. bytes communicated and message length -------------------------------------------------
 
 
-def tokens_handed_over(result: dict) -> int:
+def tokens_handed_over(result) -> int:
     """How many tokens' (or vectors') worth of information crossed from sharer to receiver: a
     written message's tokens, the tokens whose KV was sent, or the vectors sent."""
-    tokens = result.get("tokens", {})
-    kind = result.get("communication")
+    result = typed(result)
+    tokens, kind = result.tokens or {}, result.communication
     if kind in ("text", "embeddings"):
         return int(tokens.get("message", 0))
     if kind == "kv":
@@ -189,8 +192,8 @@ def bytes_figure(results) -> go.Figure:
     rows = _applicable(results)
     if not rows:
         return empty_figure(title, "No results yet: pick a preset or press Run.", HEIGHTS["bytes"])
-    sending = [r for r in rows if int(r.get("bytes_communicated", 0)) > 0]
-    silent = [label_of(r["handoff"]) for r in rows if int(r.get("bytes_communicated", 0)) <= 0]
+    sending = [r for r in rows if int(r.bytes_communicated or 0) > 0]
+    silent = [label_of(r.handoff) for r in rows if int(r.bytes_communicated or 0) <= 0]
     fig = make_subplots(
         rows=1,
         cols=2,
@@ -198,12 +201,10 @@ def bytes_figure(results) -> go.Figure:
         horizontal_spacing=0.14,
         subplot_titles=("bytes communicated (log scale)", "tokens handed over"),
     )
-    names = [r["handoff"] for r in sending]
-    values = [int(r["bytes_communicated"]) for r in sending]
-    hover = [
-        f"{label_of(r['handoff'])}: {human_bytes(r['bytes_communicated'])}<br>{SENT_AS.get(r.get('communication'), 'bytes sent')}"
-        for r in sending
-    ]
+    names = [r.handoff for r in sending]
+    values = [int(r.bytes_communicated) for r in sending]
+    hover = [f"{label_of(r.handoff)}: {human_bytes(r.bytes_communicated)}<br>{SENT_AS.get(r.communication, 'bytes sent')}"
+             for r in sending]
     fig.add_trace(
         go.Bar(
             x=[label_of(n) for n in names],
@@ -221,15 +222,13 @@ def bytes_figure(results) -> go.Figure:
     )
     token_rows = [r for r in rows if tokens_handed_over(r) > 0]
     token_values = [tokens_handed_over(r) for r in token_rows]
-    token_hover = [
-        f"{label_of(r['handoff'])}: {v}<br>{HANDED_OVER.get(r.get('communication'), 'handed over')}"
-        for r, v in zip(token_rows, token_values)
-    ]
+    token_hover = [f"{label_of(r.handoff)}: {v}<br>{HANDED_OVER.get(r.communication, 'handed over')}"
+                   for r, v in zip(token_rows, token_values)]
     fig.add_trace(
         go.Bar(
-            x=[label_of(r["handoff"]) for r in token_rows],
+            x=[label_of(r.handoff) for r in token_rows],
             y=token_values,
-            marker=dict(color=[color_of(r["handoff"]) for r in token_rows]),
+            marker=dict(color=[color_of(r.handoff) for r in token_rows]),
             text=[str(v) for v in token_values],
             textposition="outside",
             hovertext=token_hover,
@@ -358,7 +357,7 @@ def all_figures(results, names: Iterable[str] | None = None, built: dict[str, go
     without a result gets ``figure_without_result``, the one object every call shares. ``built``:
     figures already drawn from these results (a live run draws each handoff's own as it finishes,
     while the others still run; a shared computation's are drawn once for every request)."""
-    results, built = as_dicts(results), built or {}
+    results, built = _typed(results), built or {}
     figures = {}
     for name in layer_figure_handoffs(names):
         result = find(results, name)

@@ -21,6 +21,8 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kvviz.app.reading import catalog
+from kvviz.app.reading.questions import Claim, parse_claims
 from kvviz.core.paths import ASSETS, PRECOMPUTED
 from kvviz.data.swaps import Swap, replace_fact
 
@@ -29,8 +31,15 @@ PRECOMPUTED_PATH = PRECOMPUTED / "presets.json"
 PRECOMPUTED_SWEEP_PATH = PRECOMPUTED / "sweep.json"
 SCENARIOS = ("private", "shared")
 TABS = ("layers", "cost")
-CHECK_KINDS = ("right", "wrong", "none", "na", "says", "writes", "sent_layers", "gain_spans_zero", "followed", "kept", "neither",
-               "carried")
+
+
+def claims_of(check: dict, where: str) -> list[Claim]:
+    """A ``check`` table's claims (questions of the one vocabulary, ``kvviz.app.reading.questions``);
+    a ValueError lists every problem, one line each."""
+    claims, problems = parse_claims(check, where)
+    if problems:
+        raise ValueError("\n".join(problems))
+    return claims
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,10 @@ class PresetRun:
     handoffs: tuple[str, ...]
     options: dict  # handoff -> option -> value
     check: dict = field(default_factory=dict)
+
+    @property
+    def claims(self) -> list[Claim]:
+        return claims_of(self.check, self.label)
 
 
 @dataclass(frozen=True)
@@ -60,6 +73,16 @@ class Preset:
     runs: tuple[PresetRun, ...] = ()
     swap: Swap | None = None  # its note with the answer-bearing fact changed (a stored swap run)
     swap_words: tuple[str, ...] = ()  # (what the swap replaces, by what): the page's swap fields
+
+    @property
+    def claims(self) -> list[Claim]:
+        """What its lesson says its stored run shows, as questions of the one vocabulary."""
+        return claims_of(self.check, self.key)
+
+    @property
+    def columns(self) -> list[str]:
+        """The columns it ticks: its own list, else the page's default ones, in page order."""
+        return catalog.in_page_order(self.handoffs or catalog.defaults())
 
     @property
     def label(self) -> str:
@@ -84,10 +107,9 @@ def _preset(raw: dict) -> Preset:
         raise ValueError(f"preset {key}: scenario must be one of {', '.join(SCENARIOS)}")
     if raw.get("tab") is not None and raw["tab"] not in TABS:
         raise ValueError(f"preset {key}: tab must be one of {', '.join(TABS)}")
-    checks = [raw.get("check", {})] + [run.get("check", {}) for run in raw.get("runs", [])]
-    for check in checks:
-        if set(check) - set(CHECK_KINDS):
-            raise ValueError(f"preset {key}: unknown check(s) {', '.join(sorted(set(check) - set(CHECK_KINDS)))}")
+    claims_of(raw.get("check", {}), f"preset {key}")
+    for run in raw.get("runs", []):
+        claims_of(run.get("check", {}), f"preset {key}, {run.get('label', '?')}")
     runs = tuple(PresetRun(run["label"], tuple(run["handoffs"]), run.get("options", {}), run.get("check", {}))
                  for run in raw.get("runs", []))
     return Preset(**{**raw, "context": raw.get("context") or None, "answers": tuple(raw["answers"]),

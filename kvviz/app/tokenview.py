@@ -15,8 +15,10 @@ import math
 
 import plotly.graph_objects as go
 
-from kvviz.core.plotkit import as_dict, ink, layout
-from kvviz.handoffs import registry
+from kvviz.app.reading import catalog
+from kvviz.app.reading.reading import typed
+from kvviz.core.plotkit import ink, layout
+from kvviz.core.results import HandoffResult
 
 LENS_TITLE = "Logit lens: where in the receiver's depth the first answer token appears"
 LENS_HEIGHT = 420
@@ -29,20 +31,20 @@ def chip_text(token: str) -> str:
     return html.escape(shown or "\u2205")
 
 
-def has_view(result: dict | None) -> bool:
-    return bool(result and result.get("token_attention"))
+def has_view(result: HandoffResult | None) -> bool:
+    return bool(result is not None and result.token_attention)
 
 
-def columns_with_view(results: list[dict]) -> list[str]:
+def columns_with_view(results) -> list[str]:
     """The handoffs whose results carry a token view, in the order given."""
-    return [r["handoff"] for r in results if has_view(as_dict(r))]
+    return [result.handoff for result in map(typed, results) if has_view(result)]
 
 
 def without_arrays(result: dict) -> dict:
-    """The result with its token_attention arrays (thousands of numbers) replaced by their shape, for
-    a JSON viewer, the small export and ``/run`` (unless asked with ``attention=True``); the
+    """A result dict with its token_attention arrays (thousands of numbers) replaced by their shape,
+    for a JSON viewer, the small export and ``/run`` (unless asked with ``attention=True``); the
     attention export keeps them whole."""
-    data = result.get("token_attention") or {}
+    data = typed(result).token_attention or {}
     if not data.get("attention"):
         return result
     shape = (f"[{len(data['attention'])} answer tokens x {data.get('layers')} layers x {data.get('heads')} heads x "
@@ -71,20 +73,20 @@ def change_shade(change: float) -> str:
     return f"rgba({rgb}, {weight:.3f})"
 
 
-def change_row_html(result: dict) -> str:
+def change_row_html(result: HandoffResult) -> str:
     """The answer's tokens coloured by the change in their log-probability against the handoff's
     control (``token_change``); where the control did not run, which column to tick; "" for a
     handoff that has no control."""
-    name = result.get("handoff", "")
-    control = registry.control_of(name)
-    change = result.get("token_change") or {}
+    name = result.handoff
+    control = catalog.control_of(name)
+    change = result.token_change or {}
     if not control:
-        users = [registry.label_of(other) for other in registry.controlled_by(name)]
+        users = [catalog.label_of(other) for other in catalog.controlled_by(name)]
         if not users:
             return ""
         return (f'<div class="kv-tv-change-note">This column is the control of {html.escape(", ".join(users))}: '
                 "pick one of those to see its answer coloured against this one.</div>")
-    label, control_label = registry.label_of(name), registry.label_of(control)
+    label, control_label = catalog.label_of(name), catalog.label_of(control)
     if not change.get("change"):
         return (f'<div class="kv-tv-change-note">Tick <b>{html.escape(control_label)}</b> beside {html.escape(label)} and '
                 f"run live to colour {html.escape(label)}'s answer tokens by how much likelier (or less likely) "
@@ -113,15 +115,15 @@ def change_title(token: str, own: float, other: float, change: float, control_la
             "teacher-forced; this query, in this run)")
 
 
-def token_view_html(result: dict | None, run_hint: str = "press Run live to record it") -> str:
+def token_view_html(result: HandoffResult | None, run_hint: str = "press Run live to record it") -> str:
     """One column's token view (an empty note when the result has none)."""
     if result is None:
         return '<div class="kv-tv-empty">No result for this column yet.</div>'
-    result = as_dict(result)
-    data = result.get("token_attention") or {}
-    handoff = registry.get(result["handoff"]) if result.get("handoff") in registry.HANDOFFS else None
-    label = handoff.label if handoff else result.get("handoff", "")
-    hue = handoff.color if handoff else "#64748b"
+    result = typed(result)
+    data = result.token_attention or {}
+    method = catalog.METHODS.get(result.handoff)
+    label = method.label if method else result.handoff
+    hue = method.color if method else "#64748b"
     if not data:
         return (f'<div class="kv-tv-empty"><b>{html.escape(label)}</b>: this result does not hold what crossed '
                 f"(it was computed without recording it; {html.escape(run_hint)}).</div>")
@@ -136,7 +138,7 @@ def token_view_html(result: dict | None, run_hint: str = "press Run live to reco
             "what each answer token read</div>")
     changes = change_row_html(result)
     if data.get("nothing_sent"):
-        return (f'<div class="kv-tv" data-handoff="{html.escape(result["handoff"])}">{head}'
+        return (f'<div class="kv-tv" data-handoff="{html.escape(result.handoff)}">{head}'
                 f'<div class="kv-tv-row"><span class="kv-tv-label">answer</span>{chips}</div>{changes}'
                 f'<div class="kv-tv-nothing">{html.escape(str(data["nothing_sent"]).capitalize())}.</div></div>')
     layers, heads = int(data["layers"]), int(data["heads"])
@@ -169,7 +171,7 @@ def token_view_html(result: dict | None, run_hint: str = "press Run live to reco
     )
     kind = html.escape(str(data.get("sent_kind") or "sent tokens"))
     return (
-        f'<div class="kv-tv" data-handoff="{html.escape(result["handoff"])}" data-layers="{layers}" '
+        f'<div class="kv-tv" data-handoff="{html.escape(result.handoff)}" data-layers="{layers}" '
         f'data-heads="{heads}" data-attention="{html.escape(json.dumps(payload, separators=(",", ":")))}">{head}'
         f'<div class="kv-tv-note" title="{hover}">{hover}</div>'
         f'<div class="kv-tv-row"><span class="kv-tv-label">answer</span>{chips}</div>{changes}'
@@ -182,17 +184,17 @@ def token_view_html(result: dict | None, run_hint: str = "press Run live to reco
     )
 
 
-def lens_figure(results: list[dict]) -> go.Figure:
+def lens_figure(results) -> go.Figure:
     """Every column's logit lens on one figure: the first answer token's probability (solid) and
     the gold answer's first token's (dashed) after each receiver layer."""
     fig = go.Figure()
     drawn = 0
-    for result in (as_dict(r) for r in results):
-        lens = result.get("logit_lens") or {}
+    for result in map(typed, results):
+        lens = result.logit_lens or {}
         if not lens.get("layers"):
             continue
-        handoff = registry.get(result["handoff"]) if result.get("handoff") in registry.HANDOFFS else None
-        label, color = (handoff.label, handoff.color) if handoff else (result["handoff"], "#64748b")
+        method = catalog.METHODS.get(result.handoff)
+        label, color = (method.label, method.color) if method else (result.handoff, "#64748b")
         measured = lens.get("measured_on", "")
         for field, token_field, dash, what in (("answer_probability", "answer_token", "solid", "its first answer token"),
                                                ("gold_probability", "gold_token", "dash", "the gold answer's first token")):
@@ -205,7 +207,7 @@ def lens_figure(results: list[dict]) -> go.Figure:
             fig.add_trace(go.Scatter(
                 x=lens["layers"], y=values, mode="lines+markers", name=f"{label}: {what} {token!r}",
                 line=dict(color=color, dash=dash), hovertext=hover, hoverinfo="text",
-                meta={"handoff": result["handoff"], "series": field}))
+                meta={"handoff": result.handoff, "series": field}))
             drawn += 1
     subtitle = ("the receiver's own final norm and output head applied to each layer's output at the prompt's last "
                 "position; solid: the answer's first token, dashed: the gold's")

@@ -3,9 +3,13 @@
 The page runs one query through several handoffs side by side, streams each answer, marks each
 answer against the expected one, and plots what happened inside. Everything about a handoff (its
 column, colour, explanation, options, plot, walk-through step, sweep) comes from its descriptor in
-``kvviz.handoffs.registry``: the page names no handoff. Its pieces: ``kvviz.app.page.spec`` (what it
-shows), ``layout`` (the components, by name), ``events`` (the wiring), ``run`` (a live run as
-updates by role), ``views`` (values and figures for results), ``theme``.
+``kvviz.handoffs.registry`` and its page entry (``kvviz.app.methods``): the page names no handoff.
+What a run showed is read once into a reading (``kvviz.app.reading``) that every card, the strip,
+the status line, the lessons and the walk-through render. Its pieces (``kvviz.app.page``): ``spec``
+(what it shows), ``steps`` and ``links`` (the walk-through, the page's state in a link), ``named``,
+``widgets`` and ``layout`` (the components, by name), ``views`` and ``tabs`` (values and figures for a
+run's reading), ``run`` (a live run as updates by role), ``lab`` (what the handlers share), and the
+wiring: ``events``, ``running`` (the run and ``/run``), ``walk``, ``comparing``; ``theme``.
 
 Serving rules kept here:
 * models load once per process (``kvviz.runtime.models.load_model`` caches them); per-user data lives only
@@ -21,7 +25,7 @@ Serving rules kept here:
   at the public caps; every limit is checked again on the server (``kvviz.core.limits``), so the API
   gets the same refusals as the page;
 * the API keeps ``/run`` (inputs: ``kvviz.app.page.spec.run_parameter_names``; outputs:
-  ``kvviz.app.page.events.api_outputs``, the last one the structured results), ``/sweep``, ``/stop``,
+  ``kvviz.app.page.running.api_outputs``, the last one the structured results), ``/sweep``, ``/stop``,
   ``/export``, ``/pair_facts`` and ``/load_preset``; the page's own events are private;
 * user text (query, context, expected answer, answers, prompts) only ever goes into text boxes or
   escaped markdown and HTML: it is shown as text, never run as HTML.
@@ -33,9 +37,9 @@ import gradio as gr
 
 from kvviz.app import compare
 from kvviz.app.page import views
-from kvviz.app.page.events import Lab, wire_all
+from kvviz.app.page.events import wire_all
+from kvviz.app.page.lab import Lab
 from kvviz.app.page.layout import (
-    Page,
     build_ask,
     build_cards,
     build_columns,
@@ -44,6 +48,7 @@ from kvviz.app.page.layout import (
     build_top,
     build_walk,
 )
+from kvviz.app.page.named import Page
 from kvviz.app.page.run import StopFlags
 from kvviz.app.page.spec import (  # noqa: F401 (the page's facts, for tests and scripts)
     DEFAULT_TAB,
@@ -60,24 +65,26 @@ from kvviz.app.page.spec import (  # noqa: F401 (the page's facts, for tests and
     plot_names,
     preset_columns,
     run_parameter_names,
-    walkthrough_steps,
 )
+from kvviz.app.page.steps import walkthrough_steps  # noqa: F401 (the walk-through, for tests and scripts)
+from kvviz.app.page.tabs import FigureCache
 from kvviz.app.page.theme import launch_kwargs  # noqa: F401
 from kvviz.app.presets import DEFAULT_PRESET, load_precomputed, load_precomputed_sweep, preset
 from kvviz.core import policy
 from kvviz.engine.stream import default_workers
 
 
-def initial_values(precomputed: dict, default_pair: str) -> tuple[dict, dict, list[str]]:
-    """The opening preset as the page first shows it: values by role, its payload, its columns.
-    No figure: the tab in view draws its figures once the page has loaded (``events.wire_load``)."""
+def initial_values(presets: views.PresetRuns) -> tuple[dict, dict, list[str]]:
+    """The opening preset as the page first shows it: values by role (its reading among them), its
+    payload, its columns. No figure: the tab in view draws its figures once the page has loaded
+    (``events.wire_load``)."""
     first = preset(DEFAULT_PRESET)
-    payload, status = views.precomputed_payload(precomputed, DEFAULT_PRESET, default_pair)
+    payload, status, reading = presets(DEFAULT_PRESET)
     shown = preset_columns(first)
     values = {"presets": DEFAULT_PRESET, "query": first.query, "context": first.context or "",
-              "expected": expected_text(first.answers), "status": status, "lesson": views.lesson_of(payload),
-              **views.swap_fields(first)}
-    values.update(views.cards_and_verdict(payload, shown, list(first.answers), first.subject))
+              "expected": expected_text(first.answers), "status": status, "lesson": views.lesson_of(reading),
+              "reading": reading, **views.swap_fields(first)}
+    values.update(views.cards(reading, shown))
     return values, payload, shown
 
 
@@ -91,28 +98,33 @@ def build_demo(
     ``default_max_new_tokens`` sets the slider's start value (tests use a small one)."""
     precomputed = load_precomputed() if precomputed is None else precomputed
     sweep = load_precomputed_sweep() if sweep is None else sweep
-    values, payload, shown = initial_values(precomputed, default_pair)
-    page = Page(initial=values, specs=page_options())
-    steps = walkthrough_steps()
+    lab = Lab(Page(initial={}, specs=page_options()), precomputed, default_pair, default_workers(),
+              policy.model_concurrency(), walkthrough_steps(), FigureCache(sweep), StopFlags())
+    values, payload, shown = initial_values(lab.presets)
+    page = lab.page
+    page.initial.update(values)
     with gr.Blocks(title="kvviz: watch two language models talk") as demo:
         page.demo = demo
         demo.kvviz_page = page  # the components by name, for tests and scripts
         page.add("results", gr.State(payload))
+        # the results, read once (kvviz.app.reading); given as a function: Gradio turns an initial value that
+        # is a dataclass into a dict (dataclasses.asdict, 1 s for a preset's run) whenever the state is set
+        opening = values["reading"]
+        page.add("reading", gr.State(lambda: opening))
         page.add("view", gr.State({"tab": DEFAULT_TAB, "compact": False, "drawn": {}, "ready": False}))
         page.add("walk_step", gr.State(0))
         page.add("finished_run", gr.State(None))  # a live run's results, from its stream to the tabs that draw them
         # this session's last runs (Compare two), up to a few MB: dropped an hour after its last change
-        page.add("history", gr.State(compare.remember([], payload), time_to_live=compare.HISTORY_SECONDS))
+        page.add("history", gr.State(compare.remember([], values["reading"]), time_to_live=compare.HISTORY_SECONDS))
         page.add("viewport", gr.Number(0, visible=False))
         build_sidebar(page, default_pair, default_max_new_tokens)
         build_top(page)
-        build_walk(page, steps)
+        build_walk(page, lab.steps)
         build_ask(page)
         build_columns(page, shown)
         build_cards(page, shown)
         build_tabs(page, shown, sweep)
-        wire_all(Lab(page, precomputed, default_pair, default_workers(), policy.model_concurrency(), steps,
-                     views.FigureCache(sweep), StopFlags()))
+        wire_all(lab)
     # light events (presets, tabs, facts, export, walk-through) run side by side; model runs share one queue
     demo.queue(max_size=policy.caps().queue_size, default_concurrency_limit=4)
     return demo

@@ -6,14 +6,20 @@ from it, and the engine checks the prompt's length in tokens with it once the pa
 Every refusal is a ``ValueError`` whose message says what is allowed; nothing the user typed is
 changed except as listed here.
 
-Text (query and context):
+Text: one rule for every text a person sends (the query and context here; in the workshop a
+learner's name and answer, a class code, a saved run's title and link):
 * line breaks and tabs are kept (``\\r\\n`` and ``\\r`` become ``\\n``); every other control
   character (NUL, ESC, form feed, the C1 range) is **removed**: they are invisible, come from
   pasted documents and terminals, and mean nothing to a model;
+* the bidirectional controls (the embeddings and overrides U+202A-U+202E, the isolates
+  U+2066-U+2069, the marks U+200E, U+200F and U+061C) are **removed**: they reorder what a reader
+  sees without being seen themselves ("exe.txt" shown for "txt.exe");
 * a lone UTF-16 surrogate (only a broken client can send one: it is not a character) is
-  **refused**, with its position;
+  **refused** in one line, with its position;
 * the invisible separator U+2063 is removed too (kvviz marks the user's words in a prompt with it);
 * right-to-left text, emoji, combining marks and every other character are kept as typed;
+* a one-line field (``clean_line``: names, answers, codes, titles, links) also has its runs of
+  whitespace, line breaks included, read as one space;
 * strings that look like a model's special tokens (``<bos>``, ``<|im_start|>``) are kept and read
   as plain text, never as control tokens (``kvviz.core.prompts.encode``);
 * a query that is empty after this (only whitespace or control characters) is refused;
@@ -43,7 +49,9 @@ MAX_CONTEXT_CHARS = 16000
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # control characters (Unicode category Cc) except tab and line feed, and U+2063 (kvviz.core.prompts
 # marks where the user's words sit in a prompt with it)
-_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2063]")
+# and the bidirectional controls
+BIDI_CONTROLS = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_CONTROLS = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2063{BIDI_CONTROLS}]")
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,17 @@ def check_setting(name: str, value) -> None:
 def clean_text(text: str | None, field: str, limit: int) -> str:
     """The user's text as a model will read it (see the module docstring); a ValueError says why
     it cannot be read. ``field`` names it in messages ("The query")."""
+    text = _readable(text, field).strip()
+    return _within(text, field, limit)
+
+
+def clean_line(text: str | None, field: str, limit: int) -> str:
+    """A one-line field (a name, an answer, a code, a title, a link) by the same rule, its whitespace
+    read as single spaces; a ValueError says why it cannot be kept, in one line."""
+    return _within(" ".join(_readable(text, field).split()), field, limit)
+
+
+def _readable(text: str | None, field: str) -> str:
     if text is None:
         return ""
     if not isinstance(text, str):
@@ -126,10 +145,18 @@ def clean_text(text: str | None, field: str, limit: int) -> str:
             f"{field} holds an invalid character at position {bad.start() + 1} (a lone UTF-16 surrogate, "
             f"U+{ord(bad.group()):04X}); it is not text. Paste the text again from its source."
         )
-    text = _CONTROLS.sub("", text.replace("\r\n", "\n").replace("\r", "\n")).strip()
+    return _CONTROLS.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def _within(text: str, field: str, limit: int) -> str:
     if len(text) > limit:
         raise ValueError(f"{field} is {len(text)} characters; the limit is {limit}.")
     return text
+
+
+def has_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone UTF-16 surrogate (no encoder can write it)."""
+    return _SURROGATE.search(text) is not None
 
 
 def clean_query(query: str | None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import colorsys
 import functools
+import threading
 from typing import Iterable
 
 import plotly.graph_objects as go
@@ -33,13 +34,24 @@ MUTED = "#bdbdbd"
 TRACE_KINDS = ("bar", "heatmap", "scatter")  # every trace type a kvviz figure draws
 
 
+_TEMPLATE_LOCK = threading.Lock()
+
+
 @functools.cache
+def _house_template() -> go.layout.Template:
+    white = pio.templates["plotly_white"]
+    return go.layout.Template(layout=white.layout, data={kind: white.data[kind] for kind in TRACE_KINDS})
+
+
 def house_template() -> go.layout.Template:
     """Plotly's "plotly_white", cut to the trace types kvviz draws (``TRACE_KINDS``): the figures
     look the same, and each copies and sends half the template (plotly copies a figure's template
-    into it; the whole one cost ~5 ms a figure, a run's last update builds a dozen)."""
-    white = pio.templates["plotly_white"]
-    return go.layout.Template(layout=white.layout, data={kind: white.data[kind] for kind in TRACE_KINDS})
+    into it; the whole one cost ~5 ms a figure, a run's last update builds a dozen).
+
+    Built once under a lock: plotly's objects are not safe to build from two threads (two runs
+    finishing at once on the page raised "Invalid value" inside plotly)."""
+    with _TEMPLATE_LOCK:
+        return _house_template()
 
 
 def as_dict(result) -> dict:

@@ -111,22 +111,39 @@ PAGE_RUNS_AT_ONCE = 32
 
 @dataclass(frozen=True)
 class WorkshopCaps:
-    """What the workshop store takes (``kvviz.store``): classes, learners, predictions, saved runs."""
+    """What the workshop store takes (``kvviz.store``): classes, learners, predictions, saved runs; and
+    what one client may ask of it (``kvviz.app.workshop.guard``)."""
 
     max_classes: int  # classes alive at once (expired ones do not count)
     max_learners: int  # learners in one class
     class_hours: float  # a class expires this long after it was made
+    empty_class_hours: float  # ... or this long, while no learner has joined it
+    idle_class_minutes: float  # a full server drops its oldest class with no learner, quiet this long, for a new one
     predictions_per_minute: int  # attempts from one learner's session; more get "wait a minute"
     max_saved_runs: int  # saved runs kept; one more is refused
     max_saved_run_bytes: int  # one saved run's page state and results, as JSON
+    max_saved_bytes: int  # all saved runs together (when full, the oldest run pinned to no class goes first)
+    saved_run_days: float  # a saved run is deleted this long after it was saved
     host_lease_seconds: float  # a host page holds its class this long after its last request
+    creates_per_client: str  # classes one client may make (the ``limits`` package's notation)
+    saves_per_client: str  # runs one client may save through the API
 
 
-LOCAL_WORKSHOP = WorkshopCaps(max_classes=200, max_learners=500, class_hours=24.0, predictions_per_minute=30,
-                              max_saved_runs=10_000, max_saved_run_bytes=16_000_000, host_lease_seconds=20.0)
-# A public Space: a few small classes, a day at most, and saved runs without the attention arrays' bulk.
-PUBLIC_WORKSHOP = WorkshopCaps(max_classes=20, max_learners=60, class_hours=6.0, predictions_per_minute=20,
-                               max_saved_runs=500, max_saved_run_bytes=2_000_000, host_lease_seconds=20.0)
+# One client (an address) makes at most 10 classes an hour, and an empty class goes after 2 hours: one
+# client holds at most 20 of the 200 classes a server keeps; and when it is full, a new class takes the
+# place of the oldest class that no learner joined and its host left quiet for 10 minutes.
+LOCAL_WORKSHOP = WorkshopCaps(max_classes=200, max_learners=500, class_hours=24.0, empty_class_hours=2.0,
+                              idle_class_minutes=10.0,
+                              predictions_per_minute=30, max_saved_runs=10_000, max_saved_run_bytes=16_000_000,
+                              max_saved_bytes=1_000_000_000, saved_run_days=30.0, host_lease_seconds=20.0,
+                              creates_per_client="5/minute;10/hour", saves_per_client="30/minute;300/hour")
+# A public Space: a few small classes, a day at most, saved runs without the attention arrays' bulk for a
+# week; one client holds at most 3 of the 20 empty classes (3 an hour, empty ones gone after 1 hour).
+PUBLIC_WORKSHOP = WorkshopCaps(max_classes=20, max_learners=60, class_hours=6.0, empty_class_hours=1.0,
+                               idle_class_minutes=10.0,
+                               predictions_per_minute=20, max_saved_runs=500, max_saved_run_bytes=2_000_000,
+                               max_saved_bytes=200_000_000, saved_run_days=7.0, host_lease_seconds=20.0,
+                               creates_per_client="2/minute;3/hour", saves_per_client="10/minute;60/hour")
 
 
 def workshop_caps() -> WorkshopCaps:

@@ -231,6 +231,11 @@ class ModelGate:
         with self._cond:
             return len(self._waiting)
 
+    @property
+    def running(self) -> int:
+        with self._cond:
+            return self._running
+
     def estimate(self, place: int) -> float | None:
         """Seconds until the run at ``place`` (1: next) is done, from the median of the last runs'
         times: the runs ahead of it and the running ones go ``slots`` at a time; None before any run."""
@@ -378,6 +383,7 @@ class SharedRuns:
         with self._lock:
             return {**dataclasses.asdict(self.counts), "in_flight": len(self._flights), "cached_runs": len(self.cache),
                     "cache_bytes": self.cache.nbytes, "waiting": self.gate.waiting,
+                    "running": self.gate.running,
                     "run_seconds": list(self.gate.run_seconds)}
 
     def batches(self, pair_name: str, request: HandoffRequest, names: Iterable[str], workers: int = 1,

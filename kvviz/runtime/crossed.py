@@ -233,12 +233,14 @@ def lens_record(inspection: Inspection, tokens: list[int], probabilities: torch.
 
 
 def gold_candidates(tokenizer, gold: str) -> list[int]:
-    """The gold answer's first token with and without a leading space (distinct ones)."""
+    """The gold answer's first content token (not whitespace alone: " 4471" is " ", "4", ... to
+    Gemma's tokenizer) with and without a leading space (distinct ones)."""
     candidates: list[int] = []
     for text in (gold.strip(), " " + gold.strip()):
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if ids and int(ids[0]) not in candidates:
-            candidates.append(int(ids[0]))
+        ids = [int(token) for token in tokenizer(text, add_special_tokens=False)["input_ids"]]
+        first = ids[first_content_index(tokenizer, ids)] if ids else None
+        if first is not None and first not in candidates:
+            candidates.append(first)
     return candidates
 
 

@@ -2,11 +2,13 @@
 create exactly these; tests/unit/test_workshop_store.py compares the two).
 
 * ``classes``: a class's short code (for the projector), its host token's SHA-256 (the token is
-  shown once and never stored), when it expires, its settings (JSON: the exercises in order, the
-  pacing, what is open and revealed) and which host page holds it now;
+  shown once and never stored) and its projector key's (a read-only key derived from the token),
+  when it expires, its settings (JSON: the exercises in order, the pacing, what is open and
+  revealed) and which host page holds it now;
 * ``learners``: a display name per class and the SHA-256 of the learner's session token;
 * ``predictions``: one per learner and exercise, with whether it was right;
-* ``saved_runs``: a page state (its link's query) and results under a short id, maybe pinned to a class.
+* ``saved_runs``: a page state (its link's query) and results under a short id, its size and when it
+  expires, maybe pinned to a class.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class Class(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     code: Mapped[str] = mapped_column(String(12))
     host_token_hash: Mapped[str] = mapped_column(String(64))
+    projector_key_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     settings: Mapped[dict] = mapped_column(JSON)
@@ -77,5 +80,6 @@ class SavedRun(Base):
     link: Mapped[str] = mapped_column(Text)  # the page's state as its link's query string
     results: Mapped[dict] = mapped_column(JSON)  # the page's results payload
     size: Mapped[int] = mapped_column(Integer)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     class_id: Mapped[int | None] = mapped_column(ForeignKey("classes.id", ondelete="SET NULL"), nullable=True,
                                                  index=True)

@@ -16,6 +16,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from kvviz.app import plots, present, ui  # noqa: E402
 from kvviz.app.presets import PRESETS  # noqa: E402
+from kvviz.app.reading.reading import read  # noqa: E402
 from kvviz.core.plotkit import bar_counts  # noqa: E402
 from tests.conftest import served_on_loopback  # noqa: E402
 
@@ -89,8 +90,8 @@ def test_the_run_endpoint_streams_every_output_and_ends_with_the_results(client,
     """``/run`` without a model (a scripted run through the page's ``stream_run``): each update
     before the last holds every output, the status and the answers so far, None where the run set
     nothing yet; the last holds every column's answer, stats and seen, every figure and the JSON."""
-    from kvviz.app.page import events
     from kvviz.app.page import run as page_run
+    from kvviz.app.page import running
     from kvviz.engine.events import Done, Started, Token
 
     monkeypatch.setattr(page_run, "STREAM_INTERVAL", 0.0)
@@ -101,7 +102,7 @@ def test_the_run_endpoint_streams_every_output_and_ends_with_the_results(client,
     def scripted(live, workers, stop, batches=None):  # the shared runs' batches, replaced by the script
         return page_run.stream_run(live, workers, stop, batches=lambda *args, **kwargs: ([event] for event in script))
 
-    monkeypatch.setattr(events, "stream_run", scripted)
+    monkeypatch.setattr(running, "stream_run", scripted)
     job = client.submit(pair="embedded", query="What is the code?", context="It is 4471.", handoffs=["receiver"],
                         api_name="/run")
     final = split_run_outputs(job.result(timeout=60))
@@ -116,9 +117,11 @@ def test_the_run_endpoint_streams_every_output_and_ends_with_the_results(client,
         assert outputs[1 + 3 * len(columns)] is None and outputs[-2]["data"] == []  # no figure, an empty table
     ran = final["json"]["results"][0]
     assert ran["timed"] == "alone"  # the only column of its run: its wall clock is its own cost
-    assert final["columns"]["receiver"] == {"answer": "4471", "stats": present.stats_markdown(ran),
-                                            "seen": present.seen_text(fake)}
-    assert "500 ms alone" in final["columns"]["receiver"]["stats"]
+    column = read(final["json"], ()).column("receiver")
+    # the page's card, rendered once: /run's stats are the card's line on the page
+    assert final["columns"]["receiver"] == {"answer": "4471", "stats": present.card_stats(column),
+                                            "seen": present.seen_text(column.result)}
+    assert "500 ms alone on embedded" in final["columns"]["receiver"]["stats"]
     assert [r["handoff"] for r in final["json"]["results"]] == ["receiver"] and "finished" in final["status"]
     assert set(final["plots"]) == set(ui.plot_names())
 
@@ -127,8 +130,8 @@ def test_the_run_endpoint_streams_every_output_and_ends_with_the_results(client,
 def test_the_run_endpoints_json_holds_the_attention_arrays_only_when_asked(client, monkeypatch):
     """The per-token attention (about 2 MB a run) leaves ``/run``'s JSON unless ``attention=True``:
     by default each result says its arrays' shape and where they are."""
-    from kvviz.app.page import events
     from kvviz.app.page import run as page_run
+    from kvviz.app.page import running
     from kvviz.engine.events import Done, Started
 
     attention = {"attention": [[[[0.5, 0.25]]]], "other": [[[0.25]]], "layers": 1, "heads": 1,
@@ -141,7 +144,7 @@ def test_the_run_endpoints_json_holds_the_attention_arrays_only_when_asked(clien
         return page_run.stream_run(live, workers, stop,
                                    batches=lambda *args, **kwargs: iter([[Started("receiver"), Done("receiver", fake)]]))
 
-    monkeypatch.setattr(events, "stream_run", scripted)
+    monkeypatch.setattr(running, "stream_run", scripted)
     asked = dict(pair="embedded", query="What is the code?", context="It is 4471.", handoffs=["receiver"], api_name="/run")
     small = client.predict(**asked)[-1]["results"][0]["token_attention"]
     assert "1 answer tokens x 1 layers x 1 heads x 2 sent tokens" in small["attention"]
@@ -182,7 +185,7 @@ def test_run_a_preset_live_gets_every_column_and_every_plot(client, embedded_pai
         assert "in this shared run" in view["columns"][name]["stats"]  # its columns shared the CPU
         assert view["columns"][name]["seen"]
     if not results["c2c"]["applicable"]:
-        assert view["columns"]["c2c"]["stats"].startswith("**Not applicable:**")
+        assert view["columns"]["c2c"]["stats"] == present.md(results["c2c"]["reason"])
     num_layers = embedded_pair.receiver.facts.num_layers
     kvcomm_counts = bar_counts(view["plots"]["kvcomm"])
     assert set(kvcomm_counts) == {"calibration", "query"}  # alpha 1.0: the score is the calibration importance

@@ -19,7 +19,8 @@ import os
 import pytest
 
 from tests.conftest import served_on_loopback
-from tests.page_checks import BOX_JS, CONTRAST_JS, PLOT_PARTS_JS, artifacts_dir, launched_chromium
+from tests.page_checks import (BOX_JS, CONTRAST_JS, PLOT_PARTS_JS, artifacts_dir, launched_chromium, marks, wait_for_marks,
+                               walked)
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -93,12 +94,6 @@ def textbox_value(page, elem_id: str) -> str:
     return page.locator(f"#{elem_id} textarea").first.input_value()
 
 
-def marks(page) -> dict[str, str]:
-    """Each shown card's mark (``data-verdict``)."""
-    return page.evaluate("() => Object.fromEntries([...document.querySelectorAll('[id^=kv-mark-]')]"
-                         ".filter(e => e.offsetParent).map(e => [e.id.slice(8), e.dataset.verdict]))")
-
-
 def swap_marks(page) -> dict[str, str]:
     """Each shown card's swap mark (``data-swap``: followed / kept / neither / none)."""
     return page.evaluate("() => Object.fromEntries([...document.querySelectorAll('[id^=kv-swap-]')]"
@@ -157,7 +152,10 @@ def test_the_first_screen_at_1280x800_holds_run_and_every_default_answer_with_it
     assert set(marks(page)) == set(ui.default_columns())
     assert all(kind in ("right", "wrong", "none", "na") for kind in marks(page).values())
     tabs = box(page, "kv-inside")
-    assert tabs[1] < fold  # the first plot is one click away at most: the tab bar is on the first screen
+    assert tabs[1] < fold  # the tab bar is on the first screen
+    plot = page.evaluate("() => { const p = [...document.querySelectorAll('#kv-inside [id^=kv-plot-]')]"
+                         ".find(e => e.offsetParent); return p ? p.getBoundingClientRect().top : null; }")
+    assert plot is not None and plot <= fold - 150, plot  # and the first plot's title and top with it
     assert page.locator("#kv-status").get_by_text("precomputed").count() == 1
     assert not page.errors, page.errors
 
@@ -477,23 +475,10 @@ def test_every_walkthrough_step_shows_its_text_its_next_button_and_its_target_on
     """The walk-through loads each step's preset, outlines its target and scrolls it into the room
     above the docked panel: text, Next and target on one screen at 1280x800 and at 390 px."""
     from kvviz.app import ui
-    from kvviz.app.presets import preset
 
     context, page = open_page(browser, app_url, viewport)
     try:
-        steps = ui.walkthrough_steps()
-        page.locator("#kv-walkthrough").click()
-        page.locator("#kv-walk-text").get_by_text(steps[0].title).wait_for(timeout=30_000)
-        for index, step in enumerate(steps):
-            if index:
-                page.locator("#kv-walk-next").click()
-                page.locator("#kv-walk-text").get_by_text(step.title).wait_for(timeout=30_000)
-            if step.preset:
-                page.wait_for_function("(q) => document.querySelector('#kv-query textarea').value === q",
-                                       arg=preset(step.preset).query, timeout=30_000)
-            page.wait_for_function("(id) => document.getElementById(id) && document.getElementById(id)"
-                                   ".classList.contains('kv-highlight')", arg=step.target, timeout=10_000)
-            page.wait_for_timeout(300)  # the scroll lands after the outline
+        for index, step in walked(page, ui.walkthrough_steps()):
             boxes = page.evaluate(WALK_BOXES_JS, step.target)
             assert on_one_screen(boxes), f"step {index + 1} ({step.title}, {step.target}) at {viewport}: {boxes}"
             if viewport == LAPTOP and step.target == "kv-plot-kvcomm":
@@ -511,16 +496,12 @@ def stale_state(page) -> dict:
             "strip": page.locator("#kv-verdict").inner_text()}
 
 
-def wait_for_marks(page, kinds: set[str]) -> None:
-    page.wait_for_function("(kinds) => { const shown = [...document.querySelectorAll('[id^=kv-mark-]')]"
-                           ".filter(e => e.offsetParent); return shown.length > 0 && shown.every(e => kinds.includes("
-                           "e.dataset.verdict)); }", arg=sorted(kinds), timeout=15_000)
-
 
 def test_a_typed_question_greys_the_presets_cards_clears_its_lesson_and_a_link_opens_the_same_way(browser, app_url, page):
-    """Typing a question clears the preset box and its lesson and marks every card "other question"
-    (greyed, no ✓ or ✗), the strip says which question they answer; typing the preset's question back
-    brings its marks back; a typed-question link opens in the greyed state."""
+    """Typing a question clears the preset box, its lesson, the expected answer and the swap words and
+    marks every card "other question" (greyed, no ✓ or ✗), the strip says which question they answer;
+    typing the preset's question back brings them back; a typed-question link opens in the greyed
+    state (tests/integration/test_browser_reading.py pastes, drops and deletes instead of typing)."""
     from urllib.parse import urlencode
 
     before = stale_state(page)
@@ -532,6 +513,7 @@ def test_a_typed_question_greys_the_presets_cards_clears_its_lesson_and_a_link_o
         raise AssertionError(f"not greyed: {stale_state(page)}; status {page.locator('#kv-status').inner_text()!r}") from None
     typed = stale_state(page)
     assert typed["preset"] == "" and typed["lesson"] == "" and "Run live" in typed["strip"], typed
+    assert page.locator("#kv-expected textarea, #kv-expected input").first.input_value() == ""
     color = page.evaluate("() => getComputedStyle(document.querySelector('#kv-answer-receiver textarea')).fontStyle")
     assert color == "italic"  # greyed (the theme's stale card)
     type_into(page, "kv-query", textbox_value_of_preset())
@@ -571,8 +553,8 @@ def test_a_predict_step_hides_its_answers_until_the_learner_picks_then_says_what
     from kvviz.app import ui
 
     steps = ui.walkthrough_steps()
-    index = next(i for i, step in enumerate(steps) if step.predict is not None and step.predict.rule == "follows_swap")
-    column = steps[index].predict.column
+    index = next(i for i, step in enumerate(steps) if step.predict is not None and step.predict.ask.kind == "follow")
+    column = steps[index].predict.ask.column
     page.locator("#kv-walkthrough").click()
     page.locator("#kv-walk-text").get_by_text(steps[0].title).wait_for(timeout=30_000)
     for step in steps[1:index + 1]:

@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from kvviz.app.page import spec
+from kvviz.app.page import links, spec
 from kvviz.app.presets import load_precomputed, preset
 from tests.conftest import served_on_loopback
 from tests.integration.test_browser import LAPTOP, browser  # noqa: F401 (the browser fixture)
@@ -118,7 +118,7 @@ def test_a_permalink_restores_every_field_and_copy_link_gives_it_back(page, app_
     for name in ("preset", "h", "expected", "pair", "max_new_tokens", "sample", "temperature", "seed",
                  "o.kvcomm.ratio", "o.kvcomm.strategy", "tab"):
         assert copied.get(name) == given[name], name
-    assert set(copied) <= set(spec.LINK_FIELDS) | set(spec.option_link_names(spec.page_options()))
+    assert set(copied) <= set(links.LINK_FIELDS) | set(links.option_link_names(spec.page_options()))
     assert not page.errors
 
 

@@ -281,13 +281,13 @@ def test_closing_the_tab_stops_the_run_at_the_next_token(lab, monkeypatch):
 @pytest.mark.parametrize("failing, code", [("write", errno.ENOSPC), ("folder", errno.EROFS)])
 def test_an_export_to_a_full_or_read_only_disk_says_so_then_works(lab, monkeypatch, failing, code):
     client, *_ = lab
-    from kvviz.app import present
+    from kvviz.app.present import data as present_data
 
     def fail(*args, **kwargs):
         raise OSError(code, os.strerror(code))
 
     if failing == "write":  # the disk is full
-        monkeypatch.setattr(present.Path, "write_text", fail)
+        monkeypatch.setattr(present_data.Path, "write_text", fail)
     else:  # the temporary folder is read-only
         monkeypatch.setattr(events.tempfile, "mkdtemp", fail)
     with pytest.raises(AppError, match=f"Could not write the export files .{os.strerror(code)}."):
@@ -299,6 +299,17 @@ def test_an_export_to_a_full_or_read_only_disk_says_so_then_works(lab, monkeypat
     assert files[0].endswith(".json") and files[1].endswith(".csv") and len(files) in (2, 3), files
     assert len(files) == 2 or files[2].startswith("kvviz-attention-"), files
     assert_normal_request_succeeds(client)
+
+
+def wait_until(read_counts, within: float = 30.0, **expected) -> None:
+    """Poll the server's ``/run_counts`` until it shows ``expected`` (e.g. running=1, waiting=2)."""
+    deadline = time.monotonic() + within
+    while True:
+        counts = read_counts()
+        if all(counts.get(key) == value for key, value in expected.items()):
+            return
+        assert time.monotonic() < deadline, f"the server never showed {expected}: {counts}"
+        time.sleep(0.05)
 
 
 def test_a_full_model_queue_refuses_then_serves(monkeypatch):
@@ -328,7 +339,8 @@ def test_a_full_model_queue_refuses_then_serves(monkeypatch):
             for number, client in enumerate(clients[:3]):  # different questions: none joins another's run
                 jobs.append(client.submit(pair="embedded", query=f"{QUERY} ({number})", max_new_tokens=2,
                                           handoffs=["receiver"], api_name="/run"))
-                time.sleep(0.5)  # in order: one running, two waiting
+                # in order: one running, then one and two waiting; a fixed sleep lost this order on a busy CI machine
+                wait_until(lambda: clients[3].predict(api_name="/run_counts"), running=1, waiting=number)
             refused = clients[3].submit(pair="embedded", query=f"{QUERY} (3)", max_new_tokens=2, handoffs=["receiver"],
                                         api_name="/run")
             with pytest.raises(AppError, match="The server is full: 2 runs already wait for the models"):

@@ -26,6 +26,7 @@ from kvviz.app.page import views
 from kvviz.app.presets import load_precomputed
 from kvviz.app.workshop import api
 from kvviz.store import database
+from kvviz.store.values import MAX_NAME
 from tests.page_checks import artifacts_dir, launched_chromium
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -88,6 +89,8 @@ def test_one_host_and_three_learners_run_a_whole_exercise(browser, server):
         host.click("#make")
         host.wait_for_url("**/workshop/host/*", timeout=30_000)
         code = host.locator("#class-code").inner_text()
+        host.locator(f"[data-open='{exercise.key}']").wait_for(timeout=10_000)
+        assert host.locator(f"[data-reveal='{exercise.key}']").is_disabled()  # Reveal only after Open
         host.locator(f"[data-open='{exercise.key}']").click()
         host.wait_for_function(f"() => document.querySelector(\"[data-open='{exercise.key}']\").disabled", timeout=10_000)
         learners = {}
@@ -109,6 +112,7 @@ def test_one_host_and_three_learners_run_a_whole_exercise(browser, server):
         for choice in exercise.choices:
             label, expected = exercise.choice_label(choice), sum(1 for pick in picks.values() if pick == choice)
             assert any(bar.startswith(label) and bar.rstrip().endswith(str(expected)) for bar in bars), (label, bars)
+        host.evaluate("() => window.scrollTo(0, 0)")
         host.screenshot(path=str(artifacts_dir() / "workshop-board-1280x800.png"))
         host.locator(f"[data-reveal='{exercise.key}']").click()
         for name, learner in learners.items():
@@ -121,11 +125,12 @@ def test_one_host_and_three_learners_run_a_whole_exercise(browser, server):
             assert not learner.errors
         learners["Bo"].screenshot(path=str(artifacts_dir() / "workshop-learner-390x844.png"), full_page=True)
         projector_link = host.locator("#projector").get_attribute("href")
-        projector = stack.enter_context(opened(browser, host.url.split("#")[0] + projector_link, LAPTOP))
+        projector = stack.enter_context(opened(browser, server + projector_link, LAPTOP))
         projector.locator("#focus").wait_for(timeout=10_000)
         assert projector.evaluate("() => parseFloat(getComputedStyle(document.body).fontSize)") >= 24
+        projector.wait_for_function("() => document.querySelector('#join-qr').naturalWidth > 0", timeout=10_000)
         projector.screenshot(path=str(artifacts_dir() / "workshop-projector-1280x800.png"))
-        assert not host.errors
+        assert not host.errors and not projector.errors
 
 
 def test_a_saved_run_opens_at_its_short_link_with_its_own_results_and_no_model(browser, server):
@@ -153,3 +158,50 @@ def test_save_run_on_the_page_keeps_its_results_under_a_short_link(browser, serv
         kept = httpx.get(f"{server}/workshop/api/runs/{run_id}", timeout=30).json()
         assert "preset=locker" in kept["link"]
         assert {r["handoff"] for r in kept["results"]["results"]} >= {"receiver", "text"}
+
+
+def test_workshop_hostile_the_host_token_leaves_the_address_bar_and_the_projector_needs_none(browser, server):
+    """The host link's token goes to the tab's session storage and leaves the address bar; the projector
+    opens with its read-only key, which leaves it too; the model's answers stay hidden on the host's
+    board until the reveal (a peek shows them on that screen); a late joiner after the reveal has no
+    Predict box; a long word and right-to-left controls break no layout."""
+    made = httpx.post(f"{server}/workshop/api/classes", json={"mode": "paced"}, timeout=30).json()
+    words = next(e for e in EXERCISES.exercises if e.predict == "words")
+    with opened(browser, server + made["host_link"], LAPTOP) as host, contextlib.ExitStack() as stack:
+        host.locator(f"[data-open='{words.key}']").wait_for(timeout=30_000)
+        assert "#" not in host.url and made["host_token"] not in host.url
+        assert made["host_token"] not in host.evaluate("() => location.href")
+        host.locator(f"[data-open='{words.key}']").click()
+        host.wait_for_function(f"() => document.querySelector('#focus').dataset.key === {words.key!r}", timeout=10_000)
+        assert host.locator("#model-hidden").is_visible() and host.locator("#model-answer").count() == 0
+        host.click("#peek")
+        host.locator("#model-answer").wait_for(timeout=5_000)
+        assert "listens on 127.0.0.1 only" in host.locator("#join-warning").inner_text()
+        assert "--host 0.0.0.0" in host.locator("#join-warning").inner_text()
+        learner = stack.enter_context(opened(browser, f"{server}/workshop/class/{made['code']}", PHONE))
+        assert learner.locator("#name").get_attribute("maxlength") == str(MAX_NAME)
+        learner.fill("#name", "\u202eW" + "w" * 20)
+        learner.click("#join button[type=submit]")
+        learner.locator("#answer").fill("Supercalifragilistic" * 4)  # 80 characters, one word
+        learner.click("#send")
+        learner.locator("#saved").wait_for(timeout=10_000)
+        host.wait_for_function("() => document.querySelector('#focus #total').textContent === '1'", timeout=10_000)
+        projector_link = host.locator("#projector").get_attribute("href")
+        assert made["host_token"] not in projector_link
+        projector = stack.enter_context(opened(browser, server + projector_link, LAPTOP))
+        projector.locator("#focus").wait_for(timeout=10_000)
+        assert "#" not in projector.url and projector.locator("#names").count() == 0
+        assert projector.locator("#model-hidden").is_visible()
+        for page in (host, projector):
+            assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth"), page.url
+        host.locator(f"[data-reveal='{words.key}']").click()
+        projector.locator("#model-answer").wait_for(timeout=10_000)
+        late = stack.enter_context(opened(browser, f"{server}/workshop/class/{made['code']}", PHONE))
+        late.fill("#name", "Late")
+        late.click("#join button[type=submit]")
+        late.locator("#closed").wait_for(timeout=10_000)
+        assert late.locator("#answer").count() == 0 and late.locator("#send").count() == 0
+        host.wait_for_function("() => document.querySelectorAll('#names bdi').length === 2", timeout=10_000)
+        learner_names = host.locator("#names bdi").all_inner_texts()
+        assert learner_names == ["W" + "w" * 20, "Late"]  # the override is gone, each name isolated
+        assert not host.errors and not projector.errors and not learner.errors and not late.errors

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,52 +20,23 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvviz.app import ui
 from kvviz.app.exercises import EXERCISES, answer_of, stored_results
 from kvviz.app.workshop import api
 from kvviz.core.policy import LOCAL_WORKSHOP
 from kvviz.store import database
-from tests.postgres_server import find_binaries, postgres_server
+from tests.workshop_fixtures import db_url, demo  # noqa: F401 (fixtures)
+from tests.workshop_fixtures import serving as served
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-IN_CI = os.environ.get("CI", "").lower() == "true"
 LEARNERS = 30
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def demo():
-    return ui.build_demo(default_max_new_tokens=4)
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def db_url(request, tmp_path_factory):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('workshop') / 'workshop.sqlite3'}"
-        return
-    binaries = find_binaries()
-    if binaries is None:
-        message = "PostgreSQL is not installed (no initdb): bash scripts/setup.sh --test installs Debian's postgresql"
-        if IN_CI:
-            pytest.fail(f"CI=true needs PostgreSQL: {message}")
-        pytest.skip(message)
-    with postgres_server(binaries) as url:
-        yield url
-
-
 @contextlib.contextmanager
 def serving(demo, db_url: str):
-    """The page and the workshop's routes on a free 127.0.0.1 port, over the store at ``db_url``."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                app_kwargs=api.launch_app_kwargs(api.Service(db_url)), **ui.launch_kwargs())
-    try:
-        yield demo.local_url.rstrip("/")
-    finally:
-        demo.close()
-        database.close_store(db_url)
+    """The page and the workshop's routes over the store at ``db_url``; the store closed afterwards."""
+    with served(demo, api.Service(db_url)) as url:
+        yield url
+    database.close_store(db_url)
 
 
 @pytest.fixture()

@@ -43,44 +43,55 @@ def test_walkthrough_steps_forward_and_back_load_their_presets_and_tabs():
     page = demo.kvviz_page
     walk = {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name and fn.api_name.startswith("walkthrough_")}
     view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
-    payload, names = page["results"].value, ui.default_columns()
+    reading, names = page["reading"].value(), ui.default_columns()
     steps = ui.walkthrough_steps()
-    out = walk["walkthrough_next"](0, view, payload, names)
+    out = walk["walkthrough_next"](0, view, reading, names)
     assert out[page["walk_step"]] == 1 and "Step 2 of" in out[page["walk_text"]]
     kvcomm = next(i for i, step in enumerate(steps) if step.target == "kv-plot-kvcomm")
-    out = walk["walkthrough_next"](kvcomm - 1, view, payload, names)
+    out = walk["walkthrough_next"](kvcomm - 1, view, reading, names)
     assert out[page["presets"]] == steps[kvcomm].preset  # the step loads the preset that proves its point
     assert out[page["query"]] == PRESETS_BY_KEY[steps[kvcomm].preset].query
     assert out[page.figures["kvcomm"]] is not None  # and draws the figure it talks about
-    out = walk["walkthrough_back"](1, view, payload, names)
+    out = walk["walkthrough_back"](1, view, reading, names)
     assert out[page["walk_step"]] == 0 and "Step 1 of" in out[page["walk_text"]]
     assert out[page["presets"]] == steps[0].preset
 
 
 def test_each_predict_step_is_graded_by_its_presets_stored_run_as_the_presets_own_check_says():
-    """A predict-then-reveal step's right choice comes from the stored run, and agrees with what
-    the preset's check (tests/unit/test_presets.py) holds about that run."""
-    from kvviz.app.page import spec, views
+    """A predict-then-reveal step's right choice comes from the stored run, read once, and agrees
+    with what the preset's own claims (tests/unit/test_presets.py) hold about that run."""
+    from kvviz.app.page import steps as walk_steps
+    from kvviz.app.page.views import PresetRuns
 
-    steps = [step for step in ui.walkthrough_steps() if step.predict is not None]
-    assert {step.predict.rule for step in steps} >= {"beats_control", "follows_swap"}
-    for step in steps:
+    presets = PresetRuns(load_precomputed(), "embedded")
+    predicts = [step for step in ui.walkthrough_steps() if step.predict is not None]
+    assert {step.predict.ask.kind for step in predicts} >= {"beats", "follow"}
+    for step in predicts:
         loaded = PRESETS_BY_KEY[step.preset]
-        stored, _ = views.precomputed_payload(load_precomputed(), step.preset, "embedded")
-        right, said = spec.prediction_outcome(step.predict, stored, loaded.answers)
-        column = step.predict.column
-        if step.predict.rule == "beats_control":
-            expected = column in loaded.check["right"] and step.predict.control in loaded.check["wrong"]
+        right, said = walk_steps.prediction_outcome(step.predict, presets(step.preset)[2])
+        ask = step.predict.ask
+        verdicts = {c.question.column: c.expected for c in loaded.claims if c.question.kind == "verdict"}
+        follows = {c.question.column: c.expected for c in loaded.claims if c.question.kind == "follow"}
+        if ask.kind == "beats":
+            expected = verdicts[ask.column] == "right" and verdicts[loaded_control(ask.column)] == "wrong"
         else:
-            expected = column in loaded.check.get("followed", [])
+            expected = follows.get(ask.column) == "followed"
         assert right == (0 if expected else 1), (step.title, said)
         assert step.reveal == loaded.lesson and loaded.lesson not in step.text  # the lesson tells: it waits
         assert "{" not in step.predict.question  # the preset's swap is named
 
 
-def test_a_prediction_rule_reads_marks_and_swaps_and_says_when_results_cannot_tell():
+def loaded_control(name: str) -> str:
+    from kvviz.app.reading import catalog
+
+    return catalog.control_of(name)
+
+
+def test_a_prediction_asks_a_question_of_the_one_vocabulary_and_says_when_results_cannot_tell():
     from kvviz.app.methods.registry import Prediction
-    from kvviz.app.page import spec
+    from kvviz.app.page import steps as walk_steps
+    from kvviz.app.reading.questions import Question
+    from kvviz.app.reading.reading import read
 
     def result(name, answer, swap=None):
         return {"handoff": name, "applicable": True, "answer": answer, "swap": swap}
@@ -88,17 +99,21 @@ def test_a_prediction_rule_reads_marks_and_swaps_and_says_when_results_cannot_te
     payload = {"results": [result("kvcomm", "4471", {"applicable": True, "outcome": "kept", "answer": "4471",
                                                       "changed": "4471 -> 3902"}),
                            result("kvcomm_control", "12")]}
-    assert spec.prediction_outcome(Prediction("q", "kvcomm"), payload, ["4471"])[0] == 0
-    assert spec.prediction_outcome(Prediction("q", "kvcomm"), payload, ["3902"])[0] == 1
-    assert spec.prediction_outcome(Prediction("q", "kvcomm", "beats_control", "kvcomm_control"), payload, ["4471"])[0] == 0
-    assert spec.prediction_outcome(Prediction("q", "kvcomm", "beats_control", "kvcomm_control"), payload, ["12"])[0] == 1
-    right, said = spec.prediction_outcome(Prediction("q", "kvcomm", "follows_swap"), payload, ["4471"])
-    assert right == 1 and "did not follow" in said
-    right, said = spec.prediction_outcome(Prediction("q", "text"), payload, ["4471"])
-    assert right is None and "cannot say" in said
+    right = Prediction("q", Question("verdict", "kvcomm"), "right")
+    beats = Prediction("q", Question("beats", "kvcomm"), "yes")
+    assert walk_steps.prediction_outcome(right, read(payload, ["4471"]))[0] == 0
+    assert walk_steps.prediction_outcome(right, read(payload, ["3902"]))[0] == 1
+    assert walk_steps.prediction_outcome(beats, read(payload, ["4471"]))[0] == 0
+    assert walk_steps.prediction_outcome(beats, read(payload, ["12"]))[0] == 1
+    outcome, said = walk_steps.prediction_outcome(Prediction("q", Question("follow", "kvcomm"), "followed"),
+                                                  read(payload, ["4471"]))
+    assert outcome == 1 and "did not follow" in said and "KVComm: right, but it did not follow the swapped fact" in said
+    outcome, said = walk_steps.prediction_outcome(Prediction("q", Question("verdict", "text"), "right"),
+                                                  read(payload, ["4471"]))
+    assert outcome is None and "cannot say" in said
     with pytest.raises(ValueError):
-        Prediction("q", "kvcomm", "beats_control")  # no control named
-    veil = spec.prediction_veil_css(Prediction("q", "kvcomm", "beats_control", "kvcomm_control"))
+        Prediction("q", Question("beats", "kvcomm"), "right")  # "right" is not an answer of "beats"
+    veil = walk_steps.prediction_veil_css(beats)
     assert "#kv-answer-kvcomm" in veil and "#kv-answer-kvcomm_control" in veil and "#kv-verdict" in veil
 
 
@@ -108,36 +123,36 @@ def test_a_guess_on_a_predict_step_lifts_the_veil_and_says_which_choice_the_stor
     fns = {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name}
     view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
     steps = ui.walkthrough_steps()
-    index = next(i for i, step in enumerate(steps) if step.predict is not None and step.predict.rule == "follows_swap")
-    out = fns["walkthrough_next"](index - 1, view, page["results"].value, ui.default_columns())
+    index = next(i for i, step in enumerate(steps) if step.predict is not None and step.predict.ask.kind == "follow")
+    out = fns["walkthrough_next"](index - 1, view, page["reading"].value(), ui.default_columns())
     assert "blur" in out[page["walk_veil"]] and out[page["walk_guess"]]["visible"] is True
     assert out[page["walk_guess"]]["value"] is None and out[page["walk_reveal"]] == ""
     wrong = fns["walkthrough_guess"]("Yes", index)  # the stored run: KVComm does not follow the swap
-    assert out is not wrong and wrong[page["walk_veil"]] == ""
+    assert out is not wrong and "blur" not in wrong[page["walk_veil"]]  # the veil goes (a phone folds the text)
     assert wrong[page["walk_reveal"]].startswith("**Not this time:** the answer is No.")
     assert steps[index].reveal in wrong[page["walk_reveal"]]
     assert fns["walkthrough_guess"]("No", index)[page["walk_reveal"]].startswith("**Right.**")
-    out = fns["walkthrough_next"](index, view, page["results"].value, ui.default_columns())
+    out = fns["walkthrough_next"](index, view, page["reading"].value(), ui.default_columns())
     assert out[page["walk_veil"]] == "" and out[page["walk_guess"]]["visible"] is False
 
 
 def test_a_preset_paints_its_cards_and_its_tab_draws_its_figures():
-    from kvviz.app.page import views
+    from kvviz.app.page import tabs, views
 
-    payload, status = views.precomputed_payload(load_precomputed(), PRESETS[0].key, "embedded")
-    assert "precomputed" in status and payload["precomputed"] is True
-    table = present.results_frame(payload)
-    assert list(table.columns) == present.RESULT_COLUMNS and list(table["handoff"]) == [r["handoff"] for r in payload["results"]]
-    cards = views.cards_and_verdict(payload, ui.default_columns(), list(PRESETS[0].answers), PRESETS[0].subject)
+    payload, status, reading = views.PresetRuns(load_precomputed(), "embedded")(PRESETS[0].key)
+    assert "precomputed" in status and payload["precomputed"] is True and reading.payload is payload
+    table = present.results_frame(reading)
+    assert list(table.columns) == present.RESULT_COLUMNS and set(table["handoff"]) == {r["handoff"] for r in payload["results"]}
+    cards = views.cards(reading, ui.default_columns())
     for name in ("receiver", "text", "kvcomm", "skyline"):
         assert cards[f"answer:{name}"], name
         assert "precomputed" in cards[f"notes:{name}"]
-    figures, _ = views.tab_updates("layers", payload, ui.default_columns(), {"drawn": {}}, views.FigureCache())
+    figures, _ = tabs.tab_updates("layers", reading, ui.default_columns(), {"drawn": {}}, tabs.FigureCache())
     kvcomm = next(r for r in payload["results"] if r["handoff"] == "kvcomm")
     counts = bar_counts(figures["figure:kvcomm"])
     assert set(counts) == {s[0] for s in kvcomm_page.figure_series(kvcomm)} and "query" in counts
     assert set(counts.values()) == {len(kvcomm["layers"])}
-    cost, _ = views.tab_updates("cost", payload, ui.default_columns(), {"drawn": {}}, views.FigureCache())
+    cost, _ = tabs.tab_updates("cost", reading, ui.default_columns(), {"drawn": {}}, tabs.FigureCache())
     assert len(bar_counts(cost["figure:latency"])) == 5  # one trace per stage
 
 
@@ -181,7 +196,7 @@ def test_ticking_a_handoff_shows_its_column_and_figure():
     show = next(fn for fn in demo.fns.values() if fn.api_name == "show_handoffs")
     shown = ["receiver", "kvcomm"]
     view = {"tab": "layers", "compact": False, "drawn": {}, "ready": True}
-    updates = show.fn(shown, page["results"].value, "", view, page["query"].value, page["context"].value,
+    updates = show.fn(shown, page["reading"].value(), view, page["query"].value, page["context"].value,
                       page["pair"].value)  # columns are layout blocks: called directly
     for name in ui.column_names():
         assert updates[page.cards[name].block]["visible"] == (name in shown)

@@ -133,6 +133,7 @@ def test_missing_or_foreign_fuser_is_not_applicable(pair, tmp_path, monkeypatch)
     monkeypatch.setattr(locate, "SHIPPED_FUSERS", tmp_path / "no-assets")
     result = run_handoff("c2c", pair, request(None))
     assert not result.applicable and "No trained" in result.reason and "train-fuser" in result.reason
+    assert str(tmp_path) not in result.reason and "/work" not in result.reason  # the page never shows a server path
     other = mixed_pair()
     other_pair_fuser = new_fuser(other.receiver.facts, other.sharer.facts, width=8, pair="reversed")  # gemma -> llama
     other_pair_fuser.save(tmp_path / "reversed")
@@ -308,7 +309,7 @@ def test_the_walkthrough_step_of_the_control_loads_the_preset_where_they_differ_
     assert "c2c-differs-from-control" in preset(key).shows  # its lesson: one example against the held-out gain
     # the learner predicts before the lesson (which tells the outcome) shows: it comes with the reveal
     assert "Predict first" in step.predict.question and "control" in text
-    assert step.predict.rule == "beats_control" and step.reveal == preset(key).lesson and preset(key).lesson not in text
+    assert step.predict.ask.kind == "beats" and step.reveal == preset(key).lesson and preset(key).lesson not in text
     # C2C's own step claims no gain: it names no preset where C2C "shines"
     assert "shines" not in steps[registry.get("c2c").title][1]
     assert {"c2c", "c2c_control"} <= set(registry.default_handoffs())

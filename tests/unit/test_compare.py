@@ -7,6 +7,7 @@ import pytest
 
 from kvviz.app import compare, ui
 from kvviz.app.presets import DEFAULT_PRESET, load_precomputed
+from kvviz.app.reading.reading import read, typed
 
 PRECOMPUTED = load_precomputed()
 
@@ -24,10 +25,11 @@ def result(name: str, answer: list[str], mass: list[float] | None = None, lens: 
     return out
 
 
-def payload(stamp: str, results: list[dict], ratio: float = 0.5) -> dict:
-    return {"pair": "embedded", "preset": None, "precomputed": False, "stamp": stamp, "results": results,
-            "request": {"query": "What is the code?", "context": "The code is 4471.",
-                        "generation": {"max_new_tokens": 8}, "options": {"kvcomm": {"ratio": ratio}}}}
+def payload(stamp: str, results: list[dict], ratio: float = 0.5):
+    """A run's reading, as the page keeps it beside its results."""
+    return read({"pair": "embedded", "preset": None, "precomputed": False, "stamp": stamp, "results": results,
+                 "request": {"query": "What is the code?", "context": "The code is 4471.",
+                             "generation": {"max_new_tokens": 8}, "options": {"kvcomm": {"ratio": ratio}}}}, ())
 
 
 def test_the_history_keeps_the_last_runs_once_each_and_drops_the_arrays_it_does_not_read():
@@ -37,8 +39,8 @@ def test_the_history_keeps_the_last_runs_once_each_and_drops_the_arrays_it_does_
     history = compare.remember(history, payload(f"run:{compare.HISTORY_SIZE + 1}", [result("kvcomm", [" 1"])]))
     assert len(history) == compare.HISTORY_SIZE
     assert [entry["number"] for entry in history] == list(range(3, compare.HISTORY_SIZE + 3))
-    assert history[-1]["payload"]["results"][0]["token_attention"]["other"] == []
-    assert compare.remember(history, {"results": []}) == history
+    assert history[-1]["reading"].result("kvcomm").token_attention["other"] == []
+    assert compare.remember(history, read({"results": []}, ())) == history
 
 
 def test_the_shortcuts_pick_the_control_in_the_same_run_and_the_column_in_the_run_before():
@@ -77,7 +79,7 @@ def test_the_diff_marks_the_tokens_that_differ_and_says_what_differs_between_the
 
 
 def test_sent_mass_and_layer_mass_are_the_recorded_sums():
-    one = result("kvcomm", [" 4471"], [0.2, 0.3, 0.4])
+    one = typed(result("kvcomm", [" 4471"], [0.2, 0.3, 0.4]))
     tokens, mass = compare.sent_mass(one)
     assert tokens == [" code", " 4471"] and mass == pytest.approx([0.6, 0.8])  # two layers, one head, one token
     assert compare.layer_mass(one) == pytest.approx([0.7, 0.7])
@@ -96,7 +98,7 @@ def test_the_page_remembers_the_opening_preset_and_a_new_result_set_shows_it_bes
     demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
     page = demo.kvviz_page
     history = page["history"].value
-    assert len(history) == 1 and history[0]["payload"]["preset"] == DEFAULT_PRESET
+    assert len(history) == 1 and history[0]["reading"].preset == DEFAULT_PRESET
     remember = next(fn for fn in demo.fns.values() if fn.api_name == "remember_run").fn
     new = payload("run:9", [result("c2c", [" 4471"]), result("c2c_control", [" 12"])])
     out = remember(new, history, None, None)

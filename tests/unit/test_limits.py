@@ -66,6 +66,20 @@ def test_a_lone_surrogate_is_refused_with_its_position(local):
         build("Q?", context="\udfff")
 
 
+def test_bidirectional_controls_are_removed_and_right_to_left_letters_kept(local):
+    request = build("Is \u202etxt.exe\u202c safe? \u2067שלום\u2069 \u200fok\u200e \u061c")
+    assert request.query == "Is txt.exe safe? שלום ok"
+
+
+def test_a_one_line_field_follows_the_same_rule_with_its_whitespace_as_single_spaces():
+    assert limits.clean_line("  Ada\x00 \u202eLove\r\nlace\t ", "The name", 24) == "Ada Love lace"
+    with pytest.raises(ValueError, match="The name is 30 characters; the limit is 24."):
+        limits.clean_line("x" * 30, "The name", 24)
+    with pytest.raises(ValueError, match=r"The title holds an invalid character at position 2 \(a lone UTF-16 surrogate"):
+        limits.clean_line("a\udc00", "The title", 200)
+    assert limits.has_surrogate("x\ud83d") and not limits.has_surrogate("x🚀")
+
+
 def test_text_longer_than_its_limit_is_refused_with_the_limit(local):
     with pytest.raises(ValueError, match=f"The query is 4001 characters; the limit is {limits.MAX_QUERY_CHARS}"):
         build("x" * 4001)

@@ -1,7 +1,7 @@
-"""The page without a browser or a server (unit tier): a live run as updates by role, the stop
-flags, figures drawn once and only for the tab in view, refusals in the status line alone, the
-walk-through's targets, and handlers wired by role name (issues 18, 20 and 21); the 80-line rule
-for every kvviz function is a house rule (tests/unit/test_house.py)."""
+"""The page without a browser or a server (unit tier): a live run as updates by role (read as it
+goes), the stop flags, figures drawn once and only for the tab in view, refusals in the status line
+alone, the walk-through's targets, and handlers wired by role name; the 80-line and 400-line rules
+for every kvviz function and module are house rules (tests/unit/test_house.py)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,17 @@ import pytest
 
 from kvviz.app import present, ui
 from kvviz.app.methods import registry as methods
-from kvviz.app.page import spec, views
-from kvviz.app.page.events import page_stream_roles
-from kvviz.app.page.run import LiveRun, StopFlags, stream_run
+from kvviz.app.page import spec, steps as walk_steps, tabs, views
+from kvviz.app.page.run import LiveRun, OwnRuns, StopFlags, stream_run
+from kvviz.app.page.running import page_stream_roles
 from kvviz.app.presets import DEFAULT_PRESET, PRESETS, load_precomputed, preset
+from kvviz.app.reading.reading import mark_of, typed
 from kvviz.core.results import HandoffRequest
 from kvviz.engine.events import Computation, Done, Failed, Message, Started, Status, Token
 from kvviz.handoffs import registry
 
 PRECOMPUTED = load_precomputed()
+PRESET_RUNS = views.PresetRuns(PRECOMPUTED, "embedded")
 NAMES = ["receiver", "text", "kvcomm"]
 
 
@@ -71,9 +73,43 @@ def test_each_event_updates_only_what_it_changed_and_no_figure_is_built_during_t
     assert "the sharer writes" in message["stats:text"] and "The code is" in message["stats:text"]
     done = next(u for u in middle if "head:receiver" in u and 'data-verdict="wrong"' in u["head:receiver"])
     assert {"verdict", "status", "answer:receiver"} <= set(done)
-    assert [r["handoff"] for r in last["results"]["results"]] == NAMES
-    assert "finished" in last["status"] and "got through by: <b>Text</b>" in last["verdict"]
-    assert "its control not run (tick it to tell): <b>KVComm</b>" in last["verdict"]  # right, but unchecked
+    assert [r["handoff"] for r in last["results"]["results"]] == NAMES and last["reading"].payload is last["results"]
+    assert "finished" in last["status"] and "got through by: <b>none</b>" in last["verdict"]  # no swapped note ran
+    assert "differs from its control on this one example" in last["verdict"] and "<b>Text</b>" in last["verdict"]
+    assert "its control not run (unchecked: tick it to tell): <b>KVComm</b>" in last["verdict"]
+
+
+def test_a_column_whose_control_still_runs_is_not_called_unchecked(monkeypatch):
+    """Mid-run the strip never asks to tick a control that is running: the column waits for it."""
+    from kvviz.app.page import run as page_run
+
+    monkeypatch.setattr(page_run, "STREAM_INTERVAL", 0.0)
+    run = LiveRun("embedded", HandoffRequest(query="What is the code?", context="It is 4471."), ["kvcomm", "kvcomm_control"],
+                  ["4471"], "The code")
+    script = [Started("kvcomm"), Started("kvcomm_control"), Done("kvcomm", fake_result("kvcomm", "4471"))]
+    updates = list(stream_run(run, 1, threading.Event(), batches=one_by_one(script)))
+    mid = next(u for u in updates if "head:kvcomm" in u and 'data-verdict="right"' in u["head:kvcomm"])
+    assert "its control still running: <b>KVComm</b>" in mid["verdict"] and "tick it" not in mid["verdict"]
+
+
+def test_a_repeat_run_of_the_same_tab_is_its_own_and_another_tabs_is_another_learners():
+    """The server serves a repeat greedy run from its cache; the tab that computed it is told it is
+    its own earlier run, never "another learner"'s; another tab is told it was another learner's."""
+    from kvviz.engine.events import Shared
+
+    own = OwnRuns()
+    computed = [Computation("c-9"), Started("receiver"), Done("receiver", fake_result("receiver", "12"))]
+    served = [Computation("c-9"), Shared("computed 3 s ago on this server for another learner (same question)"),
+              Done("receiver", fake_result("receiver", "12"))]
+
+    def run_as(session, script):
+        live = LiveRun("embedded", HandoffRequest(query="Q?"), ["receiver"], ["12"], "The answer", session=session, own=own)
+        *_, last = stream_run(live, 1, threading.Event(), batches=one_by_one(script))
+        return last["status"]
+
+    assert "another learner" not in run_as("tab-a", computed)
+    assert "this tab computed" in run_as("tab-a", served) and "another learner" not in run_as("tab-a", served)
+    assert "another learner" in run_as("tab-b", served)
 
 
 def test_events_that_wait_together_give_one_update_and_streamed_text_is_throttled(monkeypatch):
@@ -156,7 +192,7 @@ def test_requests_that_share_a_computation_draw_its_figures_once_and_a_stopped_o
         *_, final = stream_run(live_run(), 0, threading.Event(), batches=one_by_one(script))
         finals.append(final["results"])
     assert finals[0]["stamp"] == finals[1]["stamp"] == views.shared_stamp("c-1")
-    cache, drawn = views.FigureCache(), []
+    cache, drawn = tabs.FigureCache(), []
 
     def draw():
         drawn.append(1)
@@ -185,34 +221,34 @@ def test_requests_that_share_a_computation_draw_its_figures_once_and_a_stopped_o
 
 
 def test_a_tab_draws_its_figures_once_and_only_its_own():
-    cache = views.FigureCache()
-    payload, _ = views.precomputed_payload(PRECOMPUTED, DEFAULT_PRESET, "embedded")
+    cache = tabs.FigureCache()
+    _, _, reading = PRESET_RUNS(DEFAULT_PRESET)
     names = spec.default_columns()
     view = {"tab": "layers", "compact": False, "drawn": {}}
-    first, view = views.tab_updates("layers", payload, names, view, cache)
+    first, view = tabs.tab_updates("layers", reading, names, view, cache)
     # the Data tab's small table comes with any tab's first drawing, so that the tab paints as it opens
     assert set(first) == {f"figure:{name}" for name in spec.layer_figure_names() if name in names} | {"table"}
-    again, view = views.tab_updates("layers", payload, names, view, cache)
+    again, view = tabs.tab_updates("layers", reading, names, view, cache)
     assert again == {}  # nothing changed: nothing is sent
-    cost, view = views.tab_updates("cost", payload, names, view, cache)
+    cost, view = tabs.tab_updates("cost", reading, names, view, cache)
     assert set(cost) == {"figure:latency", "figure:bytes"}
     fewer = [name for name in names if name != "skyline"]
-    after_ticks, view = views.tab_updates("cost", payload, fewer, view, cache)
+    after_ticks, view = tabs.tab_updates("cost", reading, fewer, view, cache)
     assert set(after_ticks) == {"figure:latency", "figure:bytes"}  # the cost plots show the ticked columns only
     latency = after_ticks["figure:latency"].to_dict()
     assert registry.label_of("skyline") not in latency["data"][0]["x"]
-    layers_after_ticks, view = views.tab_updates("layers", payload, fewer, view, cache)
+    layers_after_ticks, view = tabs.tab_updates("layers", reading, fewer, view, cache)
     assert layers_after_ticks == {}  # a handoff's own figure does not depend on the ticks
     # a precomputed preset's figure is built once per process, for every session
     other = {"tab": "layers", "compact": False, "drawn": {}}
-    shared, _ = views.tab_updates("layers", payload, names, other, cache)
+    shared, _ = tabs.tab_updates("layers", reading, names, other, cache)
     assert shared["figure:kvcomm"] is first["figure:kvcomm"]
 
 
 def test_the_phone_gets_compact_figures_with_short_title_lines():
-    payload, _ = views.precomputed_payload(PRECOMPUTED, DEFAULT_PRESET, "embedded")
+    _, _, reading = PRESET_RUNS(DEFAULT_PRESET)
     for name in spec.layer_figure_names() + list(spec.FIXED_PLOTS):
-        figure = views.build_figure(name, payload, spec.default_columns(), compact=True)
+        figure = tabs.build_figure(name, reading, spec.default_columns(), compact=True)
         for line in figure.layout.title.text.replace("<sup>", "").replace("</sup>", "").split("<br>"):
             assert len(line) <= 48, (name, line)
         assert figure.layout.legend.orientation == "h" and figure.layout.legend.yanchor == "top"
@@ -252,7 +288,7 @@ def test_roles_resolve_to_components_by_name():
 def test_every_walkthrough_step_points_at_an_element_of_the_page_and_says_true_things():
     demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
     ids = {block.elem_id for block in demo.blocks.values() if getattr(block, "elem_id", None)}
-    steps = spec.walkthrough_steps()
+    steps = walk_steps.walkthrough_steps()
     for step in steps:
         assert step.target in ids, step
         assert step.tab is None or step.tab in dict(spec.TABS)
@@ -282,7 +318,7 @@ def test_each_preset_paints_its_columns_marks_and_lesson(key):
     picked = preset(key)
     names = spec.preset_columns(picked)
     updates = views.cards_and_verdict(payload, names, list(picked.answers), picked.subject)
-    assert "precomputed" in status and views.lesson_of(payload).endswith(present.md(picked.lesson))
+    assert "precomputed" in status and views.lesson_of(updates["reading"]).endswith(present.md(picked.lesson))
     for name in names:
         assert f'id="kv-mark-{name}"' in updates[f"head:{name}"]
     assert updates["verdict"].count("got through by") == 1 and picked.subject in updates["verdict"]
@@ -292,7 +328,7 @@ def test_every_component_a_live_run_on_the_page_may_change_is_among_its_outputs(
     """``run_on_page`` names fewer outputs than the page has (each streamed update costs the server
     a fresh component per output it skips): every update a run sends, and what any tab draws at its
     end, still lands on one of them."""
-    from kvviz.app.page.events import finished_run_outputs, page_stream_outputs
+    from kvviz.app.page.running import finished_run_outputs, page_stream_outputs
 
     demo = ui.build_demo()
     page = demo.kvviz_page
@@ -307,14 +343,15 @@ def test_every_component_a_live_run_on_the_page_may_change_is_among_its_outputs(
               Done("receiver", fake_result("receiver", "12")), Started("text"), stop.set]
     updates = list(stream_run(live_run(), 1, stop, batches=one_by_one(script)))
     updates += list(stream_run(live_run(), 1, threading.Event(), batches=one_by_one([Failed("no such model")])))
-    payload, _ = views.precomputed_payload(PRECOMPUTED, DEFAULT_PRESET, "embedded")
+    _, _, reading = PRESET_RUNS(DEFAULT_PRESET)
     for tab, _title in spec.TABS:
-        drawn, view = views.tab_updates(tab, payload, spec.default_columns(), {"compact": False, "drawn": {}},
-                                        views.FigureCache())
-        assert set(page.resolve({**drawn, "view": view, "lesson": views.lesson_of(payload)})) <= set(drawn_after), tab
+        drawn, view = tabs.tab_updates(tab, reading, spec.default_columns(), {"compact": False, "drawn": {}},
+                                       tabs.FigureCache())
+        assert set(page.resolve({**drawn, "view": view, "lesson": views.lesson_of(reading), "reading": reading,
+                                 "results": reading.payload})) <= set(drawn_after), tab
     for update in updates:
         update.pop("error", None)
-        assert set(update) - {"results"} <= streamed_roles, sorted(update)
+        assert set(update) - {"results", "reading"} <= streamed_roles, sorted(update)
 
 
 # --- Swap the fact ----------------------------------------------------------------------------------
@@ -324,38 +361,39 @@ def swap_handler(demo):
     return next(fn for fn in demo.fns.values() if fn.api_name == "swap_on_page").fn
 
 
-def swap_updates(demo, query, context, expected, names, fields, payload):
+def swap_updates(demo, query, context, expected, names, fields, reading):
+    """Swap the fact on the page: each update by role, ``results`` the run's reading at the end."""
     page = demo.kvviz_page
     request = type("Request", (), {"session_hash": "swap"})()
     settings = [4, False, 0.7, 0] + [spec_default(option) for option in page.specs for _ in range(option.inputs)]
     shown = ["" for _ in page_stream_roles()]
-    updates = list(swap_handler(demo)("embedded", query, context, expected, names, *fields, payload, request,
+    updates = list(swap_handler(demo)("embedded", query, context, expected, names, *fields, reading, request,
                                       *settings, *shown))
     roles = page_stream_roles()
     return [dict(zip(roles, values[:-1]), results=values[-1]) for values in updates]
 
 
 def test_swap_the_fact_on_a_preset_shows_its_stored_swap_without_running_a_model(monkeypatch):
-    from kvviz.app.page import events
+    from kvviz.app.page import running
 
-    monkeypatch.setattr(events, "stream_run", lambda *a, **k: pytest.fail("a stored swap runs no model"))
+    monkeypatch.setattr(running, "stream_run", lambda *a, **k: pytest.fail("a stored swap runs no model"))
     demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
     key = next(p.key for p in PRESETS if p.swap is not None)
     picked = preset(key)
-    payload, _ = views.precomputed_payload(PRECOMPUTED, key, "embedded")
+    payload, _, reading = PRESET_RUNS(key)
     names = spec.preset_columns(picked)
     fields = (*picked.swap_words, spec.expected_text(picked.swap.answers))
-    (update,) = swap_updates(demo, picked.query, picked.context, spec.expected_text(picked.answers), names, fields, payload)
+    (update,) = swap_updates(demo, picked.query, picked.context, spec.expected_text(picked.answers), names, fields, reading)
     stored = {r["handoff"]: r["swap"]["outcome"] or "none" for r in payload["results"]}
     for name in names:
         assert f'data-swap="{stored[name]}"' in update[f"head:{name}"], name
-    assert update["results"]["swap_shown"] and "swapped note" in update["status"]
+    assert update["results"].swap_shown and "swapped note" in update["status"]
     assert "Followed the swap" in update["status"]
 
 
 def test_swap_the_fact_on_a_typed_note_runs_the_swapped_note_and_judges_each_column(monkeypatch):
-    from kvviz.app.page import events
     from kvviz.app.page import run as page_run
+    from kvviz.app.page import running
 
     said = {"It is 4471.": {"receiver": "12", "text": "4471", "kvcomm": "4471"},
             "It is 3902.": {"receiver": "12", "text": "3902", "kvcomm": "4471"}}
@@ -366,12 +404,12 @@ def test_swap_the_fact_on_a_typed_note_runs_the_swapped_note_and_judges_each_col
         script = [Done(name, fake_result(name, said[run.request.context][name])) for name in run.names]
         return page_run.stream_run(run, workers, stop, batches=one_by_one(script))
 
-    monkeypatch.setattr(events, "stream_run", scripted)
+    monkeypatch.setattr(running, "stream_run", scripted)
     demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
     updates = swap_updates(demo, "What is the code?", "It is 4471.", "4471", NAMES, ("4471", "3902", ""), None)
     assert ran == [("It is 4471.", NAMES), ("It is 3902.", NAMES)]  # nothing on the page yet: the note runs first
     final = updates[-1]
-    outcomes = {r["handoff"]: r["swap"]["outcome"] for r in final["results"]["results"]}
+    outcomes = {r["handoff"]: r["swap"]["outcome"] for r in final["results"].payload["results"]}
     assert outcomes == {"receiver": "neither", "text": "followed", "kvcomm": "kept"}
     assert 'data-swap="followed"' in final["head:text"] and 'data-swap="kept"' in final["head:kvcomm"]
     assert "Text followed the swap" in final["head:text"]  # what it means, on hover
@@ -379,11 +417,11 @@ def test_swap_the_fact_on_a_typed_note_runs_the_swapped_note_and_judges_each_col
 
     ran.clear()  # the same swap again: what the page holds is shown, nothing runs
     assert swap_updates(demo, "What is the code?", "It is 4471.", "4471", NAMES, ("4471", "3902", ""),
-                        final["results"])[-1]["results"]["swap_shown"] and ran == []
+                        final["results"])[-1]["results"].swap_shown and ran == []
     said["It is 8125."] = {"receiver": "12", "text": "8125", "kvcomm": "8125"}
     again = swap_updates(demo, "What is the code?", "It is 4471.", "4471", NAMES, ("4471", "8125", ""), final["results"])
     assert ran == [("It is 8125.", NAMES)]  # the note's answers are on the page, for these settings: only the swap runs
-    assert {r["handoff"]: r["swap"]["outcome"] for r in again[-1]["results"]["results"]}["kvcomm"] == "followed"
+    assert {r["handoff"]: r["swap"]["outcome"] for r in again[-1]["results"].payload["results"]}["kvcomm"] == "followed"
 
 
 @pytest.mark.parametrize("context, fields, said", [
@@ -409,10 +447,10 @@ def test_the_status_line_names_every_running_column_and_says_loading_only_while_
     lines = [update["status"] for update in stream_run(live_run(), 2, threading.Event(), batches=one_by_one(script))
              if "status" in update]
     assert "Loading smollm2-135m" in lines[1] and "running" not in lines[1]  # the first line is every column waiting
-    assert lines[2] == "**Live run** (0 of 3 done): running Receiver alone; 2 waiting"
-    assert lines[3] == "**Live run** (0 of 3 done): running Receiver alone, Text message; 1 waiting"
-    assert lines[4] == "**Live run** (1 of 3 done): running Text message; 1 waiting"
-    assert lines[5] == "**Live run** (1 of 3 done): running Text message, KVComm: selected layers"
+    assert lines[2] == "**Live run** on *embedded* (0 of 3 done): running Receiver alone; 2 waiting"
+    assert lines[3] == "**Live run** on *embedded* (0 of 3 done): running Receiver alone, Text message; 1 waiting"
+    assert lines[4] == "**Live run** on *embedded* (1 of 3 done): running Text message; 1 waiting"
+    assert lines[5] == "**Live run** on *embedded* (1 of 3 done): running Text message, KVComm: selected layers"
     assert not any("Loading" in line for line in lines[2:])
     assert "finished" in lines[-1]
 
@@ -431,10 +469,65 @@ def test_a_presets_stored_runs_show_on_their_cards_as_what_ifs_with_their_marks(
                 head = heads[f"head:{result['handoff']}"]
                 item = re.search(rf'data-verdict="(\w+)" title="{re.escape(label)}: stored run[^>]*>([^<]*)', head)
                 assert item, (picked.key, label, head)
-                assert item.group(1) == present.mark_of(result, list(picked.answers))
+                assert item.group(1) == mark_of(typed(result), picked.answers)
                 assert present.what_if_label(label) in item.group(2) and result["answer"][:20] in item.group(2)
     locker = views.cards_and_verdict(views.precomputed_payload(PRECOMPUTED, "locker", "embedded")[0], ["kvcomm"],
                                      ["4471"], "The code")["head:kvcomm"]
     assert "7 layers: 4471" in locker and "6 layers: 12" in locker
     assert 'id="kv-whatif-receiver"' not in views.cards_and_verdict(
         views.precomputed_payload(PRECOMPUTED, "locker", "embedded")[0], ["receiver"], ["4471"], "The code")["head:receiver"]
+
+
+def test_a_new_question_note_or_pair_greys_the_cards_and_clears_what_belonged_to_the_old_question():
+    """Any change of the question, the note or the pair (``ask_*``: typed, or a paste, cut, drop or
+    autofill, which the page's script tells Gradio of) greys every card and takes away the preset,
+    its lesson, the expected answer and the swap words; the keystrokes after it send nothing; asking
+    the run's question again brings them all back, marks included."""
+    demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
+    page = demo.kvviz_page
+    ask = next(fn for fn in demo.fns.values() if fn.api_name == "ask_query").fn
+    picked, reading = preset(DEFAULT_PRESET), page["reading"].value()
+    names, view = spec.preset_columns(picked), {"tab": "layers", "drawn": {}, "ready": True}
+    other = ask("Where is Tomas?", picked.context, "embedded", reading, names, view)
+    assert other[page["presets"]] is None and other[page["lesson_row"]]["visible"] is False
+    assert other[page["expected"]] == "" and other[page["swap_replace"]] == other[page["swap_by"]] == ""
+    assert all('data-verdict="stale"' in other[page.cards[name].head] for name in names)
+    assert "Not run yet" in other[page["status"]] and "*embedded*" in other[page["status"]]
+    view = other[page["view"]]
+    assert ask("Where is Tomas", picked.context, "embedded", reading, names, view) == {page["status"]: gr.skip()}
+    again = ask(picked.query, picked.context, "embedded", reading, names, view)
+    assert again[page["presets"]] == DEFAULT_PRESET and again[page["expected"]] == spec.expected_text(picked.answers)
+    assert again[page["swap_replace"]] == picked.swap_words[0] and "precomputed" in again[page["status"]]
+    assert not any('data-verdict="stale"' in again[page.cards[name].head] for name in names)
+    pair = next(fn for fn in demo.fns.values() if fn.api_name == "ask_pair").fn
+    moved = pair(picked.query, picked.context, "embedded-gemma", reading, names, again[page["view"]])
+    assert all('data-verdict="stale"' in moved[page.cards[name].head] for name in names)
+    assert "on the pair embedded" in moved[page["verdict"]] and "*embedded-gemma*" in moved[page["status"]]
+
+
+def test_precomputed_times_alone_show_only_for_the_pair_and_settings_they_were_measured_on():
+    from kvviz.app.page.lab import Lab
+
+    demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
+    lab = Lab(demo.kvviz_page, PRECOMPUTED, "embedded", 1, 1, [], tabs.FigureCache(), StopFlags())
+    picked = preset(DEFAULT_PRESET)
+    stored = PRECOMPUTED["presets"][DEFAULT_PRESET]["request"]
+    request = HandoffRequest.from_dict(stored)
+    same = lab.live_run("embedded", request, ["receiver", "kvcomm"], "4471", picked.key)
+    assert set(same.alone) == {"receiver", "kvcomm"}
+    assert lab.live_run("embedded-gemma", request, ["receiver"], "4471", picked.key).alone == {}  # another pair
+    longer = HandoffRequest.from_dict({**stored, "generation": {**stored["generation"], "max_new_tokens": 5}})
+    assert lab.live_run("embedded", longer, ["receiver"], "4471", picked.key).alone == {}  # other settings
+
+
+def test_no_state_holds_a_dataclass_as_its_initial_value():
+    """Gradio turns a component's initial value that is a dataclass into a dict (``dataclasses.asdict``)
+    each time the state is set: a run's reading (a dataclass) given as the initial value cost 1 s per
+    event that set it (the Run button came back seconds after Stop). The reading is given as a function."""
+    import dataclasses
+
+    demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
+    states = [block for block in demo.blocks.values() if isinstance(block, gr.State)]
+    assert states and not [block for block in states if dataclasses.is_dataclass(block.value)]
+    reading = demo.kvviz_page["reading"].value
+    assert callable(reading) and reading().preset == DEFAULT_PRESET

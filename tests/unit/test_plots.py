@@ -215,3 +215,34 @@ def test_a_handoff_without_a_result_gets_the_same_not_run_figure_every_time():
     assert first["kvcomm"] is again["kvcomm"] is plots.figure_without_result("kvcomm")
     assert first["kvcomm"].to_dict() == methods.page_of("kvcomm").figure(None).to_dict()
     assert plots.all_figures(all_results())["kvcomm"] is not first["kvcomm"]  # with a result: its own figure
+
+
+def test_figures_built_in_many_threads_at_once_all_get_the_house_template():
+    """Two runs finishing at once draw their figures in two threads; plotly's objects raised
+    "Invalid value" when the shared template was built or copied in both (seen on the page)."""
+    import threading
+
+    import plotly.graph_objects as go
+
+    from kvviz.core import plotkit
+
+    plotkit._house_template.cache_clear()
+    start, errors, figures = threading.Barrier(8), [], []
+
+    def draw():
+        start.wait()
+        try:
+            for _ in range(20):
+                figures.append(plotkit.layout(go.Figure(go.Bar(x=[1], y=[2])), "t"))
+        except Exception as error:  # noqa: BLE001 - the test collects what any thread raised
+            errors.append(error)
+
+    threads = [threading.Thread(target=draw) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(figures) == 160
+    assert all(f.layout.template.layout.plot_bgcolor == "white" for f in figures)
+    assert plotkit.house_template() == plotkit.house_template()  # nothing drawn changed the shared template

@@ -16,27 +16,30 @@ import re
 
 import pytest
 
-from kvviz.app.lessons import evidence_of, failures, mark, sent_layers
+from kvviz.app.lessons import failures, stored_reading
+from kvviz.app.page import views
 from kvviz.app.presets import PRESETS, _preset, load_precomputed, preset
+from kvviz.app.reading import catalog, evidence
 from kvviz.handoffs import registry
 from kvviz.handoffs.common import CONTENT_FREE_WORDS, content_free_note
+from tests.lesson_words import contradictions
 
 PRECOMPUTED = load_precomputed()
 
 
-def results_of(entry: dict) -> dict[str, dict]:
-    return {result["handoff"]: result for result in entry["results"]}
+def reading(key: str, entry: dict | None = None):
+    """A preset's stored run (or one of its ``runs``), read by its answers as the page reads it."""
+    return stored_reading(preset(key), entry or PRECOMPUTED["presets"][key])
 
 
 def kvcomm_runs(key: str) -> list[tuple[int, str]]:
     """(layers sent, verdict) of KVComm in every stored run of a preset, the page's own included."""
-    entry, answers = PRECOMPUTED["presets"][key], preset(key).answers
-    runs = [entry] + list((entry.get("runs") or {}).values())
+    entry = PRECOMPUTED["presets"][key]
     found = []
-    for run in runs:
-        result = results_of(run).get("kvcomm")
-        if result is not None and result.get("applicable"):
-            found.append((len(sent_layers(result)), mark(result, answers)))
+    for run in [entry] + list((entry.get("runs") or {}).values()):
+        column = reading(key, run).column("kvcomm")
+        if column.applicable:
+            found.append((len(column.sent_layers), column.mark))
     return found
 
 
@@ -47,13 +50,13 @@ def reference(key: str) -> str:
 
 
 def marks(key: str) -> dict[str, str]:
-    return {name: mark(result, preset(key).answers) for name, result in results_of(PRECOMPUTED["presets"][key]).items()}
+    read = reading(key)
+    return read.marks(read.columns)
 
 
 def carried(key: str) -> set[str]:
-    """The columns whose right answer the note's content carried (control wrong, swap followed)."""
-    found = results_of(PRECOMPUTED["presets"][key])
-    return {name for name in found if evidence_of(name, found, preset(key).answers) == "carried"}
+    """The columns whose right answer the note's content carried (it followed the swapped fact)."""
+    return set(reading(key).crossed())
 
 
 def only_text_crosses(key: str) -> bool:
@@ -64,8 +67,9 @@ def only_text_crosses(key: str) -> bool:
 
 def right_without_content(key: str) -> bool:
     """A column right on the note, its control wrong, that does not follow the swapped fact."""
-    found = results_of(PRECOMPUTED["presets"][key])
-    return any(evidence_of(name, found, preset(key).answers) == "did not follow" for name in found)
+    read = reading(key)
+    return any(kind == evidence.DID_NOT_FOLLOW and read.column(catalog.control_of(name)).mark == "wrong"
+               for name, kind in read.evidence(read.columns).items())
 
 
 def kvcomm_crosses_with_few_layers(key: str) -> bool:
@@ -86,9 +90,8 @@ def shared_question_with_a_reference(key: str) -> bool:
 
 
 def c2c_differs_from_its_control_while_held_out_says_zero(key: str) -> bool:
-    verdicts, c2c = marks(key), results_of(PRECOMPUTED["presets"][key])["c2c"]
-    low, high = c2c["details"]["communication"]["ci95"]
-    return {verdicts["c2c"], verdicts["c2c_control"]} == {"right", "wrong"} and low <= 0 <= high
+    verdicts = marks(key)
+    return {verdicts["c2c"], verdicts["c2c_control"]} == {"right", "wrong"} and reading(key).column("c2c").gain == "includes 0"
 
 
 KINDS = {
@@ -133,11 +136,9 @@ def test_the_set_has_every_lesson_the_page_needs_and_no_wrong_reference_unless_t
 def test_every_preset_names_registered_columns_and_states_its_lesson():
     for p in PRESETS:
         assert p.lesson and p.subject and p.answers
-        checks = [p.check] + [run.check for run in p.runs]
+        claims = p.claims + [claim for run in p.runs for claim in run.claims]
         named = set(p.handoffs) | {name for run in p.runs for name in run.handoffs}
-        for check in checks:
-            for claim in check.values():
-                named |= set(claim)
+        named |= {name for claim in claims if claim.question.kind != "crossed" for name in claim.question.columns()}
         assert named <= set(registry.HANDOFFS), f"{p.key}: {sorted(named - set(registry.HANDOFFS))}"
         assert (p.context is None) == (p.scenario == "shared")
 
@@ -147,8 +148,10 @@ def test_a_preset_with_an_unknown_field_or_claim_is_refused():
     assert _preset(raw).context == "C."
     with pytest.raises(ValueError, match="unknown field"):
         _preset({**raw, "lessons": "typo"})
-    with pytest.raises(ValueError, match="unknown check"):
+    with pytest.raises(ValueError, match="unknown claim"):
         _preset({**raw, "check": {"rigth": ["text"]}})
+    with pytest.raises(ValueError, match="verdict of text must be one of"):
+        _preset({**raw, "check": {"verdict": {"text": "maybe"}}})
     with pytest.raises(ValueError, match="scenario"):
         _preset({**raw, "scenario": "public"})
 
@@ -176,28 +179,49 @@ def test_the_controls_note_names_nothing_any_preset_asks_or_answers():
         assert not content_words(note) & asked, (p.key, note)
 
 
-@pytest.mark.parametrize("key", [p.key for p in PRESETS if p.scenario == "private"])
-def test_no_strip_says_the_note_got_through_a_column_whose_control_was_right_or_that_did_not_follow(key):
-    """The verdict strip of every private preset, with every column and its control ticked: each
-    column it lists under "got through by" is right, its control wrong, and it followed the swap;
-    every private preset declares which columns carried its note and has a swap."""
-    from kvviz.app.page import views
-
+@pytest.mark.parametrize("key", [p.key for p in PRESETS])
+def test_no_strip_says_the_note_got_through_a_column_that_did_not_follow_the_swap(key):
+    """The verdict strip of every preset, with every column ticked: each column it lists under "got
+    through by" is right and followed the swapped fact; every private preset declares which columns
+    the note crossed by and has a swap; a shared question (no note to swap) lists none."""
     p = preset(key)
-    assert p.swap is not None and "carried" in p.check
-    found = results_of(PRECOMPUTED["presets"][key])
-    strip = views.verdict({"results": list(found.values())}, list(found), list(p.answers), p.subject)["verdict"]
+    read = reading(key)
+    strip = views.verdict(read, list(read.columns))["verdict"]
     listed = re.search(r"got through by: <b>(.*?)</b>", strip).group(1)
-    labels = {registry.label_of(name): name for name in found}
+    labels = {catalog.label_of(name): name for name in read.columns}
     for label in filter(None, listed.split(", ")):
         if label == "none":
             continue
-        name = labels[label]
-        control = registry.control_of(name)
-        assert mark(found[name], p.answers) == "right", (key, name)
-        assert control and mark(found[control], p.answers) != "right", (key, name, "its control is right too")
-        assert found[name]["swap"]["outcome"] == "followed", (key, name, found[name]["swap"])
+        column = read.column(labels[label])
+        assert column.mark == "right" and column.swap.outcome == "followed", (key, column.name, column.swap)
+    if p.scenario == "private":
+        assert p.swap is not None and "crossed" in p.check
+    else:
+        assert listed == "none", (key, strip)
 
+
+@pytest.mark.parametrize("key", [p.key for p in PRESETS])
+def test_every_column_ticked_each_lesson_says_what_the_strip_says(key):
+    """With all 14 columns ticked (a preset's stored run holds every column), the strip's "got
+    through by" is exactly the lesson's ``crossed`` claim, and no sentence of the lesson says the
+    note got across by a column the evidence rule does not show it for (Lena's "only the text
+    message" and a shared question's "carries it across" failed this)."""
+    p, read = preset(key), reading(key)
+    assert len(read.columns) == len(catalog.names()) == 14
+    strip = views.verdict(read, catalog.names())["verdict"]
+    listed = re.search(r"got through by: <b>(.*?)</b>", strip).group(1)
+    claimed = next(c.expected for c in p.claims if c.question.kind == "crossed")
+    assert listed == (", ".join(catalog.label_of(name) for name in catalog.in_page_order(claimed)) or "none"), strip
+    assert contradictions(p.lesson, set(read.crossed())) == []
+
+
+def test_the_lesson_check_catches_a_lesson_the_evidence_contradicts():
+    read = reading("colosseum")
+    old_lena = "Only the text message gets Italy across. KVComm says Russia like the receiver alone."
+    assert contradictions(old_lena, set(read.crossed())) != []  # the latent relay and Skyline got it across too
+    assert contradictions("The text message carries it across; C2C and its control do not.", set()) != []
+    assert contradictions("KVComm's right answer is not shown to come from the note.", {"kvcomm"}) != []
+    assert contradictions(preset("colosseum").lesson, set(read.crossed())) == []
 
 
 def test_the_opening_presets_times_were_taken_alone_and_do_not_contradict_the_work_each_does():

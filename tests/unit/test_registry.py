@@ -1,7 +1,9 @@
 """The handoff registry: descriptors, options, requirements, and the promise that a new handoff is
-its method file, its page file and one registry line each. A throwaway handoff written into two
+its method file, its page file and one registry line each (and the catalog of the page's methods
+written from them: ``python scripts/methods_catalog.py``). A throwaway handoff written into two
 temporary modules shows up in the CLI help, the page's columns and settings, the benchmark's
-variants and the engine, with no other file edited."""
+variants and the engine, with no other file edited. The lists of methods agree: the handoff modules,
+their page modules, the import contracts and the catalog."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import textwrap
 import pytest
 
 from kvviz.app.methods import registry as methods
+from kvviz.app.reading import catalog
 from kvviz.core.results import HandoffRequest
 from kvviz.handoffs import registry
 from kvviz.handoffs.registry import Handoff, Option, all_of, needs_context, parse_values
@@ -65,6 +68,8 @@ def echo(tmp_path, monkeypatch, restored_registry):
     monkeypatch.syspath_prepend(str(tmp_path))
     registry.register_module(importlib.import_module("kvviz_echo_handoff"))  # kvviz.handoffs.HANDOFF_MODULES
     methods.register_module(importlib.import_module("kvviz_echo_page"))  # kvviz.app.methods.PAGE_MODULES
+    # the catalog written again from the registry (scripts/methods_catalog.py), for this test only
+    monkeypatch.setattr(catalog, "METHODS", {entry["name"]: catalog.Method(**entry) for entry in methods.catalog()})
     yield registry.get("echo")
     sys.modules.pop("kvviz_echo_handoff", None)
     sys.modules.pop("kvviz_echo_page", None)
@@ -154,3 +159,24 @@ def test_every_registered_descriptor_is_complete():
     assert registry.parse_handoffs("all") == names
     with pytest.raises(ValueError, match="no_receiver_prompt"):
         Handoff(name="x", title="x", label="x", color="#000", summary="x", run=print)
+
+
+def test_the_lists_of_methods_agree_the_modules_their_pages_the_contracts_and_the_catalog():
+    """One list of methods: every handoff module has its page module, in the same order; the import
+    contracts of both packages name exactly those; every registered handoff is a page column; and
+    the catalog the reading and the workshop read (assets/methods.json) is the registry's."""
+    import configparser
+    from pathlib import Path
+
+    from kvviz import handoffs
+    from kvviz.app import methods as pages
+
+    modules = [name.rsplit(".", 1)[1] for name in handoffs.HANDOFF_MODULES]
+    assert [name.rsplit(".", 1)[1] for name in pages.PAGE_MODULES] == modules
+    contracts = configparser.ConfigParser()
+    contracts.read(Path(handoffs.__file__).resolve().parents[2] / ".importlinter")
+    for section in ("importlinter:contract:handoffs", "importlinter:contract:app-methods"):
+        first = contracts[section]["layers"].strip().splitlines()[0]
+        assert sorted(name.strip() for name in first.split("|")) == sorted(modules), section
+    assert set(registry.HANDOFFS) == set(methods.PAGES) == set(catalog.names())
+    assert catalog.names() == methods.column_names()  # the page order: the page entries' columns

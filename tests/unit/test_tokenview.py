@@ -11,7 +11,8 @@ import re
 import pytest
 
 from kvviz.app import tokenview
-from kvviz.app.page import spec, views
+from kvviz.app.page import spec, tabs
+from kvviz.app.reading.reading import read
 from kvviz.core.results import GenerationSettings, HandoffRequest
 from kvviz.engine.runner import run_handoff
 from tests.conftest import tiny_pair
@@ -61,14 +62,14 @@ def test_the_lens_draws_every_column_on_one_figure_labelled_logit_lens(results):
 
 
 def test_the_tab_shows_kvcomm_first_then_the_chosen_column(results):
-    payload = {"results": list(results.values()), "stamp": "run:1"}
+    reading = read({"results": list(results.values()), "stamp": "run:1"}, ())
     names = ["receiver", "kvcomm", "skyline"]
-    updates, view = views.token_view_updates(payload, names, {"drawn": {}})
+    updates, view = tabs.token_view_updates(reading, names, {"drawn": {}})
     assert updates["tokens_column"]["value"] == "kvcomm" and view["tokens_column"] == "kvcomm"
     assert [value for _, value in updates["tokens_column"]["choices"]] == names
-    again, view = views.token_view_updates(payload, names, view)
+    again, view = tabs.token_view_updates(reading, names, view)
     assert again == {}  # nothing changed: nothing is sent again
-    chosen, view = views.token_view_updates(payload, names, view, chosen="skyline")
+    chosen, view = tabs.token_view_updates(reading, names, view, chosen="skyline")
     assert 'data-handoff="skyline"' in chosen["tokens"]
     assert spec.tab_figures("lens", names) == [spec.LENS_PLOT]
 
@@ -88,3 +89,23 @@ def test_a_live_run_puts_each_lens_that_arrives_after_the_handoffs_on_its_result
     run = LiveRun("embedded", HandoffRequest(query="q"), ["receiver"], [], "The answer")
     last = list(stream_run(run, 1, threading.Event(), batches=batches))[-1]
     assert last["results"]["results"][0]["logit_lens"] == lens
+
+
+def test_depth_follows_the_golds_first_content_token_not_a_leading_space():
+    """Gemma's tokenizer reads " 4471" as " ", "4", "4", "7", "1": the lens's gold token is "4" (the
+    first that is not whitespace alone), with or without the leading space."""
+    from kvviz.runtime.crossed import gold_candidates
+
+    class Digits:  # a tokenizer that, as Gemma's, gives a leading space a token of its own
+        vocabulary = [" ", "4", "7", "1", " Canberra", "Can", "berra"]
+
+        def __call__(self, text, add_special_tokens=False):
+            pieces = [" Canberra"] if text == " Canberra" else (["Can", "berra"] if text == "Canberra" else list(text))
+            return {"input_ids": [self.vocabulary.index(piece) for piece in pieces]}
+
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join(self.vocabulary[i] for i in ids)
+
+    tokenizer = Digits()
+    assert [tokenizer.decode([t]) for t in gold_candidates(tokenizer, "4471")] == ["4"]
+    assert [tokenizer.decode([t]) for t in gold_candidates(tokenizer, " Canberra")] == ["Can", " Canberra"]

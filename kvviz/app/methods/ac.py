@@ -7,8 +7,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvviz.app.methods.diagram import Flow
-from kvviz.app.methods.registry import MethodPage
-from kvviz.core.plotkit import SELECTED_OUTLINE, layout, not_run_figure
+from kvviz.app.methods.registry import MethodPage, as_result, not_run
+from kvviz.core.plotkit import SELECTED_OUTLINE, layout
 from kvviz.handoffs.ac.handoff import COLOR, NAME
 
 FIGURE_HEIGHT = 440
@@ -18,11 +18,12 @@ def figure(result) -> go.Figure:
     """Top: how alike the two models' last-token states are at each depth (cosine), with where the
     vector was taken (sender layer k) and merged (receiver layer j). Below: their sizes (norms)."""
     title = "AC: where the activation was taken and merged (per layer)"
-    missing = not_run_figure(title, result, FIGURE_HEIGHT, "Run a preset with a private context to see AC's layers.", "AC")
+    result = as_result(result)
+    missing = not_run(title, result, FIGURE_HEIGHT, "Run a preset with a private context to see AC's layers.", "AC")
     if missing is not None:
         return missing
-    records = sorted(result["layers"], key=lambda r: r["layer"])
-    details = result.get("details", {})
+    records = sorted(result.layers, key=lambda r: r["layer"])
+    details = result.details or {}
     layers = [r["layer"] for r in records]
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1, row_heights=[0.6, 0.4],
                         subplot_titles=("cosine similarity of the sender's and the receiver's state entering each layer",
@@ -54,8 +55,8 @@ def figure(result) -> go.Figure:
     return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT, margin=dict(l=60, r=20, t=80, b=60))
 
 
-def notes(result: dict) -> list[str]:
-    details = result.get("details", {})
+def notes(result) -> list[str]:
+    details = as_result(result).details or {}
     if "k" not in details:
         return []
     return [f"sender layer {details['k']} -> receiver layer {details['j']} ({details['f']})"]

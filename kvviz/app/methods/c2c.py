@@ -8,8 +8,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvviz.app.methods.diagram import Flow
-from kvviz.app.methods.registry import MethodPage, Prediction
-from kvviz.core.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
+from kvviz.app.methods.registry import MethodPage, Prediction, as_result, not_run
+from kvviz.app.reading.questions import Question
+from kvviz.core.plotkit import SELECTED_OUTLINE, layout
 from kvviz.handoffs.c2c.handoff import CONTROL, NAME
 from kvviz.handoffs.registry import color_of
 
@@ -51,10 +52,10 @@ def add_gate_bars(fig, records: list[dict], layers: list[int], color: str = GATE
     """Row 1: the gate each layer applied in the handoff's ``color``, K solid and V hatched (a
     closed gate a grey sliver)."""
     for kind, label in (("k", "K"), ("v", "V")):
-        soft = [float(r.get(f"gate_{kind}", 0.0)) for r in records]
-        logits = [float(r.get(f"gate_{kind}_logit", 0.0)) for r in records]
-        opened = [bool(r.get(f"gate_{kind}_open", False)) for r in records]
-        sharer = [r.get("sharer_layer") for r in records]
+        soft = [float(record.get(f"gate_{kind}", 0.0)) for record in records]
+        logits = [float(record.get(f"gate_{kind}_logit", 0.0)) for record in records]
+        opened = [bool(record.get(f"gate_{kind}_open", False)) for record in records]
+        sharer = [record.get("sharer_layer") for record in records]
         base = color
         hover = [
             f"receiver layer {layer} (reads sharer layer {s})<br>{label} gate applied: <b>{int(o)}</b> "
@@ -86,7 +87,7 @@ def add_gate_bars(fig, records: list[dict], layers: list[int], color: str = GATE
 def add_head_weights(fig, records: list[dict], layers: list[int], heads: int) -> None:
     """Rows 2 and 3: head weights as KV head x layer heatmaps for K and V (mean over tokens)."""
     for row, kind in ((2, "k"), (3, "v")):
-        weights = [list(map(float, r.get(f"head_weights_{kind}") or [])) for r in records]
+        weights = [list(map(float, record.get(f"head_weights_{kind}") or [])) for record in records]
         # z[head][layer]: one strip per KV head, sharing the gates' layer axis
         z = [[w[head] if head < len(w) else None for w in weights] for head in range(heads)]
         fig.add_trace(
@@ -116,16 +117,16 @@ def gates_figure(result, control: bool | None = None) -> go.Figure:
     as KV head x layer heatmaps for K and V. ``control``: the control fuser's figure (default: as
     the result says)."""
     if control is None:
-        control = result is not None and as_dict(result).get("handoff") == CONTROL
+        control = result is not None and as_result(result).handoff == CONTROL
     name = "C2C control" if control else "C2C"
     title = f"{name}: gates and head weights per receiver layer"
-    missing = not_run_figure(title, result, FIGURE_HEIGHT, f"{name} did not run.", name)
+    result = as_result(result)
+    missing = not_run(title, result, FIGURE_HEIGHT, f"{name} did not run.", name)
     if missing is not None:
         return missing
-    result = as_dict(result)
-    records = sorted(result["layers"], key=lambda r: r["layer"])
-    layers = [int(r["layer"]) for r in records]
-    heads = max((len(r.get("head_weights_k") or []) for r in records), default=0)
+    records = sorted(result.layers, key=lambda record: record["layer"])
+    layers = [int(record["layer"]) for record in records]
+    heads = max((len(record.get("head_weights_k") or []) for record in records), default=0)
     heat_share = min(0.25, 0.13 + 0.015 * heads)
     fig = make_subplots(
         rows=3,
@@ -145,9 +146,9 @@ def gates_figure(result, control: bool | None = None) -> go.Figure:
     fig.update_xaxes(title_text="receiver layer", row=3, col=1)
     fig.update_yaxes(title_text="gate applied", range=[0, 1.05], tickvals=[0, 1], ticktext=["0 closed", "1 open"], row=1, col=1)
     fig.update_annotations(font_size=11)
-    details = result.get("details", {})
-    open_k = sum(bool(r.get("gate_k_open")) for r in records)
-    open_v = sum(bool(r.get("gate_v_open")) for r in records)
+    details = result.details or {}
+    open_k = sum(bool(record.get("gate_k_open")) for record in records)
+    open_v = sum(bool(record.get("gate_v_open")) for record in records)
     subtitle = f"{open_k} K gates and {open_v} V gates open of {len(layers)} layers"
     if details.get("fusion_seconds") is not None:
         subtitle += f"; fusion {1000 * float(details['fusion_seconds']):.0f} ms"
@@ -161,13 +162,14 @@ def control_gates_figure(result) -> go.Figure:
     return gates_figure(result, control=True)
 
 
-def notes(result: dict) -> list[str]:
-    records = result.get("layers") or []
+def notes(result) -> list[str]:
+    result = as_result(result)
+    records = result.layers or []
     if not records:
         return []
-    open_k = sum(bool(r.get("gate_k_open")) for r in records)
-    open_v = sum(bool(r.get("gate_v_open")) for r in records)
-    details = result.get("details") or {}
+    open_k = sum(bool(record.get("gate_k_open")) for record in records)
+    open_v = sum(bool(record.get("gate_v_open")) for record in records)
+    details = result.details or {}
     return [f"gates open: {open_k} K, {open_v} V of {len(records)} layers"] + communication_note(
         details.get("communication"), bool(details.get("control"))
     )
@@ -219,6 +221,6 @@ PAGES = (
         walkthrough_preset="plants",
         walkthrough_predicts=Prediction("Predict first (both cards are hidden until you pick): on this question, is C2C right "
                                         "where its control is wrong?",
-                                        column=NAME, rule="beats_control", control=CONTROL),
+                                        Question("beats", NAME), yes="yes"),
     ),
 )

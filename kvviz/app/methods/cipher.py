@@ -7,8 +7,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvviz.app.methods.diagram import Flow
-from kvviz.app.methods.registry import MethodPage
-from kvviz.core.plotkit import as_dict, empty_figure, layout
+from kvviz.app.methods.registry import MethodPage, as_result
+from kvviz.core.plotkit import empty_figure, layout
 from kvviz.handoffs.cipher.handoff import COLOR, NAME
 
 FIGURE_HEIGHT = 480
@@ -21,11 +21,11 @@ def figure(result) -> go.Figure:
     title = "CIPHER: the message vectors and how the receiver reads them"
     if result is None:
         return empty_figure(title, "Run a pair that shares an embedding space to see CIPHER's message.", FIGURE_HEIGHT)
-    result = as_dict(result)
-    steps = result.get("details", {}).get("steps") or []
-    if not result.get("applicable", True) or not steps:
-        return empty_figure(title, "CIPHER did not run: " + (result.get("reason") or "the message is empty."), FIGURE_HEIGHT)
-    records = sorted(result.get("layers") or [], key=lambda r: r["layer"])
+    result = as_result(result)
+    steps = (result.details or {}).get("steps") or []
+    if not result.applicable or not steps:
+        return empty_figure(title, "CIPHER did not run: " + (result.reason or "the message is empty."), FIGURE_HEIGHT)
+    records = sorted(result.layers or [], key=lambda r: r["layer"])
     fig = make_subplots(rows=2, cols=1, vertical_spacing=0.2, row_heights=[0.55, 0.45],
                         subplot_titles=("per message vector: probability of the likeliest token (label: nearest token)",
                                         "per receiver layer: attention on the message"))
@@ -46,12 +46,12 @@ def figure(result) -> go.Figure:
     fig.update_yaxes(title_text="probability", range=[0, 1.25], row=1, col=1)
     fig.update_yaxes(title_text="attention mass", rangemode="tozero", row=2, col=1)
     fig.update_annotations(font_size=11)
-    subtitle = f"{len(steps)} vectors at temperature {result['details'].get('temperature')}; 1.0 = one token, lower = a blend"
+    subtitle = f"{len(steps)} vectors at temperature {result.details.get('temperature')}; 1.0 = one token, lower = a blend"
     return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT, margin=dict(l=60, r=20, t=80, b=60))
 
 
-def notes(result: dict) -> list[str]:
-    details = result.get("details", {})
+def notes(result) -> list[str]:
+    details = as_result(result).details or {}
     if "steps" not in details:
         return []
     mean = details.get("mean_top_probability")

@@ -7,8 +7,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvviz.app.methods.diagram import Flow
-from kvviz.app.methods.registry import MethodPage
-from kvviz.core.plotkit import as_dict, layout, not_run_figure
+from kvviz.app.methods.registry import MethodPage, as_result, not_run
+from kvviz.core.plotkit import layout
 from kvviz.handoffs.kv_steering.handoff import COLOR, NAME
 
 FIGURE_HEIGHT = 500
@@ -19,13 +19,13 @@ def figure(result) -> go.Figure:
     value it was added to. Below: the first answer token's likeliest tokens with the edit and for
     the receiver alone; the subtitle gives both answers."""
     title = "KV steering: the edit per layer and what it did to the answer"
-    missing = not_run_figure(title, result, FIGURE_HEIGHT, "Run a preset to see KV steering's edit and its effect.",
+    result = as_result(result)
+    missing = not_run(title, result, FIGURE_HEIGHT, "Run a preset to see KV steering's edit and its effect.",
                              "KV steering")
     if missing is not None:
         return missing
-    result = as_dict(result)
-    details = result.get("details", {}) or {}
-    records = sorted(result["layers"], key=lambda r: r["layer"])
+    details = result.details or {}
+    records = sorted(result.layers, key=lambda r: r["layer"])
     layers = [r["layer"] for r in records]
     fig = make_subplots(rows=2, cols=1, vertical_spacing=0.22, row_heights=[0.55, 0.45],
                         subplot_titles=("per receiver layer: norm of the edit, and of the cached value it was added to",
@@ -56,15 +56,15 @@ def figure(result) -> go.Figure:
                   margin=dict(l=60, r=20, t=80, b=60))
 
 
-def subtitle(result: dict) -> str:
-    details = result.get("details", {}) or {}
+def subtitle(result) -> str:
+    details = result.details or {}
     change = "changed" if details.get("answer_changed") else "unchanged"
     return (f"pairs {details.get('pairs')}, c_v {details.get('c_values')}, c_k {details.get('c_keys')}; answer {change}: "
-            f"{result.get('answer', '')!r} (receiver alone {details.get('receiver_alone_answer', '')!r})")
+            f"{result.answer!r} (receiver alone {details.get('receiver_alone_answer', '')!r})")
 
 
-def notes(result: dict) -> list[str]:
-    details = result.get("details", {}) or {}
+def notes(result) -> list[str]:
+    details = as_result(result).details or {}
     if "answer_changed" not in details:
         return []
     layers = details.get("steered_layers") or []

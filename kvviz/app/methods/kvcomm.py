@@ -7,8 +7,9 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from kvviz.app.methods.diagram import Flow
-from kvviz.app.methods.registry import MethodPage, Prediction, Sweep
-from kvviz.core.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
+from kvviz.app.methods.registry import MethodPage, Prediction, Sweep, as_result, not_run
+from kvviz.app.reading.questions import Question
+from kvviz.core.plotkit import SELECTED_OUTLINE, layout
 from kvviz.handoffs.common import CONTROL_NOTE, content_free_note
 from kvviz.handoffs.kvcomm.handoff import COLOR, CONTROL, NAME
 from kvviz.handoffs.kvcomm.layers import CALIBRATION_CONTEXT, CALIBRATION_QUERY
@@ -52,17 +53,18 @@ def _sent_reason(details: dict) -> str:
     return "sent: top score"
 
 
-def figure_series(result: dict) -> list[tuple[str, str, str, str]]:
+def figure_series(result) -> list[tuple[str, str, str, str]]:
     """The bar series a KVComm result can show, as (series, record field, name, explanation);
     only what the run measured or used: the calibration importance where a calibration was used,
     this query's importance (always measured), the prior and the score only where a score mixed
     both (0 < alpha < 1), or the prior alone where it was the score (alpha = 0)."""
-    details = result.get("details", {}) or {}
-    records = result.get("layers") or []
+    result = as_result(result)
+    details = result.details or {}
+    records = result.layers or []
     alpha = details.get("alpha")
     calibration = details.get("calibration") or {}
     source = calibration.get("source")
-    has = lambda field: any(r.get(field) is not None for r in records)  # noqa: E731
+    has = lambda field: any(record.get(field) is not None for record in records)  # noqa: E731
     series = []
     on_this_query = source == "query"
     if has("calibration_attention_norm") and not on_this_query:
@@ -142,15 +144,15 @@ def layers_figure(result) -> go.Figure:
     """
     title = "KVComm: which layers get the context (per receiver layer)"
     hint = "Run a preset with a private context to see KVComm's layer choice."
-    missing = not_run_figure(title, result, FIGURE_HEIGHT, hint, "KVComm")
+    result = as_result(result)
+    missing = not_run(title, result, FIGURE_HEIGHT, hint, "KVComm")
     if missing is not None:
         return missing
-    result = as_dict(result)
-    records = sorted(result["layers"], key=lambda r: r["layer"])
-    layers = [int(r["layer"]) for r in records]
-    selected = [bool(r.get("selected")) for r in records]
-    forced = [bool(r.get("forced")) for r in records]
-    details = result.get("details", {}) or {}
+    records = sorted(result.layers, key=lambda record: record["layer"])
+    layers = [int(record["layer"]) for record in records]
+    selected = [bool(record.get("selected")) for record in records]
+    forced = [bool(record.get("forced")) for record in records]
+    details = result.details or {}
 
     def status(layer_selected: bool, layer_forced: bool) -> str:
         if layer_forced:
@@ -161,7 +163,7 @@ def layers_figure(result) -> go.Figure:
 
     fig = go.Figure()
     for key, field, name, explain in figure_series(result):
-        values = [None if r.get(field) is None else float(r[field]) for r in records]
+        values = [None if record.get(field) is None else float(record[field]) for record in records]
         raw_field = {"calibration": "calibration_attention", "query": "query_attention"}.get(key)
         hover = []
         for record, value, sel, frc in zip(records, values, selected, forced):
@@ -195,10 +197,10 @@ def layers_figure(result) -> go.Figure:
                   margin=dict(l=60, r=20, t=70, b=120))
 
 
-def notes(result: dict) -> list[str]:
+def notes(result) -> list[str]:
     """Under the answer: the layers sent (layer 0 by rule), the calibration sample in full and how
     well its importance ranks this query's."""
-    details = result.get("details", {}) or {}
+    details = as_result(result).details or {}
     selected = details.get("selected_layers")
     if selected is None:
         return []
@@ -250,7 +252,7 @@ PAGES = (
         walkthrough_predicts=Prediction(
             "Predict first (KVComm's card is hidden until you pick): swap {old} for {new} in the note, so that the "
             "right answer becomes {swapped}. Will KVComm's answer follow to {swapped}?",
-            column=NAME, rule="follows_swap"),
+            Question("follow", NAME), yes="followed"),
         sweep=Sweep(
             title="Sweep: how many layers does KVComm need?",
             explanation=(

@@ -7,8 +7,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvviz.app.methods.diagram import Flow
-from kvviz.app.methods.registry import MethodPage
-from kvviz.core.plotkit import as_dict, layout, not_run_figure
+from kvviz.app.methods.registry import MethodPage, as_result, not_run
+from kvviz.core.plotkit import layout
 from kvviz.handoffs.latent_relay.handoff import COLOR, NAME
 from kvviz.handoffs.latent_relay.thinking import shown
 
@@ -20,14 +20,14 @@ def figure(result) -> go.Figure:
     labelled with its nearest tokens. Below, per receiver layer: the attention mass its question
     puts on the latent positions and on the context."""
     title = "Latent relay: what the sender thought, and where the receiver looked"
-    missing = not_run_figure(title, result, FIGURE_HEIGHT, "Run a preset with a private context to see the latent "
+    result = as_result(result)
+    missing = not_run(title, result, FIGURE_HEIGHT, "Run a preset with a private context to see the latent "
                              "relay's steps.", "The latent relay")
     if missing is not None:
         return missing
-    result = as_dict(result)
-    details = result.get("details", {}) or {}
+    details = result.details or {}
     steps = details.get("steps") or []
-    records = sorted(result["layers"], key=lambda r: r["layer"])
+    records = sorted(result.layers, key=lambda r: r["layer"])
     fig = make_subplots(rows=2, cols=1, vertical_spacing=0.22, row_heights=[0.5, 0.5],
                         subplot_titles=("per latent step: cosine with the nearest token's embedding (label: nearest "
                                         "tokens, not words the sender wrote)",
@@ -77,8 +77,8 @@ def subtitle(details: dict) -> str:
     return text
 
 
-def notes(result: dict) -> list[str]:
-    details = result.get("details", {}) or {}
+def notes(result) -> list[str]:
+    details = as_result(result).details or {}
     if "latent_steps" not in details:
         return []
     lines = [subtitle(details)]

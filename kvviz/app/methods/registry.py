@@ -15,33 +15,36 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import plotly.graph_objects as go
+
 from kvviz.app.methods.diagram import Flow, svg
+from kvviz.app.reading.questions import CHOICES, Question
+from kvviz.app.reading.reading import typed
+from kvviz.core.plotkit import empty_figure
+from kvviz.core.results import HandoffResult
 from kvviz.handoffs import registry
 
 OPENING_PRESET = "opening"  # a walk-through step that reloads the page's opening preset
 WALKTHROUGH_TARGETS = ("", "cost")
-PREDICTION_RULES = ("right", "beats_control", "follows_swap")
 
 
 @dataclass(frozen=True)
 class Prediction:
     """A walk-through step's question, asked before its answer shows: the learner picks yes or no,
-    then the stored run of the step's preset says which it was (never a hand-written answer).
-
-    ``rule``: "right" (does ``column``'s answer hold the expected one?), "beats_control" (is it
-    right where ``control`` is not?), "follows_swap" (with the note's fact swapped, does its answer
-    follow to the swapped one?). ``question`` may name the preset's swap as {old}, {new}, {swapped}."""
+    then the stored run of the step's preset answers ``ask`` (a question of the one vocabulary,
+    ``kvviz.app.reading.questions``: "verdict", "beats", "follow" ...) and Yes was right when its
+    answer is ``yes`` (never a hand-written answer). ``question`` may name the preset's swap as
+    {old}, {new}, {swapped}."""
 
     question: str
-    column: str
-    rule: str = "right"
-    control: str | None = None
+    ask: Question
+    yes: str
 
     def __post_init__(self):
-        if self.rule not in PREDICTION_RULES:
-            raise ValueError(f"prediction on {self.column}: rule must be one of {PREDICTION_RULES}")
-        if (self.rule == "beats_control") != bool(self.control):
-            raise ValueError(f"prediction on {self.column}: a control is named for (and only for) beats_control")
+        choices = CHOICES.get(self.ask.kind, ())
+        if self.ask.column is None or self.yes not in choices:
+            raise ValueError(f"prediction {self.question!r}: ask a column's {', '.join(CHOICES)}, and yes must be one "
+                             f"of its answers {choices}")
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,40 @@ def with_sweep() -> list[MethodPage]:
     return [page for page in columns() if page.sweep is not None]
 
 
+def as_result(result) -> HandoffResult | None:
+    """What a page entry's figure and notes read: the one result type (a result dict, as scripts and
+    tests may give, becomes one; None stays None)."""
+    return None if result is None else typed(result)
+
+
+def not_run(title: str, result: HandoffResult | None, height: int, hint: str, label: str) -> go.Figure | None:
+    """The empty figure for a result that is missing (``hint`` says how to get one), not applicable,
+    or without per-layer records (it says why, naming the handoff by ``label``); None when there is
+    something to plot."""
+    if result is None:
+        return empty_figure(title, hint, height)
+    if not result.applicable or not result.layers:
+        return empty_figure(title, f"{label} did not run: " + (result.reason or "no per-layer data."), height)
+    return None
+
+
 def stage_labels(name: str) -> dict:
     page = PAGES.get(name)
     return dict(page.stage_labels) if page is not None else {}
+
+
+def column_group(name: str) -> str:
+    """A column's chip group: "control" for another's control (not the receiver alone), "baseline"
+    for the receiver alone, Skyline and the sharer alone, else "method"."""
+    handoff = registry.get(name)
+    if name in {h.control for h in registry.all_handoffs()} - {"receiver", ""}:
+        return "control"
+    return "baseline" if handoff.role in ("floor", "ceiling") or name == "sharer" else "method"
+
+
+def catalog() -> list[dict]:
+    """The page's columns without their code, in page order (``kvviz.app.reading.catalog``'s file,
+    assets/methods.json: ``scripts/methods_catalog.py`` writes it from here)."""
+    return [{"name": page.name, "label": page.handoff.label, "title": page.handoff.title, "summary": page.handoff.summary,
+             "color": page.handoff.color, "control": page.handoff.control, "default": page.handoff.default,
+             "group": column_group(page.name)} for page in columns()]

@@ -4,14 +4,15 @@ receiver waits for the whole message)."""
 from __future__ import annotations
 
 from kvviz.app.methods.diagram import Flow
-from kvviz.app.methods.registry import MethodPage
+from kvviz.app.methods.registry import MethodPage, as_result
 from kvviz.handoffs.text import NAME
 
 
-def notes(result: dict) -> list[str]:
-    message = result.get("seen", {}).get("message", "")
+def notes(result) -> list[str]:
+    result = as_result(result)
+    message = (result.seen or {}).get("message", "")
     shown = message if len(message) <= 60 else message[:57] + "..."
-    return [f"message: {int(result.get('tokens', {}).get('message', 0))} tokens, {shown!r}"]
+    return [f"message: {int((result.tokens or {}).get('message', 0))} tokens, {shown!r}"]
 
 
 PAGES = (

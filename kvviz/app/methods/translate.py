@@ -8,8 +8,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvviz.app.methods.diagram import Flow
-from kvviz.app.methods.registry import MethodPage
-from kvviz.core.plotkit import SELECTED_OUTLINE, as_dict, layout, not_run_figure
+from kvviz.app.methods.registry import MethodPage, as_result, not_run
+from kvviz.core.plotkit import SELECTED_OUTLINE, layout
 from kvviz.handoffs.common import CONTROL_NOTE, content_free_note
 from kvviz.handoffs.translate.locate import CONTROL, NAME
 
@@ -25,13 +25,13 @@ def gates_figure(result) -> go.Figure:
     translated token below."""
 
     title = "C2C translation: which receiver layers took the translated context"
-    missing = not_run_figure(title, result, FIGURE_HEIGHT, "Run a preset with a private context.", "C2C translation")
+    result = as_result(result)
+    missing = not_run(title, result, FIGURE_HEIGHT, "Run a preset with a private context.", "C2C translation")
     if missing is not None:
         return missing
-    result = as_dict(result)
-    records = sorted(result["layers"], key=lambda r: r["layer"])
+    records = sorted(result.layers, key=lambda r: r["layer"])
     layers = [r["layer"] for r in records]
-    tokens = (result.get("details") or {}).get("translated_tokens") or []
+    tokens = (result.details or {}).get("translated_tokens") or []
     fig = make_subplots(rows=2, cols=1, shared_xaxes=False, vertical_spacing=0.18, row_heights=[0.45, 0.55],
                         subplot_titles=("gate per layer (1 open: the layer attends to the translated context) and "
                                         "the translated tokens' mean weight", "weight per translated token and layer"))
@@ -58,17 +58,18 @@ def gates_figure(result) -> go.Figure:
                      tickvals=list(range(len(tokens))), ticktext=[t.replace("\n", "\\n") for t in tokens] if len(tokens) <= 40 else None)
     fig.update_xaxes(title_text="receiver layer", dtick=1)
     subtitle = f"{sum(opened)} of {len(layers)} layers open; {len(tokens)} translated tokens"
-    if (result.get("details") or {}).get("control"):
+    if (result.details or {}).get("control"):
         subtitle += "; control: the translator read an unrelated context"
     return layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=FIGURE_HEIGHT + 12 * min(len(tokens), 40),
                   margin=dict(l=90, r=20, t=70, b=50))
 
 
-def notes(result: dict) -> list[str]:
-    details = result.get("details") or {}
+def notes(result) -> list[str]:
+    result = as_result(result)
+    details = result.details or {}
     if "open_gates" not in details:
         return []
-    lines = [f"gates open: {details['open_gates']} of {details['layers']} layers; sent {result.get('bytes_communicated', 0):,} "
+    lines = [f"gates open: {details['open_gates']} of {details['layers']} layers; sent {result.bytes_communicated or 0:,} "
              f"bytes of the sharer's KV ({len(details.get('sharer_layers_read') or [])} of its layers), translated into "
              f"{details.get('translated_bytes', 0):,} bytes of receiver KV"]
     measured = details.get("measured") or {}

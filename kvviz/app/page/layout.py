@@ -1,4 +1,5 @@
-"""The page's components by name (``Page``) and the functions that build them, top to bottom.
+"""The functions that build the page, top to bottom, each storing what it made on the ``Page``
+(``kvviz.app.page.named``: the components by name).
 
 First screen at 1280x800: a top bar (title, preset, walk-through), one ask row (question, context,
 expected answer, Run and Stop), the columns to run, the status line, the verdict strip (sticky),
@@ -11,114 +12,20 @@ from __future__ import annotations
 
 import html
 import json
-from dataclasses import dataclass, field
-from typing import Any
 
 import gradio as gr
 
 from kvviz.app import present
 from kvviz.app.methods import registry as methods
 from kvviz.app.page import spec
-from kvviz.app.page.spec import PageOption
+from kvviz.app.page.named import Card, Details, Page
+from kvviz.app.page.steps import WalkStep
+from kvviz.app.page.widgets import PAGE_JS, option_widgets, server_checked_slider
 from kvviz.app.presets import PRESETS, SWEEP_ITEMS
 from kvviz.core import limits, policy
 from kvviz.core.plotkit import ink
 from kvviz.handoffs import registry
 from kvviz.runtime.models import PAIRS
-
-
-@dataclass
-class Card:
-    block: Any  # the card's column (shown when ticked)
-    head: Any  # title and mark (HTML)
-    answer: Any  # kv-answer-NAME: a read-only textbox, so that streaming is a cheap text update
-    stats: Any  # the card's one line
-
-
-@dataclass
-class Details:
-    block: Any  # its section in "What each model saw"
-    notes: Any
-    seen: Any
-
-
-@dataclass
-class Page:
-    """Every component the page's events read or write, by name."""
-
-    initial: dict  # initial values by role
-    specs: list[PageOption]
-    demo: Any = None
-    components: dict[str, Any] = field(default_factory=dict)  # role -> component
-    cards: dict[str, Card] = field(default_factory=dict)
-    details: dict[str, Details] = field(default_factory=dict)
-    figures: dict[str, Any] = field(default_factory=dict)
-    tabs: dict[str, Any] = field(default_factory=dict)
-    option_inputs: list = field(default_factory=list)
-
-    def __getitem__(self, role: str):
-        return self.components[role]
-
-    def add(self, role: str, component):
-        self.components[role] = component
-        return component
-
-    def value(self, role: str, default=None):
-        return self.initial.get(role, default)
-
-    @property
-    def settings_inputs(self) -> list:
-        return [self["max_new_tokens"], self["sample"], self["temperature"], self["seed"], *self.option_inputs]
-
-    def outputs(self) -> list:
-        """Every component an event of the page may update (a handler names the ones it changes)."""
-        blocks = [c for card in self.cards.values() for c in (card.block, card.head, card.answer, card.stats)]
-        blocks += [c for d in self.details.values() for c in (d.block, d.notes, d.seen)]
-        return list(self.components.values()) + blocks + list(self.figures.values())
-
-    def resolve(self, updates: dict) -> dict:
-        """``{role: value}`` to ``{component: value}``. Special roles: ``shown`` (the ticked columns:
-        their cards, details and figures visible, the others hidden), ``lesson`` (hidden when
-        empty), ``run_button`` (True: busy), ``tab`` (select that tab), ``tokens_column`` (the token
-        view's picker: choices and value), ``option:I`` (the I-th option widget)."""
-        out = {}
-        for role, value in updates.items():
-            if role == "shown":
-                continue  # last: a figure may be drawn and shown in one update
-            elif role == "lesson":
-                out[self["lesson"]] = value
-                out[self["lesson_row"]] = gr.update(visible=bool(value))
-            elif role == "run_button":
-                out[self["run_button"]] = gr.update(value=spec.BUSY_LABEL if value else spec.RUN_LABEL, interactive=not value)
-            elif role.startswith("option:"):
-                out[self.option_inputs[int(role.split(":", 1)[1])]] = value
-            elif role == "tokens_column":
-                out[self["tokens_column"]] = gr.update(choices=value["choices"], value=value["value"])
-            elif role == "tab":
-                out[self["tabs"]] = gr.Tabs(selected=value)
-            elif role in self.components:
-                out[self.components[role]] = value
-            elif role.startswith("figure:"):
-                out[self.figures[role.split(":", 1)[1]]] = value
-            elif ":" in role:
-                kind, name = role.split(":", 1)
-                part = self.cards[name] if kind in ("head", "answer", "stats") else self.details[name]
-                out[getattr(part, kind)] = value
-        if "shown" in updates:
-            for component, visible in self._visibility(updates["shown"]).items():
-                drawn = out.get(component)
-                out[component] = gr.update(visible=visible) if drawn is None else gr.update(value=drawn, visible=visible)
-        return out
-
-    def _visibility(self, names) -> dict:
-        """Component -> whether it shows, for the ticked columns ``names``."""
-        shown = set(names or [])
-        out = {}
-        for name, card in self.cards.items():
-            out[card.block] = out[self.details[name].block] = name in shown
-        for name in spec.layer_figure_names():
-            out[self.figures[name]] = name in shown
-        return out
 
 
 # --- the builders -------------------------------------------------------------------------------
@@ -151,8 +58,14 @@ def build_sidebar(page: Page, default_pair: str, default_max_new_tokens: int) ->
 
 
 def build_top(page: Page) -> None:
+    """The title with the setup in one sentence under it, the preset, and the page's buttons."""
     with gr.Row(elem_id="kv-top"):
-        gr.Markdown("# kvviz: watch two language models talk", elem_id="kv-title")
+        with gr.Column(scale=1, min_width=320, elem_id="kv-heading"):
+            gr.Markdown("# kvviz: watch two language models talk", elem_id="kv-title")
+            # the chips' headings and hover texts, the inert closed sidebar, the plots' names and every
+            # change of the question told to Gradio: PAGE_JS
+            gr.HTML(spec.setup_html(), elem_id="kv-setup",
+                    js_on_load=PAGE_JS.replace("DECORATIONS", json.dumps(spec.chip_decorations())))
         page.add("presets", gr.Dropdown(
             choices=[(p.label, p.key) for p in PRESETS], value=page.value("presets"), label="Preset",
             show_label=False, container=False, scale=0, min_width=280, elem_id="kv-presets"))
@@ -163,7 +76,7 @@ def build_top(page: Page) -> None:
         page.add("saved_link", gr.Textbox("", visible=False, elem_id="kv-saved-link"))  # /r/<id> of the saved run
 
 
-def build_walk(page: Page, steps: list[spec.WalkStep]) -> None:
+def build_walk(page: Page, steps: list[WalkStep]) -> None:
     """The walk-through strip (closed at first): the step's text, Back, Next, Close."""
     with gr.Column(visible=False, elem_id="kv-walk") as strip:
         page.add("walk", strip)
@@ -180,22 +93,23 @@ def build_walk(page: Page, steps: list[spec.WalkStep]) -> None:
             page.add("walk_close", gr.Button("Close", size="sm", scale=0, min_width=90, elem_id="kv-walk-close"))
 
 
-def walk_markdown(steps: list[spec.WalkStep], index: int) -> str:
+def walk_markdown(steps: list[WalkStep], index: int) -> str:
     step = steps[index]
     return f"**{step.title}.** {step.text}"
 
 
 def build_ask(page: Page) -> None:
-    """The setup in one sentence; question, context, Run and Stop on one row (stacked on a phone)."""
-    # the chips' headings and hover texts, the inert closed sidebar and the plots' names: PAGE_JS
-    gr.HTML(spec.setup_html(), elem_id="kv-setup", js_on_load=PAGE_JS.replace("DECORATIONS",
-                                                                            json.dumps(spec.chip_decorations())))
+    """Question, context, expected answer, Run and Stop on one row (stacked on a phone)."""
     with gr.Row(elem_id="kv-ask", equal_height=False):
-        page.add("query", gr.Textbox(value=page.value("query"), label="Question (both models read it)", lines=2, max_lines=6,
+        page.add("query", gr.Textbox(value=page.value("query"), label="Question (both models read it)", lines=1, max_lines=6,
                                      scale=3, elem_id="kv-query"))
         page.add("context", gr.Textbox(
             value=page.value("context"), label="Private note (the receiver never sees it)",
-            placeholder="empty: a shared question, both models read only it", lines=2, max_lines=8, scale=4, elem_id="kv-context"))
+            placeholder="empty: a shared question, both models read only it", lines=1, max_lines=8, scale=4, elem_id="kv-context"))
+        # the answer that marks every column: the question's own, so it goes (or comes back) with it
+        page.add("expected", gr.Textbox(
+            value=page.value("expected"), label="Expected answer", placeholder="e.g. United Kingdom; UK (either counts)",
+            lines=1, max_lines=3, scale=2, min_width=150, elem_id="kv-expected"))
         with gr.Column(scale=0, min_width=150, elem_id="kv-runbox"):
             page.add("run_button", gr.Button(spec.RUN_LABEL, variant="primary", elem_id="kv-run"))
             page.add("stop_button", gr.Button("Stop", variant="stop", size="sm", elem_id="kv-stop"))
@@ -205,66 +119,12 @@ def build_ask(page: Page) -> None:
             page.add("api_attention", gr.Checkbox(False, visible=False, label="attention"))
 
 
-# What the page does in the browser that Gradio's components do not: the column chips get a heading
-# before each group's first chip and a hover text each (a CheckboxGroup has no per-choice title),
-# again whenever Gradio redraws them; the closed Settings sidebar is inert (its controls, drawn off
-# screen, leave the Tab order: Run is a few presses from the top); every plot gets an accessible
-# name, its title.
-PAGE_JS = """
-(() => {  // its own scope: Gradio's js_on_load already names some of its variables
-const decorations = DECORATIONS;
-const decorate = () => {
-  const box = document.querySelector('#kv-handoffs');
-  if (!box) return;
-  box.querySelectorAll('label').forEach((label) => {
-    const found = decorations[label.textContent.trim()];
-    if (!found) return;
-    label.title = found.hint;
-    label.dataset.kvGroup = found.group;
-    const before = label.previousElementSibling;
-    if (found.heading && !(before && before.classList.contains('kv-chip-group'))) {
-      const heading = document.createElement('span');
-      heading.className = 'kv-chip-group';
-      heading.textContent = found.heading;
-      heading.title = found.why;
-      label.before(heading);
-    }
-  });
-};
-const opts = {childList: true, subtree: true};
-const observer = new MutationObserver(() => { observer.disconnect(); decorate(); watchChips(); });
-const watchChips = () => { const box = document.querySelector('#kv-handoffs'); if (box) observer.observe(box, opts); };
-const start = (tries) => {  // the chips mount after this component: wait for them
-  if (!document.querySelector('#kv-handoffs label')) { if (tries > 0) setTimeout(() => start(tries - 1), 100); return; }
-  decorate(); watchChips();
-};
-start(100);
-const sidebarInert = () => {
-  const sidebar = document.querySelector('#kv-settings');
-  const content = sidebar && sidebar.querySelector('.sidebar-content');
-  if (content) content.inert = !sidebar.classList.contains('open');
-};
-const namePlots = () => document.querySelectorAll('[id^=kv-plot-]').forEach((plot) => {
-  const title = plot.querySelector('.gtitle');
-  const name = title ? title.textContent.trim() : '';
-  if (name && plot.getAttribute('aria-label') !== name) { plot.setAttribute('role', 'img'); plot.setAttribute('aria-label', name); }
-});
-const keep = () => { sidebarInert(); namePlots(); };
-keep();
-setInterval(keep, 500);  // cheap: a class check and a few title reads
-})();
-"""
-
-
 def build_columns(page: Page, shown: list[str]) -> None:
-    """The columns to run and the expected answer that marks them (below the cards on a phone)."""
+    """The columns to run, in their three groups (below the cards on a phone)."""
     with gr.Row(elem_id="kv-columns", equal_height=True):
         page.add("chosen", gr.CheckboxGroup(
             choices=[(registry.get(name).label, name) for name in spec.grouped_columns()], value=shown,
             label="Columns (Run live runs the ticked ones)", show_label=False, scale=5, elem_id="kv-handoffs"))
-        page.add("expected", gr.Textbox(
-            value=page.value("expected"), label="Expected answer", placeholder="e.g. United Kingdom; UK (either counts)",
-            lines=1, max_lines=2, scale=1, min_width=190, elem_id="kv-expected"))
 
 
 def build_cards(page: Page, shown: list[str]) -> None:
@@ -275,7 +135,7 @@ def build_cards(page: Page, shown: list[str]) -> None:
         for name in spec.column_names():
             with gr.Column(min_width=150, visible=name in shown, elem_id=f"kv-col-{name}", elem_classes=["kv-card"]) as block:
                 head = gr.HTML(page.value(f"head:{name}"), elem_id=f"kv-head-{name}", js_on_load=None)
-                answer = gr.Textbox(value=page.value(f"answer:{name}"), show_label=False, lines=2, max_lines=5,
+                answer = gr.Textbox(value=page.value(f"answer:{name}"), show_label=False, lines=1, max_lines=5,
                                     interactive=False, container=False, elem_id=f"kv-answer-{name}")
                 stats = gr.Markdown(page.value(f"stats:{name}"), elem_id=f"kv-stats-{name}", elem_classes=["kv-card-stats"])
             page.cards[name] = Card(block, head, answer, stats)
@@ -400,43 +260,6 @@ def build_sweep(page: Page, sweep: dict | None) -> None:
 
 def build_how(page: Page) -> None:
     """Every handoff's explanation and diagram in one block, filled when the tab is first opened
-    (``views.tab_updates``): most visits never open it, and it is most of the page's weight.
+    (``tabs.tab_updates``): most visits never open it, and it is most of the page's weight.
     Project text only (the descriptors and assets/diagrams), so its HTML is not sanitised."""
     page.add("how", gr.Markdown("", sanitize_html=False, elem_id="kv-how"))
-
-
-# --- widgets ------------------------------------------------------------------------------------
-
-
-def server_checked_slider(*args, **kwargs) -> gr.Slider:
-    """A slider whose value the server checks with ``kvviz.core.limits``, so that an API call out of
-    range hears which setting and what is allowed ("KVComm ratio r must be between 0 and 1, got
-    1.5"), as the CLI does; Gradio's own check would not name the setting. (Not a subclass: Gradio
-    writes a type stub beside the file of every component subclass.)"""
-    slider = gr.Slider(*args, **kwargs)
-    slider.preprocess = lambda payload: payload
-    return slider
-
-
-def option_widgets(option: PageOption) -> list:
-    """The widgets of one option: [auto checkbox,] value."""
-    setting = option.option
-    widgets = []
-    if setting.auto:
-        widgets.append(gr.Checkbox(value=True, label=setting.auto, elem_id=f"{option.elem_id}-auto"))
-    if setting.kind == "choice":
-        widgets.append(gr.Dropdown(choices=list(setting.choices), value=setting.default, label=setting.label,
-                                   elem_id=option.elem_id))
-    elif setting.kind == "text":
-        widgets.append(gr.Textbox(value=setting.default, label=setting.label, elem_id=option.elem_id))
-    elif setting.kind in ("float", "int") and None not in setting.bounds():
-        low, high = setting.bounds()
-        if setting.kind == "int":  # a count: the slider ends where a page needs it to (the server's cap may be lower)
-            high = min(spec.MAX_UI_NEW_TOKENS, int(high))
-        widgets.append(server_checked_slider(low, high, value=min(setting.default, high),
-                                             step=setting.step or (1 if setting.kind == "int" else 0.01),
-                                             label=setting.label, elem_id=option.elem_id))
-    else:
-        widgets.append(gr.Number(value=setting.default, precision=0 if setting.kind == "int" else None,
-                                 label=setting.label, elem_id=option.elem_id))
-    return widgets

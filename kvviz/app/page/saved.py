@@ -5,11 +5,17 @@ painted in place of the preset's, with no model run."""
 
 from __future__ import annotations
 
+import logging
+
+from sqlalchemy.exc import SQLAlchemyError
+
 from kvviz.app import tokenview
 from kvviz.app.page import views
-from kvviz.store.classes import Refused
-from kvviz.store.database import open_store
+from kvviz.store.database import UNWRITABLE, default_url, open_store, shown_url
 from kvviz.store.runs import SavedRuns
+from kvviz.store.values import Refused
+
+LOG = logging.getLogger("kvviz.app.page")
 
 # the short link in the address bar and on the clipboard
 COPY_SAVED_JS = """
@@ -24,6 +30,7 @@ COPY_SAVED_JS = """
 
 
 def store() -> SavedRuns:
+    """The saved runs in the store the workshop's routes use (``KVVIZ_DB_URL``, else the SQLite file)."""
     return SavedRuns(open_store())
 
 
@@ -40,6 +47,9 @@ def save(results: dict | None, link: str, title: str) -> dict:
             run_id = store().save(title, link, tokenview.payload_without_arrays(results))  # without the attention arrays
     except Refused as refusal:
         return {"status": refusal.line, "saved_link": ""}
+    except (SQLAlchemyError, OSError) as error:  # the page keeps working; where the store is goes to the log
+        LOG.error("Save run: the store (%s) failed: %s", shown_url(default_url()), type(error).__name__)
+        return {"status": UNWRITABLE, "saved_link": ""}
     return {"status": f"Saved: **/r/{run_id}** (copied; it reopens these results without a model).",
             "saved_link": f"/r/{run_id}"}
 
@@ -51,7 +61,7 @@ def saved_results(params: dict) -> tuple[str, dict] | None:
         return None
     try:
         run = store().get(run_id)
-    except Refused:
+    except (Refused, SQLAlchemyError, OSError):
         return None
     return run["id"], run["results"]
 

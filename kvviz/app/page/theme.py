@@ -38,6 +38,7 @@ def theme() -> gr.themes.Base:
         color_accent_soft="#dbeafe",
         link_text_color=BLUE_FILL,
         link_text_color_visited=BLUE_FILL,
+        layout_gap="6px",  # the first screen at 1280x800 holds the cards, the lesson and the first plot
     )
 
 
@@ -47,19 +48,22 @@ CSS = """
    verdict strip from sticking; clip does the same clipping without that */
 .gradio-container {overflow: clip !important}
 .gradio-container footer, .gradio-container footer * {color: #475569 !important}
-#kv-top {align-items: center; gap: 8px; flex-wrap: nowrap}
+#kv-top {align-items: flex-end; gap: 8px; flex-wrap: nowrap}
+#kv-heading {gap: 2px !important}
 #kv-title h1 {font-size: 20px; margin: 0; line-height: 1.2}
 #kv-title {min-width: 0 !important}
 #kv-presets {max-width: 300px}
 #kv-ask {gap: 8px; align-items: stretch}
 #kv-runbox {gap: 6px; justify-content: flex-start}
-#kv-status {font-size: 14px; min-height: 22px}
+#kv-status {font-size: 13.5px; min-height: 20px}
 #kv-status p {margin: 0}
 .kv-refused {color: #7f1d1d}
 .kv-badge {display: inline-block; padding: 0 7px; border-radius: 9px; font-size: 12px; background: #fef3c7;
   color: #713f12; border: 1px solid #e6cf7d}
-#kv-verdict {position: sticky; top: 0; z-index: 30}
-.kv-verdict {font-size: 14px; padding: 6px 10px; border-radius: 6px; background: #f1f5f9; color: #0f172a;
+#kv-verdict {position: sticky; top: 0; z-index: 30; padding: 0 !important; min-height: 0 !important}
+/* the strip and the cards' heads are lines of text: no padding around them */
+#kv-verdict > .html-container, #kv-answers [id^=kv-head-] > .html-container {padding: 0 !important}
+.kv-verdict {font-size: 14px; padding: 3px 10px; border-radius: 6px; background: #f1f5f9; color: #0f172a;
   border: 1px solid #cbd5e1}
 .kv-verdict-rule {color: #334155}
 /* the cards: a grid of equal columns at least 168 px wide, so that any number of them wraps into rows
@@ -97,7 +101,7 @@ CSS = """
 .kv-card textarea {font-size: 15px !important; color: #0f172a !important; border: none !important; box-shadow: none !important;
   padding: 2px 0 !important; background: transparent !important}
 .kv-card-stats {min-height: 1.3em}
-.kv-card-stats p {margin: 0; font-size: 12.5px; color: #334155 !important; line-height: 1.3}
+.kv-card-stats p {margin: 0; font-size: 12px; color: #334155 !important; line-height: 1.25}
 #kv-lesson {font-size: 14px}
 #kv-lesson p {margin: 0}
 #kv-lesson-row {align-items: center; gap: 8px}
@@ -112,6 +116,7 @@ CSS = """
 #kv-walk-guess {overflow: visible !important}
 #kv-walk-buttons {position: sticky; bottom: -8px; background: #f8fafc; padding: 4px 0 2px 0}
 #kv-walk-guess .wrap {flex-wrap: nowrap; gap: 8px}
+#kv-walk-veil {display: none !important}  /* it holds only a <style>, which applies wherever it is */
 .kv-highlight {outline: 3px solid #1d4ed8 !important; outline-offset: 4px; border-radius: 6px;
   transition: outline-color 0.3s}
 .kv-details-title {font-weight: 700; color: var(--kv-ink) !important; border-left: 5px solid var(--kv-hue); padding-left: 6px}
@@ -124,7 +129,11 @@ CSS = """
 .gradio-container .value.bool, .gradio-container .value.null {color: #86198f !important}
 .gradio-container .square-bracket {color: #9f1239 !important}
 #kv-columns {align-items: center; gap: 8px}
-#kv-handoffs label {padding: 3px 8px !important}
+#kv-handoffs label {padding: 2px 7px !important; font-size: 13.5px}
+/* the ask row's labels and the tab bar, compact: the first plot is on a laptop's first screen */
+#kv-ask span[data-testid="block-info"] {font-size: 13px !important; padding: 1px 6px !important; margin-bottom: 2px}
+#kv-inside [role="tablist"] button {padding-top: 4px !important; padding-bottom: 4px !important}
+#kv-inside > .tab-wrapper {margin-bottom: 0 !important}
 .kv-chip-group {align-self: center; font-size: 12.5px; font-weight: 700; color: #334155; margin: 0 2px 0 8px;
   text-transform: uppercase; letter-spacing: .04em; cursor: help}
 .kv-chip-group:first-child {margin-left: 0}
@@ -133,15 +142,22 @@ CSS = """
 #kv-swap .kv-swap-label p {margin: 0; font-size: 13.5px; color: #1f2937; white-space: nowrap}
 #kv-swap textarea, #kv-swap input {border: 1px solid #94a3b8 !important; border-radius: 6px !important;
   padding: 3px 8px !important}
-.kv-setup {font-size: 14px; color: #1f2937; margin: 0 0 2px 0}
-#kv-setup {margin: -6px 0 -10px 0}  /* the setup line sits close to the question it sets up */
+.kv-setup {font-size: 13.5px; color: #1f2937; margin: 0; line-height: 1.3}
 .kv-setup abbr {cursor: help; text-decoration: underline dotted}
 @media (max-width: 640px) {
   #kv-verdict {position: static}
   /* the tabs in one row that scrolls sideways, not four rows */
   #kv-inside [role="tablist"] {flex-wrap: nowrap !important; overflow-x: auto !important; overflow-y: hidden}
   #kv-inside [role="tablist"] > * {flex: 0 0 auto !important}  /* sticky, it would cover 13% of a phone's screen over every plot */
-  #kv-walk {right: 8px; bottom: 8px; width: calc(100vw - 16px); max-height: 50vh; font-size: 14px}
+  /* the panel holds its whole step without a scroll of its own (a predict step folds its text while
+     the choice is due, and after it shows the reveal in its place: steps.prediction_veil_css), full
+     width at the foot, so that its buttons, its choices and the target above it can all be reached */
+  #kv-walk {left: 0; right: 0; bottom: 0; width: 100vw; max-height: none; overflow: visible; font-size: 13.5px;
+    border-radius: 8px 8px 0 0; border-left-width: 1px; border-top: 4px solid #0072B2; padding: 6px 10px !important;
+    gap: 4px !important}
+  #kv-walk-text p {line-height: 1.35}
+  #kv-walk-buttons {position: static; padding: 2px 0 0 0}
+  #kv-walk-guess .wrap {gap: 6px}
   #kv-top {flex-wrap: wrap}
   #kv-title {flex: 1 1 100% !important}
   #kv-title h1 {font-size: 18px}

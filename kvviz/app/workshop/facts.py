@@ -1,13 +1,14 @@
 """What an exercise shows: before the reveal, its question (never its answer); after it, what the
-models did in the stored run, the right answer and the explanation. Both are plain dicts (JSON)."""
+models did in the stored run (read once, ``kvviz.app.reading``: each column's answer, its answer on
+the swapped note and what that outcome and its evidence mean, in the page's words), the right answer
+and the explanation. Both are plain dicts (JSON). No torch: the workshop's server imports this."""
 
 from __future__ import annotations
 
 from urllib.parse import urlencode
 
-from kvviz.app.exercises import Exercise, answer_of, preset_of, stored_results
-from kvviz.app.page import spec
-from kvviz.handoffs import registry
+from kvviz.app.exercises import Exercise, answer_of, preset_of, reading_of, stored_results
+from kvviz.app.reading import catalog
 
 
 def card(exercise: Exercise, index: int) -> dict:
@@ -33,31 +34,31 @@ def shown_answer(exercise: Exercise, answer) -> str:
 
 
 def columns_of(exercise: Exercise) -> list[str]:
-    if exercise.kind == "which":
-        return list(exercise.choices)
-    names = [exercise.column, registry.control_of(exercise.column), exercise.check.get("over")]
+    """The columns the exercise is about: its question's (a column's control among them)."""
+    names = exercise.question.columns() + ([catalog.control_of(exercise.column)] if exercise.column else [])
     return [name for name in dict.fromkeys(names) if name]
 
 
 def reveal(exercise: Exercise) -> dict:
     """The stored run's answer to the exercise, what each column it is about said, the explanation."""
     results = stored_results(exercise) or []
-    answer = answer_of(exercise, results) if results else None
-    by_name = {result.get("handoff"): result for result in results}
+    reading = reading_of(exercise, results)
     said = []
     for name in columns_of(exercise):
-        result = by_name.get(name) or {}
-        swap = result.get("swap") or {}
-        said.append({"column": registry.label_of(name), "answer": (result.get("answer") or "").strip()[:160],
-                     "swapped": (swap.get("answer") or "").strip()[:160] if swap else "",
-                     "swap_outcome": swap.get("outcome") or ""})
+        column = reading.column(name)
+        said.append({"column": column.label, "answer": column.answer.strip()[:160],
+                     "swapped": column.swap.answer.strip()[:160] if column.swap.changed else "",
+                     "swap_outcome": "" if column.swap.outcome == "none" else column.swap.outcome,
+                     "evidence": column.evidence_sentence()})
+    answer = answer_of(exercise, reading) if results else None
     return {"key": exercise.key, "answer": shown_answer(exercise, answer), "value": answer, "said": said,
             "explain": exercise.explain, "lab_link": lab_link(exercise)}
 
 
 def lab_link(exercise: Exercise) -> str:
     """The lab's page with the exercise's preset: its stored run paints there, every column and figure."""
-    if not exercise.preset:
+    preset = preset_of(exercise)
+    if preset is None:
         return ""
-    columns = list(dict.fromkeys([*spec.preset_columns(preset_of(exercise)), *columns_of(exercise)]))
+    columns = list(dict.fromkeys([*preset.columns, *columns_of(exercise)]))
     return "/?" + urlencode({"preset": exercise.preset, "h": ",".join(columns)})

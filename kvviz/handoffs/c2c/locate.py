@@ -148,7 +148,8 @@ def locate_fuser(pair: LoadedPair, given: str | None, control: bool) -> tuple[Pa
             )
         return None, (
             f"No trained {'control ' if control else ''}C2C fuser for pair '{pair.name}' "
-            f"(sharer {pair.sharer.name} -> receiver {pair.receiver.name}) in {SHIPPED_FUSERS}. "
+            f"(sharer {pair.sharer.name} -> receiver {pair.receiver.name}) among the shipped fusers "
+            "(assets/fusers; a page never shows a server's paths). "
             "Train one with: python -m kvviz train-fuser --pair " + pair.name
         )
     return found, ""

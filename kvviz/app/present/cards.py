@@ -1,0 +1,181 @@
+"""One column's card, rendered once for the page and for ``/run``: its head (title, mark, what its
+answer is evidence of on hover, its swapped-note row and its what-ifs), its answer, its one line of
+numbers (time, on which pair, first token, bytes) and the longer block in "What each model saw".
+
+Everything comes from the reading of the run (``kvviz.app.reading``): a ``Column`` in, strings out;
+no mark or evidence is computed here. Model text is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+from kvviz.app.present.text import format_seconds, md, notes_of, seen_text, short_pair
+from kvviz.app.reading import catalog
+from kvviz.app.reading.reading import Column, Timing
+from kvviz.core.plotkit import human_bytes, ink
+
+# A card's mark: a symbol and a word (never colour alone), and ``data-verdict`` for tests and CSS.
+MARK_WORDS = {
+    "right": "✓ right",
+    "wrong": "✗ wrong",
+    "none": "∅ no answer",
+    "na": "n/a",
+    "failed": "⚠ failed",
+    "unmarked": "unmarked",
+    "waiting": "waiting",
+    "running": "running…",
+    "stopped": "■ stopped",
+    "notstarted": "not started",
+    "notrun": "not run",
+    "stale": "other question",
+}
+MARK_HINTS = {
+    "right": "the answer states an expected answer",
+    "wrong": "the answer does not state an expected answer (or only denies it, or lists it among other candidates)",
+    "none": "the answer is empty",
+    "na": "this handoff does not apply to this pair or question",
+    "failed": "the handoff failed: its details say why",
+    "unmarked": "no expected answer to mark it by: type one beside the question",
+    "stopped": "stopped by you before it finished",
+    "notstarted": "the run was stopped before this handoff started",
+    "notrun": "the run did not reach this handoff",
+    "stale": "this answer is to the results' own question (or pair), not to what the page asks now: press Run live",
+}
+SWAP_WORDS = {"followed": "⇄ followed", "kept": "= kept", "neither": "≠ neither", "none": "no swap run"}
+SWAP_MEANINGS = {
+    "followed": "followed the swap: what it answers is the note's content",
+    "kept": "kept its answer: it did not come from this fact of the note",
+    "neither": "gave neither the old answer nor the swapped one: no sign it read this fact",
+}
+STATE_LINES = {"running": "*running …*", "waiting": "*waiting for its turn*", "stopped": "*stopped before it finished*",
+               "notstarted": "*not started*"}
+
+
+def card_head_html(name: str, kind: str, below: str = "", evidence: str = "") -> str:
+    """A card's head: the title in its ink shade (>= 4.5:1), its summary on hover, and the mark (its
+    meaning and, given, what the answer is evidence of on hover; project text only); ``below``: the
+    swapped-note row and the what-ifs."""
+    method = catalog.METHODS[name]
+    hint = "; ".join(filter(None, (MARK_HINTS.get(kind, ""), evidence)))
+    return (
+        f'<div class="kv-card-head" style="--kv-hue:{method.color};--kv-ink:{ink(method.color)}">'
+        f'<span class="kv-card-title" title="{html.escape(method.title)}: {html.escape(method.summary)}">'
+        f"{html.escape(method.label)}</span>"
+        f'<span class="kv-mark kv-mark-{kind}" id="kv-mark-{name}" data-verdict="{kind}" title="{html.escape(hint)}">'
+        f"{html.escape(MARK_WORDS[kind])}</span></div>{below}"
+    )
+
+
+def time_text(timing: Timing) -> str:
+    """A column's time as what it is, on which pair: "alone" (timed by itself on a warm process, as
+    a preset's stored run is) or "in this shared run" (a live run's wall clock while its columns
+    shared the CPU: not its own cost), with its time alone beside it where one was measured for
+    this question, pair and settings."""
+    total, pair = format_seconds(timing.total), short_pair(timing.pair)
+    on = f" on {pair}" if pair else ""
+    if timing.timed == "alone":
+        return f"{total} alone{on}"
+    if timing.alone is not None:
+        return f"{format_seconds(timing.alone)} alone (precomputed) · {total} in this shared run{on}"
+    return f"{total} in this shared run{on}"
+
+
+def card_stats(column: Column, message: str | None = None) -> str:
+    """The card's one line under the answer (the page's and ``/run``'s): time, first token and
+    bytes; while it runs, what it is doing (the message as its sharer writes it); why it does not apply."""
+    if message is not None:
+        return f"✎ the sharer writes: “{md(message)}”"
+    if column.result is None:
+        return STATE_LINES.get(column.state, "")
+    if not column.applicable:
+        return md(column.reason)
+    parts = [time_text(column.timing)] if column.timing is not None else []
+    if column.result.first_token_seconds is not None:
+        parts.append(f"first token {format_seconds(float(column.result.first_token_seconds))}")
+    parts.append("nothing sent" if column.bytes == 0 else f"{human_bytes(column.bytes)} sent")
+    return " · ".join(parts)
+
+
+def stats_markdown(column: Column) -> str:
+    """The longer block in "What each model saw": times, bytes, tokens, the method's own facts, and
+    what the answer is evidence of; or why it does not apply."""
+    result = column.result
+    if result is None:
+        return {"running": "*running ...*", "waiting": "*waiting for its turn*"}.get(column.state, "*not run yet*")
+    if not result.applicable:
+        return f"**Not applicable:** {md(result.reason)}"
+    parts = [f"**{time_text(column.timing)}**"] if column.timing is not None else []
+    if result.first_token_seconds is not None:
+        parts.append(f"first token {format_seconds(float(result.first_token_seconds))}")
+    receiver_side = result.receiver_first_token_seconds
+    if receiver_side is not None and receiver_side != result.first_token_seconds:
+        parts.append(f"receiver side {format_seconds(float(receiver_side))}")
+    kind = result.communication or "none"
+    sent = "nothing sent" if column.bytes == 0 else f"**{human_bytes(column.bytes)}** sent as {md(kind)}"
+    lines = [" · ".join(parts), sent + f" · {int((result.tokens or {}).get('generated', 0))} tokens answered"]
+    lines += [md(note) for note in notes_of(result)]
+    if column.evidence:
+        lines.append(md(column.evidence_sentence()))
+    if result.precomputed:
+        lines.append('<span class="kv-badge">precomputed</span>')
+    return "\n\n".join(lines)
+
+
+def swap_meaning(column: Column) -> str:
+    """What the column did with the swapped note and what that says ("KVComm followed the swap:
+    what it answers is the note's content"); "" when no swapped note ran for it."""
+    meaning = SWAP_MEANINGS.get(column.swap.outcome)
+    return f"{column.label} {meaning}" if meaning else ""
+
+
+def swap_row_html(column: Column) -> str:
+    """Under a card's title, once the swapped note ran: the outcome's mark (``data-swap`` for tests
+    and CSS; what it means on hover) and the answer on the swapped note (escaped: model text)."""
+    outcome = column.swap.outcome
+    answer = column.swap.answer if column.swap.applicable else "(does not apply)"
+    hint = swap_meaning(column) or "the swapped note did not run for this column"
+    return (f'<div class="kv-swap-row"><span class="kv-swap kv-swap-{outcome}" id="kv-swap-{column.name}" '
+            f'data-swap="{outcome}" title="{html.escape(hint)}">{html.escape(SWAP_WORDS[outcome])}</span>'
+            f'<span class="kv-swap-answer" title="its answer on the swapped note">on the swapped note: '
+            f"“{html.escape(answer)}”</span></div>")
+
+
+def what_if_label(label: str) -> str:
+    """A stored run's short name on a card: its label's parenthesis ("7 of 18 layers" -> "7 layers"),
+    else the label after "at" ("ratio 0.35"), else the label."""
+    if "(" in label and label.endswith(")"):
+        return re.sub(r"^(\d+) of \d+ layers$", r"\1 layers", label[label.index("(") + 1:-1])
+    return label.split(" at ", 1)[-1]
+
+
+def what_if_html(column: Column) -> str:
+    """Under a card's answer: its answers in the preset's stored runs at other settings, each with
+    its mark, painted from the stored runs without a model. Model text is escaped."""
+    if not column.what_ifs:
+        return ""
+    items = []
+    for run in column.what_ifs:
+        answer = run.answer if len(run.answer) <= 40 else run.answer[:39] + "…"
+        items.append(f'<span class="kv-whatif-item" data-verdict="{run.mark}" title="{html.escape(run.label)}: stored run, '
+                     f'no model needed">{html.escape(what_if_label(run.label))}: {html.escape(answer)} '
+                     f'<span class="kv-mark-{run.mark} kv-whatif-mark">{html.escape(MARK_WORDS[run.mark].split()[0])}'
+                     "</span></span>")
+    return f'<div class="kv-whatif" id="kv-whatif-{column.name}"><span class="kv-whatif-lead">what if</span> {" · ".join(items)}</div>'
+
+
+def card(column: Column, partial: str | None = None, swapped: bool = False, message: str | None = None) -> dict:
+    """Every role of one column's card (and its "What each model saw" section): ``head:NAME``,
+    ``answer:NAME``, ``stats:NAME``, ``notes:NAME``, ``seen:NAME``. ``partial``: its answer so far;
+    ``swapped``: the swapped note's row shows under the title; ``message``: what its sharer writes."""
+    name, finished = column.name, column.result is not None
+    below = (swap_row_html(column) if swapped and finished else "") + (what_if_html(column) if finished else "")
+    answer = partial if partial is not None else ("(not applicable)" if finished and not column.applicable else column.answer)
+    return {
+        f"head:{name}": card_head_html(name, column.mark, below, column.evidence_sentence()),
+        f"answer:{name}": answer,
+        f"stats:{name}": card_stats(column, message),
+        f"notes:{name}": stats_markdown(column) if finished or column.state in ("running", "waiting") else "",
+        f"seen:{name}": seen_text(column.result),
+    }

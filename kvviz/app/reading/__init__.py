@@ -1,0 +1,7 @@
+"""A run, read once, typed and torch-free: what each column showed and what it is evidence of.
+
+* ``catalog``: the page's methods without their code (names, labels, controls, groups, page order);
+* ``evidence``: the one evidence rule and the words every surface says it in;
+* ``questions``: the one vocabulary of questions that presets, exercises and the walk-through ask;
+* ``reading``: ``read(payload, answers)``, the ``Reading`` of a run and its ``answer(question)``.
+"""
