@@ -30,6 +30,11 @@ def test_the_evaluator_measures_every_row_and_its_checks_hold(mixed_tiny_pair, o
         assert check["records"] == 3 and check["same_answers"] == 3 and check["max_nll_difference"] < 1e-3
     assert summary["communication"]["of"] == 4 and len(summary["communication"]["ci95"]) == 2
     assert summary["answers"]["ids"] == [r.id for r in records] and len(summary["answers"]["translator"]) == 4
+    answers = summary["answers"]  # each record's answer on its swapped note, kept to pair follow rates across reports
+    for row in ("skyline", "translator"):
+        followed = sum(swap_outcome(text, gold, twin) == "followed" for text, gold, twin
+                       in zip(answers[f"{row}_swap"], answers["golds"], answers["swap_golds"]) if twin is not None)
+        assert followed == summary["swap"]["rows"][row]["followed"]
     cells = summary["matched_deranged"]
     assert cells["translator"]["matched"] is summary["rows"]["translator"] and cells["translator"]["deranged"] is summary["rows"]["control"]
     assert cells["skyline"]["deranged"] is summary["rows"]["skyline_control"]

@@ -137,6 +137,10 @@ def evaluate(pair, translator, sets: dict, rows=ROWS, seed: int = 0, max_new_tok
         # every record's answer per row: a later report of other rows on the same records is paired with these
         summary["answers"] = {"ids": [r.id for r in records], "golds": [list(r.answers) for r in records],
                               **{row: [result[0] for result in results[row]] for row in results}}
+        if swaps:  # every record's answer on its swapped note (None: no swap), paired across reports
+            summary["answers"]["swap_golds"] = [list(swaps[r.id].answers) if r.id in swaps else None for r in records]
+            summary["answers"].update({f"{row}_swap": [result[0] if result else None for result in swapped[row]]
+                                       for row in swapped})
         summary["examples"] = [
             {"context": r.context, "question": r.question, "gold": r.answers[0],
              **{row: results[row][i][0] for row in results},
