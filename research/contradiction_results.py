@@ -44,9 +44,12 @@ def read_runs(folders: list[Path]) -> tuple[list[dict], list[dict]]:
     only runs on another pair (CIPHER on embedded-gemma) is paired with the embedded pair's Skyline and
     receiver alone, sample by sample."""
     configs = [json.loads((folder / "config.json").read_text(encoding="utf-8")) for folder in folders]
-    if len({(c["dataset"], c["seed"], c["limit"]) for c in configs}) > 1:
-        raise SystemExit(f"{[str(f) for f in folders]}: one table needs one dataset, seed and limit")
-    rows = pd.concat([read_rows(folder) for folder in folders], ignore_index=True)
+    if len({(c["dataset"], c["seed"]) for c in configs}) > 1:  # a smaller --limit takes the first samples of a larger one
+        raise SystemExit(f"{[str(f) for f in folders]}: one table needs one dataset and seed")
+    tables = [read_rows(folder) for folder in folders]
+    for config, table in zip(configs, tables):  # a stopped (or smaller) run: the samples it has rows for
+        config["measured"] = int(table["sample_id"].nunique()) if len(table) else 0
+    rows = pd.concat(tables, ignore_index=True)
     order = [variant for config in configs for variant in config.get("variants", [])]
     return configs, contradiction_summary(rows, list(dict.fromkeys(order)))
 
@@ -69,10 +72,12 @@ def dataset_section(name: str, folders: list[Path]) -> str:
     configs, entries = read_runs(folders)
     first = configs[0]
     made = first.get("contradict") or {}
-    pairs = ", ".join(f"`{c['pair']}` ({', '.join(c.get('variants', []))})" for c in configs)
+    pairs = ", ".join(f"`{c['pair']}` ({', '.join(c.get('variants', []))}; `--limit {c.get('limit')}`, rows for "
+                      f"{c['measured']} samples)" for c in configs)
     parts = [f"### {DATASET_NAMES.get(name, name)}", "",
-             f"{made.get('samples', '?')} samples with a contradiction (`--limit {first.get('limit')}`, seed {first.get('seed')}, "
-             f"{first.get('max_new_tokens')} new tokens; {made.get('rule', '')}); pairs {pairs}.", "",
+             f"{made.get('samples', '?')} samples with a contradiction in the first {first.get('limit')} (seed {first.get('seed')}, "
+             f"{first.get('max_new_tokens')} new tokens; {made.get('rule', '')}); runs {pairs}. A run stopped before its "
+             "last sample has rows for fewer: each row's n says how many it measured.", "",
              contradiction_markdown(entries).split("\n", 2)[2]]  # the table, without its intro line
     return "\n".join(parts + facts(entries) + [""])
 

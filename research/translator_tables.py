@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 from kvviz.data import contains_answer  # noqa: E402
 from kvviz.data.record import Record  # noqa: E402
 from kvviz.data.stats import paired_comparison  # noqa: E402
+from kvviz.data.swaps import swap_outcome  # noqa: E402
 
 
 def cell(row: dict) -> str:
@@ -247,6 +248,46 @@ def paired_harm(summary: dict, full: dict, name: str) -> None:
             summary["harm"][row] = {**compared, "no_worse": compared["ci95"][1] >= 0}
 
 
+def outcomes(summary: dict, row: str) -> dict[str, list[int]]:
+    """0/1 per record of one report's row: ``answers`` (a gold answer contained) and, where the report
+    kept each record's answer on its swapped note, ``follows`` (the swapped answer and not the original)."""
+    answers = summary.get("answers") or {}
+    golds = answers.get("golds") or []
+    out = {}
+    if row in answers and len(golds) == len(answers[row]):
+        out["answers"] = [int(contains_answer(text, gold)) for text, gold in zip(answers[row], golds)]
+    twins = answers.get("swap_golds")
+    if f"{row}_swap" in answers and twins:
+        out["follows"] = [int(swap_outcome(text, gold, twin) == "followed")
+                          for text, gold, twin in zip(answers[f"{row}_swap"], golds, twins) if twin is not None]
+    return out
+
+
+def paired_table(reports: dict) -> list[str]:
+    """Each later report's translator against the first report's, record by record on the same draw:
+    the difference in answer rate and in follow rate (later - first), its paired bootstrap interval
+    and McNemar's exact p."""
+    lines = ["| set | translator | answer rate: difference [95%] (p) | follow rate: difference [95%] (p) |", "|---|---|---|---|"]
+    (first_label, first), *later = reports.items()
+    for label, report in later:
+        for name, summary in report.items():
+            if not isinstance(summary, dict) or "answers" not in summary or name not in first:
+                continue
+            if (first[name].get("answers") or {}).get("ids") != summary["answers"].get("ids"):
+                continue
+            mine, theirs = outcomes(summary, "translator"), outcomes(first[name], "translator")
+            cells = []
+            for key in ("answers", "follows"):
+                if key in mine and key in theirs and len(mine[key]) == len(theirs[key]):
+                    c = paired_comparison(mine[key], theirs[key])
+                    cells.append(f"{c['difference']:+.2f} [{c['ci95'][0]:+.2f}, {c['ci95'][1]:+.2f}] (p = {c['mcnemar_p']:.2g}, "
+                                 f"n = {c['n']})")
+                else:
+                    cells.append("not kept")
+            lines.append(f"| {name} | {label} vs {first_label} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--report", action="append", required=True, help="LABEL=PATH of an eval-translator --out report")
@@ -259,7 +300,8 @@ def main() -> int:
     base = next(iter(reports.values()))
     reports = {label: complete(report, base) for label, report in reports.items()}
     blocks = [("Answers", answers_table(reports)), ("Swapped fact: follow rate", swap_table(reports)),
-              ("Who is where by people per note", people_table(reports)), ("Presets", presets_table(reports)),
+              ("Who is where by people per note", people_table(reports)),
+              (f"Paired against {list(reports)[0]}", paired_table(reports)), ("Presets", presets_table(reports)),
               (f"Targets ({list(reports)[-1]})", targets(reports[list(reports)[-1]]))]
     blocks += [(f"Legs of {path}", legs_table(Path(path))) for path in args.legs]
     for title, lines in blocks:
