@@ -201,8 +201,8 @@ def complete(report: dict, base: dict) -> dict:
     translator) completed from ``base``, a full report on the same records: their rows, Skyline's
     swap and by-people entries, and the shares of Skyline's and the receiver's interval recomputed."""
     for name, summary in report.items():
-        if not isinstance(summary, dict) or "rows" not in summary or "skyline" in summary["rows"]:
-            continue
+        if not isinstance(summary, dict) or "rows" not in summary or {"skyline", "receiver"} & set(summary["rows"]):
+            continue  # a full report (the harm set runs no Skyline: its receiver row is its own)
         full = base.get(name) or {}
         if not {"receiver", "skyline"} <= set(full.get("rows") or {}):
             raise SystemExit(f"{name}: the first report has no receiver and Skyline rows to borrow; put a full report first")
@@ -305,6 +305,8 @@ def main() -> int:
               (f"Targets ({list(reports)[-1]})", targets(reports[list(reports)[-1]]))]
     blocks += [(f"Legs of {path}", legs_table(Path(path))) for path in args.legs]
     for title, lines in blocks:
+        if len(lines) <= 2:  # a table with no row (the sets these reports measured have none of it)
+            continue
         print(f"### {title}\n\n" + "\n".join(lines) + "\n")
     return 0
 
