@@ -155,9 +155,10 @@ def write_results_markdown(path: str, runs: list[str], perf_dir: str | None, com
 
 
 # Sections of docs/RESULTS.md that other scripts write (scripts/load_test.py, research/kvcomm_results.py,
-# research/steer_results.py, research/content_results.py, research/contradiction_results.py):
-# kept when the rest is regenerated, each between its own start and end marks.
-KEPT = ("kvcomm-table", "steer-table", "load-test", "speed", "content-table", "contradiction-table")
+# research/steer_results.py, research/content_results.py, research/contradiction_results.py; issue 43's
+# translator evaluation, from research/translator_tables.py): kept when the rest is regenerated, each
+# between its own start and end marks.
+KEPT = ("kvcomm-table", "steer-table", "load-test", "speed", "content-table", "contradiction-table", "translator-follow")
 
 
 def section_marks(name: str) -> tuple[str, str]:
