@@ -43,6 +43,12 @@ def swap_columns(record, result, swapped, swap: Swap) -> dict:
     }
 
 
+def paired_with_references(outcomes: dict[str, dict[str, int]], name: str, by_handoff: dict[str, str]) -> dict:
+    """One variant's 0/1 outcomes (per sample) paired with each of ``REFERENCES`` that ran (McNemar)."""
+    return {reference: paired_mcnemar(outcomes, name, other) for reference in REFERENCES
+            if (other := by_handoff.get(reference)) is not None and other != name}
+
+
 def rate_entry(hits: int, n: int) -> dict:
     """A count with its share and 95% Wilson interval (None where n is 0)."""
     low, high = wilson_interval(hits, n) if n else (None, None)
@@ -98,12 +104,8 @@ def content_summary(rows: pd.DataFrame, order: list[str] | None = None) -> list[
             "follow": rate_entry(int(group["followed"].sum()), len(group)),
             "keep": rate_entry(int(group["kept"].sum()), len(group)),
             "content_share": rate_entry(int(right["followed"].sum()), len(right)),
-            "paired": {},
+            "paired": paired_with_references(follows, name, by_handoff),
         }
-        for reference in REFERENCES:
-            other = by_handoff.get(reference)
-            if other is not None and other != name:
-                entry["paired"][reference] = paired_mcnemar(follows, name, other)
         entries.append(entry)
     return with_controls(entries, control_variants(rows), "accuracy")
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvviz.data import paired_mcnemar, verdict
+from kvviz.data import verdict
 from kvviz.data.contradictions import OUTCOMES
 from kvviz.data.stats import bootstrap_ratio
 from kvviz.engine.contradiction import contradiction_record
-from kvviz.studies.bench.content import control_variants, matched_cell, paired_cell, rate_cell, rate_entry, with_controls
+from kvviz.studies.bench.content import (
+    control_variants, matched_cell, paired_cell, paired_with_references, rate_cell, rate_entry, with_controls,
+)
 
-REFERENCES = ("skyline", "receiver")
 PROBABILITIES = ("p_gold_clean", "p_gold", "p_counter_clean", "p_counter")
 
 
@@ -70,14 +71,10 @@ def contradiction_summary(rows: pd.DataFrame, order: list[str] | None = None, se
         right = sum(verdict(answer, gold.split(" | ")) == "right" for answer, gold in zip(group["answer"], group["gold"]))
         entry = {"variant": name, "n": len(group), "distinct_first_tokens": len(distinct), "accuracy": rate_entry(right, len(group)),
                  **{outcome: rate_entry(int((group["contra_outcome"] == outcome).sum()), len(group)) for outcome in OUTCOMES},
-                 "paired": {}}
+                 "paired": paired_with_references(counters, name, by_handoff)}
         for column in PROBABILITIES:
             values = pd.to_numeric(distinct[f"contra_{column}"], errors="coerce").dropna().tolist()
             entry[column] = _mean(values, seed)
-        for reference in REFERENCES:
-            other = by_handoff.get(reference)
-            if other is not None and other != name:
-                entry["paired"][reference] = paired_mcnemar(counters, name, other)
         entries.append(entry)
     return with_controls(entries, control_variants(rows), "accuracy")
 
