@@ -6,8 +6,9 @@ import json
 import sys
 
 from kvviz.app.present import notes_of
+from kvviz.data.contradictions import Contradiction, insert_after
 from kvviz.data.swaps import OPPOSITE, Swap, replace_fact
-from kvviz.engine import flags, runner, stream
+from kvviz.engine import contradiction, flags, runner, stream
 from kvviz.handoffs import registry
 from kvviz.runtime.adapters import split_name
 from kvviz.runtime.model_files import prepare_embedded
@@ -111,6 +112,14 @@ def configure_run(parser):
                              "unchanged (needs --swap-answer)")
     parser.add_argument("--swap-answer", action="append", default=None,
                         help="what the swapped note answers (repeat for several accepted answers)")
+    parser.add_argument("--contradict", default=None, metavar="SENTENCE",
+                        help="a second counterfactual: every handoff also runs on the note with this sentence (another "
+                             "value for the asked fact) inserted after the sentence that states the --gold answer; each "
+                             "result's contradiction gives the gold and counter answers' first-token probabilities and "
+                             "which it answered (needs --gold, and --contradict-answer unless a swap names the value)")
+    parser.add_argument("--contradict-answer", action="append", default=None,
+                        help="what the contradicting sentence answers (repeat for several; default: --swap-answer, or "
+                             "the NEW of --swap-word)")
     parser.add_argument("--no-inspect", action="store_true",
                         help="do not record what crossed (token_attention, logit_lens and, for a handoff run beside "
                              "its control, token_change in the JSON)")
@@ -134,6 +143,10 @@ def format_table(results) -> str:
         answer = answer if len(answer) <= 40 else answer[:37] + "..."
         ttft = f"{r.first_token_seconds:.3f}" if r.first_token_seconds is not None else ""
         notes = "; ".join(notes_of(r.to_dict()))
+        if r.contradiction:
+            c = r.contradiction
+            odds = "" if c["p_gold"] is None else f", P(gold) {c['p_gold']:.3f} P(counter) {c['p_counter'] or 0:.3f}"
+            notes = f"contradiction: {c['outcome'] or 'not judged'} ({c['answer']!r}{odds})" + (f"; {notes}" if notes else "")
         if r.swap:
             notes = f"swap: {r.swap['outcome'] or 'not judged'} ({r.swap['answer']!r})" + (f"; {notes}" if notes else "")
         lines.append(f"{r.handoff:<12} {answer:<40} {r.total_seconds:>8.3f} {ttft:>7} {r.bytes_communicated:>10}  {notes}")
@@ -175,13 +188,36 @@ def swap_from_args(args) -> Swap | None:
     return Swap(context=context, answers=tuple(answers), changed=changed)
 
 
+def contradiction_from_args(args, swap: Swap | None) -> Contradiction | None:
+    """The contradiction ``--contradict`` asks for, or None; a ValueError says what is missing."""
+    if args.contradict is None:
+        if args.contradict_answer:
+            raise ValueError("--contradict-answer needs --contradict.")
+        return None
+    if not args.context:
+        raise ValueError("A contradiction is inserted into the note: give the note with --context.")
+    if not args.gold:
+        raise ValueError("--contradict needs --gold: the answer the note states, whose sentence the contradiction follows.")
+    answers = args.contradict_answer or (list(swap.answers) if swap is not None else None)
+    if not answers:
+        raise ValueError("Say what the contradicting sentence answers with --contradict-answer.")
+    context = insert_after(args.context, args.contradict, args.gold)
+    return Contradiction(context=context, sentence=" ".join(args.contradict.split()), answers=tuple(answers),
+                         changed=f"{args.gold} -> {answers[0]} (inserted after the sentence stating {args.gold!r})")
+
+
 def main_run(args) -> int:
     flags.apply_threads(args)
     names = registry.parse_handoffs(args.handoffs)
     request = request_from_args(args)
     swap = swap_from_args(args)
+    contradicted = contradiction_from_args(args, swap)
     pair = runner.load_pair(args.pair, args.device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
-    results = stream.results(pair, request, names, swap=swap, gold=[args.gold] if args.gold else None)
+    gold = [args.gold] if args.gold else None
+    if contradicted is None:
+        results = stream.results(pair, request, names, swap=swap, gold=gold)
+    else:
+        results = contradiction.results(pair, request, names, contradicted, gold, swap=swap)
     if args.json:
         print(json.dumps({"pair": pair.name, "request": request.to_dict(), "results": [r.to_dict() for r in results]}, indent=2))
     else:

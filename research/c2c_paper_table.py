@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvviz.data import wilson_interval  # noqa: E402
-from kvviz.studies.c2c.communication import paired_comparison  # noqa: E402
+from kvviz.data.stats import paired_comparison  # noqa: E402
 from kvviz.studies.c2c.evaluate import OTHER_QUESTION  # noqa: E402
 
 # the C2C paper's Table (receiver Qwen3-0.6B, sharer Qwen2.5-0.5B; REFERENCE.md section 1)

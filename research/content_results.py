@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvviz.data.metrics import normalize_answer  # noqa: E402
 from kvviz.studies.bench.content import content_markdown  # noqa: E402
-from kvviz.studies.bench.report import replace_section, section_marks  # noqa: E402
+from kvviz.studies.bench.report import section_marks, write_section  # noqa: E402
 
 START, END = section_marks("content-table")
 COMMAND = "bash research/content_tables.sh"
@@ -116,8 +116,7 @@ def main() -> int:
     if args.write is None:
         print(text)
     else:
-        old = args.write.read_text(encoding="utf-8") if args.write.exists() else ""
-        args.write.write_text(replace_section(old, "content-table", text), encoding="utf-8")
+        write_section(args.write, "content-table", text)
         print(f"wrote the content-or-prompt section of {args.write}")
     return 0
 

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvviz.data import DATA_DIR_ENV, DEFAULT_DATA_DIR, load_dataset, recall, whereabouts  # noqa: E402
-from kvviz.studies.c2c.translator_eval import countries_split  # noqa: E402
+from kvviz.studies.c2c.translator_sets import countries_split  # noqa: E402
 
 CHECK_SHARE = 0.03
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",

@@ -30,6 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvviz.data import recall, whereabouts  # noqa: E402
+from kvviz.handoffs.translate import align as tr_align
+from kvviz.handoffs.translate import ridge as tr_ridge
 from kvviz.handoffs.translate import translator as tr  # noqa: E402
 
 MAX_RECEIVER_TOKENS = 256
@@ -48,7 +50,7 @@ def corpus_texts(path: str, split: str) -> list[str]:
 def heldout_entity_texts() -> list[str]:
     """Contexts whose names and values training never saw: recall's held-out split, the
     evaluators' 100 Countries records and who-is-where notes of the held-out landmarks and cities."""
-    from kvviz.studies.c2c.translator_eval import countries_split
+    from kvviz.studies.c2c.translator_sets import countries_split
 
     texts = [r.context for r in recall.generate("heldout", 400, seed=7)]
     _, countries = countries_split()
@@ -60,7 +62,7 @@ def batches(pair, texts: list[str]):
     """Yield lists of (text, alignment), similar lengths together, about BATCH_TOKENS per batch."""
     aligned = []
     for text in texts:
-        alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, text)
+        alignment = tr_align.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, text)
         if len(alignment.receiver_ids) > MAX_RECEIVER_TOKENS or alignment.translated_count == 0:
             continue
         aligned.append((text, alignment))
@@ -79,8 +81,8 @@ def batches(pair, texts: list[str]):
 
 
 def batch_kv(pair, batch):
-    sharer_kv = tr.read_kv(pair.sharer, [a.sharer_ids for _, a in batch])
-    receiver_kv = tr.read_kv(pair.receiver, [a.receiver_ids for _, a in batch])
+    sharer_kv = tr_align.read_kv(pair.sharer, [a.sharer_ids for _, a in batch])
+    receiver_kv = tr_align.read_kv(pair.receiver, [a.receiver_ids for _, a in batch])
     return sharer_kv, receiver_kv
 
 
@@ -88,15 +90,15 @@ def run_stats(args, pair) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     layers = [int(x) for x in args.layers.split(",")]
-    width = tr.feature_width(tr.model_fingerprint(pair.sharer.facts), layers, args.neighbours)
+    width = tr_align.feature_width(tr.model_fingerprint(pair.sharer.facts), layers, args.neighbours)
     out_width = pair.receiver.facts.num_layers * 2 * pair.receiver.facts.num_kv_heads * pair.receiver.facts.head_dim
     stats_path, progress_path = out / "stats.safetensors", out / "progress.json"
     texts = corpus_texts(args.corpus, "fit")[args.skip :]  # --skip: texts already in a raw sample
     texts = texts[args.shard :: args.shards]
     done = 0
-    stats = tr.RidgeStats(width, out_width)
+    stats = tr_ridge.RidgeStats(width, out_width)
     if stats_path.is_file() and progress_path.is_file():
-        stats = tr.RidgeStats.load(stats_path)
+        stats = tr_ridge.RidgeStats.load(stats_path)
         done = json.loads(progress_path.read_text())["texts"]
         log(f"resumed: {done} texts, {stats.n} tokens")
     meta = {"layers": layers, "neighbours": args.neighbours, "corpus": args.corpus, "shard": args.shard, "shards": args.shards,
@@ -111,8 +113,8 @@ def run_stats(args, pair) -> None:
         for batch in batches(pair, group):
             sharer_kv, receiver_kv = batch_kv(pair, batch)
             for row, (_, alignment) in enumerate(batch):
-                xs.append(tr.features(sharer_kv, alignment, layers, args.neighbours, row))
-                ys.append(tr.targets(receiver_kv, alignment, row))
+                xs.append(tr_align.features(sharer_kv, alignment, layers, args.neighbours, row))
+                ys.append(tr_align.targets(receiver_kv, alignment, row))
         if xs:
             stats.add(torch.cat(xs), torch.cat(ys))
         position += len(group)
@@ -126,9 +128,9 @@ def run_stats(args, pair) -> None:
 
 
 def raw_features(sharer_kv, alignment, row: int, sharer_layers: int) -> torch.Tensor:
-    aligned = tr.features(sharer_kv, alignment, list(range(sharer_layers)), 0, row)[:, : -tr.ALIGNMENT_FEATURES]
-    before = tr.features(sharer_kv, alignment, list(tr.DEFAULT_SHARER_LAYERS), 1, row)
-    per = before.shape[1] - tr.ALIGNMENT_FEATURES
+    aligned = tr_align.features(sharer_kv, alignment, list(range(sharer_layers)), 0, row)[:, : -tr_align.ALIGNMENT_FEATURES]
+    before = tr_align.features(sharer_kv, alignment, list(tr.DEFAULT_SHARER_LAYERS), 1, row)
+    per = before.shape[1] - tr_align.ALIGNMENT_FEATURES
     return torch.cat([aligned, before[:, per // 2 :]], dim=1)  # the token before, then the alignment numbers
 
 
@@ -142,14 +144,14 @@ def run_raw(args, pair) -> None:
         sharer_kv, receiver_kv = batch_kv(pair, batch)
         for row, (_, alignment) in enumerate(batch):
             xs.append(raw_features(sharer_kv, alignment, row, pair.sharer.facts.num_layers).half())
-            ys.append(tr.targets(receiver_kv, alignment, row).half())
+            ys.append(tr_align.targets(receiver_kv, alignment, row).half())
             ids.append(len(ids))
         if index % 20 == 0:
             log(f"batch {index}: {sum(x.shape[0] for x in xs)} tokens")
     x, y = torch.cat(xs), torch.cat(ys)
     text_index = torch.cat([torch.full((t.shape[0],), i) for i, t in enumerate(xs)])
     layout = {"aligned_layers": pair.sharer.facts.num_layers, "before_layers": list(tr.DEFAULT_SHARER_LAYERS),
-              "per_layer": 2 * pair.sharer.facts.num_kv_heads * pair.sharer.facts.head_dim, "alignment": tr.ALIGNMENT_FEATURES}
+              "per_layer": 2 * pair.sharer.facts.num_kv_heads * pair.sharer.facts.head_dim, "alignment": tr_align.ALIGNMENT_FEATURES}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     save_file({"x": x.contiguous(), "y": y.contiguous(), "text": text_index}, args.out, metadata={"RAW_LAYOUT": json.dumps(layout)})
     log(f"wrote {args.out}: {x.shape[0]} tokens, {x.shape[1]} features, {y.shape[1]} targets")

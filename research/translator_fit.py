@@ -25,6 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kvviz.handoffs.translate import align as tr_align
+from kvviz.handoffs.translate import ridge as tr_ridge
 from kvviz.handoffs.translate import translator as tr  # noqa: E402
 from kvviz.runtime.models import prepared_facts  # noqa: E402
 
@@ -91,8 +93,8 @@ class Raw:
         return self.x[:, cols].float()
 
 
-def stats_from_raw(raw: Raw, cols, chunk: int = 4096) -> tr.RidgeStats:
-    stats = tr.RidgeStats(len(cols), _target_width(raw))
+def stats_from_raw(raw: Raw, cols, chunk: int = 4096) -> tr_ridge.RidgeStats:
+    stats = tr_ridge.RidgeStats(len(cols), _target_width(raw))
     index = torch.tensor(cols)
     for start in range(0, raw.rows, chunk):
         x, y = raw.slice(start, start + chunk)
@@ -135,7 +137,7 @@ def evaluate(fit: dict, raws: dict[str, Raw], cols, layers_r: int) -> dict:
 def best_lambda(stats, raws, cols, layers_r, lambdas=LAMBDAS, pick="check", rank=None):
     rows = []
     for lam in lambdas:
-        fit = tr.fit_ridge(stats, lam, rank)
+        fit = tr_ridge.fit_ridge(stats, lam, rank)
         scores = evaluate(fit, raws, cols, layers_r)
         rows.append((lam, scores, fit))
         log(f"  lambda {lam}: " + ", ".join(f"{n} K {s['k']:.3f} V {s['v']:.3f}" for n, s in scores.items()))
@@ -163,7 +165,7 @@ def pilot(args) -> int:
     train.rows = min(args.pilot_tokens or train.rows, train.rows)
     saved = raw_dir / f"pilot-sums-{train.rows}.safetensors"
     if saved.is_file():
-        stats = tr.RidgeStats.load(saved)
+        stats = tr_ridge.RidgeStats.load(saved)
     else:
         log(f"sums over {train.rows} training tokens, {len(superset)} columns")
         stats = stats_from_raw(train, superset)
@@ -187,7 +189,7 @@ def pilot(args) -> int:
         cols = where(layers, neighbours, alignment)
         rows = []
         for lam in (0.01, 0.03, 0.1):
-            fit = tr.fit_ridge(stats, lam, columns=cols)
+            fit = tr_ridge.fit_ridge(stats, lam, columns=cols)
             rows.append((lam, heldout_r2(fit, layers, neighbours, alignment)))
             log(f"{name}, lambda {lam}: " + ", ".join(f"{n} K {r['k']:.3f} V {r['v']:.3f}" for n, r in rows[-1][1].items()))
         lam, scores = max(rows, key=lambda r: r[1]["check"]["k"] + r[1]["check"]["v"])
@@ -198,7 +200,7 @@ def pilot(args) -> int:
     matrix = {}
     for layer in PILOT_LAYERS:
         cols = where([layer], 0, True)
-        fit = tr.fit_ridge(stats, 0.03, columns=cols)
+        fit = tr_ridge.fit_ridge(stats, 0.03, columns=cols)
         matrix[layer] = heldout_r2(fit, [layer], 0, True)["check"]
         log(f"  sharer layer {layer}: K {matrix[layer]['k']:.3f} V {matrix[layer]['v']:.3f}")
     report["single_sharer_layer_r2_check"] = matrix
@@ -221,13 +223,13 @@ def stats_command(args) -> int:
     return 0
 
 
-def pilot_stats(raw_dir: Path, layers, neighbours: int, tokens: int = 25000) -> tuple[tr.RidgeStats, dict]:
+def pilot_stats(raw_dir: Path, layers, neighbours: int, tokens: int = 25000) -> tuple[tr_ridge.RidgeStats, dict]:
     """The pilot's sums (``pilot``'s superset) cut to one feature layout."""
     probe = Raw(raw_dir / "pilot.safetensors")
     default = list(tr.DEFAULT_SHARER_LAYERS)
     superset = probe.columns(PILOT_LAYERS, 0, False) + probe.columns(default, 1, True)[len(default) * probe.per :]
     position = {c: i for i, c in enumerate(superset)}
-    stats = tr.RidgeStats.load(raw_dir / f"pilot-sums-{tokens}.safetensors")
+    stats = tr_ridge.RidgeStats.load(raw_dir / f"pilot-sums-{tokens}.safetensors")
     return stats.subset([position[c] for c in probe.columns(layers, neighbours, True)]), {"layers": layers, "neighbours": neighbours}
 
 
@@ -237,10 +239,10 @@ def fit(args) -> int:
     if args.stats == "pilot":
         stats, progress = pilot_stats(Path(args.raw), [int(x) for x in args.layers.split(",")], args.neighbours)
     else:
-        stats = tr.RidgeStats.load(Path(args.stats) / "stats.safetensors")
+        stats = tr_ridge.RidgeStats.load(Path(args.stats) / "stats.safetensors")
         progress = json.loads((Path(args.stats) / "progress.json").read_text())
     for extra in args.merge or []:
-        stats.merge(tr.RidgeStats.load(Path(extra) / "stats.safetensors"))
+        stats.merge(tr_ridge.RidgeStats.load(Path(extra) / "stats.safetensors"))
     layers, neighbours = progress["layers"], progress["neighbours"]
     log(f"{stats.n} aligned tokens, layers {layers}, neighbours {neighbours}")
     raw_dir = Path(args.raw)
@@ -255,22 +257,22 @@ def fit(args) -> int:
     report = {"tokens": stats.n, "layers": layers, "neighbours": neighbours, "lambda": lam, "full": scores, "sweep": sweep, "ranks": {}}
     log(f"best lambda {lam}")
     ranks = [int(r) for r in args.ranks.split(",") if r]
-    reduced = tr.fit_ridge(stats, lam, ranks=ranks) if ranks else {}
+    reduced = tr_ridge.fit_ridge(stats, lam, ranks=ranks) if ranks else {}
     for rank in ranks:
         fitted = reduced[rank]
         report["ranks"][rank] = evaluate(fitted, held, cols, layers_r)
         log(f"rank {rank}: " + ", ".join(f"{n} K {s['k']:.3f} V {s['v']:.3f}" for n, s in report["ranks"][rank].items()))
         translator = translator_for(facts, layers, neighbours, rank)
-        tr.install_fit(translator, fitted)
-        translator.config.sharer_start = tr.sharer_start_token(sharer_tokenizer)
+        tr_ridge.install_fit(translator, fitted)
+        translator.config.sharer_start = tr_align.sharer_start_token(sharer_tokenizer)
         translator.config.training = {"stage": "ridge", "tokens": stats.n, "lambda": lam, "rank": rank,
                                       "r2": {n: {"k": s["k"], "v": s["v"]} for n, s in report["ranks"][rank].items()},
                                       "corpus": progress.get("corpus")}
         translator.save(out / f"rank{rank}", dtype=torch.float32)
     if args.save_full:
         translator = translator_for(facts, layers, neighbours, None)
-        tr.install_fit(translator, full)
-        translator.config.sharer_start = tr.sharer_start_token(sharer_tokenizer)
+        tr_ridge.install_fit(translator, full)
+        translator.config.sharer_start = tr_align.sharer_start_token(sharer_tokenizer)
         translator.config.training = {"stage": "ridge", "tokens": stats.n, "lambda": lam, "rank": None,
                                       "r2": {n: {"k": s["k"], "v": s["v"]} for n, s in scores.items()}}
         translator.save(out / "full", dtype=torch.float32)

@@ -33,6 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kvviz.handoffs.translate import align as tr_align
+from kvviz.handoffs.translate import ridge as tr_ridge
 from kvviz.handoffs.translate import translator as tr  # noqa: E402
 from kvviz.runtime.models import prepared_facts  # noqa: E402
 
@@ -76,13 +78,13 @@ class Raw:
 def layer_columns(per: int, layers, alignment: bool = True, total_layers: int = 30) -> list[int]:
     """Columns of the aligned layout (all sharer layers, then 3 alignment numbers) for ``layers``."""
     cols = [c for layer in layers for c in range(layer * per, (layer + 1) * per)]
-    return cols + (list(range(total_layers * per, total_layers * per + tr.ALIGNMENT_FEATURES)) if alignment else [])
+    return cols + (list(range(total_layers * per, total_layers * per + tr_align.ALIGNMENT_FEATURES)) if alignment else [])
 
 
 class Moments:
     """Standardised second moments of the training sums, and the held-out sets z-scored with them."""
 
-    def __init__(self, stats: tr.RidgeStats, held: dict):
+    def __init__(self, stats: tr_ridge.RidgeStats, held: dict):
         mx, sx, my, sy, corr_x, corr_xy = stats.moments()
         self.corr_x, self.corr_xy = corr_x.float(), corr_xy.float()  # float32: lambda >= 0.01 keeps the solves well posed
         del corr_x, corr_xy
@@ -133,14 +135,14 @@ def pooled(per_layer: list[tuple[float, float]]) -> tuple[float, float]:
     return (round(sum(k for k, _ in per_layer) / len(per_layer), 4), round(sum(v for _, v in per_layer) / len(per_layer), 4))
 
 
-def sums(raw_dir: Path, out: Path, tokens: int) -> tr.RidgeStats:
+def sums(raw_dir: Path, out: Path, tokens: int) -> tr_ridge.RidgeStats:
     saved = out / "sums.safetensors"
     if saved.is_file():
-        return tr.RidgeStats.load(saved)
+        return tr_ridge.RidgeStats.load(saved)
     pilot = Raw(raw_dir / "pilot.safetensors", rows=tokens)
     stats = None
     for x, y in pilot.slices():
-        stats = stats or tr.RidgeStats(x.shape[1], y.shape[1])
+        stats = stats or tr_ridge.RidgeStats(x.shape[1], y.shape[1])
         stats.add(x, y)
         log(f"sums: {stats.n} of {pilot.rows} tokens")
     stats.save(saved, {"tokens": stats.n})
@@ -204,12 +206,12 @@ def fit(args) -> int:
     report = json.loads((layers_dir / "layers.json").read_text())
     sources = report["by_k"][str(args.k)]["sources"]
     union = sorted({s for chosen in sources for s in chosen})
-    stats = tr.RidgeStats.load(layers_dir / "sums.safetensors")
+    stats = tr_ridge.RidgeStats.load(layers_dir / "sums.safetensors")
     probe = Raw(raw_dir / "check.safetensors", rows=1)
     stats = stats.subset(layer_columns(probe.per, union, total_layers=probe.layers))
     (sharer_facts, sharer_tokenizer), (receiver_facts, _) = prepared_facts("smollm2-135m"), prepared_facts("gemma3-270m")
     config = tr.TranslatorConfig(sharer=model_fingerprint(sharer_facts), receiver=model_fingerprint(receiver_facts), pair="embedded",
-                                 sharer_layers=union, sources=sources, sharer_start=tr.sharer_start_token(sharer_tokenizer))
+                                 sharer_layers=union, sources=sources, sharer_start=tr_align.sharer_start_token(sharer_tokenizer))
     held = {}
     for name in ("check", "unseen"):
         x, y = Raw(raw_dir / f"{name}.safetensors", rows=args.heldout_tokens).load()
@@ -217,8 +219,8 @@ def fit(args) -> int:
     results = []
     for lam in LAMBDAS:
         translator = tr.KVTranslator(config)
-        tr.install_fit(translator, tr.fit_ridge_routed(stats, config, lam))
-        scores = {name: tr.r_squared(translator, x, y, receiver_facts.num_layers) for name, (x, y) in held.items()}
+        tr_ridge.install_fit(translator, tr_ridge.fit_ridge_routed(stats, config, lam))
+        scores = {name: tr_ridge.r_squared(translator, x, y, receiver_facts.num_layers) for name, (x, y) in held.items()}
         log(f"lambda {lam}: " + ", ".join(f"{n} K {s['k']:.3f} V {s['v']:.3f}" for n, s in scores.items()))
         results.append((scores["check"]["k"] + scores["check"]["v"], lam, scores, translator))
     _, lam, scores, translator = max(results, key=lambda item: item[0])

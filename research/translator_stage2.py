@@ -28,6 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kvviz.handoffs.translate import align as tr_align
+from kvviz.handoffs.translate import prefix as tr_prefix
 from kvviz.handoffs.translate import translator as tr  # noqa: E402
 from kvviz.studies.c2c import translator_train as tt  # noqa: E402
 
@@ -42,7 +44,7 @@ def log(message: str) -> None:
 
 def training_records(recall_n: int, dolly_n: int, seed: int):
     from kvviz.data import load_dataset, recall
-    from kvviz.studies.c2c.translator_eval import countries_split
+    from kvviz.studies.c2c.translator_sets import countries_split
 
     records = [("recall", r) for r in recall.generate("train", recall_n, seed=200 + seed)]
     countries, _ = countries_split()
@@ -206,12 +208,12 @@ def validation_nll(pair, translator, records) -> float:
     with torch.no_grad():
         for _, record in records:
             ids = answer_ids(pair.receiver.tokenizer, record)
-            alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, record.context, translator.config.sharer_start)
-            prefix, _, _ = tr.translate(pair, translator, alignment)
+            alignment = tr_align.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, record.context, translator.config.sharer_start)
+            prefix, _, _ = tr_prefix.translate(pair, translator, alignment)
             from kvviz.core.prompts import build_segments
 
             query_ids = build_segments(pair.receiver.tokenizer, record.question).query_ids
-            total += float(tr.nll_after(pair.receiver, prefix.state, query_ids, ids))
+            total += float(tr_prefix.nll_after(pair.receiver, prefix.state, query_ids, ids))
             tokens += len(ids)
     return total / tokens
 

@@ -111,6 +111,10 @@ class HandoffResult:
     # outcome ("followed" | "kept" | "neither"), right (this answer against the original gold)
     # (kvviz.data.swaps.swap_record); empty when no swap ran
     swap: dict = field(default_factory=dict)
+    # the same handoff on the note with a contradicting sentence inserted, when one ran: what it answered
+    # there and the probabilities of the gold and the counter answer's first tokens
+    # (kvviz.engine.contradiction.contradiction_record); empty when none ran
+    contradiction: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -11,6 +11,7 @@ from kvviz.data.record import LoadReport, Record
 def load_hotpotqa(
     *,
     all_paragraphs: bool = False,
+    supporting_paragraphs: bool = False,
     data_dir: Path | None = None,
     report: LoadReport | None = None,
 ) -> list[Record]:
@@ -19,8 +20,12 @@ def load_hotpotqa(
     By default the context is only the supporting-fact sentences, one per
     line, which is what KVComm puts in the sender prompt.  With
     ``all_paragraphs=True`` it is every paragraph (gold and distractors) as
-    "title\\ntext" blocks separated by blank lines.
+    "title\\ntext" blocks separated by blank lines; with ``supporting_paragraphs=True`` the
+    whole paragraphs that hold the supporting facts, in the same shape (a passage, not a
+    list of facts: the KV translator's held-out paragraphs, ``kvviz.data.passages``).
     """
+    if all_paragraphs and supporting_paragraphs:
+        raise ValueError("choose all_paragraphs or supporting_paragraphs, not both")
     report = report if report is not None else LoadReport("hotpotqa")
     path = dataset_path(data_dir, "hotpotqa_dev_first103", "hotpot_dev_distractor_v1_first103.json")
     records = []
@@ -29,11 +34,16 @@ def load_hotpotqa(
             report.add(path, item_no, "missing question or answer")
             continue
         paragraphs = {title: sentences for title, sentences in obj.get("context", [])}
-        if all_paragraphs:
+        if all_paragraphs or supporting_paragraphs:
+            wanted = {title for title, _ in obj.get("supporting_facts", [])}
             # Sentences carry their own leading spaces, so "".join reads naturally.
             context = "\n\n".join(
                 f"{title}\n{''.join(sentences).strip()}" for title, sentences in obj["context"]
+                if all_paragraphs or title in wanted
             )
+            if not context:
+                report.add(path, item_no, "no supporting paragraph found")
+                continue
         else:
             support = []
             for title, sent_id in obj.get("supporting_facts", []):

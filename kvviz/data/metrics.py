@@ -1,9 +1,7 @@
 """Answer metrics: SQuAD normalisation, token F1 (the KVComm paper's F1 > 0.5 match),
 containment of a gold answer, the page's verdict on one answer (a gold answer stated, as a careful
 reader marks it: markup and Unicode forms read through, a denied gold or one of several candidates
-not counted), the Wilson interval for an accuracy, and McNemar's exact test for two accuracies
-measured on the same samples (with the paired comparison it reads from, and a p-value as a table
-prints it).
+not counted). The intervals and tests over many answers are ``kvviz.data.stats``.
 
 The benchmark's metrics (``token_f1``, ``f1_match``, ``contains_answer``) stay SQuAD's and the
 KVComm paper's, so that their numbers compare with the papers' and with docs/RESULTS.md; only the
@@ -12,7 +10,6 @@ page's ``verdict`` reads an answer as a person does."""
 from __future__ import annotations
 
 import html
-import math
 import re
 import string
 import unicodedata
@@ -244,61 +241,3 @@ def verdict(prediction: str, answers: str | Sequence[str]) -> str | None:
         return "none"
     gold_words = [normalize_answer(gold).split() for gold in golds]
     return "right" if any(_states(text, gold, gold_words) for gold in gold_words) else "wrong"
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval for a proportion (z=1.96: 95%).
-
-    Unlike the normal approximation it stays inside [0, 1] and is sensible at
-    0/n and n/n.  With n == 0 nothing is known: (0.0, 1.0).
-    """
-    if n < 0 or not 0 <= successes <= n:
-        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    z2 = z * z
-    denom = 1 + z2 / n
-    centre = (p + z2 / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
-    # Clamp floating-point dust (e.g. 1.0000000000000002 at n/n).
-    low = 0.0 if successes == 0 else max(0.0, centre - half)
-    high = 1.0 if successes == n else min(1.0, centre + half)
-    return low, high
-
-
-def mcnemar_exact(only_first: int, only_second: int) -> float:
-    """Two-sided exact McNemar p-value from the two discordant counts (samples only the first
-    got right, samples only the second got right): under the null hypothesis that both are
-    equally accurate each discordant sample is a fair coin, so
-    p = min(1, 2 * P(Binomial(b + c, 1/2) <= min(b, c)))."""
-    if only_first < 0 or only_second < 0:
-        raise ValueError(f"discordant counts must be >= 0, got {only_first} and {only_second}")
-    n = only_first + only_second
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(only_first, only_second) + 1)) / 2**n
-    return min(1.0, 2 * tail)
-
-
-def paired_mcnemar(correct: dict[str, dict[str, int]], first: str, second: str) -> dict:
-    """Two variants compared on the samples both answered: ``correct`` maps a variant to
-    ``{sample id: 0 or 1}``. Returns the shared sample count ``n``, each variant's accuracy on
-    them (``acc_first``, ``acc_second``; nan when none is shared), the discordant counts
-    (``only_first``, ``only_second``: samples only that variant got right) and McNemar's exact
-    ``p`` (``mcnemar_exact``), with the two names (``first``, ``second``)."""
-    shared = sorted(set(correct[first]) & set(correct[second]))
-    only_first = sum(1 for s in shared if correct[first][s] and not correct[second][s])
-    only_second = sum(1 for s in shared if correct[second][s] and not correct[first][s])
-    n = len(shared)
-    return {
-        "first": first, "second": second, "n": n,
-        "acc_first": sum(correct[first][s] for s in shared) / n if n else float("nan"),
-        "acc_second": sum(correct[second][s] for s in shared) / n if n else float("nan"),
-        "only_first": only_first, "only_second": only_second, "p": mcnemar_exact(only_first, only_second),
-    }
-
-
-def format_p(p: float) -> str:
-    """A p-value for a table: two significant digits, or scientific notation below 0.001."""
-    return f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"

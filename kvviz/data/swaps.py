@@ -97,6 +97,11 @@ def swap_record(result: dict, swapped: dict, swap: Swap, gold=None) -> dict:
     return record
 
 
+def _names(word: str, text: str) -> bool:
+    """``word`` appears in ``text`` as whole words (the substring test first: most values are not in it)."""
+    return word in text and re.search(rf"(?<!\w){re.escape(word)}(?!\w)", text) is not None
+
+
 def replace_fact(context: str, old: str, new: str) -> str:
     """``context`` with every whole-word occurrence of ``old`` replaced by ``new``; a ValueError says
     so when ``old`` is not in the note, or when the two are the same."""
@@ -144,7 +149,7 @@ def recall_swaps(records: list[Record], seed: int = 0) -> dict[str, Swap]:
         split = "heldout" if "-heldout-" in record.id else "train"
         if kind is None or answer is None or not record.context:
             continue
-        values = [v for v in recall.values_of(kind, split) if v != answer and not re.search(rf"(?<!\w){re.escape(v)}(?!\w)", record.context)]
+        values = [v for v in recall.values_of(kind, split) if v != answer and not _names(v, record.context)]
         if not values:
             continue
         value = rng.choice(values)

@@ -21,6 +21,7 @@ Every list below is written here (no external data); the countries are the landm
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 
@@ -170,9 +171,16 @@ def places(kind: str, split: str) -> list[tuple[str, str]]:
     """The (place, country) pairs of one split: ``kind`` "landmark" or "city"."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
+    return list(_places(kind, split))
+
+
+@functools.cache
+def _places(kind: str, split: str) -> tuple[tuple[str, str], ...]:
+    """``places``, computed once (a city's split reads every landmark's name: the swaps and the notes
+    ask thousands of times)."""
     if kind == "city":
-        return [(name, country) for i, (name, country) in enumerate(CITIES) if _city_split(i, name) == split]
-    return [(name, country) for i, (name, country) in enumerate(LANDMARKS) if _split_of(i, name) == split]
+        return tuple((name, country) for i, (name, country) in enumerate(CITIES) if _city_split(i, name) == split)
+    return tuple((name, country) for i, (name, country) in enumerate(LANDMARKS) if _split_of(i, name) == split)
 
 
 def place_words(split: str) -> list[str]:

@@ -30,7 +30,9 @@ two fields on the result, one naming scheme for every handoff:
 ``logit_lens``
   measured_on, layers (0..L-1, the output of each receiver layer through the receiver's own final
   norm and output head), answer_token / answer_probability (the first answer token's probability
-  per layer), gold / gold_token / gold_probability (the gold answer's first token, when given).
+  per layer), gold / gold_token / gold_probability (the gold answer's first token, when given), and
+  the same for a ``counter`` answer when the request names one (``inspect["counter"]``: the value a
+  contradicting sentence states, ``kvviz.engine.contradiction``).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class Inspection:
     """What one handoff's run recorded for its answer (one per ``run_handoff``, when the request asks)."""
 
     gold: str | None = None
+    counter: str | None = None  # a second answer whose first token the lens follows too
     rows: list[dict] = field(default_factory=list)  # one per answer token: layer -> (probs, positions)
     lens_hidden: torch.Tensor | None = None  # [layers, hidden], each layer's output after the final norm
     # which answer token the lens follows: the first that is not whitespace alone (a leading " " chosen
@@ -105,7 +108,8 @@ def inspection_for(request, receiver=None) -> Inspection | None:
     unknown = sorted(parts - set(PARTS))
     if unknown:
         raise ValueError(f"inspect parts must be among {', '.join(PARTS)}; got {', '.join(unknown)}")
-    return Inspection(gold=options.get("gold") or None, receiver=receiver, parts=parts)
+    return Inspection(gold=options.get("gold") or None, counter=options.get("counter") or None, receiver=receiver,
+                      parts=parts)
 
 
 def layer_outputs(loaded, output) -> torch.Tensor | None:
@@ -197,8 +201,9 @@ def lens_tokens(inspection: Inspection) -> list[int]:
     """The tokens the lens follows: the answer's first content token (``lens_index``), then the gold
     answer's first as the receiver might write it (``gold_candidates``); at least one token."""
     tokens = list(inspection.answer_ids[inspection.lens_index:inspection.lens_index + 1])
-    if inspection.gold and inspection.gold.strip():
-        tokens += [t for t in gold_candidates(inspection.model.tokenizer, inspection.gold) if t not in tokens]
+    for answer in (inspection.gold, inspection.counter):
+        if answer and answer.strip():
+            tokens += [t for t in gold_candidates(inspection.model.tokenizer, answer) if t not in tokens]
     return tokens or [0]
 
 
@@ -232,12 +237,15 @@ def lens_record(inspection: Inspection, tokens: list[int], probabilities: torch.
         first = inspection.answer_ids[inspection.lens_index]
         data["answer_token"] = _token_text(tokenizer, first)
         data["answer_probability"] = column[first].round(decimals=6).tolist()
-    candidates = gold_candidates(tokenizer, inspection.gold) if inspection.gold and inspection.gold.strip() else []
-    if candidates:
-        # the gold's first token as the receiver would write it: whichever its last layer finds likelier
-        gold = max(candidates, key=lambda token: float(column[token][-1]))
-        data["gold_token"] = _token_text(tokenizer, gold)
-        data["gold_probability"] = column[gold].round(decimals=6).tolist()
+    for name, answer in (("gold", inspection.gold), ("counter", inspection.counter)):
+        candidates = gold_candidates(tokenizer, answer) if answer and answer.strip() else []
+        if name == "counter" and answer:
+            data.update(counter=answer, counter_token=None, counter_probability=None)
+        if candidates:
+            # the answer's first token as the receiver would write it: whichever its last layer finds likelier
+            chosen = max(candidates, key=lambda token: float(column[token][-1]))
+            data[f"{name}_token"] = _token_text(tokenizer, chosen)
+            data[f"{name}_probability"] = column[chosen].round(decimals=6).tolist()
     return data
 
 

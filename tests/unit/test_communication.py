@@ -88,7 +88,8 @@ def tiny_examples(pair, n=4):
 
 
 def test_communication_measure_is_zero_for_the_control_and_not_for_c2c(pair):
-    from kvviz.studies.c2c.communication import bootstrap_ratio, communication_measure, derangement
+    from kvviz.data.stats import bootstrap_ratio
+    from kvviz.studies.c2c.communication import communication_measure, derangement
 
     examples = tiny_examples(pair)
     assert all(e is not None for e in examples)
@@ -498,7 +499,7 @@ def test_mc_likelihood_has_the_other_question_row_and_the_communication_gain(pai
 
 
 def test_paired_comparison_of_accuracies_and_scores():
-    from kvviz.studies.c2c.communication import paired_comparison
+    from kvviz.data.stats import paired_comparison
 
     right = paired_comparison([1, 1, 0, 1, 0], [0, 1, 0, 0, 0], resamples=200)
     assert right["difference"] == pytest.approx(0.4) and right["only_first"] == 2 and right["only_second"] == 0

@@ -148,7 +148,7 @@ def test_countries_shape(shared_data_dir):
 
 
 def test_countries_split_holds_out_the_evaluators_sample_and_its_landmarks(shared_data_dir):
-    from kvviz.studies.c2c.translator_eval import countries_split, heldout_sets
+    from kvviz.studies.c2c.translator_sets import countries_split, heldout_sets
 
     train, held = countries_split()
     assert [r.id for r in held] == [r.id for r in heldout_sets(0, 100)["countries"]]

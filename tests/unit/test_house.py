@@ -14,9 +14,8 @@
 5. **Small functions**: none over 80 lines (the page, the run and the decode loop are built in
    pieces).
 6. **Rooms of readable size**: no module over 400 lines; a module that grows past it is split
-   along its real seams (a room does one job). ``OVER_400_UNTIL_SPLIT`` names the modules of other
-   rooms that were over it when the rule came (issue #40), each being split by its owner: the list
-   only shrinks, and an entry that is no longer over 400 lines must leave it.
+   along its real seams (a room does one job). The 14 modules over it when the rule came (issue #40)
+   were split by their owners.
 7. **The README says what the tree is.** Its "How it is built" table (a row per layer, what each
    holds) is generated from the tree by ``scripts/readme_house.py``; it names every package and
    is what the script writes.
@@ -41,13 +40,6 @@ ROOT = Path(kvviz.__file__).resolve().parent
 REPO_ROOT = ROOT.parent
 LONGEST_FUNCTION = 80
 LONGEST_MODULE = 400
-# Over 400 lines when the rule came (issue #40), split by their owners on their own branches: the lead
-# removes each entry as its split merges (the test below fails on an entry that is no longer over).
-# Never add one: split the module instead.
-OVER_400_UNTIL_SPLIT = {
-    "kvviz/handoffs/translate/translator.py",  # follow
-    "kvviz/studies/c2c/translator_eval.py",  # follow
-}
 
 
 def modules() -> list[str]:
@@ -130,12 +122,9 @@ def module_lengths() -> dict[str, int]:
 
 
 def test_no_module_is_over_400_lines():
-    """Rooms of readable size: no kvviz module over 400 lines, but the ones listed while their
-    owners split them, and that list holds only modules still over."""
+    """Rooms of readable size: no kvviz module over 400 lines."""
     long = {path: lines for path, lines in module_lengths().items() if lines > LONGEST_MODULE}
-    assert {path: lines for path, lines in long.items() if path not in OVER_400_UNTIL_SPLIT} == {}, "split them"
-    assert sorted(OVER_400_UNTIL_SPLIT - set(long)) == [], "split already: take them off OVER_400_UNTIL_SPLIT"
-    assert not [path for path in long if path.startswith("kvviz/app/")]  # the app's own, none
+    assert long == {}, "split them along their seams"
 
 
 # --- no cycle between the siblings of any package ---------------------------------------------------

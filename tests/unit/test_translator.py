@@ -12,6 +12,9 @@ import pytest
 import torch
 
 from kvviz.core.prompts import build_segments
+from kvviz.handoffs.translate import align as tr_align
+from kvviz.handoffs.translate import prefix as tr_prefix
+from kvviz.handoffs.translate import ridge as tr_ridge
 from kvviz.handoffs.translate import translator as tr
 from kvviz.runtime.cache import KVState
 from kvviz.runtime.decode import full_logits, prefill
@@ -39,7 +42,7 @@ def logits_after(pair, state: KVState, tokens: list[int]) -> torch.Tensor:
 
 def test_alignment_reads_the_sharer_token_holding_each_last_character(mixed_tiny_pair):
     pair = mixed_tiny_pair
-    alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
+    alignment = tr_align.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
     # the receiver's context segment is Skyline's, token for token
     assert alignment.receiver_ids == build_segments(pair.receiver.tokenizer, QUERY, CONTEXT).context_ids
     receiver_pieces = [pair.receiver.tokenizer.decode([i]) for i in alignment.receiver_ids]
@@ -60,30 +63,30 @@ def test_alignment_reads_the_sharer_token_holding_each_last_character(mixed_tiny
 def test_oracle_equals_skyline(mixed_tiny_pair, one_thread):
     """The receiver's own context KV in the translated slots is Skyline's prompt, exactly."""
     pair = mixed_tiny_pair
-    alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
+    alignment = tr_align.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
     skyline = build_segments(pair.receiver.tokenizer, QUERY, CONTEXT)
     answer = pair.receiver.tokenizer(" Lisbon", add_special_tokens=False)["input_ids"]
     state = KVState()
     prefill(pair.receiver, state, skyline.context_ids, need_logits=False)
     expected = logits_after(pair, state, skyline.query_ids + answer)
-    got = logits_after(pair, tr.oracle_prefix(pair, alignment).state, skyline.query_ids + answer)
+    got = logits_after(pair, tr_prefix.oracle_prefix(pair, alignment).state, skyline.query_ids + answer)
     assert torch.allclose(got, expected, atol=1e-4)
 
 
 def test_gates_closed_equal_the_receiver_alone(mixed_tiny_pair, one_thread):
     pair = mixed_tiny_pair
     translator = random_translator(pair)
-    alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
+    alignment = tr_align.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
     alone = build_segments(pair.receiver.tokenizer, QUERY)
     state = KVState()
     prefill(pair.receiver, state, alone.context_ids, need_logits=False)
     expected = logits_after(pair, state, alone.query_ids)
     closed = [0.0] * pair.receiver.facts.num_layers
-    prefix, _, _ = tr.translate(pair, translator, alignment, gates=closed)
+    prefix, _, _ = tr_prefix.translate(pair, translator, alignment, gates=closed)
     assert prefix.gates == closed
     assert torch.allclose(logits_after(pair, prefix.state, alone.query_ids), expected, atol=1e-4)
     # and with the gates open, the translated context changes what the receiver predicts
-    opened, _, _ = tr.translate(pair, translator, alignment, gates=[1.0] * len(closed))
+    opened, _, _ = tr_prefix.translate(pair, translator, alignment, gates=[1.0] * len(closed))
     assert not torch.allclose(logits_after(pair, opened.state, alone.query_ids), expected, atol=1e-3)
 
 
@@ -94,12 +97,12 @@ def test_another_context_changes_the_answer_nll(mixed_tiny_pair, one_thread):
     answer = pair.receiver.tokenizer(" Lisbon", add_special_tokens=False)["input_ids"]
 
     def nll(context):
-        alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, context)
+        alignment = tr_align.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, context)
         with torch.no_grad():
-            prefix, sent, made = tr.translate(pair, translator, alignment)
+            prefix, sent, made = tr_prefix.translate(pair, translator, alignment)
         assert sent == 3 * 2 * pair.sharer.facts.num_kv_heads * pair.sharer.facts.head_dim * len(alignment.sharer_ids) * 4
         assert made > 0
-        return float(tr.nll_after(pair.receiver, prefix.state, query_ids, answer))
+        return float(tr_prefix.nll_after(pair.receiver, prefix.state, query_ids, answer))
 
     assert abs(nll(CONTEXT) - nll(OTHER)) > 1e-3
 
@@ -107,16 +110,16 @@ def test_another_context_changes_the_answer_nll(mixed_tiny_pair, one_thread):
 def test_per_token_weights_enter_as_score_biases(mixed_tiny_pair, one_thread):
     """A translated token with weight ~0 is as good as absent; weight 1 leaves attention as it is."""
     pair = mixed_tiny_pair
-    alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
+    alignment = tr_align.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
     layers, count = pair.receiver.facts.num_layers, alignment.translated_count
     query_ids = build_segments(pair.receiver.tokenizer, QUERY).query_ids
-    expected = logits_after(pair, tr.oracle_prefix(pair, alignment).state, query_ids)
-    ones = tr.oracle_prefix(pair, alignment)
+    expected = logits_after(pair, tr_prefix.oracle_prefix(pair, alignment).state, query_ids)
+    ones = tr_prefix.oracle_prefix(pair, alignment)
     ones.state.prefix_bias = {layer: torch.zeros(len(alignment.receiver_ids)) for layer in range(layers)}
     assert torch.allclose(logits_after(pair, ones.state, query_ids), expected, atol=1e-5)
-    hidden = tr.oracle_prefix(pair, alignment)
+    hidden = tr_prefix.oracle_prefix(pair, alignment)
     hidden.state.prefix_bias = {
-        layer: torch.cat([torch.zeros(alignment.own_count), torch.full((count,), tr.CLOSED)]) for layer in range(layers)
+        layer: torch.cat([torch.zeros(alignment.own_count), torch.full((count,), tr_prefix.CLOSED)]) for layer in range(layers)
     }
     assert not torch.allclose(logits_after(pair, hidden.state, query_ids), expected, atol=1e-3)
 
@@ -158,8 +161,8 @@ def test_attention_loss_is_zero_for_the_receivers_own_kv(mixed_tiny_pair, one_th
     loss = tt.AttentionLoss(pair.receiver)
     value, per_layer = loss(translator, example)
     assert float(value) > 1e-3 and len(per_layer) == pair.receiver.facts.num_layers
-    alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
-    own = tr.read_kv(pair.receiver, [alignment.receiver_ids])
+    alignment = tr_align.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
+    own = tr_align.read_kv(pair.receiver, [alignment.receiver_ids])
     keys = torch.stack([k[0, :, alignment.own_count :] for k, _ in own])
     values = torch.stack([v[0, :, alignment.own_count :] for _, v in own])
     # the example survives its file (float16 on disk)
@@ -231,12 +234,12 @@ def test_keys_round_trip_through_the_receivers_rotary_module_per_layer_type(mixe
     keys = torch.randn(1, receiver.facts.num_kv_heads, 6, receiver.facts.head_dim)
     positions = [3, 4, 5, 9, 10, 11]
     for layer in range(receiver.facts.num_layers):
-        back = tr.unrotated(receiver, tr.rotated(receiver, keys, layer, positions), layer, positions)
+        back = tr_align.unrotated(receiver, tr_align.rotated(receiver, keys, layer, positions), layer, positions)
         assert torch.allclose(back, keys, atol=1e-5)
     # sliding and full layers rotate differently (Gemma 3: theta per layer type)
     types = receiver.facts.layer_types
     sliding, full = types.index("sliding_attention"), types.index("full_attention")
-    assert not torch.allclose(tr.rotated(receiver, keys, sliding, positions), tr.rotated(receiver, keys, full, positions))
+    assert not torch.allclose(tr_align.rotated(receiver, keys, sliding, positions), tr_align.rotated(receiver, keys, full, positions))
 
 
 def test_ridge_recovers_a_linear_map_and_sums_merge():
@@ -244,95 +247,21 @@ def test_ridge_recovers_a_linear_map_and_sums_merge():
     truth = torch.randn(12, 7, generator=generator)
     x = torch.randn(3000, 12, generator=generator) * 3 + 5
     y = x @ truth + 0.01 * torch.randn(3000, 7, generator=generator) - 2
-    whole = tr.RidgeStats(12, 7)
+    whole = tr_ridge.RidgeStats(12, 7)
     whole.add(x, y)
-    parts = tr.RidgeStats(12, 7)
+    parts = tr_ridge.RidgeStats(12, 7)
     for chunk in (x[:1000], x[1000:]):
-        part = tr.RidgeStats(12, 7)
+        part = tr_ridge.RidgeStats(12, 7)
         part.add(chunk, (chunk @ truth + 0.01 * torch.randn(chunk.shape[0], 7, generator=generator) - 2))
         parts.merge(part)
     for stats in (whole, parts):
-        fit = tr.fit_ridge(stats, 1e-6)
+        fit = tr_ridge.fit_ridge(stats, 1e-6)
         predicted = ((x - fit["x_mean"]) / fit["x_scale"]) @ fit["weight"] * fit["y_scale"] + fit["y_mean"]
         assert float(((predicted - y) ** 2).mean() / y.var(0).mean()) < 1e-4
-    full, reduced = tr.fit_ridge(whole, 1e-3), tr.fit_ridge(whole, 1e-3, rank=7)
+    full, reduced = tr_ridge.fit_ridge(whole, 1e-3), tr_ridge.fit_ridge(whole, 1e-3, rank=7)
     assert torch.allclose(reduced["down"] @ reduced["up"], full["weight"], atol=1e-3)
-    low = tr.fit_ridge(whole, 1e-3, rank=2)
+    low = tr_ridge.fit_ridge(whole, 1e-3, rank=2)
     assert torch.linalg.matrix_rank(low["down"] @ low["up"]) == 2
-
-
-def test_the_evaluator_measures_every_row_and_its_checks_hold(mixed_tiny_pair, one_thread):
-    """Receiver, Skyline, translator and control on held-out records; the oracle equals Skyline
-    and closed gates equal the receiver alone on the checked records."""
-    from kvviz.data import recall
-    from kvviz.studies.c2c import translator_eval
-
-    pair = mixed_tiny_pair
-    records = recall.generate("heldout", 4, seed=1)
-    report = translator_eval.evaluate(pair, random_translator(pair), {"recall": records}, seed=0, max_new_tokens=3,
-                                      progress=lambda message: None, checks=3)
-    summary = report["recall"]
-    assert set(summary["rows"]) == {"receiver", "skyline", "translator", "control"}
-    assert all(row["n"] == 4 for row in summary["rows"].values())
-    for check in summary["checks"].values():
-        assert check["records"] == 3 and check["same_answers"] == 3 and check["max_nll_difference"] < 1e-3
-    assert summary["communication"]["of"] == 4 and len(summary["communication"]["ci95"]) == 2
-    assert "translator closes" in translator_eval.format_report(report)
-    assert translator_eval.measured_summary(report)["communication_gain"]["n"] == 4
-    # another translator on the same records: its own rows only (the receiver's and Skyline's do not change)
-    only = translator_eval.evaluate(pair, random_translator(pair, seed=1), {"recall": records}, rows=("translator", "control"),
-                                    max_new_tokens=3, progress=lambda message: None, checks=0)
-    assert set(only["recall"]["rows"]) == {"translator", "control"} and only["recall"]["communication"]["of"] == 4
-    assert "communication gain" in translator_eval.format_report(only)
-
-
-def test_the_evaluator_counts_a_control_that_answers_with_the_other_note():
-    """The control reads another record's note (its partner): an answer naming the partner's answer,
-    and not its own, is counted as the other note crossing."""
-    from kvviz.data.record import Record
-    from kvviz.studies.c2c import translator_eval
-
-    records = [Record(id=str(i), question="Where?", context=f"note {i}", answers=[country], choices=None,
-                      answer_index=None, source="test", response=country, meta={})
-               for i, country in enumerate(["France", "Japan", "Peru"])]
-    partner = translator_eval.partners(records, seed=0)
-    assert all(partner[i] != i for i in range(3))
-    control = [(f"In {records[partner[i]].answers[0]}.", 1.0, 1) for i in range(2)] + [("Nowhere", 1.0, 1)]
-    assert translator_eval.control_follows_other({"control": control}, records, seed=0) == {
-        "names_the_other_notes_answer": 2, "of": 3}
-    assert translator_eval.control_follows_other({"translator": control}, records, seed=0) is None
-
-
-def test_the_evaluator_adds_the_swapped_fact_the_binding_breakdown_and_the_presets(mixed_tiny_pair, one_thread):
-    """Follow rates beside the receiver alone and the control (which never read the swapped note: the
-    chance floor), who-is-where by people per note, and the presets with another preset's note."""
-    from kvviz.data import whereabouts
-    from kvviz.data.swaps import swap_outcome, swaps_for
-    from kvviz.studies.c2c import translator_eval
-
-    pair = mixed_tiny_pair
-    records = whereabouts.generate("heldout", 4, seed=1)
-    report = translator_eval.evaluate(pair, random_translator(pair), {"whereabouts": records}, seed=0, max_new_tokens=3,
-                                      progress=lambda message: None, checks=0)
-    summary = report["whereabouts"]
-    swap = summary["swap"]
-    assert swap["records"] == 4 and set(swap["rows"]) == {"receiver", "control", "skyline", "translator"}
-    # the receiver's follow count is its own answers judged against the swapped answers
-    swaps = swaps_for("whereabouts", records, 0)
-    receiver_answers = [e["receiver"] for e in summary["examples"]]
-    expected = sum(swap_outcome(a, r.answers, swaps[r.id].answers) == "followed" for a, r in zip(receiver_answers, records))
-    assert swap["rows"]["receiver"]["followed"] == expected
-    assert all(0 <= v["followed"] <= v["n"] == 4 for v in swap["rows"].values()) and "nll" in swap["rows"]["translator"]
-    assert summary["examples"][0]["swapped"] and "translator_swap" in summary["examples"][0]
-    assert set(summary["by_people"]) == {"1", "2", "3", "2-3"} and summary["by_people"]["2-3"]["translator"]["n"] == 2
-    assert "follow rate" in translator_eval.format_report(report)
-    presets = translator_eval.preset_records()
-    assert {r.meta["preset"] for r, _ in presets} >= {"locker", "big-ben"}
-    ran = translator_eval.run_presets(pair, random_translator(pair), presets[:2], max_new_tokens=3)
-    assert [e["preset"] for e in ran] == [r.meta["preset"] for r, _ in presets[:2]]
-    assert ran[0]["other_note"] == presets[1][0].context and ran[0]["translator_swap"]["outcome"] in ("followed", "kept", "neither")
-    assert "preset locker" in translator_eval.format_report({"presets": ran})
-    assert translator_eval.measured_summary({**report, "presets": ran})["sets"]["whereabouts"]["swap"]["records"] == 4
 
 
 # --- the handoff (kvviz.handoffs.translate) ----------------------------------------------------------------
@@ -356,8 +285,8 @@ def test_the_handoff_answers_with_its_gates_and_bytes(mixed_tiny_pair, one_threa
     translator = random_translator(pair)
     result = run_translation(pair, translator.save(tmp_path / "open"))
     assert result.applicable, result.reason
-    alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
-    assert result.bytes_communicated == tr.read_bytes(translator.config, len(alignment.sharer_ids), pair.sharer.dtype)
+    alignment = tr_align.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
+    assert result.bytes_communicated == tr_prefix.read_bytes(translator.config, len(alignment.sharer_ids), pair.sharer.dtype)
     assert result.details["translated_bytes"] > 0
     assert [r["layer"] for r in result.layers] == list(range(pair.receiver.facts.num_layers))
     assert all(r["open"] for r in result.layers) and result.details["open_gates"] == pair.receiver.facts.num_layers
@@ -416,9 +345,9 @@ def test_the_batched_decode_step_keeps_the_translated_tokens_weights(mixed_tiny_
     translator = random_translator(pair)
     with torch.no_grad():
         translator.weight_bias.fill_(-2.0)  # weights ~0.12: biases that change attention
-    alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
+    alignment = tr_align.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
     with torch.no_grad():
-        prefix, _, _ = tr.translate(pair, translator, alignment)
+        prefix, _, _ = tr_prefix.translate(pair, translator, alignment)
         state = prefix.state
         prefill(pair.receiver, state, build_segments(pair.receiver.tokenizer, QUERY).query_ids)
 

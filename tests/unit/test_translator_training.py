@@ -13,10 +13,13 @@ import torch
 
 from kvviz.core.prompts import build_segments
 from kvviz.data import whereabouts
+from kvviz.handoffs.translate import align as tr_align
+from kvviz.handoffs.translate import prefix as tr_prefix
+from kvviz.handoffs.translate import ridge as tr_ridge
 from kvviz.handoffs.translate import translator as tr
 from kvviz.studies.c2c import train_translator as tt
 from kvviz.studies.c2c import translator_data as td
-from kvviz.studies.c2c.translator_train import ReceiverLoss, teacher_targets
+from kvviz.studies.c2c.translator_loss import FollowLoss, ReceiverLoss, teacher_targets
 from tests.unit.test_translator import CONTEXT, QUERY, OwnKV, random_translator
 
 NOTES = [
@@ -27,8 +30,8 @@ NOTES = [
 
 
 def own_kv_translator(pair, translator, context):
-    alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, context)
-    own = tr.read_kv(pair.receiver, [alignment.receiver_ids])
+    alignment = tr_align.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, context)
+    own = tr_align.read_kv(pair.receiver, [alignment.receiver_ids])
     keys = torch.stack([k[0, :, alignment.own_count:] for k, _ in own])
     values = torch.stack([v[0, :, alignment.own_count:] for _, v in own])
     exact = OwnKV(translator.config, keys, values)
@@ -54,11 +57,56 @@ def test_the_receiver_side_loss_is_zero_kl_for_the_receivers_own_kv(mixed_tiny_p
     loss.backward()
     assert translator.up.grad.abs().sum() > 0 and translator.gate_logits.grad.abs().sum() > 0
     assert all(p.grad is None for p in pair.receiver.model.parameters())
-    alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
+    alignment = tr_align.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
     teacher = teacher_targets(pair.receiver, alignment.receiver_ids, read, target, 4)
     assert teacher.candidates.shape == (len(target), 4)
     assert all(int(c[g]) == t for c, g, t in zip(teacher.candidates, teacher.gold, target))  # gold always a candidate
     assert torch.allclose(teacher.log_probs.exp().sum(-1), torch.ones(len(target)))
+
+
+def test_a_swap_pair_asks_each_note_for_its_own_answer(mixed_tiny_pair, one_thread):
+    """A note with a swap twin: the receiver loss of both, plus the follow hinge at the first answer
+    token, whose gradient reaches the map; without the hinge, the two receiver losses' mean."""
+    pair = mixed_tiny_pair
+    translator = random_translator(pair)
+    twin = td.Note("recall", "The code for locker 12 is 8125.", "What is the code for locker 12?", "8125")
+    pair_note = td.Note("recall", NOTES[2].context, NOTES[2].question, NOTES[2].target, twin=twin)
+    receiver_loss = ReceiverLoss(top_k=8)
+    loss, parts = FollowLoss(receiver_loss, follow_weight=1.0, follow_margin=2.0)(pair, translator, pair_note)
+    assert {"kd", "ce", "follow", "follow_gap"} <= set(parts) and parts["follow"] > 0
+    loss.backward()
+    assert translator.up.grad.abs().sum() > 0
+    tokenizer = pair.receiver.tokenizer
+    alone = [receiver_loss(pair, translator, n.context, *td.target_ids(tokenizer, n))[0] for n in (NOTES[2], twin)]
+    without, parts = FollowLoss(receiver_loss, follow_weight=0.0)(pair, translator, pair_note)
+    assert "follow" not in parts and torch.allclose(without, (alone[0] + alone[1]) / 2)
+    plain, _ = FollowLoss(receiver_loss, follow_weight=0.0, harm_weight=0.0)(pair, translator, NOTES[2])
+    assert torch.allclose(plain, alone[0])
+
+
+def test_the_harm_guard_costs_nothing_for_the_receiver_alone_and_is_one_sided(mixed_tiny_pair, one_thread):
+    """A mismatched note read through a side branch at gate 0 is the receiver alone: its excess NLL
+    over the receiver alone is 0 and the guard is 0; a random splice
+    moves the answer's NLL, and the guard acts only past its tolerance, its gradient reaching the map."""
+    from tests.unit.test_translator_side import side_translator
+
+    pair = mixed_tiny_pair
+    note = td.Note("mismatched", "The bakery on Elm Street sells rye bread.", NOTES[2].question, NOTES[2].target)
+    guard = FollowLoss(ReceiverLoss(top_k=8), harm_weight=1.0, harm_tolerance=0.1)
+    loss, parts = guard(pair, side_translator(pair), note)
+    assert abs(parts["harm_excess"]) < 1e-5 and parts["harm"] == 0.0 and float(loss) == 0.0
+    translator = random_translator(pair)
+    _, parts = guard(pair, translator, note)
+    excess = parts["harm_excess"]
+    assert abs(excess) > 1e-4  # a random map's note moves the answer's NLL away from the receiver alone's
+    above = FollowLoss(ReceiverLoss(top_k=8), harm_weight=1.0, harm_tolerance=excess + 1.0)
+    loss, parts = above(pair, translator, note)
+    assert parts["harm"] == 0.0 and float(loss) == 0.0  # within the tolerance: nothing to push
+    below = FollowLoss(ReceiverLoss(top_k=8), harm_weight=2.0, harm_tolerance=excess - 1.0)
+    loss, parts = below(pair, translator, note)
+    assert parts["harm"] == pytest.approx(1.0, abs=1e-4) and float(loss) == pytest.approx(2.0, abs=1e-3)
+    loss.backward()
+    assert translator.up.grad.abs().sum() > 0
 
 
 def test_notes_read_on_or_answer_and_name_nothing_held_out(mixed_tiny_pair):
@@ -86,7 +134,8 @@ def test_notes_read_on_or_answer_and_name_nothing_held_out(mixed_tiny_pair):
 def leg_args(tmp_path, init, **changes):
     values = dict(out=str(tmp_path / "run"), init=str(init), pair="tiny", device="cpu", minutes=60.0, steps=2,
                   save_minutes=60.0, notes=len(NOTES), epochs=4, mix="", batch=2, lr=1e-3, gate_lr=0.01, kd_weight=1.0,
-                  ce_weight=1.0, top_k=8, validation=0, seed=0, threads=1, argv=[])
+                  ce_weight=1.0, top_k=8, validation=0, seed=0, threads=1, argv=[], no_twins=False, follow_weight=1.0,
+                  follow_margin=2.0, harm_weight=1.0, harm_tolerance=0.1, attach="splice")
     values.update(changes)
     return argparse.Namespace(**values)
 
@@ -150,7 +199,7 @@ def test_a_corrupt_or_foreign_training_state_is_refused(mixed_tiny_pair, one_thr
 def test_a_leg_reports_held_out_numbers(mixed_tiny_pair, one_thread, tmp_path):
     pair = mixed_tiny_pair
     numbers = tt.validate(pair, random_translator(pair), 2)
-    assert set(numbers) == {"whereabouts", "recall"}
+    assert set(numbers) == {"whereabouts", "recall", "passages"}  # passages: Dolly's extractive ones, never trained on
     assert set(numbers["whereabouts"]["follow"]) == {"control", "translator"} and "gain" in numbers["recall"]
     assert 0.0 <= numbers["recall"]["translator"]["rate"] <= 1.0
 
@@ -175,20 +224,20 @@ def test_a_routed_translator_fits_each_receiver_layer_from_its_own_sharer_layers
     x = torch.randn(4000, config.in_width, generator=generator)
     truth = [torch.randn(len(c), 2 * config.kv_width, generator=generator) * 0.1 for c in columns]
     y = torch.cat([x[:, c] @ w for c, w in zip(columns, truth)], dim=1) + 3.0
-    stats = tr.RidgeStats(config.in_width, config.out_width)
+    stats = tr_ridge.RidgeStats(config.in_width, config.out_width)
     stats.add(x, y)
-    tr.install_fit(translator, tr.fit_ridge_routed(stats, config, 1e-6))
+    tr_ridge.install_fit(translator, tr_ridge.fit_ridge_routed(stats, config, 1e-6))
     with torch.no_grad():
         predicted = translator.standardised(x) * translator.y_scale + translator.y_mean
     assert float(((predicted - y) ** 2).mean() / y.var(0).mean()) < 1e-4
-    assert tr.r_squared(translator, x, y, pair.receiver.facts.num_layers)["k"] > 0.999
+    assert tr_ridge.r_squared(translator, x, y, pair.receiver.facts.num_layers)["k"] > 0.999
     assert translator.num_parameters < tr.KVTranslator(tr.TranslatorConfig(**{**config.to_dict(), "sources": None})).num_parameters
     folder = translator.save(tmp := (pair_tmp := __import__("tempfile").mkdtemp()) + "/routed")
     loaded = tr.load_translator(folder, pair.sharer.facts, pair.receiver.facts, pair.name)
     assert tr.read_config(folder).version == 2 and loaded.routed
     for a, b in zip(translator(x[:5]), loaded(x[:5])):
         assert torch.allclose(a, b, atol=2e-2, rtol=2e-2)
-    alignment = tr.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
+    alignment = tr_align.align_context(pair.receiver.tokenizer, pair.sharer.tokenizer, CONTEXT)
     alone = build_segments(pair.receiver.tokenizer, QUERY)
     from kvviz.runtime.cache import KVState
     from kvviz.runtime.decode import full_logits, prefill
@@ -196,7 +245,7 @@ def test_a_routed_translator_fits_each_receiver_layer_from_its_own_sharer_layers
     state = KVState()
     prefill(pair.receiver, state, alone.context_ids, need_logits=False)
     expected = full_logits(pair.receiver, state, alone.query_ids)
-    closed, _, _ = tr.translate(pair, loaded, alignment, gates=[0.0] * pair.receiver.facts.num_layers)
+    closed, _, _ = tr_prefix.translate(pair, loaded, alignment, gates=[0.0] * pair.receiver.facts.num_layers)
     assert torch.allclose(full_logits(pair.receiver, closed.state, alone.query_ids), expected, atol=1e-4)
     assert pair_tmp and tmp
 

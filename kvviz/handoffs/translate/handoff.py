@@ -24,6 +24,8 @@ from kvviz.core.prompts import build_segments
 from kvviz.core.results import HandoffRequest, HandoffResult
 from kvviz.handoffs.common import HandoffIO, content_free_note, handoff_result
 from kvviz.handoffs.registry import Handoff, NotApplicable, all_of, needs_context
+from kvviz.handoffs.translate import align as tr_align
+from kvviz.handoffs.translate import prefix as tr_prefix
 from kvviz.handoffs.translate import translator as tr
 from kvviz.handoffs.translate.locate import CONTROL, NAME, OPTIONS, get_translator, locate, measured_numbers, translator_found
 from kvviz.runtime.checkpoints import checkpoint_label
@@ -41,17 +43,19 @@ def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO, control: bool 
         translator = get_translator(folder, pair)
     except tr.TranslatorError as error:
         raise NotApplicable(str(error)) from error
+    if translator.side:
+        raise NotApplicable(SIDE_REFUSAL.format(folder=folder))
     receiver, sharer = pair.receiver, pair.sharer
     context = content_free_note(request.context) if control else request.context
     timer = StageTimer()
-    alignment = tr.align_context(receiver.tokenizer, sharer.tokenizer, context, translator.config.sharer_start)
+    alignment = tr_align.align_context(receiver.tokenizer, sharer.tokenizer, context, translator.config.sharer_start)
     with torch.no_grad():
         with timer.stage("sharer_prefill"):
-            sharer_kv = tr.read_kv(sharer, [alignment.sharer_ids])
+            sharer_kv = tr_align.read_kv(sharer, [alignment.sharer_ids])
         with timer.stage("transfer"):
-            features = tr.features(sharer_kv, alignment, translator.config.sharer_layers, translator.config.neighbours)
+            features = tr_align.features(sharer_kv, alignment, translator.config.sharer_layers, translator.config.neighbours)
             keys, values, weights = translator(features.to(translator.up.device))
-            prefix = tr.build_prefix(receiver, alignment, keys, values, weights, translator.open_gates().float().tolist())
+            prefix = tr_prefix.build_prefix(receiver, alignment, keys, values, weights, translator.open_gates().float().tolist())
     # what crossed: the translated context keys (shown with the receiver's tokens of the context,
     # which the receiver never read), in the layers whose gate is open
     io.send("context tokens (the sharer's KV cache translated into the receiver's; shown as the receiver's "
@@ -68,7 +72,7 @@ def run(pair: LoadedPair, request: HandoffRequest, io: HandoffIO, control: bool 
     return handoff_result(
         name, pair, output, timer,
         seen={"sharer": sharer.tokenizer.decode(alignment.sharer_ids), "receiver": segments.text},
-        communication="kv", bytes_sent=tr.read_bytes(translator.config, len(alignment.sharer_ids), sharer.dtype),
+        communication="kv", bytes_sent=tr_prefix.read_bytes(translator.config, len(alignment.sharer_ids), sharer.dtype),
         flops=flops, flops_to_first_token=before_answer,
         tokens={"context": len(alignment.sharer_ids), "translated": alignment.translated_count,
                 "receiver_prompt": len(segments.query_ids)},
@@ -109,7 +113,7 @@ def run_details(pair, translator, folder, alignment, prefix, control_context: st
         "layers": len(prefix.gates),
         "applied_gates": [int(g > 0) for g in prefix.gates],
         "translated_bytes": sum(len(w) for w in prefix.weights) * 2 * translator.config.kv_width * receiver.dtype.itemsize,
-        "sharer_kv_bytes_all_layers": tr.kv_bytes(sharer.facts, len(alignment.sharer_ids), sharer.dtype),
+        "sharer_kv_bytes_all_layers": tr_prefix.kv_bytes(sharer.facts, len(alignment.sharer_ids), sharer.dtype),
         "sharer_layers_read": list(translator.config.sharer_layers),
         "translated_tokens": [receiver.tokenizer.decode([i]) for i in alignment.receiver_ids[alignment.own_count:]],
         "parameters": translator.num_parameters,
@@ -122,6 +126,8 @@ def run_control(pair: LoadedPair, request: HandoffRequest, io: HandoffIO) -> Han
     return run(pair, request, io, control=True)
 
 
+SIDE_REFUSAL = ("The translator at {folder} is read through a gated side branch (attach = side), which this handoff "
+                "does not run: the batched decode step has no side branch (eval-translator and train-translator run it).")
 NO_LIKELIHOOD = "not computed: {name} builds the receiver's cache from translated KV, which the bench does not rebuild"
 NEEDS = ("a private context", "a trained KV translator for the pair")
 

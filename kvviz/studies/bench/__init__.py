@@ -56,6 +56,10 @@ def configure_parser(parser) -> None:
                         help="content or prompt? every sample also runs on its swapped note (the answer-bearing fact "
                              "changed: countries, recall, hotpotqa); the summary adds each handoff's follow rate, keep "
                              "rate and content share, paired against Skyline and the receiver alone"),
+    parser.add_argument("--contradict", action="store_true",
+                        help="a second counterfactual: every sample also runs on its note with one contradicting sentence "
+                             "(the swap's other value) inserted after the sentence that states the answer; the summary adds "
+                             "which answer each handoff gives and the gold and counter answers' first-token probabilities")
     parser.add_argument("--out", default=None, help="output folder (default runs/bench-DATASET)")
     parser.add_argument("--fresh", action="store_true", help="delete earlier rows in --out instead of resuming")
     parser.add_argument("--redo", default=None, metavar="VARIANTS",

@@ -10,7 +10,10 @@ swapped note (the answer-bearing fact changed, ``kvviz.data.swaps``), and per va
 
 each with its 95% Wilson interval, and the follow rate paired against Skyline's and the receiver
 alone's on the same samples (McNemar's exact test): a handoff whose follow rate is the receiver
-alone's carried no content; one that matches Skyline's carried what reading the note carries.
+alone's carried no content; one that matches Skyline's carried what reading the note carries. Beside
+its accuracy, in one cell, its control's (``Handoff.control``: the same method without this note's
+content; the receiver alone for text, Skyline and the one-vector methods), as the field reports
+matched against deranged.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import pandas as pd
 
 from kvviz.data import format_p, paired_mcnemar, wilson_interval
 from kvviz.data.swaps import Swap, swap_record
+from kvviz.handoffs import registry
 
 REFERENCES = ("skyline", "receiver")  # what each variant's follow rate is paired against
 
@@ -39,7 +43,14 @@ def swap_columns(record, result, swapped, swap: Swap) -> dict:
     }
 
 
-def _rate(hits: int, n: int) -> dict:
+def paired_with_references(outcomes: dict[str, dict[str, int]], name: str, by_handoff: dict[str, str]) -> dict:
+    """One variant's 0/1 outcomes (per sample) paired with each of ``REFERENCES`` that ran (McNemar)."""
+    return {reference: paired_mcnemar(outcomes, name, other) for reference in REFERENCES
+            if (other := by_handoff.get(reference)) is not None and other != name}
+
+
+def rate_entry(hits: int, n: int) -> dict:
+    """A count with its share and 95% Wilson interval (None where n is 0)."""
     low, high = wilson_interval(hits, n) if n else (None, None)
     return {"rate": hits / n if n else None, "low": low, "high": high, "hits": hits, "n": n}
 
@@ -48,6 +59,28 @@ def _judged(group: pd.DataFrame) -> pd.DataFrame:
     judged = group[group["swap_outcome"].astype(str) != ""]
     return judged.assign(**{column: pd.to_numeric(judged[column], errors="coerce").fillna(0).astype(int)
                             for column in ("right", "followed", "kept")})
+
+
+def control_variants(rows: pd.DataFrame) -> dict[str, str]:
+    """variant -> the variant of its handoff's control that ran in the same table (its first one)."""
+    by_handoff: dict[str, str] = {}
+    for variant, handoff in zip(rows["variant"], rows["handoff"]):
+        by_handoff.setdefault(handoff, variant)
+    out = {}
+    for variant, handoff in zip(rows["variant"], rows["handoff"]):
+        control = by_handoff.get(registry.control_of(handoff))
+        if control and control != variant:
+            out[variant] = control
+    return out
+
+
+def with_controls(entries: list[dict], controls: dict[str, str], key: str) -> list[dict]:
+    """Each entry with its control's ``key`` rate beside its own (``entry["control"]``)."""
+    by_variant = {entry["variant"]: entry for entry in entries}
+    for entry in entries:
+        other = by_variant.get(controls.get(entry["variant"], ""))
+        entry["control"] = None if other is None else {"variant": other["variant"], key: other[key]}
+    return entries
 
 
 def content_summary(rows: pd.DataFrame, order: list[str] | None = None) -> list[dict]:
@@ -67,27 +100,35 @@ def content_summary(rows: pd.DataFrame, order: list[str] | None = None) -> list[
         right = group[group["right"] == 1]
         entry = {
             "variant": name, "n": len(group),
-            "accuracy": _rate(int(group["right"].sum()), len(group)),
-            "follow": _rate(int(group["followed"].sum()), len(group)),
-            "keep": _rate(int(group["kept"].sum()), len(group)),
-            "content_share": _rate(int(right["followed"].sum()), len(right)),
-            "paired": {},
+            "accuracy": rate_entry(int(group["right"].sum()), len(group)),
+            "follow": rate_entry(int(group["followed"].sum()), len(group)),
+            "keep": rate_entry(int(group["kept"].sum()), len(group)),
+            "content_share": rate_entry(int(right["followed"].sum()), len(right)),
+            "paired": paired_with_references(follows, name, by_handoff),
         }
-        for reference in REFERENCES:
-            other = by_handoff.get(reference)
-            if other is not None and other != name:
-                entry["paired"][reference] = paired_mcnemar(follows, name, other)
         entries.append(entry)
-    return entries
+    return with_controls(entries, control_variants(rows), "accuracy")
 
 
-def _cell(rate: dict) -> str:
+def rate_cell(rate: dict) -> str:
+    """"0.31 [0.23, 0.41] (31/100)"."""
     if rate["rate"] is None:
         return "n/a"
     return f"{rate['rate']:.2f} [{rate['low']:.2f}, {rate['high']:.2f}] ({rate['hits']}/{rate['n']})"
 
 
-def _paired_cell(entry: dict, reference: str) -> str:
+def matched_cell(entry: dict, key: str) -> str:
+    """"its rate / its control's" (the control's name), or its rate alone when no control ran."""
+    own, control = entry[key], entry.get("control")
+    if own["rate"] is None:
+        return "n/a"
+    if not control or control[key]["rate"] is None:
+        return f"{own['rate']:.2f} / —"
+    return f"{own['rate']:.2f} / {control[key]['rate']:.2f} ({control['variant']})"
+
+
+def paired_cell(entry: dict, reference: str) -> str:
+    """A paired comparison against ``reference`` (its two rates and McNemar's p), or a dash."""
     paired = entry["paired"].get(reference)
     if paired is None:
         return "—"
@@ -99,12 +140,13 @@ def content_markdown(entries: list[dict], title: str = "") -> str:
     rate against Skyline's and the receiver alone's (McNemar p)."""
     if not entries:
         return ""
-    header = ["handoff", "n", "right (original note)", "followed the swap", "kept the old answer",
+    header = ["handoff", "n", "right: it / its control", "right (original note)", "followed the swap", "kept the old answer",
               "content share (followed, of the right)", "follow vs Skyline", "follow vs receiver alone"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for entry in entries:
-        cells = [entry["variant"], str(entry["n"]), _cell(entry["accuracy"]), _cell(entry["follow"]), _cell(entry["keep"]),
-                 _cell(entry["content_share"]), _paired_cell(entry, "skyline"), _paired_cell(entry, "receiver")]
+        cells = [entry["variant"], str(entry["n"]), matched_cell(entry, "accuracy"), rate_cell(entry["accuracy"]),
+                 rate_cell(entry["follow"]), rate_cell(entry["keep"]),
+                 rate_cell(entry["content_share"]), paired_cell(entry, "skyline"), paired_cell(entry, "receiver")]
         lines.append("| " + " | ".join(cells) + " |")
     intro = ("Content or prompt? Each sample also ran on its swapped note (the answer-bearing fact changed); "
              "intervals are 95% Wilson, the paired columns compare follow rates on the same samples (McNemar's exact test).")

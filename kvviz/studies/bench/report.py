@@ -155,9 +155,11 @@ def write_results_markdown(path: str, runs: list[str], perf_dir: str | None, com
 
 
 # Sections of docs/RESULTS.md that other scripts write (scripts/load_test.py, research/kvcomm_results.py,
-# research/steer_results.py):
-# kept when the rest is regenerated, each between its own start and end marks.
-KEPT = ("kvcomm-table", "steer-table", "load-test", "speed", "content-table", "knower")
+# research/steer_results.py, research/content_results.py, research/contradiction_results.py; issue 43's
+# translator evaluation, from research/translator_tables.py; issue 44's knower section): kept when the
+# rest is regenerated, each between its own start and end marks.
+KEPT = ("kvcomm-table", "steer-table", "load-test", "speed", "content-table", "contradiction-table", "translator-follow",
+        "knower")
 
 
 def section_marks(name: str) -> tuple[str, str]:
@@ -174,6 +176,12 @@ def kept_sections(path: Path) -> str:
         if start in old and end in old:
             out += "\n" + old[old.index(start) : old.index(end) + len(end)] + "\n"
     return out
+
+
+def write_section(path: Path, name: str, new: str) -> None:
+    """Replace (or append) the section ``name`` of the file at ``path`` with ``new``."""
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    path.write_text(replace_section(old, name, new), encoding="utf-8")
 
 
 def replace_section(text: str, name: str, new: str) -> str:

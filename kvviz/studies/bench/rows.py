@@ -19,6 +19,11 @@ TIME_COLUMNS = [f"time_{stage}" for stage in STAGES] + ["time_total", "ttft"]
 # the swap arm's columns (bench --swap; kvviz.studies.bench.content): what changed, the swapped gold, the
 # answer on the swapped note, its outcome, and 0/1 for right (on the original note), followed and kept
 SWAP_COLUMNS = ["swap_changed", "swap_gold", "swap_answer", "swap_outcome", "right", "followed", "kept"]
+# the contradiction arm's (bench --contradict; kvviz.studies.bench.contradiction): the inserted sentence, its
+# (counter) answer, the answer on the contradicted note and its outcome, and the gold and counter answers'
+# first-token probabilities on the contradicted note and on the original one
+CONTRADICTION_COLUMNS = ["contra_sentence", "contra_gold", "contra_answer", "contra_outcome", "contra_p_gold",
+                         "contra_p_counter", "contra_p_gold_clean", "contra_p_counter_clean", "contra_same_first_token"]
 COLUMNS = [
     "dataset",
     "pair",
@@ -54,6 +59,7 @@ COLUMNS = [
     "message",
     "selected_layers",
     *SWAP_COLUMNS,
+    *CONTRADICTION_COLUMNS,
     "rank",
     "world_size",
     "seed",
@@ -119,19 +125,21 @@ def drop_variants(out: Path, variants: set[str]) -> int:
 
 
 class RowWriter:
-    """Appends rows to a CSV file and flushes each one (a killed run loses at most one row)."""
+    """Appends rows to a CSV file and flushes each one (a killed run loses at most one row). A file
+    begun by an older kvviz keeps its own columns (a newer column is left out of its rows)."""
 
     def __init__(self, path: Path):
         self.path = path
         drop_partial_last_line(path)
         new = not path.exists() or path.stat().st_size == 0
+        self.columns = COLUMNS if new else list(read_csv(path).columns)
         self.handle = path.open("a", newline="", encoding="utf-8")
         if new:
             self.handle.write(",".join(COLUMNS) + LINE_END)
             self.handle.flush()
 
     def write(self, row: dict) -> None:
-        pd.DataFrame([row], columns=COLUMNS).to_csv(self.handle, header=False, index=False, lineterminator=LINE_END)
+        pd.DataFrame([row], columns=self.columns).to_csv(self.handle, header=False, index=False, lineterminator=LINE_END)
         self.handle.flush()
         os.fsync(self.handle.fileno())
 

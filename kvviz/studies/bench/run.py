@@ -17,6 +17,7 @@ present) writes the merged summary.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -30,13 +31,15 @@ from tqdm.auto import tqdm
 
 from kvviz.core.results import HandoffRequest
 from kvviz.data import choice_query, load_dataset_with_report
+from kvviz.data.contradictions import contradictions_for
 from kvviz.data.swaps import swaps_for
-from kvviz.engine import runner
+from kvviz.engine import contradiction, runner
 from kvviz.engine.evaluation import Variant, evaluate, pending
 from kvviz.engine.flags import option_arguments
 from kvviz.handoffs import registry
 from kvviz.handoffs.registry import build_request
 from kvviz.studies.bench.content import swap_columns
+from kvviz.studies.bench.contradiction import contradiction_columns
 from kvviz.studies.bench.rows import RowWriter, done_pairs, drop_variants, part_path, row_files
 from kvviz.studies.bench.scoring import likelihood_columns, result_row
 from kvviz.studies.bench.summary import write_summary
@@ -44,7 +47,7 @@ from kvviz.studies.bench.summary import write_summary
 # The settings a resumed run must share with the run it continues.
 RESUME_KEYS = (
     "pair", "dataset", "dataset_options", "seed", "max_new_tokens", "message_tokens", "shuffle", "options",
-    "calibration_sample", "swap",
+    "calibration_sample", "swap", "contradict",
 )
 
 
@@ -185,6 +188,7 @@ class Plan:
     calibration_record: object | None
     calibrated: list[str]  # the handoffs calibrated on it
     swaps: dict | None = None  # record id -> its swapped note (bench --swap), None without a swap arm
+    contradictions: dict | None = None  # record id -> its contradicted note (bench --contradict), None without
 
 
 def plan(args) -> Plan:
@@ -220,9 +224,14 @@ def plan(args) -> Plan:
         calibration_record = records.pop(0)[1] if records else None
         config["calibration_sample"] = calibration_record.id if calibration_record else None
         config["calibrated_handoffs"] = calibrated
-    swaps = None
+    swaps = contradicted = None
+    if getattr(args, "contradict", False):
+        made = contradictions_for(args.dataset, [record for _, record in records], args.seed)
+        contradicted, records = counterfactual_records("--contradict", made, records)
+        config["contradict"] = {"samples": len(records), "rule": f"kvviz.data.contradictions ({args.dataset}), seed {args.seed}"}
     if getattr(args, "swap", False):
-        swaps, records = swapped_records(args, records)
+        made = swaps_for(args.dataset, [record for _, record in records], args.seed)
+        swaps, records = counterfactual_records("--swap", made, records)
         config["swap"] = {"samples": len(records), "rule": f"kvviz.data.swaps ({args.dataset}), seed {args.seed}"}
     if rank == 0 or world == 1 or (out / "config.json").exists():
         # the other ranks check against what rank 0 wrote (or will write: same command line)
@@ -231,18 +240,25 @@ def plan(args) -> Plan:
         dropped = drop_variants(out, set(parse_names(args.redo)))
         print(f"--redo: removed {dropped} row(s) of {args.redo} to run them again", file=sys.stderr)
     mine = [(index, record) for index, record in records if index % world == rank]
-    return Plan(out, rank, world, local, variants, options, mine, calibration_record, calibrated, swaps)
+    return Plan(out, rank, world, local, variants, options, mine, calibration_record, calibrated, swaps, contradicted)
 
 
-def swapped_records(args, records: list[tuple[int, object]]) -> tuple[dict, list[tuple[int, object]]]:
-    """(record id -> swap, the records that have one): ``bench --swap`` scores only samples whose
-    note has a swapped fact (``kvviz.data.swaps``), and says how many it left out."""
-    swaps = swaps_for(args.dataset, [record for _, record in records], args.seed)
-    kept = [(index, record) for index, record in records if record.id in swaps]
+def counterfactual_records(flag: str, made: dict, records: list[tuple[int, object]]) -> tuple[dict, list[tuple[int, object]]]:
+    """(record id -> its counterfactual note, the records that have one): ``bench --swap`` and
+    ``--contradict`` score only samples whose note has one, and say how many they left out."""
+    kept = [(index, record) for index, record in records if record.id in made]
     if len(kept) < len(records):
-        print(f"--swap: {len(records) - len(kept)} of {len(records)} sample(s) have no swapped fact and are left out",
-              file=sys.stderr)
-    return {record.id: swaps[record.id] for _, record in kept}, kept
+        print(f"{flag}: {len(records) - len(kept)} of {len(records)} sample(s) have none and are left out", file=sys.stderr)
+    return {record.id: made[record.id] for _, record in kept}, kept
+
+
+def with_counter_lens(request, record, contradicted: dict | None):
+    """With a contradiction arm, the original request's logit lens follows the gold and the counter
+    answers too (their probabilities on the original note)."""
+    made = None if contradicted is None else contradicted.get(record.id)
+    if made is None:
+        return request
+    return dataclasses.replace(request, inspect=contradiction.lens_inspect(request, record.answers, made.answers))
 
 
 def write_rows(args, run: Plan) -> None:
@@ -261,7 +277,10 @@ def write_rows(args, run: Plan) -> None:
     writer = RowWriter(part_path(run.out, run.rank, run.world))
     bar = tqdm(total=todo, desc=f"bench {args.dataset}" + (f" [{run.rank}/{run.world}]" if run.world > 1 else ""),
                position=run.rank if run.world > 1 else 0, disable=args.quiet)
-    request_for = lambda record, variant: variant_request(record, variant, args, run.options, run.calibration_record)  # noqa: E731
+    def request_for(record, variant):
+        request = variant_request(record, variant, args, run.options, run.calibration_record)
+        return with_counter_lens(request, record, run.contradictions)
+
     swap_of = None if run.swaps is None else (lambda record: run.swaps.get(record.id))
     try:
         for item in evaluate(pair, run.records, run.variants, request_for, done, swap_of=swap_of):
@@ -269,6 +288,10 @@ def write_rows(args, run: Plan) -> None:
             row = result_row(item.record, item.index, item.variant, item.result, args, run.rank, run.world)
             if item.swapped is not None:
                 row.update(swap_columns(item.record, item.result, item.swapped, item.swap))
+            made = None if run.contradictions is None else run.contradictions.get(item.record.id)
+            if made is not None:
+                other = contradiction.contradicted_result(item.variant.handoff, pair, item.request, made, item.record.answers)
+                row.update(contradiction_columns(item.record, item.result, other, made))
             record = item.record
             if item.result.applicable and record.choices is not None and not args.no_likelihood:
                 row.update(likelihood_columns(pair, record, item.variant.handoff, item.request, item.result))

@@ -13,6 +13,7 @@ import pandas as pd
 from kvviz.core.results import STAGES
 from kvviz.data import wilson_interval
 from kvviz.studies.bench.content import content_markdown, content_summary
+from kvviz.studies.bench.contradiction import contradiction_markdown, contradiction_summary
 from kvviz.studies.bench.rows import TIME_COLUMNS, read_rows, write_frame
 
 COST_COLUMNS = TIME_COLUMNS + ["bytes", "flops_sharer", "flops_receiver", "flops_total", "generated_tokens"]
@@ -188,7 +189,8 @@ def write_figures(path: Path, summary: pd.DataFrame, title: str = "") -> None:
 
 def write_summary(out: Path, order: list[str] | None = None, title: str = "") -> pd.DataFrame:
     """summary.csv, summary.md and figures.html from every rows file in ``out``; with a swap arm
-    (``bench --swap``) also content.json and the content table in summary.md."""
+    (``bench --swap``) also content.json and the content table in summary.md, with a contradiction
+    arm (``--contradict``) contradiction.json and its table."""
     rows = read_rows(out)
     summary = summarize(rows, order)
     if not summary.empty:
@@ -198,6 +200,10 @@ def write_summary(out: Path, order: list[str] | None = None, title: str = "") ->
     if content:
         _atomic_text(out / "content.json", json.dumps(content, indent=2))
         text += "\n" + content_markdown(content)
+    contradicted = contradiction_summary(rows, order) if not rows.empty else []
+    if contradicted:
+        _atomic_text(out / "contradiction.json", json.dumps(contradicted, indent=2))
+        text += "\n" + contradiction_markdown(contradicted)
     _atomic_text(out / "summary.md", text)
     write_figures(out / "figures.html", summary, title)
     return summary

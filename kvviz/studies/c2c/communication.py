@@ -5,7 +5,7 @@ cache whatever the sharer read. The control that isolates communication: score t
 examples with the sharer reading the right context, another example's context (a fixed, seeded
 derangement of the examples), and with the sharer's KV zeroed. The **communication gain** is
 NLL(other context) - NLL(right context) in nats per response token, with a seeded bootstrap 95%
-interval over examples; a channel that ignores the sharer scores exactly 0.
+interval over examples (``kvviz.data.stats``); a channel that ignores the sharer scores exactly 0.
 
 ``gain_report`` does the arithmetic from per-example (summed NLL, tokens) rows, whatever made
 them; ``communication_measure`` is the C2C fuser's case (``kvviz.studies.c2c.scoring`` makes the rows).
@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import random
 
-import torch
-
-from kvviz.data.metrics import mcnemar_exact
+from kvviz.data.stats import bootstrap_ratio
 from kvviz.handoffs.c2c.align import align_prompt
 from kvviz.handoffs.c2c.fusion import resampled, sharer_kv
 from kvviz.studies.c2c.scoring import example_nlls
@@ -40,16 +38,6 @@ def derangement(n: int, seed: int = 0, same=None) -> list[int]:
                 break
         partner[i] = j
     return partner
-
-
-def bootstrap_ratio(diffs: list[float], tokens: list[int], seed: int = 0, resamples: int = 1000) -> list[float]:
-    """95% percentile interval of sum(diffs) / sum(tokens) over examples resampled with replacement."""
-    generator = torch.Generator().manual_seed(seed)
-    d = torch.tensor(diffs, dtype=torch.float64)
-    t = torch.tensor(tokens, dtype=torch.float64)
-    picks = torch.randint(0, len(diffs), (resamples, len(diffs)), generator=generator)
-    stats = d[picks].sum(1) / t[picks].sum(1)
-    return [float(torch.quantile(stats, 0.025)), float(torch.quantile(stats, 0.975))]
 
 
 def gain_report(right: Rows, other: Rows, zero: Rows, seed: int = 0, resamples: int = 1000) -> dict:
@@ -92,21 +80,6 @@ def other_sharer(pair, examples, private: bool, partner: list[int]):
 def other_prompt_sharer(pair, alignment, other_alignment):
     """Shared input: the sharer's cache of another prompt, stretched to this prompt's fused tokens."""
     return resampled(sharer_kv(pair, other_alignment), alignment.num_fused)
-
-
-def paired_comparison(first: list[float], second: list[float], seed: int = 0, resamples: int = 1000) -> dict:
-    """first - second over the same questions (0/1 correct, or any per-question score): the mean
-    difference with a seeded bootstrap 95% interval over questions, and for 0/1 values the
-    discordant counts and McNemar's exact p."""
-    if len(first) != len(second) or not first:
-        raise ValueError(f"a paired comparison needs two equally long, non-empty lists ({len(first)} and {len(second)})")
-    diffs = [a - b for a, b in zip(first, second)]
-    out = {"n": len(diffs), "difference": sum(diffs) / len(diffs), "ci95": bootstrap_ratio(diffs, [1] * len(diffs), seed, resamples)}
-    if all(value in (0, 1) for value in list(first) + list(second)):
-        only_first = sum(1 for a, b in zip(first, second) if a and not b)
-        only_second = sum(1 for a, b in zip(first, second) if b and not a)
-        out.update(only_first=only_first, only_second=only_second, mcnemar_p=mcnemar_exact(only_first, only_second))
-    return out
 
 
 def communication_measure(pair, fuser, examples, private: bool, seed: int = 0, resamples: int = 1000) -> dict:

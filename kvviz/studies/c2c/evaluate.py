@@ -48,7 +48,8 @@ from kvviz.handoffs.c2c.locate import get_fuser, resolve_fuser
 from kvviz.handoffs.registry import build_request
 from kvviz.runtime.checkpoints import checkpoint_label
 from kvviz.studies.bench.scoring import best_option, choice_likelihoods, option_scores
-from kvviz.studies.c2c.communication import communication_measure, derangement, other_prompt_sharer, paired_comparison
+from kvviz.data.stats import paired_comparison
+from kvviz.studies.c2c.communication import communication_measure, derangement, other_prompt_sharer
 from kvviz.studies.c2c.examples import heldout_examples
 from kvviz.studies.c2c.scoring import mean_nll
 

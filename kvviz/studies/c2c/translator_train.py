@@ -1,16 +1,7 @@
-"""Stage 2 of the KV translator: training through the frozen receiver (``kvviz.handoffs.translate.translator``).
-
-Three objectives on private-context examples, both models frozen:
-
-* **receiver side** (``ReceiverLoss``; ``python -m kvviz train-translator``): the translated note,
-  then the receiver reads what follows it (a question, or the note's own continuation) and is
-  scored on each next token against **Skyline as teacher** (the same receiver reading the note
-  itself): the KL divergence from Skyline's next-token distribution plus the gold token's
-  cross-entropy. The 262k-token head is restricted to Skyline's ``top_k`` likeliest tokens and
-  the gold one (``teacher_targets``): both distributions are renormalised over those, so a step
-  costs a few hundred head rows instead of the whole vocabulary. The gradient flows back through
-  the frozen receiver into the translator; what it learns is what the receiver does with the KV,
-  not the KV itself;
+"""Stage 2 of the KV translator, the research objectives (``research/translator_stage2.py``): training
+through the frozen receiver (``kvviz.handoffs.translate.translator``) on private-context examples, both
+models frozen. The objective ``python -m kvviz train-translator`` trains with is the receiver side
+(``kvviz.studies.c2c.translator_loss``); these two came before it:
 
 * **attention outputs** (local, cheap): the receiver reads the whole Skyline prompt once (context,
   question, gold answer; no gradients) and each layer's queries at the question and answer
@@ -33,10 +24,11 @@ from dataclasses import dataclass
 import torch
 
 from kvviz.core.prompts import build_segments
+from kvviz.handoffs.translate import align as tr_align
+from kvviz.handoffs.translate import prefix as tr_prefix
 from kvviz.handoffs.translate import translator as tr
 from kvviz.runtime import cache as kv
 from kvviz.runtime.attention import AttentionPlan
-from kvviz.runtime.decode import forward_kwargs, prefill
 
 
 @dataclass
@@ -78,10 +70,10 @@ def teacher_example(pair, translator_config, context: str, question: str, answer
     context; keep what the attention-output loss needs."""
 
     receiver, sharer = pair.receiver, pair.sharer
-    alignment = tr.align_context(receiver.tokenizer, sharer.tokenizer, context, translator_config.sharer_start)
+    alignment = tr_align.align_context(receiver.tokenizer, sharer.tokenizer, context, translator_config.sharer_start)
     segments = build_segments(receiver.tokenizer, question, context)
-    sharer_kv = tr.read_kv(sharer, [alignment.sharer_ids])
-    features = tr.features(sharer_kv, alignment, translator_config.sharer_layers, translator_config.neighbours)
+    sharer_kv = tr_align.read_kv(sharer, [alignment.sharer_ids])
+    features = tr_align.features(sharer_kv, alignment, translator_config.sharer_layers, translator_config.neighbours)
     tail = segments.query_ids + answer_ids[:-1]
     ids = segments.context_ids + tail
     plan = AttentionPlan(keep_queries=True)
@@ -131,7 +123,7 @@ class AttentionLoss:
         total, per_layer = 0.0, []
         for layer in range(len(self.o_proj)):
             q, k, v = example.queries[layer], example.keys[layer], example.values[layer]
-            rotated = tr.rotated(self.receiver, keys_hat[layer][None], layer, translated)[0]
+            rotated = tr_align.rotated(self.receiver, keys_hat[layer][None], layer, translated)[0]
             student_k = torch.cat([k[:, :own], rotated, k[:, n:]], dim=1)
             student_v = torch.cat([v[:, :own], values_hat[layer], v[:, n:]], dim=1)
             bias = torch.zeros(k.shape[1])
@@ -157,78 +149,8 @@ def answer_nll(pair, translator: tr.KVTranslator, context: str, question: str, a
     in the translator (the receiver is frozen; its graph carries the gradient to the prefix)."""
 
     receiver = pair.receiver
-    alignment = tr.align_context(receiver.tokenizer, pair.sharer.tokenizer, context, translator.config.sharer_start)
-    prefix, _, _ = tr.translate(pair, translator, alignment, hard=False)
+    alignment = tr_align.align_context(receiver.tokenizer, pair.sharer.tokenizer, context, translator.config.sharer_start)
+    prefix, _, _ = tr_prefix.translate(pair, translator, alignment, hard=False)
     query_ids = build_segments(receiver.tokenizer, question).query_ids
-    return tr.nll_after(receiver, prefix.state, query_ids, answer_ids), len(answer_ids)
-
-
-# --- the receiver-side objective ------------------------------------------------------------------
-
-
-def receiver_hidden(receiver, state: kv.KVState, read_ids: list[int], target_ids: list[int]) -> torch.Tensor:
-    """The receiver's final hidden states [P, H] at the positions that predict each of ``target_ids``
-    after it reads ``read_ids`` on ``state`` (teacher-forced; differentiable in what built the state)."""
-    tokens = read_ids + target_ids[:-1]
-    kwargs = forward_kwargs(receiver, state, len(tokens))
-    hidden = receiver.model.model(input_ids=torch.tensor([tokens], device=receiver.device), **kwargs).last_hidden_state[0]
-    state.next_position += len(tokens)
-    return hidden[len(read_ids) - 1:]
-
-
-def head_logits(receiver, hidden: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-    """The receiver's logits [P, K] of ``candidates`` [P, K] only (its head rows, softcap included)."""
-    weight = receiver.head.linear.weight
-    logits = torch.einsum("ph,pkh->pk", hidden.to(weight.dtype), weight[candidates]).float()
-    softcap = receiver.head.softcap
-    return torch.tanh(logits / softcap) * softcap if softcap else logits
-
-
-@dataclass
-class Teacher:
-    """Skyline's next-token distribution at each scored position, over a few candidate tokens."""
-
-    candidates: torch.Tensor  # [P, K] token ids: Skyline's top_k, the gold token among them (last when it was not)
-    log_probs: torch.Tensor  # [P, K] Skyline's log-probabilities renormalised over the candidates
-    gold: torch.Tensor  # [P] the gold token's index among the candidates
-
-
-@torch.no_grad()
-def teacher_targets(receiver, context_ids: list[int], read_ids: list[int], target_ids: list[int], top_k: int) -> Teacher:
-    """Skyline reads ``context_ids`` (the receiver's own ``<bos>Context: note``), then ``read_ids`` and
-    the target; at each position that predicts a target token, its ``top_k`` likeliest tokens plus
-    the gold one and its distribution over them."""
-    state = kv.KVState()
-    prefill(receiver, state, context_ids, need_logits=False)
-    hidden = receiver_hidden(receiver, state, read_ids, target_ids)
-    logits = receiver.head.logits(hidden)
-    top = torch.topk(logits, top_k, dim=-1).indices
-    gold = torch.tensor(target_ids, device=top.device)
-    found = top == gold[:, None]
-    missing = ~found.any(-1)
-    top[missing, -1] = gold[missing]  # the gold token takes the last candidate's place
-    found = top == gold[:, None]
-    log_probs = torch.log_softmax(logits.gather(1, top), dim=-1)
-    return Teacher(candidates=top, log_probs=log_probs, gold=found.float().argmax(-1))
-
-
-@dataclass
-class ReceiverLoss:
-    """KL from Skyline (``kd_weight``) plus the gold token's cross-entropy (``ce_weight``), both over
-    Skyline's candidates, averaged over the scored positions."""
-
-    kd_weight: float = 1.0
-    ce_weight: float = 1.0
-    top_k: int = 32
-
-    def __call__(self, pair, translator: tr.KVTranslator, context: str, read_ids: list[int], target_ids: list[int]):
-        """(loss, {"kd": ..., "ce": ...}) for one note: soft gates, differentiable in the translator."""
-        receiver = pair.receiver
-        alignment = tr.align_context(receiver.tokenizer, pair.sharer.tokenizer, context, translator.config.sharer_start)
-        teacher = teacher_targets(receiver, alignment.receiver_ids, read_ids, target_ids, self.top_k)
-        prefix, _, _ = tr.translate(pair, translator, alignment, hard=False)
-        hidden = receiver_hidden(receiver, prefix.state, read_ids, target_ids)
-        student = torch.log_softmax(head_logits(receiver, hidden, teacher.candidates), dim=-1)
-        kd = (teacher.log_probs.exp() * (teacher.log_probs - student)).sum(-1).mean()
-        ce = -student.gather(1, teacher.gold[:, None]).mean()
-        return self.kd_weight * kd + self.ce_weight * ce, {"kd": float(kd.detach()), "ce": float(ce.detach())}
+    with prefix.reading(receiver):
+        return tr_prefix.nll_after(receiver, prefix.state, query_ids, answer_ids), len(answer_ids)

@@ -1,0 +1,101 @@
+"""Inserted contradictions: the second counterfactual beside the swapped fact (``kvviz.data.swaps``).
+
+A swap *replaces* the answer-bearing fact; a contradiction *keeps* it and adds, right after the
+sentence that states it, one fluent sentence stating another value for the same fact (K2's second
+test of a cache channel). A reader of the note now holds both; which one it answers, and how likely
+it finds each answer's first token, says how much of the note's text reaches it, sentence by
+sentence, against its own prior for the first-stated value.
+
+Contradictions are made from the swaps, so that both counterfactuals of a record name the same
+other value: the contradicting sentence is the swapped note's version of the first sentence the swap
+changed ("Peggy is at the Gevangenpoort." gets "Peggy is at the Colosseum." after it), seeded and
+reproducible with the swaps. A typed note takes a typed sentence (``insert_after``).
+
+``contradiction_outcome`` says what a column answered on the contradicted note: "gold" (the value
+stated first), "counter" (the contradicting one), "both" or "neither".
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kvviz.data.metrics import verdict
+from kvviz.data.record import Record
+from kvviz.data.swaps import Swap, swaps_for
+
+OUTCOMES = ("gold", "counter", "both", "neither")
+_UNIT = re.compile(r"((?<=[.!?])\s+|\n+)")  # sentence ends and line breaks, kept as separators
+
+
+@dataclass(frozen=True)
+class Contradiction:
+    """A note with one contradicting sentence inserted after the sentence holding the fact."""
+
+    context: str  # the contradicted note
+    sentence: str  # the sentence inserted
+    answers: tuple[str, ...]  # what the inserted sentence answers (the counter answers)
+    changed: str  # what was contradicted, in words
+
+    def to_dict(self) -> dict:
+        return {"context": self.context, "sentence": self.sentence, "answers": list(self.answers), "changed": self.changed}
+
+
+def _units(text: str) -> list[str]:
+    """The text as alternating units and separators (joined again it is the text)."""
+    return _UNIT.split(text)
+
+
+def insert_after(context: str, sentence: str, after: str | None = None) -> str:
+    """``context`` with ``sentence`` inserted right after the first sentence that holds ``after``
+    (whole words), or at the end when ``after`` is None or in no sentence. A ValueError says why an
+    empty sentence, or one already in the note, is refused."""
+    sentence = " ".join(sentence.split())
+    if not sentence:
+        raise ValueError("The contradicting sentence is empty.")
+    if sentence in context:
+        raise ValueError("The contradicting sentence is already in the note: it must add another value.")
+    parts = _units(context)
+    if after and after.strip():
+        pattern = re.compile(rf"(?<!\w){re.escape(after.strip())}(?!\w)")
+        for index in range(0, len(parts), 2):
+            if pattern.search(parts[index]):
+                return "".join(parts[: index + 1]) + " " + sentence + "".join(parts[index + 1:])
+    return context.rstrip() + " " + sentence
+
+
+def contradiction_from_swap(context: str, swap: Swap) -> Contradiction | None:
+    """The contradiction a swap makes: the swapped note's version of the first sentence the swap
+    changed, inserted after the original one; None when the two notes do not split into the same
+    sentences (the swap moved a sentence end)."""
+    original, swapped = _units(context), _units(swap.context)
+    if len(original) != len(swapped):
+        return None
+    for index in range(0, len(original), 2):
+        if original[index] != swapped[index]:
+            sentence = swapped[index].strip()
+            text = "".join(original[: index + 1]) + " " + sentence + "".join(original[index + 1:])
+            return Contradiction(context=text, sentence=sentence, answers=swap.answers, changed=swap.changed)
+    return None
+
+
+def contradictions_for(dataset: str, records: list[Record], seed: int = 0) -> dict[str, Contradiction]:
+    """record id -> contradiction, from the dataset's seeded swaps (a record without one is left out)."""
+    swaps = swaps_for(dataset, records, seed)
+    out = {}
+    for record in records:
+        swap = swaps.get(record.id)
+        made = contradiction_from_swap(record.context, swap) if swap is not None and record.context else None
+        if made is not None:
+            out[record.id] = made
+    return out
+
+
+def contradiction_outcome(answer: str, gold_answers, counter_answers) -> str | None:
+    """What an answer on the contradicted note gives, by the page's verdict rule: "gold", "counter",
+    "both" or "neither"; None when there is nothing to judge by."""
+    gold = verdict(answer, list(gold_answers))
+    counter = verdict(answer, list(counter_answers))
+    if gold is None or counter is None:
+        return None
+    return {(True, False): "gold", (False, True): "counter", (True, True): "both"}.get((gold == "right", counter == "right"), "neither")
