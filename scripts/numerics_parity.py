@@ -105,15 +105,15 @@ def same_answers(fp32: dict[str, str], mode: dict[str, str]) -> tuple[int, int]:
     return sum(fp32[s] == mode[s] for s in shared), len(shared)
 
 
-def paired_difference_interval(both: int, only_first: int, only_second: int, neither: int, z: float = 1.96) -> tuple[float, float, float]:
+def paired_difference_interval(both: int, only_first: int, only_second: int, neither: int, confidence: float = 0.95) -> tuple[float, float, float]:
     """(second - first, low, high): Newcombe's interval for a difference of paired proportions
     (method 10: the Wilson intervals of each, joined through the pairs' correlation)."""
     n = both + only_first + only_second + neither
     if n == 0:
         return float("nan"), -1.0, 1.0
     first, second = (both + only_first) / n, (both + only_second) / n
-    l1, u1 = wilson_interval(both + only_first, n, z)
-    l2, u2 = wilson_interval(both + only_second, n, z)
+    l1, u1 = wilson_interval(both + only_first, n, confidence)
+    l2, u2 = wilson_interval(both + only_second, n, confidence)
     margins = (both + only_first) * (only_second + neither) * (both + only_second) * (only_first + neither)
     phi = (both * neither - only_first * only_second) / math.sqrt(margins) if margins else 0.0
     delta = second - first

@@ -6,7 +6,7 @@ held-out entities, and again on the pair whose sharer learned the opposite) and 
 
 * per handoff, right (the knowing sharer's value), **followed** (on the opposite pair it gives the
   permuted sharer's value, not the first one) and kept, each with its 95% Wilson interval;
-* paired comparisons on the same questions (``kvviz.studies.c2c.communication.paired_comparison``:
+* paired comparisons on the same questions (``kvviz.data.stats.paired_comparison``:
   the difference with a bootstrap 95% interval, the discordant counts, McNemar's exact p):
   C2C against its control, against the receiver alone, and text against the receiver alone, for
   being right and for following;
@@ -24,7 +24,7 @@ import pandas as pd
 
 from kvviz.data import format_p, handbook, wilson_interval
 from kvviz.studies.bench.rows import read_rows
-from kvviz.studies.c2c.communication import paired_comparison
+from kvviz.data.stats import paired_comparison
 from kvviz.studies.knower.probe import best_cells
 
 # (first, second, what the difference says)
