@@ -142,7 +142,7 @@ def format_table(results) -> str:
         answer = r.answer.replace("\n", " ")
         answer = answer if len(answer) <= 40 else answer[:37] + "..."
         ttft = f"{r.first_token_seconds:.3f}" if r.first_token_seconds is not None else ""
-        notes = "; ".join(notes_of(r.to_dict()))
+        notes = "; ".join(notes_of(r))
         if r.contradiction:
             c = r.contradiction
             odds = "" if c["p_gold"] is None else f", P(gold) {c['p_gold']:.3f} P(counter) {c['p_counter'] or 0:.3f}"
