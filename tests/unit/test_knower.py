@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from collections import Counter
 
 import pandas as pd
@@ -259,6 +260,11 @@ def test_the_sharer_that_learned_the_opposite_reads_the_fusers_trained_with_the_
         new_fuser(llama.facts, gemma.facts, width=8).save(fusers / folder / "c2c")
     monkeypatch.setattr(locate, "SHIPPED_FUSERS", fusers)
     assert locate.find_shipped(pair, "c2c") == fusers / "tiny-llama@knowing__tiny-gemma" / "c2c"
+    # without a fuser trained with the knowing sharer, the base model's fuser does not stand in for it
+    shutil.rmtree(fusers / "tiny-llama@knowing__tiny-gemma")
+    assert locate.find_shipped(pair, "c2c") is None
+    base = LoadedPair(PairSpec("tiny-base", llama.name, gemma.name, "test"), llama, gemma, gemma)
+    assert locate.find_shipped(base, "c2c") == fusers / "a-first-by-name__tiny-gemma" / "c2c"
 
 
 def test_the_knower_report_pairs_each_method_with_its_control_and_counts_follows_where_text_follows():

@@ -57,13 +57,16 @@ def sharer_names(sharer: str) -> list[str]:
 
 def find_shipped(pair: LoadedPair, kind: str = "c2c", root: Path | None = None) -> Path | None:
     """The shipped fuser of this kind whose fingerprint matches the pair, or None (the sharer's own
-    folder first, ``sharer_names``, then every folder in order)."""
+    folder first, ``sharer_names``, then every folder in order). A sharer with an adapter takes only
+    the fusers trained with it or its counterpart: a fuser of its base model has the same shapes but
+    never read what the adapter taught, and would pass for C2C with a sharer that knows."""
     root = SHIPPED_FUSERS if root is None else root
     if not root.is_dir():
         return None
     wanted_s, wanted_r = model_fingerprint(pair.sharer.facts), model_fingerprint(pair.receiver.facts)
     preferred = [shipped_folder(name, pair.receiver.name) / kind for name in sharer_names(pair.sharer.name)]
-    candidates = preferred + sorted(p / kind for p in root.iterdir() if p.is_dir())
+    studied = adapters.split_name(pair.sharer.name)[1] is not None
+    candidates = preferred + ([] if studied else sorted(p / kind for p in root.iterdir() if p.is_dir()))
     for folder in candidates:
         if not (folder / "config.json").is_file():
             continue
