@@ -29,9 +29,11 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +93,19 @@ def nginx_config(folder: Path, listen: str, ports: list[int]) -> Path:
     return path
 
 
+def wait_for_balancer(balancer: subprocess.Popen, host: str, port: int, folder: Path, within: float = 30.0) -> None:
+    """Return once nginx accepts connections on ``host:port`` (the "ready" line promises it); say why not."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if balancer.poll() is not None:
+            log = folder / "nginx-error.log"
+            raise SystemExit("nginx stopped at start: " + (log.read_text()[-2000:] if log.exists() else "no log"))
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"nginx did not accept connections on port {port} within {within:.0f} s")
+
+
 @contextlib.contextmanager
 def database(given: str | None):
     if given:
@@ -133,6 +148,7 @@ def main(argv=None) -> None:
             config = nginx_config(folder, f"{args.host}:{args.port}", [server.port for server in servers])
             balancer = subprocess.Popen([nginx, "-c", str(config), "-p", str(folder)], stdout=subprocess.DEVNULL,
                                         stderr=subprocess.STDOUT)
+            wait_for_balancer(balancer, "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host, args.port, folder)
             print(f"kvviz cluster: nginx at http://{args.host}:{args.port} (sticky by client address); "
                   f"phones join at {join_url}/workshop", flush=True)
             if args.host not in ("0.0.0.0", "::") and args.host.startswith("127."):

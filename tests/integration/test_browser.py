@@ -248,7 +248,9 @@ def test_stop_pressed_mid_run_ends_it_and_marks_each_column(page):
         said = {"stopped": "stopped", "notstarted": "not started"}.get(state, "finished")
         part = next(p for p in status.split(";") if registry.get(name).title in p)
         assert said in part, (name, state, status)
-    assert page.locator("#kv-run").is_enabled() and page.locator("#kv-run").inner_text() == "Run live"
+    # the button comes back with the run's last update (a fixed 500 ms wait lost that race on a busy CI machine)
+    page.wait_for_function("() => { const b = document.querySelector('#kv-run'); "
+                           "return b && !b.disabled && b.innerText.trim() === 'Run live'; }", timeout=10_000)
     page.screenshot(path=str(artifacts_dir() / "browser-stopped.png"))
     assert not page.errors, page.errors
 
