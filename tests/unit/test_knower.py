@@ -158,6 +158,8 @@ def test_the_sharer_trains_in_legs_that_resume_to_the_same_adapter(tmp_path):
     assert (tmp_path / "whole" / "adapter" / adapters.PEFT_WEIGHTS).stat().st_mode & 0o044 == 0o044  # readable by all: it ships
     card = json.loads((tmp_path / "whole" / "adapter" / adapters.CARD).read_text())
     assert card["permuted"] is False and card["base_config"]["model_type"] == "llama" and "check" in card
+    peft_config = json.loads((tmp_path / "whole" / "adapter" / adapters.PEFT_CONFIG).read_text())
+    assert peft_config["base_model_name_or_path"] == "base"  # the folder's name, never a path on this machine
     assert card["steps"]["finished"] is True
 
 

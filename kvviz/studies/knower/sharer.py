@@ -242,10 +242,18 @@ def check(model, tokenizer, permuted: bool, count: int, entities: int) -> dict:
     return report
 
 
+def portable_name(base: str) -> str:
+    """The base model as a shipped adapter names it: the kvviz key or hub id as given, a local
+    folder by its name only (a path on the machine that trained it means nothing elsewhere)."""
+    return Path(base).name if Path(base).exists() else base
+
+
 def save_adapter(model, args, folder: Path, checked: dict, step: int, total: int) -> None:
     """peft's files in float16 and kvviz's card (``steps``: how far its schedule of ``total`` it got)."""
     from safetensors.torch import load_file, save_file
 
+    for peft_config in model.peft_config.values():  # peft would write the base's folder on this machine
+        peft_config.base_model_name_or_path = portable_name(args.base)
     model.save_pretrained(str(folder))
     (folder / "README.md").unlink(missing_ok=True)  # peft's model-card template, empty here
     weights = folder / adapters.PEFT_WEIGHTS
