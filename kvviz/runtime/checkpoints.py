@@ -8,6 +8,7 @@ fingerprints of the sharer and the receiver it was trained for.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from kvviz.core.paths import project_label
@@ -67,6 +68,42 @@ def check_pair(kind: str, config, folder, sharer_facts, receiver_facts, pair_nam
         f"(sharer {sharer_facts.name} -> receiver {receiver_facts.name}); their models, KV shapes or tokenizers "
         f"differ in: {'; '.join(differ[:3])}. {remedy}"
     )
+
+
+def read_config_json(folder: str | Path, name: str, kind: str, error: type[CheckpointError], versions: tuple,
+                     accepts=None, absent: str = "", train: str = "") -> dict:
+    """The JSON object of ``folder/name`` (a checkpoint's config), or ``error`` saying in words what is
+    wrong: the file is missing (``absent`` then says what else the folder might hold), not JSON, not an
+    object, not what ``accepts(data)`` takes (it returns a message, or "" for a config it reads), or
+    of a format version this kvviz does not read (``versions``; ``train``: the command that trains one)."""
+    folder = Path(folder)
+    path = folder / name
+    if not path.is_file():
+        raise error(absent or f"No {kind} at {folder}: {name} is missing.")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as failure:
+        raise error(f"The {kind} config {path} is not valid JSON: {failure}") from failure
+    if not isinstance(data, dict):
+        raise error(f"The {kind} config {path} is not a JSON object.")
+    refused = accepts(data) if accepts is not None else ""
+    if refused:
+        raise error(f"{path}: {refused}")
+    version = data.get("version", 1)
+    if version not in versions:
+        raise error(f"The {kind} config {path} has format version {version}; this kvviz reads versions "
+                    f"{', '.join(map(str, versions))}. Update kvviz, or train it again"
+                    + (f" with: {train}" if train else "") + ".")
+    return data
+
+
+def config_from(make, data: dict, path: Path, kind: str, error: type[CheckpointError]):
+    """``make(**data)`` (a checkpoint's config dataclass, whose ``__post_init__`` or properties may
+    read its fields), or ``error`` saying the config at ``path`` is incomplete or has unknown fields."""
+    try:
+        return make(**data)
+    except (TypeError, KeyError) as failure:
+        raise error(f"The {kind} config {path} is incomplete or has unknown fields: {failure}") from failure
 
 
 def read_weights(folder: Path, name: str, kind: str, error: type[CheckpointError]) -> dict:

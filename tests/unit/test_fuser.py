@@ -164,6 +164,12 @@ def test_corrupt_and_inconsistent_checkpoints_fail_clearly(tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(FuserError, match="does not match its weights"):
         load_fuser(folder)
+    (folder / "config.json").write_text(json.dumps({**config, "version": 99}))
+    with pytest.raises(FuserError, match="format version 99; this kvviz reads versions 1, 2. .* train-fuser"):
+        load_fuser(folder)
+    (folder / "config.json").write_text("[1, 2]")
+    with pytest.raises(FuserError, match="not a JSON object"):
+        load_fuser(folder)
     (folder / "config.json").write_text("{not json")
     with pytest.raises(FuserError, match="not valid JSON"):
         load_fuser(folder)

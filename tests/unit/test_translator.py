@@ -199,7 +199,8 @@ def test_a_translator_for_another_pair_is_refused(mixed_tiny_pair, tiny, tmp_pat
         tr.load_translator(folder, tiny.sharer.facts, tiny.receiver.facts, tiny.name)
 
 
-@pytest.mark.parametrize("damage", ["config-json", "config-format", "config-field", "weights-bytes", "weights-shape", "missing"])
+@pytest.mark.parametrize("damage", ["config-json", "config-format", "config-version", "config-field", "weights-bytes",
+                                    "weights-shape", "missing"])
 def test_a_corrupt_translator_is_refused_with_a_clear_error(mixed_tiny_pair, tmp_path, damage):
     pair = mixed_tiny_pair
     folder = random_translator(pair).save(tmp_path / "t")
@@ -210,6 +211,9 @@ def test_a_corrupt_translator_is_refused_with_a_clear_error(mixed_tiny_pair, tmp
     elif damage == "config-format":
         (folder / tr.CONFIG_FILE).write_text(json.dumps({**config, "format": "kvviz-c2c-fuser"}))
         match = "not a kvviz KV translator"
+    elif damage == "config-version":
+        (folder / tr.CONFIG_FILE).write_text(json.dumps({**config, "version": 99}))
+        match = "format version 99; this kvviz reads versions 1, 2. .* train-translator"
     elif damage == "config-field":
         (folder / tr.CONFIG_FILE).write_text(json.dumps({**config, "surprise": 1}))
         match = "unknown fields"

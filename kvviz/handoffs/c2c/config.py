@@ -10,7 +10,6 @@ here and converted by ``kvviz.handoffs.c2c.reference``.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -98,31 +97,19 @@ def is_reference_layout(folder) -> bool:
 
 def read_config(folder: str | Path) -> FuserConfig:
     folder = Path(folder)
-    path = folder / CONFIG_FILE
-    if not path.is_file():
-        if is_reference_layout(folder):
-            raise FuserError(
-                f"{folder} holds a fuser in the C2C paper's layout (projector_*.pt); convert it with "
-                "kvviz.handoffs.c2c.reference.convert_reference (the handoff and --fuser do this by themselves)."
-            )
-        raise FuserError(f"No fuser at {folder}: {CONFIG_FILE} is missing (a fuser folder holds {CONFIG_FILE} and {WEIGHTS_FILE}).")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise FuserError(f"The fuser config {path} is not valid JSON: {error}") from error
-    if not isinstance(data, dict):
-        raise FuserError(f"The fuser config {path} is not a JSON object.")
-    version = data.get("version", 1)
-    if version not in READABLE_VERSIONS:
-        raise FuserError(
-            f"The fuser config {path} has format version {version}; this kvviz reads versions "
-            f"{', '.join(map(str, READABLE_VERSIONS))}. Update kvviz, or retrain with: python -m kvviz train-fuser"
-        )
-    try:
-        config = FuserConfig(**data)
-        _ = (config.sharer_width, config.receiver_width, config.receiver["num_layers"], config.sharer["num_layers"])
-    except (TypeError, KeyError) as error:
-        raise FuserError(f"The fuser config {path} is incomplete or has unknown fields: {error}") from error
+    absent = (f"{folder} holds a fuser in the C2C paper's layout (projector_*.pt); convert it with "
+              "kvviz.handoffs.c2c.reference.convert_reference (the handoff and --fuser do this by themselves)."
+              if not (folder / CONFIG_FILE).is_file() and is_reference_layout(folder) else
+              f"No fuser at {folder}: {CONFIG_FILE} is missing (a fuser folder holds {CONFIG_FILE} and {WEIGHTS_FILE}).")
+    data = checkpoints.read_config_json(folder, CONFIG_FILE, "fuser", FuserError, READABLE_VERSIONS, absent=absent,
+                                        train="python -m kvviz train-fuser")
+    return checkpoints.config_from(_checked_config, data, folder / CONFIG_FILE, "fuser", FuserError)
+
+
+def _checked_config(**data) -> FuserConfig:
+    """A FuserConfig whose model facts it needs are all there (a KeyError names the missing one)."""
+    config = FuserConfig(**data)
+    _ = (config.sharer_width, config.receiver_width, config.receiver["num_layers"], config.sharer["num_layers"])
     return config
 
 

@@ -249,23 +249,20 @@ def reattached(translator: KVTranslator, attach: str) -> KVTranslator:
 
 
 def read_config(folder: str | Path) -> TranslatorConfig:
-    path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
-        raise TranslatorError(f"No translator at {folder}: {CONFIG_FILE} is missing (a translator folder holds {CONFIG_FILE} and {WEIGHTS_FILE}).")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise TranslatorError(f"The translator config {path} is not valid JSON: {error}") from error
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise TranslatorError(f"{path} is not a kvviz KV translator config (format {FORMAT!r} expected).")
-    if data.get("version") not in READABLE_VERSIONS:
-        raise TranslatorError(f"The translator at {folder} has format version {data.get('version')}; this kvviz reads "
-                              f"{', '.join(map(str, READABLE_VERSIONS))}.")
-    try:
-        config = TranslatorConfig(**data)
-        _ = (config.in_width, config.out_width)
-    except (TypeError, KeyError) as error:
-        raise TranslatorError(f"The translator config {path} is incomplete or has unknown fields: {error}") from error
+    def accepts(data: dict) -> str:
+        return "" if data.get("format") == FORMAT else f"not a kvviz KV translator config (format {FORMAT!r} expected)."
+
+    data = checkpoints.read_config_json(
+        folder, CONFIG_FILE, "translator", TranslatorError, READABLE_VERSIONS, accepts=accepts,
+        absent=f"No translator at {folder}: {CONFIG_FILE} is missing (a translator folder holds {CONFIG_FILE} and {WEIGHTS_FILE}).",
+        train="python -m kvviz train-translator")
+    return checkpoints.config_from(_checked_config, data, Path(folder) / CONFIG_FILE, "translator", TranslatorError)
+
+
+def _checked_config(**data) -> TranslatorConfig:
+    """A TranslatorConfig whose widths it needs are there (a KeyError names the missing one)."""
+    config = TranslatorConfig(**data)
+    _ = (config.in_width, config.out_width)
     return config
 
 
