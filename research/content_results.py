@@ -17,7 +17,6 @@ RESULTS.md writer (kvviz.studies.bench.report, KEPT) keeps it when the rest is r
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
@@ -28,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvviz.data.metrics import normalize_answer  # noqa: E402
 from kvviz.studies.bench.content import content_markdown  # noqa: E402
-from kvviz.studies.bench.report import section_marks, write_section  # noqa: E402
+from kvviz.studies.bench.report import section_command, section_marks  # noqa: E402
 
 START, END = section_marks("content-table")
 COMMAND = "bash research/content_tables.sh"
@@ -106,19 +105,8 @@ def section(tables: list[tuple[str, Path]]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--table", action="append", required=True, metavar="DATASET=FOLDER",
-                        help="a bench --swap folder (several per dataset: one table each, under one heading)")
-    parser.add_argument("--write", type=Path, default=None, help="replace the section in this file (else print it)")
-    args = parser.parse_args()
-    tables = [(item.split("=", 1)[0], Path(item.split("=", 1)[1])) for item in args.table]
-    text = section(tables)
-    if args.write is None:
-        print(text)
-    else:
-        write_section(args.write, "content-table", text)
-        print(f"wrote the content-or-prompt section of {args.write}")
-    return 0
+    return section_command(__doc__, section, "content-table", "content-or-prompt", metavar="DATASET=FOLDER",
+                           table_help="a bench --swap folder (several per dataset: one table each, under one heading)")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ the RESULTS.md writer (kvviz.studies.bench.report, KEPT) keeps it when the rest 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvviz.studies.bench.contradiction import contradiction_markdown, contradiction_summary  # noqa: E402
-from kvviz.studies.bench.report import section_marks, write_section  # noqa: E402
+from kvviz.studies.bench.report import section_command, section_marks  # noqa: E402
 from kvviz.studies.bench.rows import read_rows  # noqa: E402
 
 START, END = section_marks("contradiction-table")
@@ -105,19 +104,8 @@ def section(tables: list[tuple[str, Path]]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--table", action="append", required=True, metavar="DATASET=FOLDER",
-                        help="a bench --contradict folder (several per dataset: one table each, under one heading)")
-    parser.add_argument("--write", type=Path, default=None, help="replace the section in this file (else print it)")
-    args = parser.parse_args()
-    tables = [(item.split("=", 1)[0], Path(item.split("=", 1)[1])) for item in args.table]
-    text = section(tables)
-    if args.write is None:
-        print(text)
-    else:
-        write_section(args.write, "contradiction-table", text)
-        print(f"wrote the inserted-contradiction section of {args.write}")
-    return 0
+    return section_command(__doc__, section, "contradiction-table", "inserted-contradiction", metavar="DATASET=FOLDER",
+                           table_help="a bench --contradict folder (several per dataset: one table each, under one heading)")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ RESULTS.md writer (kvviz.studies.bench.report, KEPT) keeps it when the rest is r
 
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 import sys
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvviz.data import format_p, paired_mcnemar, wilson_interval  # noqa: E402
-from kvviz.studies.bench.report import replace_section, section_marks  # noqa: E402
+from kvviz.studies.bench.report import section_command, section_marks  # noqa: E402
 
 START, END = section_marks("kvcomm-table")
 ORDER = ("receiver", "skyline", "text", "kvcomm@0.3", "kvcomm@0.5", "kvcomm@0.7", "kvcomm-random@0.3",
@@ -202,26 +201,17 @@ def section(tables: list[tuple[str, Path, str]]) -> str:
     return "\n".join(parts) + "\n"
 
 
+def table_of(item: str) -> tuple[str, Path, str]:
+    """NAME=FOLDER[=COMMAND]: a dataset's table, and how it was made (default: its usual command)."""
+    name, folder, *command = item.split("=", 2)
+    default = (f"python research/kvcomm_table.py --dataset {name.lower()} --limit 100 --threads 1 --only "
+               f"{','.join(ORDER)} --out {folder}")
+    return name, Path(folder), command[0] if command else default
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--table", action="append", required=True, metavar="NAME=FOLDER[=COMMAND]",
-                        help="a dataset's kvcomm_table.py run; COMMAND: how it was made (default: its usual command)")
-    parser.add_argument("--write", type=Path, default=None, help="replace the section in this file (else print it)")
-    args = parser.parse_args()
-    tables = []
-    for item in args.table:
-        name, folder, *command = item.split("=", 2)
-        default = (f"python research/kvcomm_table.py --dataset {name.lower()} --limit 100 --threads 1 --only "
-                   f"{','.join(ORDER)} --out {folder}")
-        tables.append((name, Path(folder), command[0] if command else default))
-    text = section(tables)
-    if args.write is None:
-        print(text)
-    else:
-        old = args.write.read_text(encoding="utf-8") if args.write.exists() else ""
-        args.write.write_text(replace_section(old, "kvcomm-table", text), encoding="utf-8")
-        print(f"wrote the KVComm section of {args.write}")
-    return 0
+    return section_command(__doc__, section, "kvcomm-table", "KVComm", metavar="NAME=FOLDER[=COMMAND]", parse=table_of,
+                           table_help="a dataset's kvcomm_table.py run; COMMAND: how it was made (default: its usual command)")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ RESULTS.md writer (kvviz.studies.bench.report, KEPT) keeps it when the rest is r
 
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 import sys
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvviz.data import format_p, paired_mcnemar, wilson_interval  # noqa: E402
-from kvviz.studies.bench.report import replace_section, section_marks  # noqa: E402
+from kvviz.studies.bench.report import section_command, section_marks  # noqa: E402
 
 START, END = section_marks("steer-table")
 STEPS = (2, 4, 8)
@@ -234,20 +233,8 @@ def section(tables: list[tuple[str, Path]]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--table", action="append", required=True, metavar="NAME=FOLDER",
-                        help="a dataset's bench folder from research/steer_tables.sh")
-    parser.add_argument("--write", type=Path, default=None, help="replace the section in this file (else print it)")
-    args = parser.parse_args()
-    tables = [(item.split("=", 1)[0], Path(item.split("=", 1)[1])) for item in args.table]
-    text = section(tables)
-    if args.write is None:
-        print(text)
-    else:
-        old = args.write.read_text(encoding="utf-8") if args.write.exists() else ""
-        args.write.write_text(replace_section(old, "steer-table", text), encoding="utf-8")
-        print(f"wrote the latent relay and KV steering section of {args.write}")
-    return 0
+    return section_command(__doc__, section, "steer-table", "latent relay and KV steering",
+                           table_help="a dataset's bench folder from research/steer_tables.sh")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ each dataset's details. Rows come in registry order; every handoff a run holds i
 
 from __future__ import annotations
 
+import argparse
+
 import json
 import time
 from pathlib import Path
@@ -191,3 +193,24 @@ def replace_section(text: str, name: str, new: str) -> str:
     if start in text and end in text:
         return text[: text.index(start)] + new.strip("\n") + text[text.index(end) + len(end):]
     return text.rstrip("\n") + "\n\n" + new
+
+
+def section_command(doc: str, build, name: str, what: str, table_help: str, metavar: str = "NAME=FOLDER",
+                    parse=None, argv: list[str] | None = None) -> int:
+    """The command line of a research script that writes one kept section (research/*_results.py):
+    ``--table`` (repeated; ``parse`` turns each into what ``build`` takes, by default (name, Path)) and
+    ``--write FILE`` (replace the section ``name`` there, else print it); ``what`` names the section
+    in the line it prints."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--table", action="append", required=True, metavar=metavar, help=table_help)
+    parser.add_argument("--write", type=Path, default=None, help="replace the section in this file (else print it)")
+    args = parser.parse_args(argv)
+    read = parse or (lambda item: (item.split("=", 1)[0], Path(item.split("=", 1)[1])))
+    text = build([read(item) for item in args.table])
+    if args.write is None:
+        print(text)
+    else:
+        write_section(args.write, name, text)
+        print(f"wrote the {what} section of {args.write}")
+    return 0
+
