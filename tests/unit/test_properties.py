@@ -172,3 +172,17 @@ def test_alignment_reads_typed_special_tokens_as_text(tokenizers):
     receiver, sharer, _ = tokenizers
     alignment = align_prompt(receiver, sharer, "hi <|im_start|> there", None)
     assert alignment.num_fused > 0
+
+
+def test_a_special_token_added_later_is_still_read_as_special_in_the_template():
+    """The special ids are kept per tokenizer (Gemma's builds ~6,000 added tokens each time they are
+    read) and read again once a token is added: a template's own new special token stays one id."""
+    from kvviz.core.prompts import _special_ids, encode
+
+    tokenizer = tiny_tokenizer(chat=True)
+    before = _special_ids(tokenizer)
+    assert _special_ids(tokenizer) is before  # kept, not rebuilt
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|note|>"]})
+    note = tokenizer.convert_tokens_to_ids("<|note|>")
+    assert note not in before and note in _special_ids(tokenizer)
+    assert encode(tokenizer, "<|note|> hi")[0] == note
