@@ -147,7 +147,7 @@ def test_opening_what_crossed_on_a_live_run_records_its_parts_with_the_same_answ
     assert spec.recorded_parts(merged.request) == {"attention", "scores"}
     for name in names:
         result, was = merged.result(name), stored[name]
-        assert result.answer == reading.result(name).answer and result.logit_lens is None  # the lens was not asked for
+        assert result.answer == reading.result(name).answer and not result.logit_lens  # the lens was not asked for
         if name == "text":  # answered otherwise when recorded again: nothing of that run is shown
             assert not result.token_attention and not result.token_change
         else:
@@ -216,3 +216,20 @@ def test_compare_two_keeps_a_run_recorded_when_a_tab_opened_in_the_runs_place():
     after = compare.remember(history, merged)
     assert [entry["number"] for entry in after] == [1, 2] and after[1]["reading"].stamp == merged.stamp
     assert compare.sent_mass(after[1]["reading"].result("kvcomm"))[1]  # what the diff reads is there now
+
+
+def test_a_tab_opening_names_only_what_a_tab_draws_as_its_outputs(demo):
+    """Each output an update leaves as it was costs the server's event loop a fresh component: a tab's
+    opening names what any tab draws (``lab.drawn_outputs``), and every update a tab draws lands there."""
+    from kvviz.app.page import tabs
+    from kvviz.app.page.lab import drawn_outputs
+
+    page = demo.kvviz_page
+    drawn = drawn_outputs(page)
+    assert len(drawn) < len(page.outputs()) / 2
+    reading, _ = live_run_of()
+    for tab, _title in spec.TABS:
+        event = next(fn for fn in demo.fns.values() if fn.api_name == f"open_{tab}")
+        assert list(event.outputs) == drawn, tab
+        updates, view = tabs.tab_updates(tab, reading, ["kvcomm", "kvcomm_control"], {"drawn": {}}, tabs.FigureCache())
+        assert set(page.resolve({**updates, "view": view})) <= set(drawn), tab

@@ -19,7 +19,7 @@ import gradio as gr
 from kvviz.app import present, tokenview
 from kvviz.app.page import links, saved, spec, views
 from kvviz.app.page.comparing import wire_compare
-from kvviz.app.page.lab import PRIVATE, Lab, resolved
+from kvviz.app.page.lab import PRIVATE, Lab, drawn_outputs, resolved
 from kvviz.app.page.recording import wire_recording
 from kvviz.app.page.running import wire_run
 from kvviz.app.page.tabs import json_updates_for, token_view_updates
@@ -233,8 +233,10 @@ def wire_tabs(lab: Lab) -> None:
             updates.pop("tab")  # the learner selected it already
             return updates
 
+        # its outputs are what a tab draws, not the whole page (each output an update leaves as it was costs
+        # the event loop a fresh component: docs/SPEED.md 13.5)
         opened = tab.select(resolved(page, on_select), inputs=[page["reading"], page["chosen"], page["view"]],
-                            outputs=page.outputs(), api_name=f"open_{tab_id}", **PRIVATE)
+                            outputs=drawn_outputs(page), api_name=f"open_{tab_id}", **PRIVATE)
         if spec.tab_parts(tab_id):  # it shows what crossed: recorded now where the run shown lacks it
             lab.tab_events.append(opened)
 
