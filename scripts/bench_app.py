@@ -466,6 +466,7 @@ def page_breakdown(engine: dict, runs: dict) -> dict:
     median = statistics.median
     plain, recorded = median(engine["plain"]), median(engine["recorded"])
     out = {"in_process_plain_seconds": plain, "in_process_recorded_seconds": recorded,
+           "in_process_plain_runs": engine["plain"], "in_process_recorded_runs": engine["recorded"],
            "recording_in_process_ratio": recorded / plain,
            "crossed_cpu_seconds": {part: median(r.get(part, 0.0) for r in engine["crossed_seconds"])
                                    for part in engine["crossed_seconds"][0]} if engine["crossed_seconds"] else {}}
