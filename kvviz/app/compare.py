@@ -58,12 +58,18 @@ def slim(reading: Reading) -> Reading:
 
 def remember(history: list[dict] | None, reading: Reading | None) -> list[dict]:
     """The history with ``reading`` added as the newest run (unless it is already there, or holds no
-    result); at most ``HISTORY_SIZE`` runs."""
+    result); at most ``HISTORY_SIZE`` runs. A run's results with what a tab recorded when it opened
+    (``recorded_from``: the run's stamp, ``kvviz.app.page.recording``) take the run's place, number and all."""
     history = list(history or [])
     if reading is None or not reading.finished():
         return history
     if reading.stamp and any(entry["reading"].stamp == reading.stamp for entry in history):
         return history
+    source = reading.payload.get("recorded_from")
+    for index, entry in enumerate(history):
+        if source and entry["reading"].stamp == source:
+            history[index] = {**entry, "reading": slim(reading)}
+            return history
     number = (history[-1]["number"] + 1) if history else 1
     history.append({"number": number, "reading": slim(reading)})
     return history[-HISTORY_SIZE:]

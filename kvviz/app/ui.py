@@ -9,7 +9,8 @@ the status line, the lessons and the walk-through render. Its pieces (``kvviz.ap
 (what it shows), ``steps`` and ``links`` (the walk-through, the page's state in a link), ``named``,
 ``widgets`` and ``layout`` (the components, by name), ``views`` and ``tabs`` (values and figures for a
 run's reading), ``run`` (a live run as updates by role), ``lab`` (what the handlers share), and the
-wiring: ``events``, ``running`` (the run and ``/run``), ``walk``, ``comparing``; ``theme``.
+wiring: ``events``, ``running`` (the run and ``/run``), ``recording`` (what a tab records when it opens),
+``walk``, ``comparing``; ``theme``.
 
 Serving rules kept here:
 * models load once per process (``kvviz.runtime.models.load_model`` caches them); per-user data lives only
@@ -114,6 +115,7 @@ def build_demo(
         page.add("view", gr.State({"tab": DEFAULT_TAB, "compact": False, "drawn": {}, "ready": False}))
         page.add("walk_step", gr.State(0))
         page.add("finished_run", gr.State(None))  # a live run's results, from its stream to the tabs that draw them
+        page.add("recorded", gr.State(None))  # the results with what a tab recorded when it opened (kvviz.app.page.recording)
         # this session's last runs (Compare two), up to a few MB: dropped an hour after its last change
         page.add("history", gr.State(compare.remember([], values["reading"]), time_to_live=compare.HISTORY_SECONDS))
         page.add("viewport", gr.Number(0, visible=False))

@@ -1,8 +1,9 @@
 """What crossed: which sent tokens each answer token read, and where in depth it appeared.
 
-A run that asks for it (``HandoffRequest.inspect`` not None; the CLI's ``run`` and the page do,
-the bench and the sweep do not) records, in the run itself and through kvviz's one attention
-capture (``kvviz.runtime.attention.AttentionRows``):
+A run that asks for it (``HandoffRequest.inspect`` not None; the CLI's ``run`` does, the page asks for
+the parts its tab in view shows and ``/run`` for every part with ``attention=True`` only, the bench and
+the sweep do not) records, in the run itself and through kvviz's one attention capture
+(``kvviz.runtime.attention.AttentionRows``):
 
 * the receiver's attention rows while it writes each answer token (the prompt's last position
   for the first token, then each decode step, batched or not), at most ``MAX_TOKENS`` tokens;

@@ -2,8 +2,9 @@
 
 * ``page_run``: ``python app.py`` served on a free loopback port (one torch thread per handoff, as it
   serves; it keeps no finished run, so every timed request is computed), its ``/run`` endpoint called
-  with ``gradio_client`` once to warm up, then ``repeats`` times: the wall seconds of each call. The
-  page records what crossed by default, as the in-process ``warm_recorded_run_seconds`` does.
+  with ``gradio_client`` once to warm up, then ``repeats`` times: the wall seconds of each call. As
+  served, ``/run`` records nothing of what crossed (only with ``attention=True``), as the in-process
+  ``warm_full_run_seconds`` does.
 * ``class_load``: ``scripts/load_test.py --class N --distinct`` (N learners, a question each, pressed
   within 10 s; then a fresh server asks each question alone: every answer must equal that one), its
   report.

@@ -146,10 +146,14 @@ def test_the_run_endpoints_json_holds_the_attention_arrays_only_when_asked(clien
 
     monkeypatch.setattr(running, "stream_run", scripted)
     asked = dict(pair="embedded", query="What is the code?", context="It is 4471.", handoffs=["receiver"], api_name="/run")
-    small = client.predict(**asked)[-1]["results"][0]["token_attention"]
+    plain = client.predict(**asked)[-1]
+    assert plain["request"]["inspect"] is None  # without attention the run records nothing (issue 42)
+    small = plain["results"][0]["token_attention"]  # (this scripted result holds it anyway: shortened)
     assert "1 answer tokens x 1 layers x 1 heads x 2 sent tokens" in small["attention"]
     assert small["sent_tokens"] == ["44", "71"]  # what the arrays are about stays
-    whole = client.predict(**asked, attention=True)[-1]["results"][0]["token_attention"]
+    asked_whole = client.predict(**asked, attention=True)[-1]
+    assert asked_whole["request"]["inspect"] == {"gold": None}  # every part
+    whole = asked_whole["results"][0]["token_attention"]
     assert whole["attention"] == attention["attention"] and whole["other"] == attention["other"]
 
 

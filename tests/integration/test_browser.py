@@ -290,13 +290,17 @@ def test_a_preset_runs_live_with_marks_its_message_as_written_and_its_figures(pa
     assert len(stages) == 5 and set(stages.values()) == {applicable}  # the columns on the page, no hidden one
     assert page.locator("#kv-status").get_by_text("precomputed").count() == 0
     page.screenshot(path=str(artifacts_dir() / "browser-live-run.png"), full_page=True)
-    # the live run joined the session's runs: Compare two shows C2C beside its control, in that run
+    # the live run joined the session's runs: Compare two shows C2C beside its control, in that run; the run
+    # (on the Layers tab) recorded none of what crossed, so the tab records it as it opens, then draws it
     open_tab(page, "Compare two")
     page.wait_for_function("() => ((document.querySelector('#kv-compare-a input') || {}).value || '').includes('(live)')",
                            timeout=30_000)
+    page.locator("#kv-recorded-compare").get_by_text("Recorded when this tab opened").wait_for(timeout=RUN_TIMEOUT_MS)
+    assert "answered differently" not in page.locator("#kv-recorded-compare").inner_text()  # greedy: the same answers
     assert page.locator("#kv-compare-a input").input_value().endswith("· C2C")
     assert page.locator("#kv-compare-b input").input_value().endswith("· C2C control")
-    assert "scored against its control" in page.locator("#kv-compare .kv-cmp-view").inner_text()
+    page.wait_for_function("() => (document.querySelector('#kv-compare .kv-cmp-view') || {}).innerText"
+                           "?.includes('scored against its control')", timeout=30_000)
     assert not page.errors, page.errors
 
 

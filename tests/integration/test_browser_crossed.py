@@ -1,5 +1,7 @@
 """What crossed and permalinks in a real browser (issue 22): Playwright driving Debian's Chromium.
 
+What crossed opened after a live run records what it shows then (issue 42; the embedded pair runs).
+
 Hovering an answer token in the What crossed tab lights the sent tokens that the stored attention
 says (the precomputed locker preset: no model runs); a permalink restores every field of the page,
 and "Copy link" puts the same state back in the address bar. The token view's screenshot on the
@@ -16,7 +18,7 @@ import pytest
 from kvviz.app.page import links, spec
 from kvviz.app.presets import load_precomputed, preset
 from tests.conftest import served_on_loopback
-from tests.integration.test_browser import LAPTOP, browser  # noqa: F401 (the browser fixture)
+from tests.integration.test_browser import LAPTOP, RUN_TIMEOUT_MS, browser  # noqa: F401 (the browser fixture)
 from tests.page_checks import artifacts_dir
 
 pytestmark = [pytest.mark.integration]
@@ -137,6 +139,32 @@ def test_the_answer_is_coloured_by_its_change_against_the_control_as_stored(page
     top = max(range(len(shown)), key=lambda i: abs(shown[i]))
     assert "KVComm control" in chips.nth(top).get_attribute("title")
     assert "vs KVComm control" in view.inner_text()
+    assert not page.errors
+
+
+@pytest.mark.real_model
+def test_what_crossed_opened_after_a_live_run_records_it_then_with_the_same_answers(page, app_url, embedded_pair):
+    """A live run on the Layers tab records nothing of what crossed (issue 42); opening What crossed
+    records it then: the tab says it is recording, then draws KVComm's token view and its scores
+    against its control, and says they were recorded when it opened, with the answers unchanged."""
+    page.goto(f"{app_url}/?preset=locker&h=receiver,kvcomm,kvcomm_control&max_new_tokens=6", wait_until="domcontentloaded")
+    page.locator("#kv-answer-kvcomm textarea").first.wait_for(timeout=60_000)
+    page.wait_for_timeout(1000)  # the link's state is on the page
+    page.locator("#kv-run").click()
+    page.get_by_text("Live run finished").wait_for(timeout=RUN_TIMEOUT_MS)
+    page.wait_for_function("() => document.querySelector('#kv-run').innerText.trim() === 'Run live'", timeout=60_000)
+    answers = {name: page.locator(f"#kv-answer-{name} textarea").first.input_value() for name in ("kvcomm", "kvcomm_control")}
+    page.locator("#kv-inside").get_by_role("tab", name="What crossed", exact=True).click()
+    note = page.locator("#kv-recorded-tokens")
+    note.get_by_text("Recording the attention rows").wait_for(timeout=30_000)  # the tab says so while it records
+    note.get_by_text("Recorded when this tab opened").wait_for(timeout=RUN_TIMEOUT_MS)
+    assert "answered differently" not in note.inner_text()  # greedy: the same answers, so every column's is shown
+    view = page.locator('#kv-tokens .kv-tv[data-handoff="kvcomm"]')
+    view.wait_for(timeout=30_000)
+    assert view.locator(".kv-tv-ans").count() >= 1 and view.locator(".kv-tv-sent-tok").count() >= 1
+    assert "vs KVComm control" in view.inner_text()  # the scores against the control were recorded too
+    assert {name: page.locator(f"#kv-answer-{name} textarea").first.input_value() for name in answers} == answers
+    page.locator("#kv-inside").screenshot(path=str(artifacts_dir() / "tokens-recorded-on-open.png"))
     assert not page.errors
 
 

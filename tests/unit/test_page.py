@@ -261,7 +261,8 @@ def test_a_refused_request_changes_the_status_line_and_nothing_else():
     request = type("Request", (), {"session_hash": "s"})()
     settings = [4, False, 0.7, 0] + [spec_default(option) for option in page.specs for _ in range(option.inputs)]
     shown = [f"shown {index}" for index, _ in enumerate(page_stream_roles())]  # what the streamed outputs show now
-    updates = list(handler("embedded", "   ", "ctx", "4471", spec.default_columns(), request, *settings, *shown))
+    updates = list(handler("embedded", "   ", "ctx", "4471", spec.default_columns(), {"tab": spec.DEFAULT_TAB}, request,
+                           *settings, *shown))
     assert len(updates) == 1
     (update,) = updates
     status, *rest, finished = update  # every streamed output gets a value: what it showed, but the status
@@ -367,8 +368,8 @@ def swap_updates(demo, query, context, expected, names, fields, reading):
     request = type("Request", (), {"session_hash": "swap"})()
     settings = [4, False, 0.7, 0] + [spec_default(option) for option in page.specs for _ in range(option.inputs)]
     shown = ["" for _ in page_stream_roles()]
-    updates = list(swap_handler(demo)("embedded", query, context, expected, names, *fields, reading, request,
-                                      *settings, *shown))
+    updates = list(swap_handler(demo)("embedded", query, context, expected, names, {"tab": spec.DEFAULT_TAB}, *fields,
+                                      reading, request, *settings, *shown))
     roles = page_stream_roles()
     return [dict(zip(roles, values[:-1]), results=values[-1]) for values in updates]
 

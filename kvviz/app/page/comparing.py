@@ -35,10 +35,12 @@ def wire_compare(lab: Lab) -> None:
         return resolved(page, handler, said_in="compare_html")
 
     def on_results(reading, history, side_a, side_b):
-        newest = history[-1]["number"] if history else 0
+        before = list(history or [])
         history = compare.remember(history, reading)
-        if not history or history[-1]["number"] == newest:  # not a new run: nothing changes
+        if len(history) == len(before) and all(a is b for a, b in zip(history, before)):  # nothing new
             return {}
+        if before and history[-1]["number"] == before[-1]["number"]:  # a run's entry with what a tab recorded
+            return {"history": history, **compare_updates(history, side_a, side_b)}
         return {"history": history, **compare_updates(history, *compare.default_sides(history))}
 
     for number, event in enumerate(lab.result_events):

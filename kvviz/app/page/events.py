@@ -19,7 +19,8 @@ import gradio as gr
 from kvviz.app import present, tokenview
 from kvviz.app.page import links, saved, spec, views
 from kvviz.app.page.comparing import wire_compare
-from kvviz.app.page.lab import PRIVATE, Lab, resolved
+from kvviz.app.page.lab import PRIVATE, Lab, drawn_outputs, resolved
+from kvviz.app.page.recording import wire_recording
 from kvviz.app.page.running import wire_run
 from kvviz.app.page.tabs import json_updates_for, token_view_updates
 from kvviz.app.page.walk import wire_lesson, wire_walkthrough
@@ -38,6 +39,7 @@ def wire_all(lab: Lab) -> None:
     wire_walkthrough(lab)
     wire_run(lab)
     wire_export_and_pair(lab)
+    wire_recording(lab)  # after every event that may bring a tab into view (``Lab.tab_events``)
     wire_compare(lab)  # last: it follows the events above that show other results
 
 
@@ -72,6 +74,7 @@ def wire_load(lab: Lab) -> None:
                             outputs=page.outputs() + list(page.option_inputs),
                             js="(width, ...rest) => [window.innerWidth, ...rest]", api_name="on_load", **PRIVATE)
     lab.result_events.append(loaded)
+    lab.tab_events.append(loaded)  # a saved live run opened on a tab that shows what crossed
 
 
 def restored(lab: Lab, link: dict, reading: Reading, names: list[str], view: dict) -> tuple[dict, Reading, list[str], dict]:
@@ -230,8 +233,12 @@ def wire_tabs(lab: Lab) -> None:
             updates.pop("tab")  # the learner selected it already
             return updates
 
-        tab.select(resolved(page, on_select), inputs=[page["reading"], page["chosen"], page["view"]],
-                   outputs=page.outputs(), api_name=f"open_{tab_id}", **PRIVATE)
+        # its outputs are what a tab draws, not the whole page (each output an update leaves as it was costs
+        # the event loop a fresh component: docs/SPEED.md 13.5)
+        opened = tab.select(resolved(page, on_select), inputs=[page["reading"], page["chosen"], page["view"]],
+                            outputs=drawn_outputs(page), api_name=f"open_{tab_id}", **PRIVATE)
+        if spec.tab_parts(tab_id):  # it shows what crossed: recorded now where the run shown lacks it
+            lab.tab_events.append(opened)
 
     def on_json_open(reading, view):
         updates, view = json_updates_for(reading, {**view, "json_open": True})

@@ -44,6 +44,10 @@ class Lab:
     # two remembers the results after each (``kvviz.app.page.comparing``; a change listener on the
     # results would make Gradio hash them before and after every streamed update)
     result_events: list = field(default_factory=list)
+    # the events after which another tab may be in view, or the tab in view show other results: each is
+    # followed by recording what that tab shows of what crossed where the run shown lacks it
+    # (``kvviz.app.page.recording``)
+    tab_events: list = field(default_factory=list)
     # the server's live runs: identical greedy runs computed once, the models' queue (kvviz.engine.shared_runs)
     runs: SharedRuns = field(default_factory=SharedRuns)
     own: OwnRuns = field(default_factory=OwnRuns)  # the computations each session ran itself
@@ -83,6 +87,23 @@ class Lab:
     def tab_view(self, tab: str, reading: Reading, names: list[str], view: dict) -> dict:
         figures, view = tab_updates(tab, reading, names, view, self.cache)
         return {**figures, "view": view, "tab": tab}
+
+
+# what an event that shows other results in the tabs may change: the results and their reading, what
+# any tab draws (``tabs.tab_updates``), and the status line (where it says what failed, if drawing does)
+DRAWN_ROLES = ("status", "results", "reading", "view", "sweep_plot", "tokens_column", "tokens", "how", "table", "json",
+               *(f"recorded_{tab}" for tab in spec.TAB_PARTS))
+
+
+def drawn_outputs(page: Page, roles=()) -> list:
+    """The outputs of ``DRAWN_ROLES``, every figure and ``roles``, in page order; not the whole page
+    (each output an event leaves as it was costs a fresh component)."""
+    wanted: dict = {role: None for role in (*DRAWN_ROLES, *roles)}
+    wanted.update({"lesson": ""} if "lesson" in wanted else {})
+    wanted.update({"tokens_column": {"choices": [], "value": None}})
+    wanted.update({f"figure:{name}": None for name in page.figures})
+    components = set(page.resolve(wanted))
+    return [component for component in page.outputs() if component in components]
 
 
 def resolved(page: Page, handler, said_in: str = "status"):

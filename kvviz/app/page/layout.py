@@ -169,13 +169,16 @@ def build_tabs(page: Page, shown: list[str], sweep: dict | None) -> None:
                 page.figures[name] = gr.Plot(page.value(f"figure:{name}"), show_label=False, visible=name in shown,
                                              min_width=520, elem_id=f"kv-plot-{name}")
         with tab(page, "tokens"):
+            recorded_line(page, "tokens")
             page.add("tokens_column", gr.Dropdown(choices=[], value=None, label="Column shown", scale=0, min_width=240,
                                                   elem_id="kv-tokens-column"))
             page.add("tokens", gr.HTML("", elem_id="kv-tokens", js_on_load=None))
         with tab(page, "lens"):
+            recorded_line(page, "lens")
             page.figures[spec.LENS_PLOT] = gr.Plot(page.value(f"figure:{spec.LENS_PLOT}"), show_label=False,
                                                    elem_id=f"kv-plot-{spec.LENS_PLOT}")
         with tab(page, "compare"):
+            recorded_line(page, "compare")
             build_compare(page)
         with tab(page, "cost"):
             with gr.Row():
@@ -197,6 +200,12 @@ def build_tabs(page: Page, shown: list[str], sweep: dict | None) -> None:
             with page.add("json_box", gr.Accordion("Structured results (what the run endpoint returns)", open=False,
                                                    elem_id="kv-json-box")):
                 page.add("json", gr.JSON(None, show_label=False, elem_id="kv-json"))
+
+
+def recorded_line(page: Page, tab_id: str) -> None:
+    """The tab's line about what crossed: recording it (when the tab opened on a run without it), or
+    that it was recorded then (``kvviz.app.page.recording``); empty otherwise."""
+    page.add(f"recorded_{tab_id}", gr.Markdown("", elem_id=f"kv-recorded-{tab_id}", elem_classes=["kv-recorded"]))
 
 
 def tab(page: Page, tab_id: str):

@@ -14,7 +14,7 @@ import gradio as gr
 from kvviz.app import plots, present, tokenview
 from kvviz.app.methods import registry as methods
 from kvviz.app.page import spec, views
-from kvviz.app.page.lab import LOG, PRIVATE, Lab, resolved
+from kvviz.app.page.lab import LOG, PRIVATE, Lab, drawn_outputs, resolved
 from kvviz.app.page.named import Page
 from kvviz.app.page.run import LiveRun, stream_run
 from kvviz.app.page.tabs import sweep_figure
@@ -23,15 +23,16 @@ from kvviz.core import policy
 from kvviz.engine import stream
 from kvviz.runtime.models import resolve_pair
 
-def request_from_form(lab: Lab, pair, query, context, settings: list, ticked, expected: str | None = None):
+def request_from_form(lab: Lab, pair, query, context, settings: list, ticked, expected: str | None = None, *, parts):
     """(request, names) from the form's values, or a ValueError saying what is wrong. The run
-    records what crossed (``kvviz.runtime.crossed``; the first expected answer is the logit lens's gold)
-    unless ``KVVIZ_RECORD_CROSSED=0``."""
+    records the ``parts`` of what crossed asked for (``kvviz.runtime.crossed``; None: every part;
+    empty: nothing; the first expected answer is the logit lens's gold), and nothing when
+    ``KVVIZ_RECORD_CROSSED=0`` (``spec.inspect_for``)."""
     max_new_tokens, sample, temperature, seed = settings[:4]
     names = [name for name in spec.column_names() if name in (ticked or [])]
     options = spec.option_values(lab.page.specs, list(settings[4:]))
     golds = spec.expected_answers(expected)
-    inspect = {"gold": golds[0] if golds else None} if spec.record_crossed() else None
+    inspect = spec.inspect_for(golds[0] if golds else None, parts)
     request = spec.build_request(query, context, max_new_tokens, sample, temperature, seed, options, inspect)
     resolve_pair(pair)
     if not names:
@@ -41,10 +42,12 @@ def request_from_form(lab: Lab, pair, query, context, settings: list, ticked, ex
 
 def wire_run(lab: Lab) -> None:
     """Run live and Swap the fact: each streams into the cards and the status line, then shows its
-    results in the tabs; both wait in the models' queue and stop on Stop."""
+    results in the tabs; both wait in the models' queue and stop on Stop. Each records the parts of
+    what crossed that the tab in view shows (``spec.tab_parts``); another tab opened later records
+    its own (``kvviz.app.page.recording``)."""
     page = lab.page
     form = [page["pair"], page["query"], page["context"], *page.settings_inputs, page["chosen"]]
-    asked = [page["pair"], page["query"], page["context"], page["expected"], page["chosen"]]
+    asked = [page["pair"], page["query"], page["context"], page["expected"], page["chosen"], page["view"]]
     streamed = page_stream_roles()
     streamed_components = page_stream_outputs(page)
 
@@ -64,16 +67,16 @@ def wire_run(lab: Lab) -> None:
             LOG.exception("the page's run failed")
             yield every_output({"status": present.refused_status(f"the run failed ({type(error).__name__}: {error})")})
 
-    def run_on_page(pair, query, context, expected, ticked, request: gr.Request, *rest):
+    def run_on_page(pair, query, context, expected, ticked, view, request: gr.Request, *rest):
         settings = rest[: len(page.settings_inputs)]
         yield from streamed_to_page(run_updates(lab, pair, query, context, expected, ticked, settings,
-                                                request.session_hash), rest)
+                                                request.session_hash, (view or {}).get("tab")), rest)
 
-    def swap_on_page(pair, query, context, expected, ticked, replace, by, swapped_answer, reading, request: gr.Request,
-                     *rest):
+    def swap_on_page(pair, query, context, expected, ticked, view, replace, by, swapped_answer, reading,
+                     request: gr.Request, *rest):
         settings = rest[: len(page.settings_inputs)]
         yield from streamed_to_page(swap_updates(lab, pair, query, context, expected, ticked, (replace, by, swapped_answer),
-                                                 reading, settings, request.session_hash), rest)
+                                                 reading, settings, request.session_hash, (view or {}).get("tab")), rest)
 
     def show_finished_run(reading, view, names):
         """After the stream: the run's results and their reading on the page, and the tab in view
@@ -105,6 +108,7 @@ def wire_run(lab: Lab) -> None:
                           outputs=finished_run_outputs(page), api_name=f"show_finished_{name}", **PRIVATE)
         shown.then(finish, outputs=[page["run_button"]], queue=False, api_name=f"end_{name}", **PRIVATE)
         lab.result_events.append(shown)
+        lab.tab_events.append(shown)  # the learner may have opened another tab while it ran
 
     def stop_run(request: gr.Request):
         lab.flags.stop(request.session_hash)
@@ -115,11 +119,13 @@ def wire_run(lab: Lab) -> None:
     wire_run_api(lab, form)
 
 
-def run_updates(lab: Lab, pair, query, context, expected, ticked, settings, session):
-    """Run live: the ticked columns on the form's question, as ``{role: value}`` updates."""
+def run_updates(lab: Lab, pair, query, context, expected, ticked, settings, session, tab: str | None = None):
+    """Run live: the ticked columns on the form's question, as ``{role: value}`` updates; it records
+    what the tab in view (``tab``) shows of what crossed."""
     stop = lab.flags.current(session)
     try:
-        handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked, expected)
+        handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked, expected,
+                                                   parts=spec.tab_parts(tab))
     except ValueError as error:  # one message, in the status line; nothing else changes
         yield {"status": present.refused_status(str(error))}
         return
@@ -129,14 +135,17 @@ def run_updates(lab: Lab, pair, query, context, expected, ticked, settings, sess
         yield update
 
 
-def swap_updates(lab: Lab, pair, query, context, expected, ticked, fields, reading, settings, session):
+def swap_updates(lab: Lab, pair, query, context, expected, ticked, fields, reading, settings, session,
+                 tab: str | None = None):
     """Swap the fact: the ticked columns on the swapped note, beside their answers on the note.
     A preset's stored swap is shown as it is; else the swapped note runs live (and the note too,
-    for the columns whose answers on it are not on the page for these settings)."""
+    for the columns whose answers on it are not on the page for these settings), recording what
+    the tab in view (``tab``) shows of what crossed."""
     stop = lab.flags.current(session)
     try:
         swap = spec.swap_from_form(context, *fields)
-        handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked, expected)
+        handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked, expected,
+                                                   parts=spec.tab_parts(tab))
     except ValueError as error:
         yield {"status": present.refused_status(str(error))}
         return
@@ -167,7 +176,11 @@ def swap_updates(lab: Lab, pair, query, context, expected, ticked, fields, readi
             found.update(run.results)
         else:
             swapped = run.results
-    base = {**payload, "pair": pair, "request": handoff_request.to_dict(), "preset": key}
+    asked = handoff_request.to_dict()
+    recorded = spec.recorded_parts(asked) if missing else frozenset(spec.PARTS)
+    if originals:  # the answers the page held recorded what their run did
+        recorded &= spec.recorded_parts(payload.get("request"))
+    base = {**payload, "pair": pair, "request": spec.request_recording(asked, recorded), "preset": key}
     yield views.swap_view(views.reading_of(views.with_swap(base, originals, swapped, names, swap, answers), answers), names)
 
 
@@ -177,10 +190,6 @@ def swap_updates(lab: Lab, pair, query, context, expected, ticked, fields, readi
 # event loop that shares the interpreter with the models). What the tabs draw from the results
 # comes once, after the stream (``show_finished_run``).
 CARD_PARTS = ("head", "answer", "stats", "notes", "seen")
-# what ``show_finished_run`` may change: the results and their reading, what any tab draws
-# (``tabs.tab_updates``), and the status line (where it says what failed, if drawing does)
-FINISHED_RUN_ROLES = ("status", "results", "reading", "view", "finished_run", "lesson", "sweep_plot", "tokens_column",
-                      "tokens", "how", "table", "json")
 
 
 def page_stream_roles() -> list[str]:
@@ -193,13 +202,9 @@ def page_stream_outputs(page: Page) -> list:
 
 
 def finished_run_outputs(page: Page) -> list:
-    """``show_finished_run``'s outputs, in page order: the results, the lesson, every figure and what
-    a tab draws; not the whole page (each output it leaves as it was costs a fresh component)."""
-    roles: dict = {role: None for role in FINISHED_RUN_ROLES}
-    roles.update({"lesson": "", "tokens_column": {"choices": [], "value": None}})
-    roles.update({f"figure:{name}": None for name in page.figures})
-    wanted = set(page.resolve(roles))
-    return [component for component in page.outputs() if component in wanted]
+    """``show_finished_run``'s outputs: what a tab draws (``lab.drawn_outputs``), the lesson and the
+    run's results on their way to the tabs."""
+    return drawn_outputs(page, ("finished_run", "lesson"))
 
 
 def api_outputs(page: Page) -> list:
@@ -219,15 +224,20 @@ def wire_run_api(lab: Lab, form: list) -> None:
 
     def run(pair, query, context, *rest):
         """Run the ticked handoffs live and stream the answers; the last update holds the
-        structured results (the JSON output: pair, request, one result per handoff; with
-        ``attention``, each result's per-token attention arrays too, about 2 MB a run, else their
-        shapes). Each update before it holds every output: the status and the answers so far, and
+        structured results (the JSON output: pair, request, one result per handoff). The run
+        records what crossed only with ``attention`` (``kvviz.runtime.crossed``: every part; each
+        result then holds its ``token_attention`` with its per-token arrays, about 2 MB a run, its
+        ``logit_lens`` and ``token_change``); without it nothing is recorded (the cards, stats and
+        figures read none of it) and the results hold none of those fields. Each update before it
+        holds every output: the status and the answers so far, and
         None for an output the run has not set yet (the table: an empty one)
         (``kvviz.app.page.run.stream_run``: at most every ``STREAM_INTERVAL`` seconds, and when a
         handoff starts or finishes)."""
         *settings, ticked, attention = rest
         try:
-            request, names = request_from_form(lab, pair, query, context, settings, ticked if ticked is not None else spec.default_columns())
+            request, names = request_from_form(lab, pair, query, context, settings,
+                                               ticked if ticked is not None else spec.default_columns(),
+                                               parts=None if attention else ())
         except ValueError as error:
             raise gr.Error(str(error)) from error
         live = LiveRun(pair, request, names, [], "The answer")  # an API call has no tab of its own

@@ -19,6 +19,7 @@ from kvviz.app.reading import catalog
 from kvviz.data.swaps import Swap, replace_fact
 from kvviz.handoffs import registry
 from kvviz.handoffs.registry import Handoff, Option
+from kvviz.runtime.crossed import PARTS
 
 MODEL_QUEUE = "models"
 # The live runs (Run live, Swap the fact, /run): Gradio hands up to ``policy.PAGE_RUNS_AT_ONCE`` of them to the
@@ -203,9 +204,46 @@ def build_request(query, context, max_new_tokens=32, sample=False, temperature=0
 
 
 def record_crossed() -> bool:
-    """Whether the page's runs record what crossed (``kvviz.runtime.crossed``): yes unless
-    ``KVVIZ_RECORD_CROSSED=0`` (``scripts/bench_app.py --crossed both`` times a run each way)."""
+    """Whether the page's runs may record what crossed (``kvviz.runtime.crossed``): yes unless
+    ``KVVIZ_RECORD_CROSSED=0`` (then no run records anything, and no tab records when it opens)."""
     return os.environ.get("KVVIZ_RECORD_CROSSED", "1") != "0"
+
+
+# What each tab shows of what crossed (``kvviz.runtime.crossed.PARTS``): What crossed draws the attention
+# rows and the scores against the controls (``kvviz.app.tokenview``), Depth the logit lens, Compare two
+# all three (``kvviz.app.compare``); the other tabs, the cards and ``/run``'s stats read none. A live run
+# records the parts of the tab in view; a tab opened on a live run without its parts records them then
+# (``kvviz.app.page.recording``).
+TAB_PARTS = {"tokens": ("attention", "scores"), "lens": ("lens",), "compare": PARTS}
+
+
+def tab_parts(tab: str | None) -> tuple[str, ...]:
+    """The parts of what crossed that ``tab`` shows (none for a tab that shows none)."""
+    return TAB_PARTS.get(tab or "", ())
+
+
+def recorded_parts(request: dict | None) -> frozenset:
+    """The parts a run recorded, read from its request (``HandoffRequest.inspect``: None recorded
+    nothing; an ``inspect`` that names no parts recorded every one)."""
+    inspect = (request or {}).get("inspect")
+    if inspect is None:
+        return frozenset()
+    return frozenset(inspect.get("parts") or PARTS)
+
+
+def request_recording(request: dict, parts) -> dict:
+    """A request (as a dict) that says its results hold ``parts`` (``recorded_parts`` reads it back)."""
+    if not parts:
+        return {**request, "inspect": None}
+    return {**request, "inspect": {**(request.get("inspect") or {}), "parts": [part for part in PARTS if part in parts]}}
+
+
+def inspect_for(gold: str | None, parts) -> dict | None:
+    """A request's ``inspect`` that records ``parts`` (None: every part; empty: nothing at all, so
+    None), the lens following the gold answer's first token; nothing when ``KVVIZ_RECORD_CROSSED=0``."""
+    if not record_crossed() or (parts is not None and not parts):
+        return None
+    return {"gold": gold} if parts is None else {"gold": gold, "parts": [part for part in PARTS if part in parts]}
 
 
 def expected_answers(text: str | None) -> list[str]:

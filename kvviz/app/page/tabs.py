@@ -14,7 +14,7 @@ import threading
 import plotly.graph_objects as go
 
 from kvviz.app import plots, present, tokenview
-from kvviz.app.page.spec import FIXED_PLOTS, LENS_PLOT, column_names, tab_figures, token_view_column
+from kvviz.app.page.spec import FIXED_PLOTS, LENS_PLOT, TAB_PARTS, column_names, tab_figures, tab_parts, token_view_column
 from kvviz.app.reading import catalog
 from kvviz.app.reading.reading import Reading
 from kvviz.core.plotkit import compact as compact_figure
@@ -147,6 +147,9 @@ def tab_updates(tab: str, reading: Reading, names: list[str], view: dict, cache:
         column_updates, view = token_view_updates(reading, names, {**view, "drawn": drawn})
         updates.update(column_updates)
         drawn = view["drawn"]
+    if tab in TAB_PARTS and drawn.get(f"recorded_{tab}") != reading.stamp:
+        updates[f"recorded_{tab}"] = recorded_note(reading, tab)
+        drawn[f"recorded_{tab}"] = reading.stamp
     if tab == "how" and not drawn.get("how"):
         updates["how"] = present.how_it_works_page(column_names())
         drawn["how"] = True
@@ -158,6 +161,13 @@ def tab_updates(tab: str, reading: Reading, names: list[str], view: dict, cache:
         updates.update(json_updates)
         drawn = view["drawn"]
     return updates, {**view, "tab": tab, "drawn": drawn}
+
+
+def recorded_note(reading: Reading, tab: str) -> str:
+    """The tab's line about what of it was recorded when a tab opened (``kvviz.app.page.recording``:
+    ``payload["recorded_on_open"]``, one line per part), empty for a run that recorded it itself."""
+    lines = reading.payload.get("recorded_on_open") or {}
+    return " ".join(dict.fromkeys(lines[part] for part in tab_parts(tab) if lines.get(part)))
 
 
 def json_updates_for(reading: Reading, view: dict) -> tuple[dict, dict]:

@@ -81,8 +81,10 @@ def wire_lesson(lab: Lab) -> None:
         tab = (preset(reading.preset).tab if reading.preset else None) or spec.DEFAULT_TAB
         return lab.tab_view(tab, reading, names or [], view)
 
-    page["lesson_show"].click(resolved(page, show_lesson), inputs=[page["reading"], page["chosen"], page["view"]],
-                              outputs=page.outputs(), api_name="show_lesson", **PRIVATE).then(None, js=FIRST_PLOT_JS)
+    shown = page["lesson_show"].click(resolved(page, show_lesson), inputs=[page["reading"], page["chosen"], page["view"]],
+                                      outputs=page.outputs(), api_name="show_lesson", **PRIVATE)
+    shown.then(None, js=FIRST_PLOT_JS)
+    lab.tab_events.append(shown)  # a live run of a preset's question may lack what its tab shows
 
 
 def wire_walkthrough(lab: Lab) -> None:
@@ -110,6 +112,7 @@ def wire_walkthrough(lab: Lab) -> None:
         handler.__name__ = name
         step = page[role].click(resolved(page, handler), inputs=inputs, outputs=page.outputs(), api_name=name, **PRIVATE)
         lab.result_events.append(step)
+        lab.tab_events.append(step)
         step.then(
             None, js=highlight_js([step.target for step in steps]))
 
