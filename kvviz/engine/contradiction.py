@@ -18,8 +18,9 @@ result's ``contradiction`` (``contradiction_record``) holds:
 
 ``results`` runs a set of handoffs on one request and its contradiction (``python -m kvviz run
 --contradict``); ``contradicted_result`` one handoff on one record (the benchmark's arm, ``bench
---swap --contradict``). The page's *Swap the fact* row calls ``results`` (or, for a run it already
-has, ``contradicted_request`` and ``contradiction_record``).
+--swap --contradict``). The page's *Insert a contradiction* (under *Swap the fact*) streams the same
+two requests (``counter_lens_request``, ``contradicted_request``) through its live runs and reads them
+with ``contradiction_record``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ from kvviz.runtime.models import LoadedPair
 def lens_inspect(request: HandoffRequest, gold: list[str] | None, counter: tuple[str, ...] | list[str]) -> dict:
     """The request's ``inspect`` with the gold and counter answers the lens follows."""
     return {**(request.inspect or {}), "gold": (gold or [None])[0], "counter": (list(counter) or [None])[0]}
+
+
+def counter_lens_request(request: HandoffRequest, contradiction: Contradiction, gold: list[str] | None) -> HandoffRequest:
+    """The request on the original note, its logit lens (when it records one) following the counter
+    answer too: the probabilities of both on the original note."""
+    if request.inspect is None:
+        return request
+    return dataclasses.replace(request, inspect=lens_inspect(request, gold, contradiction.answers))
 
 
 def contradicted_request(request: HandoffRequest, contradiction: Contradiction, gold: list[str] | None) -> HandoffRequest:
@@ -70,9 +79,7 @@ def results(pair: LoadedPair, request: HandoffRequest, names, contradiction: Con
     """The handoffs on ``request`` (and its swap, as ``stream.results`` runs it), then again on the
     contradicted note as a second run; each result's ``contradiction`` says what it did there. The
     original run's lens follows the counter answer too (its clean probabilities)."""
-    first_request = dataclasses.replace(request, inspect=lens_inspect(request, gold, contradiction.answers)) \
-        if request.inspect is not None else request
-    first = stream.results(pair, first_request, names, swap=swap, gold=gold)
+    first = stream.results(pair, counter_lens_request(request, contradiction, gold), names, swap=swap, gold=gold)
     second = stream.results(pair, contradicted_request(request, contradiction, gold), names)
     for result, other in zip(first, second):
         result.contradiction = contradiction_record(result, other, contradiction, gold)

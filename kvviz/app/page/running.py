@@ -1,6 +1,7 @@
-"""The run: Run live and Swap the fact (each streams into the cards, the strip and the status line,
-then shows its results and their reading in the tabs; both wait in the models' queue and stop on
-Stop), ``/run`` for scripts (the same cards, the same stats, ``present.card``), and the sweep.
+"""The run: Run live, Swap the fact and Insert a contradiction (each streams into the cards, the
+strip and the status line, then shows its results and their reading in the tabs; each waits in the
+models' queue and stops on Stop), ``/run`` for scripts (the same cards, the same stats,
+``present.card``), and the sweep.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from kvviz.app.page.run import LiveRun, stream_run
 from kvviz.app.page.tabs import sweep_figure
 from kvviz.app.sweep import page_sweep
 from kvviz.core import policy
-from kvviz.engine import stream
+from kvviz.engine import contradiction, stream
 from kvviz.runtime.models import resolve_pair
 
 def request_from_form(lab: Lab, pair, query, context, settings: list, ticked, expected: str | None = None):
@@ -40,8 +41,8 @@ def request_from_form(lab: Lab, pair, query, context, settings: list, ticked, ex
 
 
 def wire_run(lab: Lab) -> None:
-    """Run live and Swap the fact: each streams into the cards and the status line, then shows its
-    results in the tabs; both wait in the models' queue and stop on Stop."""
+    """Run live, Swap the fact and Insert a contradiction: each streams into the cards and the status
+    line, then shows its results in the tabs; each waits in the models' queue and stops on Stop."""
     page = lab.page
     form = [page["pair"], page["query"], page["context"], *page.settings_inputs, page["chosen"]]
     asked = [page["pair"], page["query"], page["context"], page["expected"], page["chosen"]]
@@ -75,14 +76,18 @@ def wire_run(lab: Lab) -> None:
         yield from streamed_to_page(swap_updates(lab, pair, query, context, expected, ticked, (replace, by, swapped_answer),
                                                  reading, settings, request.session_hash), rest)
 
+    def contradict_on_page(pair, query, context, expected, ticked, sentence, counter, reading, request: gr.Request, *rest):
+        updates = contradiction_updates(lab, pair, query, context, expected, ticked, (sentence, counter), reading,
+                                        rest[: len(page.settings_inputs)], request.session_hash)
+        yield from streamed_to_page(updates, rest)
+
     def show_finished_run(reading, view, names):
         """After the stream: the run's results and their reading on the page, and the tab in view
         drawn from them."""
         if reading is None:  # refused or failed: the status line said why
             return {}
         update = {**lab.tab_view(view.get("tab", spec.DEFAULT_TAB), reading, names, {**view, "asked": None}),
-                  "results": reading.payload,
-                  "reading": reading, "finished_run": None, "lesson": views.lesson_of(reading)}
+                  "results": reading.payload, "reading": reading, "finished_run": None, "lesson": views.lesson_of(reading)}
         update.pop("tab")
         return update
 
@@ -95,8 +100,10 @@ def wire_run(lab: Lab) -> None:
         return page.resolve({"run_button": False})
 
     swap_fields = [page["swap_replace"], page["swap_by"], page["swap_answer"], page["reading"]]
+    contra_fields = [page["contra_sentence"], page["contra_answer"], page["reading"]]
     for button, handler, inputs, name in ((page["run_button"], run_on_page, asked, "run"),
-                                          (page["swap_button"], swap_on_page, asked + swap_fields, "swap")):
+                                          (page["swap_button"], swap_on_page, asked + swap_fields, "swap"),
+                                          (page["contra_button"], contradict_on_page, asked + contra_fields, "contradict")):
         live = button.click(begin, outputs=[page["run_button"]], queue=False, api_name=f"begin_{name}", **PRIVATE).then(
             handler, inputs=[*inputs, *page.settings_inputs, *streamed_components],
             outputs=[*streamed_components, page["finished_run"]], api_name=f"{name}_on_page",
@@ -131,9 +138,7 @@ def run_updates(lab: Lab, pair, query, context, expected, ticked, settings, sess
 
 def swap_updates(lab: Lab, pair, query, context, expected, ticked, fields, reading, settings, session):
     """Swap the fact: the ticked columns on the swapped note, beside their answers on the note.
-    A preset's stored swap is shown as it is; else the swapped note runs live (and the note too,
-    for the columns whose answers on it are not on the page for these settings)."""
-    stop = lab.flags.current(session)
+    A preset's stored swap is shown as it is; else the swapped note runs live (``note_and_other``)."""
     try:
         swap = spec.swap_from_form(context, *fields)
         handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked, expected)
@@ -145,30 +150,67 @@ def swap_updates(lab: Lab, pair, query, context, expected, ticked, fields, readi
     if reading is not None and views.holds_swap(reading, names, swap):  # a preset's stored swap: shown as read
         yield views.swap_view(dataclasses.replace(reading, swap_shown=True, payload={**payload, "swap_shown": True}), names)
         return
-    held = reading is not None and views.same_request(payload, handoff_request.to_dict(), pair)
+    ran = yield from note_and_other(lab, pair, handoff_request, names, expected, reading, key, session,
+                                    stream.swapped_request(handoff_request, swap), spec.expected_text(swap.answers),
+                                    "**Swap the fact**, on the swapped note: ")
+    if ran is not None:
+        base = {**payload, "pair": pair, "request": handoff_request.to_dict(), "preset": key}
+        yield views.swap_view(views.reading_of(views.with_swap(base, *ran, names, swap, answers), answers), names)
+
+
+def contradiction_updates(lab: Lab, pair, query, context, expected, ticked, fields, reading, settings, session):
+    """Insert a contradiction: the ticked columns on the note with one contradicting sentence
+    inserted after the sentence that states the expected answer, beside their answers on the note;
+    the same two requests as ``run --contradict`` (``kvviz.engine.contradiction``: the logit lens
+    follows the expected answer, gold, and the sentence's, counter), each column read by
+    ``contradiction_record``."""
+    try:
+        made = spec.contradiction_from_form(context, expected, *fields)
+        handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked, expected)
+    except ValueError as error:
+        yield {"status": present.refused_status(str(error))}
+        return
+    answers, key = spec.expected_answers(expected), views.preset_matching(query, context)
+    ran = yield from note_and_other(lab, pair, contradiction.counter_lens_request(handoff_request, made, answers), names,
+                                    expected, reading, key, session,
+                                    contradiction.contradicted_request(handoff_request, made, answers), expected,
+                                    "**Insert a contradiction**, on the contradicted note: ")
+    if ran is not None:
+        payload = reading.payload if reading is not None else {}
+        base = {**payload, "pair": pair, "request": handoff_request.to_dict(), "preset": key}
+        yield views.contradiction_view(views.reading_of(views.with_contradiction(base, *ran, names, made, answers), answers),
+                                       names)
+
+
+def note_and_other(lab: Lab, pair, request, names, expected, reading, key, session, other_request, other_expected,
+                   said: str):
+    """The runs behind Swap the fact and Insert a contradiction, as ``{role: value}`` updates: the
+    columns whose answers on the note are not on the page for these settings run on it first (on
+    their cards), then every column on the other note (its answers stay off the cards until they are
+    all in; the status line begins with ``said``). Returns (each column's result on the note, on the
+    other note), or None when stopped or failed."""
+    stop = lab.flags.current(session)
+    payload = reading.payload if reading is not None else {}
+    held = reading is not None and views.same_request(payload, request.to_dict(), pair)
     originals = {name: reading.column(name).raw for name in names if held and reading.column(name).raw is not None}
-    missing = [name for name in names if name not in originals]
-    for request, columns, found, label in ((handoff_request, missing, originals, "the note"),
-                                           (stream.swapped_request(handoff_request, swap), names, None, "the swapped note")):
+    others: dict = {}
+    for run_request, columns, found in ((request, [n for n in names if n not in originals], originals),
+                                        (other_request, names, others)):
         if not columns:
             continue
-        run = lab.live_run(pair, request, columns, expected if found is not None else spec.expected_text(swap.answers), key,
-                           session)
+        on_note = found is originals
+        run = lab.live_run(pair, run_request, columns, expected if on_note else other_expected, key, session)
         for update in stream_run(run, lab.workers, stop, batches=lab.runs.batches):
             update.pop("error", None)
             ended = update.pop("results", None)
             update.pop("reading", None)
-            if found is None:  # the swapped note's answers stay off the cards until they are all in
-                update = {"status": f"**Swap the fact**, on {label}: " + update.get("status", "")} if "status" in update else {}
+            if not on_note:  # the other note's answers stay off the cards until they are all in
+                update = {"status": said + update.get("status", "")} if "status" in update else {}
             yield update
         if stop.is_set() or ended is None:
-            return
-        if found is not None:
-            found.update(run.results)
-        else:
-            swapped = run.results
-    base = {**payload, "pair": pair, "request": handoff_request.to_dict(), "preset": key}
-    yield views.swap_view(views.reading_of(views.with_swap(base, originals, swapped, names, swap, answers), answers), names)
+            return None
+        found.update(run.results)
+    return originals, others
 
 
 # What a live run streams on the page (``run_on_page``): the status, the strip, and every column's
