@@ -15,7 +15,7 @@ from kvviz.app import present, ui
 from kvviz.app.page import spec, views
 from kvviz.app.page.running import page_stream_roles
 from kvviz.app.presets import PRESETS, load_precomputed, preset
-from kvviz.app.reading import evidence
+from kvviz.app.reading import catalog, evidence
 from kvviz.app.reading.questions import Question, parse_claims
 from kvviz.data.contradictions import typed_contradiction
 from kvviz.engine.contradiction import contradiction_record
@@ -95,13 +95,13 @@ def test_a_contradicted_cards_row_names_its_answer_and_both_probabilities_and_th
     assert 'data-contradicted="counter"' in update["head:text"] and 'data-contradicted="gold"' in update["head:kvcomm"]
     assert "P(4471) 62% vs P(3902) 21% (plain note: 90% vs 1.0%)" in update["head:kvcomm"]
     assert "P(4471) 0.4% vs P(3902) &lt;0.1%" in update["head:receiver"]
-    assert "Text message gave the inserted value" in update["head:text"]  # its meaning, on hover
+    text, kvcomm, receiver = (catalog.label_of(name) for name in ("text", "kvcomm", "receiver"))
+    assert f"{text} gave the inserted value" in update["head:text"]  # its meaning, on hover
     assert "differs from its control" in update["head:text"]
     status = update["status"]
     assert "contradicted note" in status and SENTENCE in status
-    assert "gave the inserted value “3902”: **Text message**" in status
-    assert "kept the original “4471”: **KVComm" in status
-    assert "gave neither: **Receiver alone**" in status
+    assert f"Gave the inserted value “3902”: **{text}**" in status and f"kept the original “4471”: **{kvcomm}**" in status
+    assert f"gave neither: **{receiver}**" in status
     # a swap shown afterwards keeps the contradiction's row (the same note's run), and the other way round
     assert 'data-contradicted=' not in views.card("text", views.reading_of({**payload, "contradiction_shown": False},
                                                                            ["4471"]))["head:text"]

@@ -182,16 +182,16 @@ def contradiction_meaning(column: Column) -> str:
 
 def odds_text(found: Contradicted, gold: str, counter: str) -> str:
     """P(gold) vs P(counter) on the first content answer token, on the contradicted note and, where
-    recorded, on the plain note (escaped: answers may be user text)."""
+    recorded, on the plain note; escaped (answers may be user text)."""
     if found.p_gold is None:
         return "no logit lens recorded"
     if found.same_first_token:
-        first = html.escape(found.gold_token.strip())
-        return f"both answers begin with “{first}”: the first token cannot tell them apart"
-    odds = f"P({html.escape(gold)}) {_share(found.p_gold)} vs P({html.escape(counter)}) {_share(found.p_counter)}"
-    if found.p_gold_clean is not None:
-        odds += f" (plain note: {_share(found.p_gold_clean)} vs {_share(found.p_counter_clean)})"
-    return odds
+        text = f"both answers begin with “{found.gold_token.strip()}”: the first token cannot tell them apart"
+    else:
+        text = f"P({gold}) {_share(found.p_gold)} vs P({counter}) {_share(found.p_counter)}"
+        if found.p_gold_clean is not None:
+            text += f" (plain note: {_share(found.p_gold_clean)} vs {_share(found.p_counter_clean)})"
+    return html.escape(text)
 
 
 def contradiction_row_html(column: Column, gold: str, counter: str) -> str:
