@@ -225,3 +225,22 @@ def _one_by_one(script):
 def test_the_status_line_of_a_run_nobody_could_judge_says_so():
     reading = views.reading_of(contradiction_payload({"text": ("4471", "3902", 0.1, 0.2)}, answers=()), [])
     assert "No column could be judged" in present.contradiction_status(reading, ["text"])
+
+
+def test_the_plain_notes_probabilities_come_only_from_a_lens_that_followed_the_same_answers():
+    """A preset's stored run followed the gold alone: its P(gold) shows, no P(counter); a run made for
+    another contradicting value does not lend this one its counter's probability."""
+    made = typed_contradiction(NOTE, SENTENCE, ["4471"], ["3902"])
+    contradicted = result("text", "4471", lens(0.5, 0.3))
+    gold_only = lens(0.9)
+    other_counter = {**lens(0.9, 0.2), "counter": "8125"}
+    record = contradiction_record(result("text", "4471", gold_only), contradicted, made, ["4471"])
+    assert (record["p_gold_clean"], record["p_counter_clean"]) == (0.9, None)
+    record = contradiction_record(result("text", "4471", other_counter), contradicted, made, ["4471"])
+    assert (record["p_gold_clean"], record["p_counter_clean"]) == (0.9, None)
+    assert contradiction_record(result("text", "4471", lens(0.9, 0.2)), contradicted, made, ["4471"])["p_counter_clean"] == 0.2
+    payload = {"pair": "embedded", "request": {}, "contradiction": made.to_dict(), "contradiction_shown": True,
+               "results": [{**result("text", "4471"), "contradiction": contradiction_record(
+                   result("text", "4471", gold_only), contradicted, made, ["4471"])}]}
+    head = views.card("text", views.reading_of(payload, ["4471"]))["head:text"]
+    assert "first token: P(4471) 50% vs P(3902) 30% (plain note: P(4471) 90%)" in head

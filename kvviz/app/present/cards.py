@@ -58,7 +58,7 @@ CONTRADICTION_MEANINGS = {
     "gold": "gave the value the note states first: the inserted sentence did not change its answer",
     "counter": "gave the inserted value: the contradicting sentence reached its answer",
     "both": "gave both values",
-    "neither": "gave neither value: no sign it read this fact",
+    "neither": "gave neither value with the contradicting sentence inserted",
 }
 # what giving the inserted value is evidence of, by its control (the one rule's kinds, said of this row)
 COUNTER_EVIDENCE = {
@@ -188,9 +188,11 @@ def odds_text(found: Contradicted, gold: str, counter: str) -> str:
     if found.same_first_token:
         text = f"both answers begin with “{found.gold_token.strip()}”: the first token cannot tell them apart"
     else:
-        text = f"P({gold}) {_share(found.p_gold)} vs P({counter}) {_share(found.p_counter)}"
-        if found.p_gold_clean is not None:
+        text = f"first token: P({gold}) {_share(found.p_gold)} vs P({counter}) {_share(found.p_counter)}"
+        if found.p_counter_clean is not None:
             text += f" (plain note: {_share(found.p_gold_clean)} vs {_share(found.p_counter_clean)})"
+        elif found.p_gold_clean is not None:
+            text += f" (plain note: P({gold}) {_share(found.p_gold_clean)})"
     return html.escape(text)
 
 
