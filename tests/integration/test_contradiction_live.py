@@ -38,7 +38,10 @@ def test_insert_a_contradiction_runs_live_on_the_page_and_reads_each_column(embe
         assert found.p_gold_clean is not None and found.gold_token and found.counter_token and not found.same_first_token
         assert f'data-contradicted="{found.outcome}"' in final[f"head:{name}"]
         assert len(reading.result(name).answer_ids or []) <= 8
-    # the receiver alone never reads the note: neither value; Skyline reads it in its own prompt
-    assert reading.column("receiver").contradicted.outcome == "neither"
+    # the receiver alone never reads the note: neither value, and the same probabilities with the sentence or
+    # without; Skyline reads the note in its own prompt
+    receiver = reading.column("receiver").contradicted
+    assert receiver.outcome == "neither" and (receiver.p_gold, receiver.p_counter) == (receiver.p_gold_clean,
+                                                                                        receiver.p_counter_clean)
     skyline = reading.column("skyline").contradicted
     assert skyline.p_counter > skyline.p_counter_clean  # the inserted sentence raises the counter's first token

@@ -93,8 +93,8 @@ def test_a_contradicted_cards_row_names_its_answer_and_both_probabilities_and_th
     reading = views.reading_of(payload, ["4471"])
     update = views.contradiction_view(reading, ["receiver", "text", "kvcomm"])
     assert 'data-contradicted="counter"' in update["head:text"] and 'data-contradicted="gold"' in update["head:kvcomm"]
-    assert "P(4471) 62% vs P(3902) 21% (plain note: 90% vs 1.0%)" in update["head:kvcomm"]
-    assert "P(4471) 0.4% vs P(3902) &lt;0.1%" in update["head:receiver"]
+    assert "first token: 4471 90% → 62% · 3902 1.0% → 21%" in update["head:kvcomm"]
+    assert "4471 90% → 0.4% · 3902 1.0% → &lt;0.1%" in update["head:receiver"]
     text, kvcomm, receiver = (catalog.label_of(name) for name in ("text", "kvcomm", "receiver"))
     assert f"{text} gave the inserted value" in update["head:text"]  # its meaning, on hover
     assert "differs from its control" in update["head:text"]
@@ -243,4 +243,4 @@ def test_the_plain_notes_probabilities_come_only_from_a_lens_that_followed_the_s
                "results": [{**result("text", "4471"), "contradiction": contradiction_record(
                    result("text", "4471", gold_only), contradicted, made, ["4471"])}]}
     head = views.card("text", views.reading_of(payload, ["4471"]))["head:text"]
-    assert "first token: P(4471) 50% vs P(3902) 30% (plain note: P(4471) 90%)" in head
+    assert "first token: 4471 90% → 50% · 3902 30%" in head

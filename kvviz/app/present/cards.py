@@ -181,19 +181,17 @@ def contradiction_meaning(column: Column) -> str:
 
 
 def odds_text(found: Contradicted, gold: str, counter: str) -> str:
-    """P(gold) vs P(counter) on the first content answer token, on the contradicted note and, where
-    recorded, on the plain note; escaped (answers may be user text)."""
+    """P(gold) and P(counter) on the first content answer token, with the contradiction inserted and,
+    where recorded, on the plain note before it ("first token: 4471 69% → 47% · 3902 25%"); escaped
+    (answers may be user text)."""
     if found.p_gold is None:
         return "no logit lens recorded"
     if found.same_first_token:
-        text = f"both answers begin with “{found.gold_token.strip()}”: the first token cannot tell them apart"
-    else:
-        text = f"first token: P({gold}) {_share(found.p_gold)} vs P({counter}) {_share(found.p_counter)}"
-        if found.p_counter_clean is not None:
-            text += f" (plain note: {_share(found.p_gold_clean)} vs {_share(found.p_counter_clean)})"
-        elif found.p_gold_clean is not None:
-            text += f" (plain note: P({gold}) {_share(found.p_gold_clean)})"
-    return html.escape(text)
+        return html.escape(f"both answers begin with “{found.gold_token.strip()}”: the first token cannot tell them apart")
+    shares = []
+    for answer, clean, now in ((gold, found.p_gold_clean, found.p_gold), (counter, found.p_counter_clean, found.p_counter)):
+        shares.append(f"{answer} {_share(clean)} → {_share(now)}" if clean is not None else f"{answer} {_share(now)}")
+    return html.escape("first token: " + " · ".join(shares))
 
 
 def contradiction_row_html(column: Column, gold: str, counter: str) -> str:
@@ -204,7 +202,8 @@ def contradiction_row_html(column: Column, gold: str, counter: str) -> str:
     answer = found.answer if found.applicable else "(does not apply)"
     hint = contradiction_meaning(column) or "the contradicted note was not judged for this column"
     first = (f"the receiver's probability of each answer's first token (“{found.gold_token.strip()}”, "
-             f"“{found.counter_token.strip()}”) where it chooses its answer's first token")
+             f"“{found.counter_token.strip()}”) where it chooses its answer's first token: on the plain note → with the "
+             "contradiction inserted (low where its answer begins with other words, “The code is …”)")
     return (f'<div class="kv-contra-row"><span class="kv-contra kv-contra-{found.outcome}" id="kv-contra-{column.name}" '
             f'data-contradicted="{found.outcome}" title="{html.escape(hint)}">'
             f"{html.escape(CONTRADICTION_WORDS[found.outcome])}</span>"
