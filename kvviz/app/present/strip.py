@@ -121,8 +121,8 @@ def contradiction_status(reading: Reading, names) -> str:
     line = "; ".join(said)
     return (f'<span class="kv-badge">contradicted note</span> the note with “{md(inserted.get("sentence", ""))}” '
             f"inserted after the sentence stating {gold}, on *{md(reading.pair)}*. "
-            f"{line[:1].upper() + line[1:] if line else 'No column could be judged'}. Each card gives P(first token) "
-            "of both answers.")
+            f"{line[:1].upper() + line[1:] if line else 'No column could be judged'}. Each card gives each answer's "
+            "first-token probability, on the plain note → with the sentence inserted.")
 
 
 def precomputed_status(title: str, pair: str, when: str = "") -> str:
