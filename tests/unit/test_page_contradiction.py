@@ -98,6 +98,9 @@ def test_a_contradicted_cards_row_names_its_answer_and_both_probabilities_and_th
     text, kvcomm, receiver = (catalog.label_of(name) for name in ("text", "kvcomm", "receiver"))
     assert f"{text} gave the inserted value" in update["head:text"]  # its meaning, on hover
     assert "differs from its control" in update["head:text"]
+    long = contradiction_payload({"text": ("4471", "The code is " + "very " * 30 + "long.", 0.1, 0.2)})
+    head = views.card("text", views.reading_of(long, ["4471"]))["head:text"]
+    assert "with the contradiction: “The code is very" in head and "…”" in head and "very long.\"" in head  # all on hover
     status = update["status"]
     assert "contradicted note" in status and SENTENCE in status
     assert f"Gave the inserted value “3902”: **{text}**" in status and f"kept the original “4471”: **{kvcomm}**" in status

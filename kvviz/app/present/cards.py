@@ -60,6 +60,7 @@ CONTRADICTION_MEANINGS = {
     "both": "gave both values",
     "neither": "gave neither value with the contradicting sentence inserted",
 }
+ROW_ANSWER_CHARACTERS = 48  # of a long answer on the contradicted note (all of it on hover): the card's own answer stays in view
 # what giving the inserted value is evidence of, by its control (the one rule's kinds, said of this row)
 COUNTER_EVIDENCE = {
     evidence.DIFFERS: "its control did not give it: it differs from its control on this one example",
@@ -199,7 +200,8 @@ def contradiction_row_html(column: Column, gold: str, counter: str) -> str:
     for tests and CSS; what it means on hover), its answer there, and P(gold) vs P(counter) on the
     answer's first content token (``gold``, ``counter``: the answers they are named by)."""
     found = column.contradicted
-    answer = found.answer if found.applicable else "(does not apply)"
+    answer = found.answer.strip() if found.applicable else "(does not apply)"
+    shown = answer if len(answer) <= ROW_ANSWER_CHARACTERS else answer[: ROW_ANSWER_CHARACTERS - 1] + "…"
     hint = contradiction_meaning(column) or "the contradicted note was not judged for this column"
     first = (f"the receiver's probability of each answer's first token (“{found.gold_token.strip()}”, "
              f"“{found.counter_token.strip()}”) where it chooses its answer's first token: on the plain note → with the "
@@ -207,8 +209,8 @@ def contradiction_row_html(column: Column, gold: str, counter: str) -> str:
     return (f'<div class="kv-contra-row"><span class="kv-contra kv-contra-{found.outcome}" id="kv-contra-{column.name}" '
             f'data-contradicted="{found.outcome}" title="{html.escape(hint)}">'
             f"{html.escape(CONTRADICTION_WORDS[found.outcome])}</span>"
-            f'<span class="kv-swap-answer" title="its answer on the note with the contradicting sentence">'
-            f"with the contradiction: “{html.escape(answer)}”</span>"
+            f'<span class="kv-swap-answer" title="its answer with the contradicting sentence: {html.escape(answer)}">'
+            f"with the contradiction: “{html.escape(shown)}”</span>"
             f'<span class="kv-contra-odds" title="{html.escape(first)}">{odds_text(found, gold, counter)}</span></div>')
 
 
