@@ -14,7 +14,7 @@ result's ``contradiction`` (``contradiction_record``) holds:
   gold_token, counter_token     the first tokens followed; same_first_token when they are one token
                                 (then the two probabilities cannot tell the answers apart)
   p_gold_clean, p_counter_clean the same on the original note, where its run's lens followed the same
-                                gold (and counter) answer
+                                gold (and counter) answer through the same first token
   applicable, reason            as the handoff's result on the contradicted note
 
 ``results`` runs a set of handoffs on one request and its contradiction (``python -m kvviz run
@@ -56,10 +56,14 @@ def _last(values) -> float | None:
     return float(values[-1]) if values else None
 
 
-def _follows(lens: dict, name: str, answers) -> bool:
-    """Whether a recorded lens followed the first of ``answers`` as its ``name`` ("gold", "counter"):
-    a run on the original note made for another contradiction (or none) follows another counter."""
-    return bool(answers) and bool(lens.get(name)) and lens.get(name) == list(answers)[0]
+def _follows(clean: dict, lens: dict, name: str, answers) -> bool:
+    """Whether the original note's lens (``clean``) followed the first of ``answers`` as its ``name``
+    ("gold", "counter") through the same token as the contradicted note's ``lens``: a run made for
+    another contradiction (or none) follows another counter, and a stored run recorded by other
+    code may have followed another token of the same answer."""
+    token = lens.get(f"{name}_token")
+    return bool(answers) and bool(clean.get(name)) and clean.get(name) == list(answers)[0] and bool(token) and (
+        clean.get(f"{name}_token") == token)
 
 
 def contradiction_record(result: HandoffResult | dict, contradicted: HandoffResult | dict, contradiction: Contradiction,
@@ -74,9 +78,9 @@ def contradiction_record(result: HandoffResult | dict, contradicted: HandoffResu
               "p_gold": _last(lens.get("gold_probability")), "p_counter": _last(lens.get("counter_probability")),
               "gold_token": lens.get("gold_token"), "counter_token": lens.get("counter_token"),
               "same_first_token": bool(lens.get("gold_token")) and lens.get("gold_token") == lens.get("counter_token"),
-              "p_gold_clean": _last(clean.get("gold_probability")) if _follows(clean, "gold", gold) else None,
-              "p_counter_clean": _last(clean.get("counter_probability")) if _follows(clean, "counter", contradiction.answers)
-              else None}
+              "p_gold_clean": _last(clean.get("gold_probability")) if _follows(clean, lens, "gold", gold) else None,
+              "p_counter_clean": _last(clean.get("counter_probability"))
+              if _follows(clean, lens, "counter", contradiction.answers) else None}
     if record["applicable"] and original.get("applicable", True) and gold:
         record["outcome"] = contradiction_outcome(record["answer"], gold, contradiction.answers)
     return record

@@ -242,6 +242,9 @@ def test_the_plain_notes_probabilities_come_only_from_a_lens_that_followed_the_s
     record = contradiction_record(result("text", "4471", other_counter), contradicted, made, ["4471"])
     assert (record["p_gold_clean"], record["p_counter_clean"]) == (0.9, None)
     assert contradiction_record(result("text", "4471", lens(0.9, 0.2)), contradicted, made, ["4471"])["p_counter_clean"] == 0.2
+    # a stored run whose lens followed another first token of the same answer (" " before "4471") is no baseline
+    other_token = contradiction_record(result("text", "4471", lens(0.17, gold_token=" ")), contradicted, made, ["4471"])
+    assert other_token["p_gold_clean"] is None
     payload = {"pair": "embedded", "request": {}, "contradiction": made.to_dict(), "contradiction_shown": True,
                "results": [{**result("text", "4471"), "contradiction": contradiction_record(
                    result("text", "4471", gold_only), contradicted, made, ["4471"])}]}
