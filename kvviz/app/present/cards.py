@@ -1,7 +1,7 @@
 """One column's card, rendered once for the page and for ``/run``: its head (title, mark, what its
 answer is evidence of on hover, its swapped-note row, its contradicted-note row and its what-ifs),
-its answer, its one line of
-numbers (time, on which pair, first token, bytes) and the longer block in "What each model saw".
+its answer, its one line of numbers (time, on which pair, first token, bytes) and the longer block
+in "What each model saw".
 
 Everything comes from the reading of the run (``kvviz.app.reading``): a ``Column`` in, strings out;
 no mark or evidence is computed here. Model text is escaped.
