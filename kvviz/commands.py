@@ -6,7 +6,7 @@ import json
 import sys
 
 from kvviz.app.present import notes_of
-from kvviz.data.contradictions import Contradiction, insert_after
+from kvviz.data.contradictions import Contradiction, typed_contradiction
 from kvviz.data.swaps import OPPOSITE, Swap, replace_fact
 from kvviz.engine import contradiction, flags, runner, stream
 from kvviz.handoffs import registry
@@ -201,9 +201,7 @@ def contradiction_from_args(args, swap: Swap | None) -> Contradiction | None:
     answers = args.contradict_answer or (list(swap.answers) if swap is not None else None)
     if not answers:
         raise ValueError("Say what the contradicting sentence answers with --contradict-answer.")
-    context = insert_after(args.context, args.contradict, args.gold)
-    return Contradiction(context=context, sentence=" ".join(args.contradict.split()), answers=tuple(answers),
-                         changed=f"{args.gold} -> {answers[0]} (inserted after the sentence stating {args.gold!r})")
+    return typed_contradiction(args.context, args.contradict, [args.gold], answers)
 
 
 def main_run(args) -> int:

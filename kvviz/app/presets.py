@@ -24,6 +24,7 @@ from pathlib import Path
 from kvviz.app.reading import catalog
 from kvviz.app.reading.questions import Claim, parse_claims
 from kvviz.core.paths import ASSETS, PRECOMPUTED
+from kvviz.data.contradictions import Contradiction, contradiction_from_swap
 from kvviz.data.swaps import Swap, replace_fact
 
 PRESETS_PATH = ASSETS / "presets.toml"
@@ -78,6 +79,13 @@ class Preset:
     def claims(self) -> list[Claim]:
         """What its lesson says its stored run shows, as questions of the one vocabulary."""
         return claims_of(self.check, self.key)
+
+    @property
+    def contradiction(self) -> Contradiction | None:
+        """Its note with one more sentence after the fact's, stating the swap's other value (the
+        swapped note's version of that sentence, ``kvviz.data.contradictions``): the page's default
+        for *Insert a contradiction*; None without a swap."""
+        return contradiction_from_swap(self.context, self.swap) if self.swap is not None and self.context else None
 
     @property
     def columns(self) -> list[str]:

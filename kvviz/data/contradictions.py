@@ -9,7 +9,8 @@ sentence, against its own prior for the first-stated value.
 Contradictions are made from the swaps, so that both counterfactuals of a record name the same
 other value: the contradicting sentence is the swapped note's version of the first sentence the swap
 changed ("Peggy is at the Gevangenpoort." gets "Peggy is at the Colosseum." after it), seeded and
-reproducible with the swaps. A typed note takes a typed sentence (``insert_after``).
+reproducible with the swaps. A typed note takes a typed sentence (``insert_after``;
+``typed_contradiction`` checks that it states another value, for ``run --contradict`` and the page).
 
 ``contradiction_outcome`` says what a column answered on the contradicted note: "gold" (the value
 stated first), "counter" (the contradicting one), "both" or "neither".
@@ -20,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kvviz.data.metrics import verdict
+from kvviz.data.metrics import normalize_answer, verdict
 from kvviz.data.record import Record
 from kvviz.data.swaps import Swap, swaps_for
 
@@ -62,6 +63,36 @@ def insert_after(context: str, sentence: str, after: str | None = None) -> str:
             if pattern.search(parts[index]):
                 return "".join(parts[: index + 1]) + " " + sentence + "".join(parts[index + 1:])
     return context.rstrip() + " " + sentence
+
+
+def typed_contradiction(context: str | None, sentence: str | None, gold, counter) -> Contradiction:
+    """The note ``context`` with a typed ``sentence`` inserted after the sentence that states the
+    first ``gold`` answer; ``counter``: what the sentence answers. A ValueError says why it is
+    refused: no note, no gold, an empty sentence, no counter answer, a counter answer that is a gold
+    one, a sentence that states a gold answer, or one already in the note. (Whether the sentence
+    implies its counter answer is the writer's to say: "Mei is near Machu Picchu." answers Peru.)"""
+    gold = [answer for answer in gold or () if normalize_answer(answer)]
+    counter = [answer for answer in counter or () if normalize_answer(answer)]
+    sentence = " ".join(str(sentence or "").split())
+    if not (context or "").strip():
+        raise ValueError("A contradiction needs a note: it inserts a sentence into the private note, and this question "
+                         "has none. Type a note with the fact in it first.")
+    if not gold:
+        raise ValueError("A contradiction needs the expected answer: the value the note states, whose sentence the "
+                         "contradiction follows.")
+    if not sentence:
+        raise ValueError("The contradicting sentence is empty: write one sentence that states another value.")
+    if not counter:
+        raise ValueError("Say what the contradicting sentence answers (the other value it states).")
+    same = [answer for answer in counter if verdict(answer, gold) == "right" or verdict(gold[0], [answer]) == "right"]
+    if same:
+        raise ValueError(f"The contradicting sentence must state another value than the expected answer: {same[0]!r} "
+                         f"is the expected answer ({'; '.join(gold)}).")
+    if verdict(sentence, gold) == "right":
+        raise ValueError(f"The contradicting sentence states the expected answer ({gold[0]!r}) itself: it must state "
+                         "only the other value.")
+    return Contradiction(context=insert_after(context, sentence, gold[0]), sentence=sentence, answers=tuple(counter),
+                         changed=f"{gold[0]} -> {counter[0]} (inserted after the sentence stating {gold[0]!r})")
 
 
 def contradiction_from_swap(context: str, swap: Swap) -> Contradiction | None:

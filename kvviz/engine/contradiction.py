@@ -13,13 +13,15 @@ result's ``contradiction`` (``contradiction_record``) holds:
   p_gold, p_counter             on the contradicted note (0 to 1; None where the handoff recorded no lens)
   gold_token, counter_token     the first tokens followed; same_first_token when they are one token
                                 (then the two probabilities cannot tell the answers apart)
-  p_gold_clean, p_counter_clean the same on the original note, when its run recorded the lens
+  p_gold_clean, p_counter_clean the same on the original note, where its run's lens followed the same
+                                gold (and counter) answer through the same first token
   applicable, reason            as the handoff's result on the contradicted note
 
 ``results`` runs a set of handoffs on one request and its contradiction (``python -m kvviz run
 --contradict``); ``contradicted_result`` one handoff on one record (the benchmark's arm, ``bench
---swap --contradict``). The page's *Swap the fact* row calls ``results`` (or, for a run it already
-has, ``contradicted_request`` and ``contradiction_record``).
+--swap --contradict``). The page's *Insert a contradiction* (under *Swap the fact*) streams the same
+two requests (``counter_lens_request``, ``contradicted_request``) through its live runs and reads them
+with ``contradiction_record``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ def lens_inspect(request: HandoffRequest, gold: list[str] | None, counter: tuple
     return {**(request.inspect or {}), "gold": (gold or [None])[0], "counter": (list(counter) or [None])[0]}
 
 
+def counter_lens_request(request: HandoffRequest, contradiction: Contradiction, gold: list[str] | None) -> HandoffRequest:
+    """The request on the original note, its logit lens (when it records one) following the counter
+    answer too: the probabilities of both on the original note."""
+    if request.inspect is None:
+        return request
+    return dataclasses.replace(request, inspect=lens_inspect(request, gold, contradiction.answers))
+
+
 def contradicted_request(request: HandoffRequest, contradiction: Contradiction, gold: list[str] | None) -> HandoffRequest:
     """The request on the contradicted note, its logit lens following both answers' first tokens."""
     return dataclasses.replace(request, context=contradiction.context, inspect=lens_inspect(request, gold, contradiction.answers))
@@ -44,6 +54,16 @@ def contradicted_request(request: HandoffRequest, contradiction: Contradiction, 
 
 def _last(values) -> float | None:
     return float(values[-1]) if values else None
+
+
+def _follows(clean: dict, lens: dict, name: str, answers) -> bool:
+    """Whether the original note's lens (``clean``) followed the first of ``answers`` as its ``name``
+    ("gold", "counter") through the same token as the contradicted note's ``lens``: a run made for
+    another contradiction (or none) follows another counter, and a stored run recorded by other
+    code may have followed another token of the same answer."""
+    token = lens.get(f"{name}_token")
+    return bool(answers) and bool(clean.get(name)) and clean.get(name) == list(answers)[0] and bool(token) and (
+        clean.get(f"{name}_token") == token)
 
 
 def contradiction_record(result: HandoffResult | dict, contradicted: HandoffResult | dict, contradiction: Contradiction,
@@ -58,8 +78,9 @@ def contradiction_record(result: HandoffResult | dict, contradicted: HandoffResu
               "p_gold": _last(lens.get("gold_probability")), "p_counter": _last(lens.get("counter_probability")),
               "gold_token": lens.get("gold_token"), "counter_token": lens.get("counter_token"),
               "same_first_token": bool(lens.get("gold_token")) and lens.get("gold_token") == lens.get("counter_token"),
-              "p_gold_clean": _last(clean.get("gold_probability")) if clean.get("counter") else None,
-              "p_counter_clean": _last(clean.get("counter_probability")) if clean.get("counter") else None}
+              "p_gold_clean": _last(clean.get("gold_probability")) if _follows(clean, lens, "gold", gold) else None,
+              "p_counter_clean": _last(clean.get("counter_probability"))
+              if _follows(clean, lens, "counter", contradiction.answers) else None}
     if record["applicable"] and original.get("applicable", True) and gold:
         record["outcome"] = contradiction_outcome(record["answer"], gold, contradiction.answers)
     return record
@@ -70,9 +91,7 @@ def results(pair: LoadedPair, request: HandoffRequest, names, contradiction: Con
     """The handoffs on ``request`` (and its swap, as ``stream.results`` runs it), then again on the
     contradicted note as a second run; each result's ``contradiction`` says what it did there. The
     original run's lens follows the counter answer too (its clean probabilities)."""
-    first_request = dataclasses.replace(request, inspect=lens_inspect(request, gold, contradiction.answers)) \
-        if request.inspect is not None else request
-    first = stream.results(pair, first_request, names, swap=swap, gold=gold)
+    first = stream.results(pair, counter_lens_request(request, contradiction, gold), names, swap=swap, gold=gold)
     second = stream.results(pair, contradicted_request(request, contradiction, gold), names)
     for result, other in zip(first, second):
         result.contradiction = contradiction_record(result, other, contradiction, gold)

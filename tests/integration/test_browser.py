@@ -373,6 +373,30 @@ def test_swap_the_fact_on_a_typed_note_runs_it_live_and_marks_each_card(page):
     assert not page.errors, page.errors
 
 
+def test_insert_a_contradiction_on_a_typed_note_runs_it_live_and_each_card_says_which_answer_it_gave(page):
+    """Insert a contradiction (issue 43): every shown card says which answer it gave with the sentence
+    inserted, and both answers' first-token shares; the new rows read at 4.5:1."""
+    page.locator("#kv-query textarea").fill("What is the code for locker 7?")
+    page.locator("#kv-context textarea").fill("The code for locker 7 is 5316.")
+    page.locator("#kv-expected textarea, #kv-expected input").first.fill("5316")
+    page.wait_for_function(f"() => !({EVENTS_PENDING_JS})()", timeout=30_000)  # a new question clears the fields
+    page.locator("#kv-contra-sentence textarea, #kv-contra-sentence input").first.fill("The code for locker 7 is 8042.")
+    page.locator("#kv-contra-answer textarea, #kv-contra-answer input").first.fill("8042")
+    page.locator("#kv-contra-button").click()
+    page.locator("#kv-status").get_by_text("inserted after the sentence").wait_for(timeout=RUN_TIMEOUT_MS)
+    shown = page.evaluate("() => Object.fromEntries([...document.querySelectorAll('[data-contradicted]')]"
+                          ".filter(e => e.offsetParent).map(e => [e.id.slice(10), e.dataset.contradicted]))")
+    assert set(shown) == set(marks(page)) and set(shown.values()) <= {"gold", "counter", "both", "neither"}, shown
+    assert "first token: 5316" in page.locator(".kv-contra-row").first.inner_text()
+    assert "8042" in page.locator("#kv-status").inner_text()
+    page.wait_for_function("() => { const b = document.querySelector('#kv-run');"
+                           "return b && !b.disabled && b.innerText.trim() === 'Run live'; }", timeout=30_000)
+    failing = low_contrast(page)
+    assert not failing, failing[:8]
+    page.screenshot(path=str(artifacts_dir() / "browser-contradiction.png"), full_page=False)
+    assert not page.errors, page.errors
+
+
 # Each shown card: whether its title is cut (its text wider than its box) and its mark inside the card.
 CARD_TITLES_JS = """() => [...document.querySelectorAll('.kv-card')].filter(c => c.offsetParent).map(c => {
   const t = c.querySelector('.kv-card-title'), m = c.querySelector('.kv-mark');

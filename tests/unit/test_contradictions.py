@@ -114,3 +114,13 @@ def test_run_contradict_says_what_it_needs():
                             (dict(context=None), "--context"), (dict(contradict=None), "needs --contradict")):
         with pytest.raises(ValueError, match=message):
             contradiction_from_args(run_args(**values), None)
+
+
+def test_run_contradict_refuses_a_sentence_that_states_no_other_value():
+    """The CLI and the page share one check (``typed_contradiction``)."""
+    for values, message in ((dict(contradict="It is 4471, really.", contradict_answer=["4471"]), "another value"),
+                            (dict(contradict="The code is 4471."), "states the expected answer"),
+                            (dict(contradict="The code for locker 12 is 4471."), "states the expected answer"),
+                            (dict(contradict="  "), "is empty")):
+        with pytest.raises(ValueError, match=message):
+            contradiction_from_args(run_args(**values), None)

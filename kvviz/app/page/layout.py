@@ -148,7 +148,9 @@ def build_cards(page: Page, shown: list[str]) -> None:
 
 def build_swap(page: Page) -> None:
     """Swap the fact: a word of the note, what it becomes and what the note then answers; the button
-    shows each card's answer on the swapped note (a preset's stored one, else run live)."""
+    shows each card's answer on the swapped note (a preset's stored one, else run live). Under it,
+    Insert a contradiction: one sentence that states another value, inserted after the fact's, and
+    what it answers; the button runs the ticked columns live on that note."""
     with gr.Row(elem_id="kv-swap", equal_height=True):  # one line: "in the note, replace [ ] by [ ], then ..."
         fields = (("swap_replace", "In the note, replace", "a word of the note"), ("swap_by", "by", "other words"),
                   ("swap_answer", "then the answer is", "empty: the new words"))
@@ -158,6 +160,17 @@ def build_swap(page: Page) -> None:
                                       max_lines=1, scale=2, min_width=110, container=False,
                                       elem_id=f"kv-{role.replace('_', '-')}"))
         page.add("swap_button", gr.Button("Swap the fact", size="sm", scale=0, min_width=130, elem_id="kv-swap-button"))
+    # the second counterfactual: the fact kept, one sentence after it stating another value
+    with gr.Row(elem_id="kv-contra", equal_height=True):
+        fields = (("contra_sentence", "Or, after the fact, insert", "one sentence stating another value", 5),
+                  ("contra_answer", "which answers", "the other value", 2))
+        for role, label, hint, scale in fields:
+            gr.Markdown(label, elem_classes=["kv-swap-label"])
+            page.add(role, gr.Textbox(value=page.value(role, ""), label=label, show_label=False, placeholder=hint, lines=1,
+                                      max_lines=1, scale=scale, min_width=110, container=False,
+                                      elem_id=f"kv-{role.replace('_', '-')}"))
+        page.add("contra_button", gr.Button("Insert a contradiction", size="sm", scale=0, min_width=170,
+                                            elem_id="kv-contra-button"))
 
 
 def build_tabs(page: Page, shown: list[str], sweep: dict | None) -> None:

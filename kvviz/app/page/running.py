@@ -1,6 +1,7 @@
-"""The run: Run live and Swap the fact (each streams into the cards, the strip and the status line,
-then shows its results and their reading in the tabs; both wait in the models' queue and stop on
-Stop), ``/run`` for scripts (the same cards, the same stats, ``present.card``), and the sweep.
+"""The run: Run live, Swap the fact and Insert a contradiction (each streams into the cards, the
+strip and the status line, then shows its results and their reading in the tabs; each waits in the
+models' queue and stops on Stop), ``/run`` for scripts (the same cards, the same stats,
+``present.card``), and the sweep.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from kvviz.app.page.run import LiveRun, stream_run
 from kvviz.app.page.tabs import sweep_figure
 from kvviz.app.sweep import page_sweep
 from kvviz.core import policy
-from kvviz.engine import stream
+from kvviz.engine import contradiction, stream
 from kvviz.runtime.models import resolve_pair
 
 def request_from_form(lab: Lab, pair, query, context, settings: list, ticked, expected: str | None = None, *, parts):
@@ -41,10 +42,11 @@ def request_from_form(lab: Lab, pair, query, context, settings: list, ticked, ex
 
 
 def wire_run(lab: Lab) -> None:
-    """Run live and Swap the fact: each streams into the cards and the status line, then shows its
-    results in the tabs; both wait in the models' queue and stop on Stop. Each records the parts of
-    what crossed that the tab in view shows (``spec.tab_parts``); another tab opened later records
-    its own (``kvviz.app.page.recording``)."""
+    """Run live, Swap the fact and Insert a contradiction: each streams into the cards and the status
+    line, then shows its results in the tabs; each waits in the models' queue and stops on Stop. Each
+    records the parts of what crossed that the tab in view shows (``spec.tab_parts``; a contradiction
+    the lens too, which its cards read); another tab opened later records its own
+    (``kvviz.app.page.recording``)."""
     page = lab.page
     form = [page["pair"], page["query"], page["context"], *page.settings_inputs, page["chosen"]]
     asked = [page["pair"], page["query"], page["context"], page["expected"], page["chosen"], page["view"]]
@@ -78,16 +80,42 @@ def wire_run(lab: Lab) -> None:
         yield from streamed_to_page(swap_updates(lab, pair, query, context, expected, ticked, (replace, by, swapped_answer),
                                                  reading, settings, request.session_hash, (view or {}).get("tab")), rest)
 
+    def contradict_on_page(pair, query, context, expected, ticked, view, sentence, counter, reading, request: gr.Request,
+                           *rest):
+        updates = contradiction_updates(lab, pair, query, context, expected, ticked, (sentence, counter), reading,
+                                        rest[: len(page.settings_inputs)], request.session_hash, (view or {}).get("tab"))
+        yield from streamed_to_page(updates, rest)
+
     def show_finished_run(reading, view, names):
         """After the stream: the run's results and their reading on the page, and the tab in view
         drawn from them."""
         if reading is None:  # refused or failed: the status line said why
             return {}
         update = {**lab.tab_view(view.get("tab", spec.DEFAULT_TAB), reading, names, {**view, "asked": None}),
-                  "results": reading.payload,
-                  "reading": reading, "finished_run": None, "lesson": views.lesson_of(reading)}
+                  "results": reading.payload, "reading": reading, "finished_run": None, "lesson": views.lesson_of(reading)}
         update.pop("tab")
         return update
+
+    swap_fields = [page["swap_replace"], page["swap_by"], page["swap_answer"], page["reading"]]
+    contra_fields = [page["contra_sentence"], page["contra_answer"], page["reading"]]
+    for button, handler, inputs, name in ((page["run_button"], run_on_page, asked, "run"),
+                                          (page["swap_button"], swap_on_page, asked + swap_fields, "swap"),
+                                          (page["contra_button"], contradict_on_page, asked + contra_fields, "contradict")):
+        chain_live_run(lab, button, resolved(page, show_finished_run), handler, inputs, name, streamed_components)
+
+    def stop_run(request: gr.Request):
+        lab.flags.stop(request.session_hash)
+
+    sweep_event = wire_sweep(lab)
+    page["stop_button"].click(stop_run, api_name="stop", queue=False,
+                              cancels=[sweep_event] if sweep_event is not None else None)
+    wire_run_api(lab, form)
+
+
+def chain_live_run(lab: Lab, button, show_finished, handler, inputs: list, name: str, streamed_components: list) -> None:
+    """One live-run button: it turns into Running (unqueued), the run streams in the models' queue,
+    then the finished run goes to the tabs and the button comes back."""
+    page = lab.page
 
     def begin(request: gr.Request):
         lab.flags.begin(request.session_hash)
@@ -97,26 +125,15 @@ def wire_run(lab: Lab) -> None:
         lab.flags.end(request.session_hash)
         return page.resolve({"run_button": False})
 
-    swap_fields = [page["swap_replace"], page["swap_by"], page["swap_answer"], page["reading"]]
-    for button, handler, inputs, name in ((page["run_button"], run_on_page, asked, "run"),
-                                          (page["swap_button"], swap_on_page, asked + swap_fields, "swap")):
-        live = button.click(begin, outputs=[page["run_button"]], queue=False, api_name=f"begin_{name}", **PRIVATE).then(
-            handler, inputs=[*inputs, *page.settings_inputs, *streamed_components],
-            outputs=[*streamed_components, page["finished_run"]], api_name=f"{name}_on_page",
-            concurrency_id=spec.RUN_QUEUE, concurrency_limit=policy.PAGE_RUNS_AT_ONCE, **PRIVATE)
-        shown = live.then(resolved(page, show_finished_run), inputs=[page["finished_run"], page["view"], page["chosen"]],
-                          outputs=finished_run_outputs(page), api_name=f"show_finished_{name}", **PRIVATE)
-        shown.then(finish, outputs=[page["run_button"]], queue=False, api_name=f"end_{name}", **PRIVATE)
-        lab.result_events.append(shown)
-        lab.tab_events.append(shown)  # the learner may have opened another tab while it ran
-
-    def stop_run(request: gr.Request):
-        lab.flags.stop(request.session_hash)
-
-    sweep_event = wire_sweep(lab)
-    page["stop_button"].click(stop_run, api_name="stop", queue=False,
-                              cancels=[sweep_event] if sweep_event is not None else None)
-    wire_run_api(lab, form)
+    live = button.click(begin, outputs=[page["run_button"]], queue=False, api_name=f"begin_{name}", **PRIVATE).then(
+        handler, inputs=[*inputs, *page.settings_inputs, *streamed_components],
+        outputs=[*streamed_components, page["finished_run"]], api_name=f"{name}_on_page",
+        concurrency_id=spec.RUN_QUEUE, concurrency_limit=policy.PAGE_RUNS_AT_ONCE, **PRIVATE)
+    shown = live.then(show_finished, inputs=[page["finished_run"], page["view"], page["chosen"]],
+                      outputs=finished_run_outputs(page), api_name=f"show_finished_{name}", **PRIVATE)
+    shown.then(finish, outputs=[page["run_button"]], queue=False, api_name=f"end_{name}", **PRIVATE)
+    lab.result_events.append(shown)
+    lab.tab_events.append(shown)  # the learner may have opened another tab while it ran
 
 
 def run_updates(lab: Lab, pair, query, context, expected, ticked, settings, session, tab: str | None = None):
@@ -138,10 +155,8 @@ def run_updates(lab: Lab, pair, query, context, expected, ticked, settings, sess
 def swap_updates(lab: Lab, pair, query, context, expected, ticked, fields, reading, settings, session,
                  tab: str | None = None):
     """Swap the fact: the ticked columns on the swapped note, beside their answers on the note.
-    A preset's stored swap is shown as it is; else the swapped note runs live (and the note too,
-    for the columns whose answers on it are not on the page for these settings), recording what
-    the tab in view (``tab``) shows of what crossed."""
-    stop = lab.flags.current(session)
+    A preset's stored swap is shown as it is; else the swapped note runs live (``note_and_other``),
+    recording what the tab in view (``tab``) shows of what crossed."""
     try:
         swap = spec.swap_from_form(context, *fields)
         handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked, expected,
@@ -154,34 +169,77 @@ def swap_updates(lab: Lab, pair, query, context, expected, ticked, fields, readi
     if reading is not None and views.holds_swap(reading, names, swap):  # a preset's stored swap: shown as read
         yield views.swap_view(dataclasses.replace(reading, swap_shown=True, payload={**payload, "swap_shown": True}), names)
         return
-    held = reading is not None and views.same_request(payload, handoff_request.to_dict(), pair)
+    ran = yield from note_and_other(lab, pair, handoff_request, names, expected, reading, key, session,
+                                    stream.swapped_request(handoff_request, swap), spec.expected_text(swap.answers),
+                                    "**Swap the fact**, on the swapped note: ")
+    if ran is not None:
+        originals, swapped, from_page = ran
+        asked = handoff_request.to_dict()
+        recorded = spec.recorded_parts(asked)  # what the runs just made recorded
+        if from_page:  # the answers the page held recorded what their own run did
+            recorded &= spec.recorded_parts(payload.get("request"))
+        base = {**payload, "pair": pair, "request": spec.request_recording(asked, recorded), "preset": key}
+        yield views.swap_view(views.reading_of(views.with_swap(base, originals, swapped, names, swap, answers), answers),
+                              names)
+
+
+def contradiction_updates(lab: Lab, pair, query, context, expected, ticked, fields, reading, settings, session,
+                          tab: str | None = None):
+    """Insert a contradiction: the ticked columns on the note with one contradicting sentence
+    inserted after the sentence that states the expected answer, beside their answers on the note;
+    the same two requests as ``run --contradict`` (``kvviz.engine.contradiction``: the logit lens
+    follows the expected answer, gold, and the sentence's, counter), each column read by
+    ``contradiction_record``."""
+    try:
+        made = spec.contradiction_from_form(context, expected, *fields)
+        handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked, expected,
+                                                   parts={*spec.tab_parts(tab), "lens"})  # the cards read the lens
+    except ValueError as error:
+        yield {"status": present.refused_status(str(error))}
+        return
+    answers, key = spec.expected_answers(expected), views.preset_matching(query, context)
+    ran = yield from note_and_other(lab, pair, contradiction.counter_lens_request(handoff_request, made, answers), names,
+                                    expected, reading, key, session,
+                                    contradiction.contradicted_request(handoff_request, made, answers), expected,
+                                    "**Insert a contradiction**, on the contradicted note: ")
+    if ran is not None:
+        originals, contradicted, _ = ran
+        payload = reading.payload if reading is not None else {}
+        base = {**payload, "pair": pair, "request": handoff_request.to_dict(), "preset": key}
+        yield views.contradiction_view(views.reading_of(views.with_contradiction(base, originals, contradicted, names, made,
+                                                                                 answers), answers), names)
+
+
+def note_and_other(lab: Lab, pair, request, names, expected, reading, key, session, other_request, other_expected,
+                   said: str):
+    """The runs behind Swap the fact and Insert a contradiction, as ``{role: value}`` updates: the
+    columns whose answers on the note are not on the page for these settings run on it first (on
+    their cards), then every column on the other note (its answers stay off the cards until they are
+    all in; the status line begins with ``said``). Returns (each column's result on the note, on the
+    other note, whether any answer on the note was the page's), or None when stopped or failed."""
+    stop = lab.flags.current(session)
+    payload = reading.payload if reading is not None else {}
+    held = reading is not None and views.same_request(payload, request.to_dict(), pair)
     originals = {name: reading.column(name).raw for name in names if held and reading.column(name).raw is not None}
-    missing = [name for name in names if name not in originals]
-    for request, columns, found, label in ((handoff_request, missing, originals, "the note"),
-                                           (stream.swapped_request(handoff_request, swap), names, None, "the swapped note")):
+    from_page = bool(originals)
+    others: dict = {}
+    for run_request, columns, found in ((request, [n for n in names if n not in originals], originals),
+                                        (other_request, names, others)):
         if not columns:
             continue
-        run = lab.live_run(pair, request, columns, expected if found is not None else spec.expected_text(swap.answers), key,
-                           session)
+        on_note = found is originals
+        run = lab.live_run(pair, run_request, columns, expected if on_note else other_expected, key, session)
         for update in stream_run(run, lab.workers, stop, batches=lab.runs.batches):
             update.pop("error", None)
             ended = update.pop("results", None)
             update.pop("reading", None)
-            if found is None:  # the swapped note's answers stay off the cards until they are all in
-                update = {"status": f"**Swap the fact**, on {label}: " + update.get("status", "")} if "status" in update else {}
+            if not on_note:  # the other note's answers stay off the cards until they are all in
+                update = {"status": said + update.get("status", "")} if "status" in update else {}
             yield update
         if stop.is_set() or ended is None:
-            return
-        if found is not None:
-            found.update(run.results)
-        else:
-            swapped = run.results
-    asked = handoff_request.to_dict()
-    recorded = spec.recorded_parts(asked) if missing else frozenset(spec.PARTS)
-    if originals:  # the answers the page held recorded what their run did
-        recorded &= spec.recorded_parts(payload.get("request"))
-    base = {**payload, "pair": pair, "request": spec.request_recording(asked, recorded), "preset": key}
-    yield views.swap_view(views.reading_of(views.with_swap(base, originals, swapped, names, swap, answers), answers), names)
+            return None
+        found.update(run.results)
+    return originals, others, from_page
 
 
 # What a live run streams on the page (``run_on_page``): the status, the strip, and every column's

@@ -1,6 +1,6 @@
 """What the page shows, read from the registry and the presets: its columns (in the catalog's page
 order, ``kvviz.app.reading.catalog``), tabs and figures, the handoffs' options as widgets, the
-``/run`` endpoint's parameters, the expected answer and the swap fields. No Gradio: the page is
+``/run`` endpoint's parameters, the expected answer, the swap and the contradiction fields. No Gradio: the page is
 built from these (``kvviz.app.page.layout``) and tests read them directly. The walk-through's steps
 are ``kvviz.app.page.steps``; the page's state in a link, ``kvviz.app.page.links``.
 """
@@ -16,6 +16,7 @@ from kvviz.app.plots import layer_figure_handoffs
 from kvviz.app.present import GLOSSARY
 from kvviz.app.presets import DEFAULT_PRESET, Preset  # noqa: F401 (the opening preset, for the page's modules)
 from kvviz.app.reading import catalog
+from kvviz.data.contradictions import Contradiction, typed_contradiction
 from kvviz.data.swaps import Swap, replace_fact
 from kvviz.handoffs import registry
 from kvviz.handoffs.registry import Handoff, Option
@@ -264,3 +265,11 @@ def swap_from_form(context: str | None, replace: str | None, by: str | None, swa
     note = replace_fact(context, replace or "", by or "")
     answers = expected_answers(swapped_answer) or [str(by).strip()]
     return Swap(context=note, answers=tuple(answers), changed=f"{str(replace).strip()} -> {str(by).strip()}")
+
+
+def contradiction_from_form(context: str | None, expected: str | None, sentence: str | None,
+                            counter: str | None) -> Contradiction:
+    """The contradicted note the page's contradiction fields ask for (``sentence`` inserted after the
+    sentence that states the expected answer; it answers ``counter``, alternatives split by ";"),
+    or a ValueError saying what is wrong (``kvviz.data.contradictions.typed_contradiction``)."""
+    return typed_contradiction(context, sentence, expected_answers(expected), expected_answers(counter))

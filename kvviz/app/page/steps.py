@@ -66,11 +66,11 @@ REVEALED_CSS = f"<style>{PHONE} {{#kv-walk-text, #kv-walk-guess {{display: none 
 
 def prediction_veil_css(prediction: Prediction | None) -> str:
     """The CSS that hides what would give a prediction away until the learner picks: the column's
-    (and its control's) answer, mark, stats, swap and what-if rows, every swap row, the verdict
+    (and its control's) answer, mark, stats, swap and what-if rows, every swap and contradiction row, the verdict
     strip and the lesson; on a phone it also folds the step's text. Empty when there is nothing to hide."""
     if prediction is None:
         return ""
-    hidden = ["#kv-verdict", "#kv-lesson-row", ".kv-swap-row"]
+    hidden = ["#kv-verdict", "#kv-lesson-row", ".kv-swap-row", ".kv-contra-row"]
     for name in prediction.ask.columns():
         hidden += [f"#kv-answer-{name}", f"#kv-mark-{name}", f"#kv-stats-{name}", f"#kv-whatif-{name}"]
     return f"<style>{', '.join(hidden)} {{filter: blur(7px); pointer-events: none; user-select: none}} {FOLDED_TEXT}</style>"

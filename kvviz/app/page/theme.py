@@ -91,13 +91,15 @@ CSS = """
 /* a card whose answer is to another question: greyed until a run replaces it */
 .kv-card:has(.kv-mark-stale) {background: #f1f5f9 !important}
 .kv-card:has(.kv-mark-stale) textarea {color: #475569 !important; font-style: italic}
-.kv-swap-row {display: flex; flex-wrap: wrap; align-items: baseline; gap: 2px 6px; font-size: 12.5px;
+.kv-swap-row, .kv-contra-row {display: flex; flex-wrap: wrap; align-items: baseline; gap: 2px 6px; font-size: 12.5px;
   color: #1f2937 !important; border-top: 1px dashed #cbd5e1; padding-top: 2px; margin-top: 2px}
 .kv-swap-answer {overflow-wrap: anywhere; min-width: 0}
-.kv-swap {font-weight: 700; padding: 0 5px; border-radius: 8px; white-space: nowrap}
-.kv-swap-followed {background: #dbeafe; color: #1e3a8a !important}
-.kv-swap-kept {background: #fef3c7; color: #713f12 !important}
-.kv-swap-neither, .kv-swap-none {background: #e5e7eb; color: #374151 !important}
+.kv-swap, .kv-contra {font-weight: 700; padding: 0 5px; border-radius: 8px; white-space: nowrap}
+.kv-swap-followed, .kv-contra-counter {background: #dbeafe; color: #1e3a8a !important}
+.kv-swap-kept, .kv-contra-gold {background: #fef3c7; color: #713f12 !important}
+.kv-swap-neither, .kv-swap-none, .kv-contra-neither, .kv-contra-both, .kv-contra-none {background: #e5e7eb;
+  color: #374151 !important}
+.kv-contra-odds {color: #334155; font-variant-numeric: tabular-nums}
 .kv-card textarea {font-size: 15px !important; color: #0f172a !important; border: none !important; box-shadow: none !important;
   padding: 2px 0 !important; background: transparent !important}
 .kv-card-stats {min-height: 1.3em}
@@ -137,10 +139,10 @@ CSS = """
 .kv-chip-group {align-self: center; font-size: 12.5px; font-weight: 700; color: #334155; margin: 0 2px 0 8px;
   text-transform: uppercase; letter-spacing: .04em; cursor: help}
 .kv-chip-group:first-child {margin-left: 0}
-#kv-swap {align-items: center; gap: 6px; flex-wrap: nowrap}
-#kv-swap .kv-swap-label {flex: 0 0 auto !important; min-width: 0 !important; width: auto !important}
-#kv-swap .kv-swap-label p {margin: 0; font-size: 13.5px; color: #1f2937; white-space: nowrap}
-#kv-swap textarea, #kv-swap input {border: 1px solid #94a3b8 !important; border-radius: 6px !important;
+#kv-swap, #kv-contra {align-items: center; gap: 6px; flex-wrap: nowrap}
+:is(#kv-swap, #kv-contra) .kv-swap-label {flex: 0 0 auto !important; min-width: 0 !important; width: auto !important}
+:is(#kv-swap, #kv-contra) .kv-swap-label p {margin: 0; font-size: 13.5px; color: #1f2937; white-space: nowrap}
+:is(#kv-swap, #kv-contra) :is(textarea, input) {border: 1px solid #94a3b8 !important; border-radius: 6px !important;
   padding: 3px 8px !important}
 .kv-setup {font-size: 13.5px; color: #1f2937; margin: 0; line-height: 1.3}
 .kv-setup abbr {cursor: help; text-decoration: underline dotted}
@@ -172,7 +174,7 @@ CSS = """
   #kv-runbox {flex-direction: row !important; flex-wrap: nowrap !important; align-items: stretch}
   #kv-runbox > #kv-run {flex: 1 1 auto !important}
   #kv-runbox > #kv-stop {flex: 0 0 96px !important; min-width: 0 !important}
-  #kv-swap {flex-wrap: wrap}
+  #kv-swap, #kv-contra {flex-wrap: wrap}
   .kv-when {display: none}
   .kv-setup {font-size: 13px; line-height: 1.35}
   #kv-setup {margin-bottom: -8px}

@@ -1,5 +1,6 @@
 """What the page shows for a run, as ``{role: value}`` updates (no Gradio): every card, the verdict
-strip, the lesson, whether the cards answer the question the page asks, and the swapped note.
+strip, the lesson, whether the cards answer the question the page asks, the swapped note and the
+contradicted one.
 
 A run is read once (``kvviz.app.reading.read``: its marks, evidence, swaps and times) when it
 arrives: a preset's stored run once per process (``PresetRuns``), a live run as it streams
@@ -25,7 +26,9 @@ from kvviz.app.page.tabs import live_stamp, shared_stamp  # noqa: F401 (the run'
 from kvviz.app.presets import PRESETS, preset
 from kvviz.app.reading import catalog
 from kvviz.app.reading.reading import Column, Reading, read
+from kvviz.data.contradictions import Contradiction
 from kvviz.data.swaps import Swap, swap_record
+from kvviz.engine.contradiction import contradiction_record
 
 OTHER_SUBJECT = "The expected answer"
 
@@ -51,7 +54,17 @@ def card(name: str, reading: Reading | None, state: str = "", partial: str | Non
     column = reading.column(name) if reading is not None else None
     if column is None or (state and column.result is None):
         column = Column(name, state or "notrun", None, state or "notrun")
-    return present.card(column, partial, swapped=reading is not None and reading.swap_shown, message=message)
+    return present.card(column, partial, swapped=reading is not None and reading.swap_shown, message=message,
+                        contradicted=contradiction_answers(reading))
+
+
+def contradiction_answers(reading: Reading | None) -> tuple[str, str] | None:
+    """(gold, counter): the answers a card's contradicted-note row names its probabilities by, while
+    the page shows that row; else None."""
+    if reading is None or not reading.contradiction_shown:
+        return None
+    counter = (reading.contradiction or {}).get("answers") or ["the inserted value"]
+    return (reading.answers[0] if reading.answers else "the original", counter[0])
 
 
 def verdict(reading: Reading, names) -> dict:
@@ -106,8 +119,8 @@ def question_view(reading: Reading, query: str, context: str, pair: str, names) 
 
 def cleared_question() -> dict:
     """What a new question (typed, pasted, dropped, autofilled, opened from a link) takes away: the
-    old question's expected answer and swap words."""
-    return {"expected": "", "swap_replace": "", "swap_by": "", "swap_answer": ""}
+    old question's expected answer, swap words and contradicting sentence."""
+    return {"expected": "", "swap_replace": "", "swap_by": "", "swap_answer": "", "contra_sentence": "", "contra_answer": ""}
 
 
 def asked_view(reading: Reading, query: str, context: str, pair: str, names) -> dict:
@@ -133,10 +146,13 @@ def asked_again_status(reading: Reading) -> str:
 
 
 def swap_fields(picked) -> dict:
-    """The swap fields for a preset: its stored swap's words and answer (empty without one)."""
+    """The swap fields for a preset: its stored swap's words and answer, and its contradicting
+    sentence and what it answers (``Preset.contradiction``; empty without one)."""
     old, new = picked.swap_words or ("", "")
+    made = picked.contradiction
     return {"swap_replace": old, "swap_by": new,
-            "swap_answer": expected_text(picked.swap.answers) if picked.swap else ""}
+            "swap_answer": expected_text(picked.swap.answers) if picked.swap else "",
+            "contra_sentence": made.sentence if made else "", "contra_answer": expected_text(made.answers) if made else ""}
 
 
 def same_request(payload: dict | None, request: dict, pair: str | None = None) -> bool:
@@ -156,12 +172,35 @@ def with_swap(payload: dict, originals: dict[str, dict], swapped: dict[str, dict
               answers: list[str]) -> dict:
     """A new payload: each column's result on the note (``originals``) with what it did on the
     swapped note (``swapped``; ``kvviz.data.swaps.swap_record``, judged by ``answers`` where given)."""
+    return _with_other_note(payload, originals, swapped, names, "swap", swap,
+                            lambda original, other: swap_record(original, other, swap, answers or None))
+
+
+def with_contradiction(payload: dict, originals: dict[str, dict], contradicted: dict[str, dict], names,
+                       made: Contradiction, answers: list[str]) -> dict:
+    """A new payload: each column's result on the note (``originals``) with what it did on the
+    contradicted note (``contradicted``; ``kvviz.engine.contradiction.contradiction_record``, judged
+    by ``answers``)."""
+    return _with_other_note(payload, originals, contradicted, names, "contradiction", made,
+                            lambda original, other: contradiction_record(original, other, made, answers or None))
+
+
+NOTE_OF = {"swap": "the swapped note", "contradiction": "the contradicted note"}
+
+
+def _with_other_note(payload: dict, originals: dict[str, dict], others: dict[str, dict], names, kind: str, made,
+                     judged) -> dict:
+    """A payload with each column's ``kind`` record (``judged(original, other)``), shown; the other
+    kind's row stays shown where every column still holds its record (the same note's run)."""
     results = []
     for name in names:
-        other = swapped.get(name) or {"applicable": False, "reason": "it did not run on the swapped note"}
-        results.append({**originals[name], "swap": swap_record(originals[name], other, swap, answers or None)})
+        other = others.get(name) or {"applicable": False, "reason": f"it did not run on {NOTE_OF[kind]}"}
+        results.append({**originals[name], kind: judged(originals[name], other)})
     data = present.payload(payload["pair"], payload["request"], results, False, payload.get("preset"))
-    return dict(data, stamp=live_stamp(), swap=swap.to_dict(), swap_shown=True)
+    kept = next(k for k in NOTE_OF if k != kind)
+    if payload.get(f"{kept}_shown") and all(result.get(kept) for result in results):
+        data.update({kept: payload.get(kept), f"{kept}_shown": True})
+    return dict(data, stamp=live_stamp(), **{kind: made.to_dict(), f"{kind}_shown": True})
 
 
 def swap_view(reading: Reading, names) -> dict:
@@ -169,6 +208,13 @@ def swap_view(reading: Reading, names) -> dict:
     strip, the status line that sums them up, the results and their reading."""
     return {**cards(reading, names), "results": reading.payload, "reading": reading,
             "status": present.swap_status(reading, names)}
+
+
+def contradiction_view(reading: Reading, names) -> dict:
+    """The page once the contradicted note ran: every card with which answer it gave there and the
+    two answers' first-token probabilities, the strip, the status line, the results and their reading."""
+    return {**cards(reading, names), "results": reading.payload, "reading": reading,
+            "status": present.contradiction_status(reading, names)}
 
 
 def preset_matching(query: str, context: str | None) -> str | None:

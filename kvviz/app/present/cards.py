@@ -1,6 +1,7 @@
 """One column's card, rendered once for the page and for ``/run``: its head (title, mark, what its
-answer is evidence of on hover, its swapped-note row and its what-ifs), its answer, its one line of
-numbers (time, on which pair, first token, bytes) and the longer block in "What each model saw".
+answer is evidence of on hover, its swapped-note row, its contradicted-note row and its what-ifs),
+its answer, its one line of numbers (time, on which pair, first token, bytes) and the longer block
+in "What each model saw".
 
 Everything comes from the reading of the run (``kvviz.app.reading``): a ``Column`` in, strings out;
 no mark or evidence is computed here. Model text is escaped.
@@ -12,7 +13,8 @@ import html
 import re
 
 from kvviz.app.present.text import format_seconds, md, notes_of, seen_text, short_pair
-from kvviz.app.reading import catalog
+from kvviz.app.reading import catalog, evidence
+from kvviz.app.reading.contradicted import Contradicted
 from kvviz.app.reading.reading import Column, Timing
 from kvviz.core.plotkit import human_bytes, ink
 
@@ -48,6 +50,23 @@ SWAP_MEANINGS = {
     "followed": "followed the swap: what it answers is the note's content",
     "kept": "kept its answer: it did not come from this fact of the note",
     "neither": "gave neither the old answer nor the swapped one: no sign it read this fact",
+}
+# which answer a column gave on the note with an inserted contradiction (``kvviz.app.reading.contradicted``)
+CONTRADICTION_WORDS = {"gold": "= gave the original", "counter": "↯ gave the inserted", "both": "± gave both",
+                       "neither": "≠ gave neither", "none": "not judged"}
+CONTRADICTION_MEANINGS = {
+    "gold": "gave the value the note states first: the inserted sentence did not change its answer",
+    "counter": "gave the inserted value: the contradicting sentence reached its answer",
+    "both": "gave both values",
+    "neither": "gave neither value with the contradicting sentence inserted",
+}
+ROW_ANSWER_CHARACTERS = 48  # of a long answer on the contradicted note (all of it on hover): the card's own answer stays in view
+# what giving the inserted value is evidence of, by its control (the one rule's kinds, said of this row)
+COUNTER_EVIDENCE = {
+    evidence.DIFFERS: "its control did not give it: it differs from its control on this one example",
+    evidence.NOT_NEEDED: "its control gave it too: not the handoff's doing",
+    evidence.UNCHECKED: "its control did not run on the contradicted note: unchecked",
+    evidence.OWN: "it has no control: no handoff to judge",
 }
 STATE_LINES = {"running": "*running …*", "waiting": "*waiting for its turn*", "stopped": "*stopped before it finished*",
                "notstarted": "*not started*"}
@@ -142,6 +161,59 @@ def swap_row_html(column: Column) -> str:
             f"“{html.escape(answer)}”</span></div>")
 
 
+def _share(probability: float | None) -> str:
+    """A probability as a share a learner reads ("62%", "0.6%", "<0.1%"); "?" where none was recorded."""
+    if probability is None:
+        return "?"
+    if probability >= 0.1:
+        return f"{probability:.0%}"
+    return f"{probability:.1%}" if probability >= 0.001 else "<0.1%"
+
+
+def contradiction_meaning(column: Column) -> str:
+    """Which answer the column gave on the contradicted note and what that says, with what giving the
+    inserted value is evidence of by its control; "" when none ran for it."""
+    found = column.contradicted
+    meaning = CONTRADICTION_MEANINGS.get(found.outcome)
+    if not meaning:
+        return ""
+    said = f"{column.label} {meaning}"
+    return f"{said} ({COUNTER_EVIDENCE[found.evidence]})" if found.evidence in COUNTER_EVIDENCE else said
+
+
+def odds_text(found: Contradicted, gold: str, counter: str) -> str:
+    """P(gold) and P(counter) on the first content answer token, with the contradiction inserted and,
+    where recorded, on the plain note before it ("first token: 4471 69% → 47% · 3902 25%"); escaped
+    (answers may be user text)."""
+    if found.p_gold is None:
+        return "no logit lens recorded"
+    if found.same_first_token:
+        return html.escape(f"both answers begin with “{found.gold_token.strip()}”: the first token cannot tell them apart")
+    shares = []
+    for answer, clean, now in ((gold, found.p_gold_clean, found.p_gold), (counter, found.p_counter_clean, found.p_counter)):
+        shares.append(f"{answer} {_share(clean)} → {_share(now)}" if clean is not None else f"{answer} {_share(now)}")
+    return html.escape("first token: " + " · ".join(shares))
+
+
+def contradiction_row_html(column: Column, gold: str, counter: str) -> str:
+    """Under a card's title, once the contradicted note ran: which answer it gave (``data-contradicted``
+    for tests and CSS; what it means on hover), its answer there, and P(gold) vs P(counter) on the
+    answer's first content token (``gold``, ``counter``: the answers they are named by)."""
+    found = column.contradicted
+    answer = found.answer.strip() if found.applicable else "(does not apply)"
+    shown = answer if len(answer) <= ROW_ANSWER_CHARACTERS else answer[: ROW_ANSWER_CHARACTERS - 1] + "…"
+    hint = contradiction_meaning(column) or "the contradicted note was not judged for this column"
+    first = (f"the receiver's probability of each answer's first token (“{found.gold_token.strip()}”, "
+             f"“{found.counter_token.strip()}”) where it chooses its answer's first token: on the plain note → with the "
+             "contradiction inserted (low where its answer begins with other words, “The code is …”)")
+    return (f'<div class="kv-contra-row"><span class="kv-contra kv-contra-{found.outcome}" id="kv-contra-{column.name}" '
+            f'data-contradicted="{found.outcome}" title="{html.escape(hint)}">'
+            f"{html.escape(CONTRADICTION_WORDS[found.outcome])}</span>"
+            f'<span class="kv-swap-answer" title="its answer with the contradicting sentence: {html.escape(answer)}">'
+            f"with the contradiction: “{html.escape(shown)}”</span>"
+            f'<span class="kv-contra-odds" title="{html.escape(first)}">{odds_text(found, gold, counter)}</span></div>')
+
+
 def what_if_label(label: str) -> str:
     """A stored run's short name on a card: its label's parenthesis ("7 of 18 layers" -> "7 layers"),
     else the label after "at" ("ratio 0.35"), else the label."""
@@ -165,12 +237,16 @@ def what_if_html(column: Column) -> str:
     return f'<div class="kv-whatif" id="kv-whatif-{column.name}"><span class="kv-whatif-lead">what if</span> {" · ".join(items)}</div>'
 
 
-def card(column: Column, partial: str | None = None, swapped: bool = False, message: str | None = None) -> dict:
+def card(column: Column, partial: str | None = None, swapped: bool = False, message: str | None = None,
+         contradicted: tuple[str, str] | None = None) -> dict:
     """Every role of one column's card (and its "What each model saw" section): ``head:NAME``,
     ``answer:NAME``, ``stats:NAME``, ``notes:NAME``, ``seen:NAME``. ``partial``: its answer so far;
-    ``swapped``: the swapped note's row shows under the title; ``message``: what its sharer writes."""
+    ``swapped``: the swapped note's row shows under the title; ``message``: what its sharer writes;
+    ``contradicted``: (gold, counter) answers, when the contradicted note's row shows."""
     name, finished = column.name, column.result is not None
-    below = (swap_row_html(column) if swapped and finished else "") + (what_if_html(column) if finished else "")
+    below = (swap_row_html(column) if swapped and finished else "")
+    below += contradiction_row_html(column, *contradicted) if contradicted and finished and column.contradicted.ran else ""
+    below += what_if_html(column) if finished else ""
     answer = partial if partial is not None else ("(not applicable)" if finished and not column.applicable else column.answer)
     return {
         f"head:{name}": card_head_html(name, column.mark, below, column.evidence_sentence()),

@@ -1,6 +1,7 @@
 """The lines above the cards: the verdict strip (which columns got the answer through, by the one
 evidence rule, ``kvviz.app.reading.evidence``), the strip while the cards answer another question,
-and the status line (a preset's, a live run's as it goes and when it ends, a swap's, a refusal),
+and the status line (a preset's, a live run's as it goes and when it ends, a swap's, a contradiction's,
+a refusal),
 each naming the pair it is about. Read from the reading of the run; user text escaped."""
 
 from __future__ import annotations
@@ -93,6 +94,35 @@ def swap_status(reading: Reading, names) -> str:
     answers = " or ".join(f"“{md(a)}”" for a in swap.get("answers") or [])
     return (f'<span class="kv-badge">swapped note</span> **{md(swap.get("changed", ""))}** on *{md(reading.pair)}*, so '
             f"the note now answers {answers}. {said[:1].upper() + said[1:] if said else 'No column could be judged'}.")
+
+
+# the status line's clause per answer on the contradicted note, for the columns judged there
+CONTRADICTION_SUMMARIES = {
+    "counter": "gave the inserted value {counter}",
+    "gold": "kept the original {gold}",
+    "both": "gave both",
+    "neither": "gave neither",
+}
+
+
+def contradiction_status(reading: Reading, names) -> str:
+    """The status line once the contradicted note ran: the sentence inserted, which columns gave which
+    answer, and those whose control gave the inserted value too (not the handoff's doing)."""
+    outcomes = reading.contradiction_outcomes(names)
+    inserted = reading.contradiction or {}
+    gold = f"“{md(reading.answers[0])}”" if reading.answers else "the original"
+    counter = " or ".join(f"“{md(a)}”" for a in inserted.get("answers") or []) or "the inserted value"
+    said = [f"{CONTRADICTION_SUMMARIES[kind].format(gold=gold, counter=counter)}: "
+            f"**{_labels(n for n, o in outcomes.items() if o == kind)}**"
+            for kind in CONTRADICTION_SUMMARIES if kind in outcomes.values()]
+    anyway = [n for n in outcomes if reading.column(n).contradicted.evidence == evidence.NOT_NEEDED]
+    if anyway:
+        said.append(f"its control gave the inserted value too (not the handoff's doing): **{_labels(anyway)}**")
+    line = "; ".join(said)
+    return (f'<span class="kv-badge">contradicted note</span> the note with “{md(inserted.get("sentence", ""))}” '
+            f"inserted after the sentence stating {gold}, on *{md(reading.pair)}*. "
+            f"{line[:1].upper() + line[1:] if line else 'No column could be judged'}. Each card gives each answer's "
+            "first-token probability, on the plain note → with the sentence inserted.")
 
 
 def precomputed_status(title: str, pair: str, when: str = "") -> str:

@@ -10,6 +10,8 @@ kind      the answer                                                   compared 
 verdict   the column's mark: right / wrong / none / na                 equal
 evidence  what its answer is evidence of (``evidence.KINDS``; "none")  equal
 follow    what it did with the swapped note: followed / kept / neither equal
+contra-   which answer it gave on the note with an inserted            equal
+dicted    contradiction: gold / counter / both / neither
 beats     "yes" when it is right where its control is not, else "no"   equal
 layers    how many layers it sent                                      within the tolerance
 sent      which layers it sent                                         the same list
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvviz.app.reading import catalog, evidence
+from kvviz.data.contradictions import OUTCOMES as CONTRADICTION_OUTCOMES
 from kvviz.data.metrics import contains_answer
 
 VERDICTS = ("right", "wrong", "none", "na")
@@ -42,13 +45,15 @@ SWAP_OUTCOMES = ("followed", "kept", "neither")
 EVIDENCE = (*evidence.KINDS, "none")
 GAINS = ("includes 0", "above 0", "below 0")
 YES_NO = ("yes", "no")
-COLUMN_KINDS = ("verdict", "evidence", "follow", "beats", "layers", "sent", "says", "writes", "seconds", "bytes", "gain")
+COLUMN_KINDS = ("verdict", "evidence", "follow", "contradicted", "beats", "layers", "sent", "says", "writes", "seconds",
+                "bytes", "gain")
 KINDS = (*COLUMN_KINDS, "which", "crossed")
 NUMBERS = ("layers", "seconds", "bytes")  # answered by a number, right within a tolerance
 WORDS = ("says", "writes")  # answered by text, right when it contains the expected words
 RATIOS = ("seconds", "bytes")  # may be asked ``over`` another column
 # the answers a kind can give, where they are a fixed set (a choice asks among them)
-CHOICES = {"verdict": VERDICTS, "evidence": EVIDENCE, "follow": SWAP_OUTCOMES, "beats": YES_NO, "gain": GAINS}
+CHOICES = {"verdict": VERDICTS, "evidence": EVIDENCE, "follow": SWAP_OUTCOMES, "contradicted": CONTRADICTION_OUTCOMES,
+           "beats": YES_NO, "gain": GAINS}
 WHICH_OUTCOMES = (*VERDICTS, *SWAP_OUTCOMES, *evidence.KINDS)
 
 

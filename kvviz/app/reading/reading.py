@@ -4,7 +4,8 @@
 run, a live run's, a saved one) into a ``Reading``: per column its mark, its evidence
 (``kvviz.app.reading.evidence``), what it did with the swapped note, the layers it sent, its time
 (alone or in a shared run, on which pair, with its time alone beside it where one was measured for
-this question, pair and settings), its bytes and its answer; and ``Reading.answer(question)`` for
+this question, pair and settings), its bytes, its answer and what it did with an inserted
+contradiction (``kvviz.app.reading.contradicted``); and ``Reading.answer(question)`` for
 every question of the vocabulary (``kvviz.app.reading.questions``). The page's cards, strip and
 status line, the lessons, the exercises, the walk-through's predictions, the workshop and ``/run``
 read a run through it and never read a result dict themselves; it is built once per run (and once
@@ -16,9 +17,10 @@ the page adds to a result: how it was timed, its time alone). Plain Python: no t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvviz.app.reading import catalog, evidence
+from kvviz.app.reading.contradicted import Contradicted, contradicted_of, counter_evidence
 from kvviz.app.reading.questions import Claim, Question, agrees, claim_text
 from kvviz.core.results import HandoffResult
 from kvviz.data.metrics import verdict
@@ -77,6 +79,7 @@ class Column:
     swap: Swapped = Swapped()
     timing: Timing | None = None
     what_ifs: tuple[WhatIf, ...] = ()
+    contradicted: Contradicted = Contradicted()  # on the note with a contradicting sentence, when one ran
     raw: dict | None = field(default=None, repr=False, compare=False)  # its result as the payload holds it (JSON)
 
     @property
@@ -138,6 +141,8 @@ class Reading:
     request: dict = field(default_factory=dict)
     swap: dict | None = None  # the swapped note's change and answers, when one ran
     swap_shown: bool = False  # the page shows what each column did with it (after Swap the fact)
+    contradiction: dict | None = None  # the inserted sentence, its (counter) answers and what it changed, when one ran
+    contradiction_shown: bool = False  # the page shows what each column did with it (after Insert a contradiction)
     shared: str = ""  # how this run shares another learner's (the server's shared runs), if it does
     payload: dict = field(default_factory=dict, repr=False, compare=False)  # what it was read from (the JSON)
 
@@ -194,6 +199,11 @@ class Reading:
         return {name: self.column(name).swap.outcome for name in catalog.in_page_order(names)
                 if self.column(name).swap.outcome != "none"}
 
+    def contradiction_outcomes(self, names) -> dict[str, str]:
+        """Which answer each of ``names`` gave on the contradicted note, for those judged there."""
+        return {name: self.column(name).contradicted.outcome for name in catalog.in_page_order(names)
+                if self.column(name).contradicted.mark != "notrun"}
+
     # --- questions ---
     def answer(self, question: Question):
         """The run's answer to ``question`` (``kvviz.app.reading.questions``); None where it cannot
@@ -246,6 +256,8 @@ def _column_answer(reading: Reading, column: Column, question: Question):
         return column.evidence or "none"
     if kind == "follow":
         return None if column.swap.outcome == "none" else column.swap.outcome
+    if kind == "contradicted":
+        return None if column.contradicted.mark == "notrun" else column.contradicted.outcome
     if kind == "beats":
         control = reading.columns.get(catalog.control_of(column.name))
         if control is None or control.result is None:
@@ -313,15 +325,20 @@ def _what_ifs(runs, answers) -> tuple[WhatIf, ...]:
 
 
 def _evidence(columns: dict[str, Column]) -> dict[str, Column]:
-    """Every column with its evidence, read from its own mark, its control's and its swap."""
+    """Every column with its evidence, read from its own mark, its control's and its swap; and what
+    giving an inserted contradiction's value is evidence of, from its own and its control's."""
     out = {}
     for name, column in columns.items():
         control = catalog.control_of(name)
         held = columns.get(control)
         control_mark = "notrun" if held is None else held.mark
         kind = evidence.rule(column.mark, bool(control), control_mark, column.swap.outcome) if column.result else None
+        countered = counter_evidence(column.contradicted, bool(control), None if held is None else held.contradicted)
+        if countered != column.contradicted.evidence:
+            column = _replace(column, contradicted=replace(column.contradicted, evidence=countered))
         out[name] = column if kind == column.evidence else _replace(column, evidence=kind)
     return out
+
 
 
 def _replace(column: Column, **changes) -> Column:
@@ -347,7 +364,8 @@ def read(payload: dict | None, answers=(), subject: str = "The expected answer",
             result.answer, result.applicable)
         columns[name] = Column(name, "finished", result, old.mark if same else mark_of(result, answers),
                                swap=_swapped(raw.get("swap")), timing=_timing(raw, result, pair, timed),
-                               what_ifs=old.what_ifs if same else _what_ifs(what_ifs.get(name), answers), raw=raw)
+                               what_ifs=old.what_ifs if same else _what_ifs(what_ifs.get(name), answers),
+                               contradicted=contradicted_of(raw.get("contradiction")), raw=raw)
     for name, state in (states or {}).items():
         if name not in columns:
             columns[name] = Column(name, state, None, state)
@@ -355,4 +373,5 @@ def read(payload: dict | None, answers=(), subject: str = "The expected answer",
     ordered.update({name: column for name, column in columns.items() if name not in ordered})  # not a page column
     return Reading(_evidence(ordered), answers, subject, pair, str(payload.get("stamp") or ""), payload.get("preset"),
                    bool(payload.get("precomputed")), dict(payload.get("request") or {}), payload.get("swap"),
-                   bool(payload.get("swap_shown")), str(payload.get("shared") or ""), payload)
+                   bool(payload.get("swap_shown")), payload.get("contradiction"), bool(payload.get("contradiction_shown")),
+                   str(payload.get("shared") or ""), payload)
