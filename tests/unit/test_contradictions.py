@@ -20,7 +20,7 @@ from kvviz.studies import bench
 from tests.unit.test_bench import read_csv
 
 
-def test_a_contradiction_states_the_swaps_value_right_after_the_original_sentence():
+def test_a_contradiction_states_the_swaps_value_right_after_the_original_sentence(shared_data):
     records = recall.generate("heldout", 12, seed=1)
     swaps = swaps_for("recall", records, 0)
     made = contradictions_for("recall", records, 0)

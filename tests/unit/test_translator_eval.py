@@ -72,7 +72,7 @@ def test_the_evaluator_counts_a_control_that_answers_with_the_other_note():
     assert translator_summary.control_follows_other({"translator": control}, records, partner) is None
 
 
-def test_the_held_out_sets_keep_their_records_apart():
+def test_the_held_out_sets_keep_their_records_apart(shared_data):
     """Paragraphs are HotpotQA's supporting paragraphs (swapped by HotpotQA's rule); the harm set's
     notes never hold the landmark asked about; the same seed draws the same records, another seed others."""
     sets = translator_sets.heldout_sets(3, 0, seed=5, whereabouts_n=3, paragraphs_n=4, unneeded_n=6)

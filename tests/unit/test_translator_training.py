@@ -109,7 +109,7 @@ def test_the_harm_guard_costs_nothing_for_the_receiver_alone_and_is_one_sided(mi
     assert translator.up.grad.abs().sum() > 0
 
 
-def test_notes_read_on_or_answer_and_name_nothing_held_out(mixed_tiny_pair):
+def test_notes_read_on_or_answer_and_name_nothing_held_out(mixed_tiny_pair, shared_data):
     pair = mixed_tiny_pair
     read, target = td.target_ids(pair.receiver.tokenizer, NOTES[1])
     assert len(read) == 1 and 0 < len(target) <= td.CONTINUATION_TOKENS
@@ -196,7 +196,7 @@ def test_a_corrupt_or_foreign_training_state_is_refused(mixed_tiny_pair, one_thr
         tt.run_leg(pair, leg_args(tmp_path, "", out=str(tmp_path / "empty")), quiet, notes=NOTES)
 
 
-def test_a_leg_reports_held_out_numbers(mixed_tiny_pair, one_thread, tmp_path):
+def test_a_leg_reports_held_out_numbers(mixed_tiny_pair, one_thread, tmp_path, shared_data):
     pair = mixed_tiny_pair
     numbers = tt.validate(pair, random_translator(pair), 2)
     assert set(numbers) == {"whereabouts", "recall", "passages"}  # passages: Dolly's extractive ones, never trained on
