@@ -24,8 +24,9 @@ def test_insert_a_contradiction_runs_live_on_the_page_and_reads_each_column(embe
     settings = [8, False, 0.7, 0] + [o.option.default if not o.option.auto else True for o in page.specs
                                      for _ in range(o.inputs)]
     request = type("Request", (), {"session_hash": "contradict-live"})()
-    outputs = list(handler("embedded", picked.query, picked.context, "4471", NAMES, fields["contra_sentence"],
-                           fields["contra_answer"], None, request, *settings, *["" for _ in page_stream_roles()]))
+    outputs = list(handler("embedded", picked.query, picked.context, "4471", NAMES, {"tab": "layers"},
+                           fields["contra_sentence"], fields["contra_answer"], None, request, *settings,
+                           *["" for _ in page_stream_roles()]))
     final = dict(zip(page_stream_roles(), outputs[-1][:-1]))
     reading = outputs[-1][-1]
     assert "contradicted note" in final["status"], final["status"]
