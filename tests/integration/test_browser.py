@@ -294,13 +294,13 @@ def test_a_preset_runs_live_with_marks_its_message_as_written_and_its_figures(pa
     # (on the Layers tab) recorded none of what crossed, so the tab records it as it opens, then draws it
     open_tab(page, "Compare two")
     page.wait_for_function("() => ((document.querySelector('#kv-compare-a input') || {}).value || '').includes('(live)')",
-                           timeout=30_000)
+                           timeout=RUN_TIMEOUT_MS)  # the tab's events wait behind any run in the models' queue
     page.locator("#kv-recorded-compare").get_by_text("Recorded when this tab opened").wait_for(timeout=RUN_TIMEOUT_MS)
     assert "answered differently" not in page.locator("#kv-recorded-compare").inner_text()  # greedy: the same answers
     assert page.locator("#kv-compare-a input").input_value().endswith("· C2C")
     assert page.locator("#kv-compare-b input").input_value().endswith("· C2C control")
     page.wait_for_function("() => (document.querySelector('#kv-compare .kv-cmp-view') || {}).innerText"
-                           "?.includes('scored against its control')", timeout=30_000)
+                           "?.includes('scored against its control')", timeout=RUN_TIMEOUT_MS)
     assert not page.errors, page.errors
 
 
