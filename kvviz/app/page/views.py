@@ -188,18 +188,20 @@ def precomputed_payload(precomputed: dict, key: str, default_pair: str) -> tuple
     entry = (precomputed.get("presets") or {}).get(key)
     title = preset(key).title
     if not entry:
-        payload = dict(present.payload(default_pair, None, [], True, key), stamp=f"preset:{key}")
+        payload = dict(present.payload(preset(key).pair or default_pair, None, [], True, key), stamp=f"preset:{key}")
         return payload, (f"No precomputed results for **{present.md(title)}**: press **Run live** to compute them "
                          "on this machine.")
     timed = precomputed.get("timed", "alone")  # how its times were taken (scripts/precompute_presets.py)
     results = [dict(raw, precomputed=True, timed=timed) for raw in entry["results"] if raw["handoff"] in catalog.METHODS]
-    pair = precomputed.get("pair", default_pair)
+    pair = entry.get("pair") or precomputed.get("pair", default_pair)  # a preset may name its own pair
     what_ifs: dict[str, list] = {}  # column -> [(label, result)]: the preset's stored runs at other settings
     for label, run in (entry.get("runs") or {}).items():
         for raw in run.get("results", []):
             what_ifs.setdefault(raw["handoff"], []).append((label, raw))
+    # a swap of the sharer (its pair's sharer that learned the opposite) is the preset's lesson: shown at once
+    swap_shown = bool((entry.get("swap") or {}).get("pair"))
     payload = dict(present.payload(pair, entry.get("request"), results, True, key), stamp=f"preset:{key}",
-                   swap=entry.get("swap"), what_ifs=what_ifs)
+                   swap=entry.get("swap"), what_ifs=what_ifs, swap_shown=swap_shown)
     return payload, present.precomputed_status(title, pair, precomputed.get("generated", ""))
 
 
