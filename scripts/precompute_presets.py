@@ -134,6 +134,10 @@ def write_and_check(out: dict, said: str) -> None:
           "LESSONS THAT NO LONGER HOLD (fix the preset in assets/presets.toml or its lesson):\n  " + "\n  ".join(broken))
 
 
+def machine_of(pair) -> str:
+    return f"{platform.machine()} CPU" if str(pair.receiver.device) == "cpu" else str(pair.receiver.device)
+
+
 def update_presets(pairs: Pairs, keys: list[str], max_new_tokens: int) -> int:
     """Re-run the presets ``keys`` (every column, their stored runs) and replace their entries in
     assets/precomputed/presets.json, the other presets' kept as they are."""
@@ -143,7 +147,9 @@ def update_presets(pairs: Pairs, keys: list[str], max_new_tokens: int) -> int:
     if unknown:
         raise SystemExit(f"unknown preset(s) {', '.join(unknown)}; the presets: {', '.join(by_key)}")
     for key in keys:
-        out["presets"][key] = pairs.entry(by_key[key], max_new_tokens)
+        entry = pairs.entry(by_key[key], max_new_tokens)
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        out["presets"][key] = {**entry, "generated": f"{stamp}, {machine_of(pairs(by_key[key]))}, warm, one handoff at a time"}
     out["presets"] = {preset.key: out["presets"][preset.key] for preset in PRESETS if preset.key in out["presets"]}
     out["updated"] = f"presets {', '.join(keys)} re-run {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"
     write_and_check(out, f"updated {', '.join(keys)} in")
@@ -193,7 +199,7 @@ def main(argv=None) -> int:
         return update_columns(Pairs(args.pair, listed(args.only)), listed(args.only), args.max_new_tokens)
     pair = load_pair(args.pair, progress=lambda message: print(message, file=sys.stderr))
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    machine = f"{platform.machine()} CPU" if str(pair.receiver.device) == "cpu" else str(pair.receiver.device)
+    machine = machine_of(pair)
     if not args.sweep_only:
         # "timed": each handoff ran by itself on a warm process, so its time is its own cost (the
         # page says "alone"; a live run's columns share the CPU, kvviz.app.present.time_text)

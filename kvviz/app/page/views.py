@@ -133,10 +133,11 @@ def asked_again_status(reading: Reading) -> str:
 
 
 def swap_fields(picked) -> dict:
-    """The swap fields for a preset: its stored swap's words and answer (empty without one)."""
+    """The swap fields for a preset: its stored swap's words and answer (empty without one, and for
+    a swap of the sharer: no word of a note changes, its cards show that swap at once)."""
     old, new = picked.swap_words or ("", "")
     return {"swap_replace": old, "swap_by": new,
-            "swap_answer": expected_text(picked.swap.answers) if picked.swap else ""}
+            "swap_answer": expected_text(picked.swap.answers) if picked.swap_words else ""}
 
 
 def same_request(payload: dict | None, request: dict, pair: str | None = None) -> bool:
@@ -202,7 +203,8 @@ def precomputed_payload(precomputed: dict, key: str, default_pair: str) -> tuple
     swap_shown = bool((entry.get("swap") or {}).get("pair"))
     payload = dict(present.payload(pair, entry.get("request"), results, True, key), stamp=f"preset:{key}",
                    swap=entry.get("swap"), what_ifs=what_ifs, swap_shown=swap_shown)
-    return payload, present.precomputed_status(title, pair, precomputed.get("generated", ""))
+    # a preset re-run on its own (precompute_presets.py --preset) carries its own stamp
+    return payload, present.precomputed_status(title, pair, entry.get("generated") or precomputed.get("generated", ""))
 
 
 class PresetRuns:

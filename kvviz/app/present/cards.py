@@ -177,9 +177,11 @@ def what_if_html(column: Column) -> str:
 def card(column: Column, partial: str | None = None, swapped: bool = False, message: str | None = None) -> dict:
     """Every role of one column's card (and its "What each model saw" section): ``head:NAME``,
     ``answer:NAME``, ``stats:NAME``, ``notes:NAME``, ``seen:NAME``. ``partial``: its answer so far;
-    ``swapped``: the swapped note's row shows under the title; ``message``: what its sharer writes."""
+    ``swapped``: the swapped note's row shows under the title (where the column applies); ``message``:
+    what its sharer writes."""
     name, finished = column.name, column.result is not None
-    below = (swap_row_html(column) if swapped and finished else "") + (what_if_html(column) if finished else "")
+    # a column that does not apply has no swap to show either (its card already says why)
+    below = (swap_row_html(column) if swapped and finished and column.applicable else "") + (what_if_html(column) if finished else "")
     answer = partial if partial is not None else ("(not applicable)" if finished and not column.applicable else column.answer)
     return {
         f"head:{name}": card_head_html(name, column.mark, below, column.evidence_sentence()),
