@@ -4,6 +4,11 @@
     python scripts/precompute_presets.py --no-sweep # presets only (about a minute on a CPU)
     python scripts/precompute_presets.py --no-sweep --only c2c_translate,c2c_translate_control
                                                     # re-run these columns only; the others keep theirs
+    python scripts/precompute_presets.py --no-sweep --preset handbook-capital
+                                                    # re-run these presets only (comma-separated); the others keep theirs
+
+A preset that names its own pair (``pair`` in assets/presets.toml, e.g. the knower pair) runs on it;
+the others on ``--pair``.
 
 Writes assets/precomputed/presets.json (every page column of the registry, shown or not at first,
 and each preset's extra ``runs``; assets/presets.toml) and assets/precomputed/sweep.json, then says
@@ -53,11 +58,33 @@ def precomputed_run(pair, key: str, query: str, context: str | None, max_new_tok
     return {"request": request.to_dict(), "results": results, "swap": None if swap is None else swap.to_dict()}
 
 
-def warm_up(pair, names: list[str]) -> None:
+def warm_up(pair, names: list[str], first=None) -> None:
     """One throwaway run of every column first, so that no preset's times include a cold start (the
     output head's index, the first decode step's allocations): the cards compare warm, solo runs."""
-    first = PRESETS[0]
+    first = first or PRESETS[0]
     stream.results(pair, build_request(first.query, first.context, max_new_tokens=4), names)
+
+
+class Pairs:
+    """The pairs the presets run on, each loaded (and warmed up) once: ``--pair`` for a preset that
+    names none, else its own."""
+
+    def __init__(self, default: str, names: list[str]):
+        self.default, self.names, self.loaded = default, names, {}
+
+    def __call__(self, preset):
+        name = preset.pair or self.default
+        if name not in self.loaded:
+            self.loaded[name] = load_pair(name, progress=lambda message: print(message, file=sys.stderr))
+            warm_up(self.loaded[name], self.names, preset)
+        return self.loaded[name]
+
+    def entry(self, preset, max_new_tokens: int) -> dict:
+        """A preset's stored run and its extra ``runs``, on its pair (named in the entry when it is not ``--pair``)."""
+        pair = self(preset)
+        entry = preset_run(pair, preset, self.names, max_new_tokens)
+        entry["runs"] = {run.label: stored_run(pair, preset, run, max_new_tokens) for run in preset.runs}
+        return {**entry, "pair": pair.name} if preset.pair else entry
 
 
 def compact_dumps(data: dict) -> str:
@@ -107,12 +134,34 @@ def write_and_check(out: dict, said: str) -> None:
           "LESSONS THAT NO LONGER HOLD (fix the preset in assets/presets.toml or its lesson):\n  " + "\n  ".join(broken))
 
 
-def update_columns(pair, names: list[str], max_new_tokens: int) -> int:
+def machine_of(pair) -> str:
+    return f"{platform.machine()} CPU" if str(pair.receiver.device) == "cpu" else str(pair.receiver.device)
+
+
+def update_presets(pairs: Pairs, keys: list[str], max_new_tokens: int) -> int:
+    """Re-run the presets ``keys`` (every column, their stored runs) and replace their entries in
+    assets/precomputed/presets.json, the other presets' kept as they are."""
+    out = json.loads(PRECOMPUTED_PATH.read_text(encoding="utf-8"))
+    by_key = {preset.key: preset for preset in PRESETS}
+    unknown = [key for key in keys if key not in by_key]
+    if unknown:
+        raise SystemExit(f"unknown preset(s) {', '.join(unknown)}; the presets: {', '.join(by_key)}")
+    for key in keys:
+        entry = pairs.entry(by_key[key], max_new_tokens)
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        out["presets"][key] = {**entry, "generated": f"{stamp}, {machine_of(pairs(by_key[key]))}, warm, one handoff at a time"}
+    out["presets"] = {preset.key: out["presets"][preset.key] for preset in PRESETS if preset.key in out["presets"]}
+    out["updated"] = f"presets {', '.join(keys)} re-run {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"
+    write_and_check(out, f"updated {', '.join(keys)} in")
+    return 0
+
+
+def update_columns(pairs: Pairs, names: list[str], max_new_tokens: int) -> int:
     """Re-run ``names`` on every preset (and each stored run that holds one of them) and replace their
     results in assets/precomputed/presets.json, the other columns' results kept as they are."""
     out = json.loads(PRECOMPUTED_PATH.read_text(encoding="utf-8"))
-    warm_up(pair, names)
     for preset in PRESETS:
+        pair = pairs(preset)
         entry = out["presets"][preset.key]
         fresh = preset_run(pair, preset, names, max_new_tokens)
         replaced = {result["handoff"]: result for result in fresh["results"]}
@@ -136,25 +185,31 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default=None,
                         help="re-run only these columns (comma-separated) on every preset and put their results into the "
                              "existing file; the other columns keep theirs (e.g. after a handoff's checkpoint changes)")
+    parser.add_argument("--preset", default=None,
+                        help="re-run only these presets (comma-separated keys) and put them into the existing file; "
+                             "the other presets keep theirs (e.g. after a preset is added)")
     parser.add_argument("--sweep-series", default=None,
                         help="values of the sweep's series option, comma-separated (default: all it offers)")
     args = parser.parse_args(argv)
 
+    listed = lambda text: [part.strip() for part in text.split(",") if part.strip()]  # noqa: E731
+    if args.preset and not args.sweep_only:
+        return update_presets(Pairs(args.pair, column_names()), listed(args.preset), args.max_new_tokens)
+    if args.only and not args.sweep_only:
+        return update_columns(Pairs(args.pair, listed(args.only)), listed(args.only), args.max_new_tokens)
     pair = load_pair(args.pair, progress=lambda message: print(message, file=sys.stderr))
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    machine = f"{platform.machine()} CPU" if str(pair.receiver.device) == "cpu" else str(pair.receiver.device)
-    if args.only and not args.sweep_only:
-        return update_columns(pair, [name.strip() for name in args.only.split(",") if name.strip()], args.max_new_tokens)
+    machine = machine_of(pair)
     if not args.sweep_only:
         # "timed": each handoff ran by itself on a warm process, so its time is its own cost (the
         # page says "alone"; a live run's columns share the CPU, kvviz.app.present.time_text)
         out = {"pair": pair.name, "generated": f"{stamp}, {machine}, warm, one handoff at a time", "timed": "alone",
                "max_new_tokens": args.max_new_tokens, "presets": {}}
+        pairs = Pairs(args.pair, column_names())
+        pairs.loaded[pair.name] = pair
         warm_up(pair, column_names())
         for preset in PRESETS:
-            entry = preset_run(pair, preset, column_names(), args.max_new_tokens)
-            entry["runs"] = {run.label: stored_run(pair, preset, run, args.max_new_tokens) for run in preset.runs}
-            out["presets"][preset.key] = entry
+            out["presets"][preset.key] = pairs.entry(preset, args.max_new_tokens)
         write_and_check(out, "wrote")
     if not args.no_sweep:
         swept = default_handoff().sweep

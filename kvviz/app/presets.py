@@ -25,7 +25,8 @@ from kvviz.app.reading import catalog
 from kvviz.app.reading.questions import Claim, parse_claims
 from kvviz.core.paths import ASSETS, PRECOMPUTED
 from kvviz.data.contradictions import Contradiction, contradiction_from_swap
-from kvviz.data.swaps import Swap, replace_fact
+from kvviz.data.swaps import OPPOSITE, Swap, replace_fact
+from kvviz.runtime.pairs import PAIRS
 
 PRESETS_PATH = ASSETS / "presets.toml"
 PRECOMPUTED_PATH = PRECOMPUTED / "presets.json"
@@ -74,6 +75,7 @@ class Preset:
     runs: tuple[PresetRun, ...] = ()
     swap: Swap | None = None  # its note with the answer-bearing fact changed (a stored swap run)
     swap_words: tuple[str, ...] = ()  # (what the swap replaces, by what): the page's swap fields
+    pair: str | None = None  # the registered pair its stored run is on (None: the presets file's pair)
 
     @property
     def claims(self) -> list[Claim]:
@@ -84,8 +86,11 @@ class Preset:
     def contradiction(self) -> Contradiction | None:
         """Its note with one more sentence after the fact's, stating the swap's other value (the
         swapped note's version of that sentence, ``kvviz.data.contradictions``): the page's default
-        for *Insert a contradiction*; None without a swap."""
-        return contradiction_from_swap(self.context, self.swap) if self.swap is not None and self.context else None
+        for *Insert a contradiction*; None without a swap of its note (a swap of the sharer changes no
+        sentence)."""
+        if self.swap is None or self.swap.pair is not None or not self.context:
+            return None
+        return contradiction_from_swap(self.context, self.swap)
 
     @property
     def columns(self) -> list[str]:
@@ -115,6 +120,8 @@ def _preset(raw: dict) -> Preset:
         raise ValueError(f"preset {key}: scenario must be one of {', '.join(SCENARIOS)}")
     if raw.get("tab") is not None and raw["tab"] not in TABS:
         raise ValueError(f"preset {key}: tab must be one of {', '.join(TABS)}")
+    if raw.get("pair") is not None and raw["pair"] not in PAIRS:
+        raise ValueError(f"preset {key}: pair must be a registered pair ({', '.join(PAIRS)})")
     claims_of(raw.get("check", {}), f"preset {key}")
     for run in raw.get("runs", []):
         claims_of(run.get("check", {}), f"preset {key}, {run.get('label', '?')}")
@@ -123,14 +130,25 @@ def _preset(raw: dict) -> Preset:
     return Preset(**{**raw, "context": raw.get("context") or None, "answers": tuple(raw["answers"]),
                      "handoffs": tuple(raw.get("handoffs", ())), "shows": tuple(raw.get("shows", ())), "runs": runs,
                      "swap": _swap(key, raw),
-                     "swap_words": (raw["swap"]["replace"], raw["swap"]["by"]) if raw.get("swap") else ()})
+                     "swap_words": (raw["swap"]["replace"], raw["swap"]["by"]) if raw.get("swap", {}).get("replace") else ()})
+
+
+SHARER_SWAP = "the sharer that learned the opposite"  # what a preset's sharer swap changed, in words
 
 
 def _swap(key: str, raw: dict) -> Swap | None:
-    """A preset's ``swap = {replace, by, answers}``: its note with ``replace`` changed to ``by``."""
+    """A preset's ``swap = {replace, by, answers}``: its note with ``replace`` changed to ``by``; or
+    ``swap = {sharer = "opposite", answers}``: the same question to the pair's sharer that learned
+    the opposite facts (``PairSpec.opposite``; the note, if any, unchanged)."""
     given = raw.get("swap")
     if given is None:
         return None
+    if "sharer" in given:
+        if set(given) != {"sharer", "answers"} or given["sharer"] != OPPOSITE:
+            raise ValueError(f"preset {key}: a sharer swap is swap = {{ sharer = \"{OPPOSITE}\", answers = [...] }}")
+        if not (raw.get("pair") and PAIRS[raw["pair"]].opposite):
+            raise ValueError(f"preset {key}: a sharer swap needs a pair whose sharer has an opposite (e.g. knower)")
+        return Swap(context=raw.get("context") or None, answers=tuple(given["answers"]), changed=SHARER_SWAP, pair=OPPOSITE)
     if set(given) - {"replace", "by", "answers"} or not {"replace", "by", "answers"} <= set(given):
         raise ValueError(f"preset {key}: swap takes replace, by and answers")
     if not raw.get("context"):

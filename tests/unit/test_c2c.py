@@ -188,6 +188,59 @@ def test_train_cli_checkpoints_resumes_and_writes_the_curve(tmp_path):
     assert "heldout_nll" in config["training"] and (tmp_path / "out" / "loss_c2c.html").exists()
 
 
+def test_a_partly_trained_fuser_is_written_as_it_stands_and_its_run_still_resumes(tmp_path):
+    """--fuser-now: a leg cut after its first step, written as a fuser (its config says step 1 of 4),
+    loadable and evaluable; the checkpoint, the legs and the curve stay as they were, and the run
+    then resumes to the end."""
+    import argparse
+
+    from safetensors.torch import load_file
+
+    from kvviz.handoffs.c2c.fuser import load_fuser
+    from kvviz.runtime.models import register_loaded
+    from kvviz.studies import legs
+    from kvviz.studies.c2c import train as train_fuser
+    from kvviz.studies.c2c.examples import heldout_examples
+    from tests.tiny_models import tiny_gemma, tiny_llama
+
+    register_loaded(tiny_llama())
+    register_loaded(tiny_gemma())
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps({"instruction": f"Name thing {i}.", "input": "", "output": f"Thing {i}."}) for i in range(8)))
+    out, now = tmp_path / "out", tmp_path / "now"
+
+    def run(*extra):
+        parser = argparse.ArgumentParser()
+        train_fuser.configure_parser(parser)
+        argv = ["--pair", "tiny-llama+tiny-gemma", "--data", str(data), "--out", str(out), "--steps", "4", "--heldout", "2",
+                "--width", "8", "--device", "cpu", "--no-progress", "--resume", "--fp16", *extra]
+        return train_fuser.main(parser.parse_args(argv))
+
+    with pytest.raises(SystemExit, match="no checkpoint"):
+        run("--fuser-now", str(now))
+    assert run("--minutes", "0.00001") == 0  # the leg's budget is spent after its first step: saved at step 1
+    checkpoint = out / "checkpoint_c2c"
+    assert json.loads((checkpoint / "trainer.json").read_text())["step"] == 1
+    before = (checkpoint / "state.safetensors").read_bytes(), (out / "loss_c2c.csv").read_text(), legs.legs(out, name="legs_c2c.jsonl")
+
+    assert run("--fuser-now", str(now)) == 0
+    config = json.loads((now / "c2c" / "config.json").read_text())
+    assert config["training"]["steps_done"] == 1 and config["training"]["steps"] == 4 and not config["training"]["finished"]
+    assert "heldout_nll" in config["training"] and json.loads((now / "summary_c2c.json").read_text())["steps_done"] == 1
+    pair = mixed_pair()
+    fuser = load_fuser(now / "c2c", pair.sharer.facts, pair.receiver.facts, pair.name)
+    saved = load_file(str(checkpoint / "state.safetensors"))
+    for name, parameter in fuser.named_parameters():  # the checkpoint's weights, in float16
+        assert torch.allclose(parameter, saved[f"param::{name}"].float(), atol=2e-3, rtol=1e-2), name
+    assert len(heldout_examples(pair, fuser, None)[0]) == 2  # its held-out split rebuilt from its config, as eval-fuser does
+    assert (checkpoint / "state.safetensors").read_bytes() == before[0]  # nothing trained, nothing moved
+    assert (out / "loss_c2c.csv").read_text() == before[1] and legs.legs(out, name="legs_c2c.jsonl") == before[2]
+    assert not (out / "summary_c2c.json").exists() and not (out / "c2c").exists()  # the run is not marked finished
+
+    assert run() == 0  # and it resumes to the end
+    assert json.loads((out / "c2c" / "config.json").read_text())["training"]["steps_done"] == 4
+
+
 def test_private_context_goes_to_the_sharer_only(pair, tmp_path):
     shared = align_prompt(pair.receiver.tokenizer, pair.sharer.tokenizer, QUERY, CONTEXT, receiver_sees_context=True)
     private = align_prompt(pair.receiver.tokenizer, pair.sharer.tokenizer, QUERY, CONTEXT, receiver_sees_context=False)

@@ -305,3 +305,46 @@ def test_a_killed_sharer_leg_keeps_its_steps_up_to_the_last_save(tmp_path, monke
     monkeypatch.setattr(sharer, "make_batch", real)
     assert tiny_adapter(base, tmp_path / "killed", extra=("--minutes", "0.00001")) == 0
     assert legs.legs(tmp_path / "killed")[0]["from_step"] == 2  # resumed where the last save left it
+
+
+# --- the page: a preset on the knower pair, its swap the sharer that learned the opposite ---------
+
+
+def test_a_knower_preset_runs_on_its_pair_and_swaps_its_sharer_not_a_note():
+    from kvviz.app.presets import SHARER_SWAP, _preset
+
+    raw = {"key": "x", "title": "X", "scenario": "shared", "query": "Name the capital of Quorveth Island.",
+           "answers": ["Saltmere"], "pair": "knower", "swap": {"sharer": "opposite", "answers": ["Ravenmoor"]}}
+    picked = _preset(raw)
+    assert picked.pair == "knower" and picked.swap_words == ()  # the page's note fields stay empty
+    assert picked.swap == Swap(context=None, answers=("Ravenmoor",), changed=SHARER_SWAP, pair=OPPOSITE)
+    with pytest.raises(ValueError, match="pair must be a registered pair"):
+        _preset({**raw, "pair": "knowr"})
+    with pytest.raises(ValueError, match="needs a pair whose sharer has an opposite"):
+        _preset({**raw, "pair": "embedded"})
+    with pytest.raises(ValueError, match="a sharer swap is"):
+        _preset({**raw, "swap": {"sharer": "knower-opposite", "answers": ["Ravenmoor"]}})
+    with pytest.raises(ValueError, match="a sharer swap is"):
+        _preset({**raw, "swap": {"sharer": "opposite", "by": "x", "answers": ["Ravenmoor"]}})
+
+
+def test_a_stored_sharer_swap_paints_on_its_own_pair_and_says_which_sharer_it_was():
+    from kvviz.app.page import views
+    from kvviz.app.present.cards import swap_row_html
+    from kvviz.app.presets import PRESETS
+
+    key = next(p.key for p in PRESETS if p.pair == "knower")
+    swapped = {"context": None, "answers": ["Ravenmoor"], "changed": "the sharer that learned the opposite",
+               "pair": OPPOSITE, "answer": "Ravenmoor", "outcome": "followed", "right": True, "applicable": True}
+    result = {"handoff": "text", "pair": "knower", "answer": "Greyhaven", "applicable": True, "swap": swapped}
+    stored = {"pair": "embedded", "presets": {key: {"pair": "knower", "request": None, "results": [result],
+                                                    "swap": {k: swapped[k] for k in ("context", "answers", "changed", "pair")}}}}
+    payload, status = views.precomputed_payload(stored, key, "embedded")
+    assert payload["pair"] == "knower" and "knower" in status  # not the file's pair
+    assert payload["swap_shown"]  # a sharer swap is the preset's lesson: on the cards at once
+    reading = views.reading_of(payload, ["Greyhaven"])
+    row = swap_row_html(reading.column("text"))
+    assert "with the sharer that learned the opposite: “Ravenmoor”" in row and "swapped note" not in row
+    note = {**swapped, "pair": None, "context": "a note"}
+    plain = views.reading_of({**payload, "results": [{**result, "swap": note}]}, ["Greyhaven"])
+    assert "on the swapped note: “Ravenmoor”" in swap_row_html(plain.column("text"))

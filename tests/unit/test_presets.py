@@ -103,6 +103,9 @@ KINDS = {
     "c2c-differs-from-control": c2c_differs_from_its_control_while_held_out_says_zero,
     "reference-wrong": lambda key: marks(key)[reference(key)] == "wrong",
     "receiver-knows": lambda key: marks(key)["receiver"] == "right",
+    # a column besides the sharer itself answers what the sharer that learned the opposite says
+    "follows-the-opposite-sharer": lambda key: preset(key).swap is not None and preset(key).swap.pair is not None
+    and bool(carried(key) - {"sharer"}),
 }
 REQUIRED = ("only-text-crosses", "right-without-content", "shared-reference", "c2c-differs-from-control")
 
@@ -183,7 +186,8 @@ def test_the_controls_note_names_nothing_any_preset_asks_or_answers():
 def test_no_strip_says_the_note_got_through_a_column_that_did_not_follow_the_swap(key):
     """The verdict strip of every preset, with every column ticked: each column it lists under "got
     through by" is right and followed the swapped fact; every private preset declares which columns
-    the note crossed by and has a swap; a shared question (no note to swap) lists none."""
+    the note crossed by and has a swap; a shared question with no swap (no note to swap, no sharer
+    that learned the opposite) lists none."""
     p = preset(key)
     read = reading(key)
     strip = views.verdict(read, list(read.columns))["verdict"]
@@ -194,7 +198,7 @@ def test_no_strip_says_the_note_got_through_a_column_that_did_not_follow_the_swa
             continue
         column = read.column(labels[label])
         assert column.mark == "right" and column.swap.outcome == "followed", (key, column.name, column.swap)
-    if p.scenario == "private":
+    if p.scenario == "private" or p.swap is not None:
         assert p.swap is not None and "crossed" in p.check
     else:
         assert listed == "none", (key, strip)

@@ -57,12 +57,14 @@ class Lab:
         self.presets = views.PresetRuns(self.precomputed, self.default_pair)
 
     def preset_view(self, key: str, view: dict) -> dict:
-        """Everything a preset changes: the form, the ticks, the cards, the strip, the lesson, the
-        status, the results and their reading, and the figures of the tab in view."""
+        """Everything a preset changes: the form (the pair its stored run is on too), the ticks, the
+        cards, the strip, the lesson, the status, the results and their reading, and the figures of
+        the tab in view."""
         picked = preset(key)
         payload, status, reading = self.presets(key)
         names = picked.columns
-        updates = {"presets": key, "query": picked.query, "context": picked.context or "",
+        updates = {"presets": key, "pair": payload["pair"], "facts": present.pair_facts_markdown(payload["pair"]),
+                   "query": picked.query, "context": picked.context or "",
                    "expected": spec.expected_text(picked.answers), "chosen": names, "shown": names, "status": status,
                    "lesson": views.lesson_of(reading), "results": payload, "reading": reading, **views.swap_fields(picked)}
         updates.update(views.cards(reading, names))

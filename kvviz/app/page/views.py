@@ -146,12 +146,13 @@ def asked_again_status(reading: Reading) -> str:
 
 
 def swap_fields(picked) -> dict:
-    """The swap fields for a preset: its stored swap's words and answer, and its contradicting
-    sentence and what it answers (``Preset.contradiction``; empty without one)."""
+    """The swap fields for a preset: its stored swap's words and answer (empty without one, and for
+    a swap of the sharer: no word of a note changes, its cards show that swap at once), and its
+    contradicting sentence and what it answers (``Preset.contradiction``; empty without one)."""
     old, new = picked.swap_words or ("", "")
     made = picked.contradiction
     return {"swap_replace": old, "swap_by": new,
-            "swap_answer": expected_text(picked.swap.answers) if picked.swap else "",
+            "swap_answer": expected_text(picked.swap.answers) if picked.swap_words else "",
             "contra_sentence": made.sentence if made else "", "contra_answer": expected_text(made.answers) if made else ""}
 
 
@@ -234,19 +235,22 @@ def precomputed_payload(precomputed: dict, key: str, default_pair: str) -> tuple
     entry = (precomputed.get("presets") or {}).get(key)
     title = preset(key).title
     if not entry:
-        payload = dict(present.payload(default_pair, None, [], True, key), stamp=f"preset:{key}")
+        payload = dict(present.payload(preset(key).pair or default_pair, None, [], True, key), stamp=f"preset:{key}")
         return payload, (f"No precomputed results for **{present.md(title)}**: press **Run live** to compute them "
                          "on this machine.")
     timed = precomputed.get("timed", "alone")  # how its times were taken (scripts/precompute_presets.py)
     results = [dict(raw, precomputed=True, timed=timed) for raw in entry["results"] if raw["handoff"] in catalog.METHODS]
-    pair = precomputed.get("pair", default_pair)
+    pair = entry.get("pair") or precomputed.get("pair", default_pair)  # a preset may name its own pair
     what_ifs: dict[str, list] = {}  # column -> [(label, result)]: the preset's stored runs at other settings
     for label, run in (entry.get("runs") or {}).items():
         for raw in run.get("results", []):
             what_ifs.setdefault(raw["handoff"], []).append((label, raw))
+    # a swap of the sharer (its pair's sharer that learned the opposite) is the preset's lesson: shown at once
+    swap_shown = bool((entry.get("swap") or {}).get("pair"))
     payload = dict(present.payload(pair, entry.get("request"), results, True, key), stamp=f"preset:{key}",
-                   swap=entry.get("swap"), what_ifs=what_ifs)
-    return payload, present.precomputed_status(title, pair, precomputed.get("generated", ""))
+                   swap=entry.get("swap"), what_ifs=what_ifs, swap_shown=swap_shown)
+    # a preset re-run on its own (precompute_presets.py --preset) carries its own stamp
+    return payload, present.precomputed_status(title, pair, entry.get("generated") or precomputed.get("generated", ""))
 
 
 class PresetRuns:

@@ -142,10 +142,18 @@ def stats_markdown(column: Column) -> str:
     return "\n\n".join(lines)
 
 
+# the same, when what was swapped is the sharer (one that learned the opposite facts), not the note
+SHARER_SWAP_MEANINGS = {
+    "followed": "followed the sharer that learned the opposite: what it answers came from the sharer",
+    "kept": "kept its answer with the sharer that learned the opposite: it did not come from the sharer",
+    "neither": "gave neither answer with the sharer that learned the opposite: no sign it read the sharer",
+}
+
+
 def swap_meaning(column: Column) -> str:
-    """What the column did with the swapped note and what that says ("KVComm followed the swap:
-    what it answers is the note's content"); "" when no swapped note ran for it."""
-    meaning = SWAP_MEANINGS.get(column.swap.outcome)
+    """What the column did with the swapped note (or sharer) and what that says ("KVComm followed
+    the swap: what it answers is the note's content"); "" when no swap ran for it."""
+    meaning = (SHARER_SWAP_MEANINGS if column.swap.pair else SWAP_MEANINGS).get(column.swap.outcome)
     return f"{column.label} {meaning}" if meaning else ""
 
 
@@ -154,10 +162,11 @@ def swap_row_html(column: Column) -> str:
     and CSS; what it means on hover) and the answer on the swapped note (escaped: model text)."""
     outcome = column.swap.outcome
     answer = column.swap.answer if column.swap.applicable else "(does not apply)"
-    hint = swap_meaning(column) or "the swapped note did not run for this column"
+    where = "with the sharer that learned the opposite" if column.swap.pair else "on the swapped note"
+    hint = swap_meaning(column) or "the swap did not run for this column"
     return (f'<div class="kv-swap-row"><span class="kv-swap kv-swap-{outcome}" id="kv-swap-{column.name}" '
             f'data-swap="{outcome}" title="{html.escape(hint)}">{html.escape(SWAP_WORDS[outcome])}</span>'
-            f'<span class="kv-swap-answer" title="its answer on the swapped note">on the swapped note: '
+            f'<span class="kv-swap-answer" title="its answer {where}">{where}: '
             f"“{html.escape(answer)}”</span></div>")
 
 
@@ -241,10 +250,11 @@ def card(column: Column, partial: str | None = None, swapped: bool = False, mess
          contradicted: tuple[str, str] | None = None) -> dict:
     """Every role of one column's card (and its "What each model saw" section): ``head:NAME``,
     ``answer:NAME``, ``stats:NAME``, ``notes:NAME``, ``seen:NAME``. ``partial``: its answer so far;
-    ``swapped``: the swapped note's row shows under the title; ``message``: what its sharer writes;
-    ``contradicted``: (gold, counter) answers, when the contradicted note's row shows."""
+    ``swapped``: the swapped note's row shows under the title (where the column applies); ``message``:
+    what its sharer writes; ``contradicted``: (gold, counter) answers, when the contradicted note's row shows."""
     name, finished = column.name, column.result is not None
-    below = (swap_row_html(column) if swapped and finished else "")
+    # a column that does not apply has no swap to show either (its card already says why)
+    below = swap_row_html(column) if swapped and finished and column.applicable else ""
     below += contradiction_row_html(column, *contradicted) if contradicted and finished and column.contradicted.ran else ""
     below += what_if_html(column) if finished else ""
     answer = partial if partial is not None else ("(not applicable)" if finished and not column.applicable else column.answer)

@@ -92,8 +92,12 @@ def swap_status(reading: Reading, names) -> str:
                      for kind in SWAP_SUMMARIES if kind in outcomes.values())
     swap = reading.swap or {}
     answers = " or ".join(f"“{md(a)}”" for a in swap.get("answers") or [])
+    said = said[:1].upper() + said[1:] if said else "No column could be judged"
+    if swap.get("pair"):  # the sharer was swapped, not the note
+        return (f'<span class="kv-badge">swapped sharer</span> **{md(swap.get("changed", ""))}** in place of the sharer '
+                f"of *{md(reading.pair)}*: it answers {answers}. {said}.")
     return (f'<span class="kv-badge">swapped note</span> **{md(swap.get("changed", ""))}** on *{md(reading.pair)}*, so '
-            f"the note now answers {answers}. {said[:1].upper() + said[1:] if said else 'No column could be judged'}.")
+            f"the note now answers {answers}. {said}.")
 
 
 # the status line's clause per answer on the contradicted note, for the columns judged there

@@ -54,6 +54,7 @@ class Swapped:
     applicable: bool = True
     changed: str = ""
     context: str = ""  # the swapped note
+    pair: str = ""  # set when the sharer was swapped instead (the pair it ran on; "opposite": the pair's own)
     answer_tokens: tuple[str, ...] = ()
     answer_ids: tuple[int, ...] = ()
 
@@ -297,7 +298,7 @@ def _swapped(record: dict | None) -> Swapped:
         return Swapped()
     return Swapped(outcome=record.get("outcome") or "none", answer=str(record.get("answer") or ""),
                    applicable=bool(record.get("applicable", True)), changed=str(record.get("changed") or ""),
-                   context=str(record.get("context") or ""),
+                   context=str(record.get("context") or ""), pair=str(record.get("pair") or ""),
                    answer_tokens=tuple(record.get("answer_tokens") or ()), answer_ids=tuple(record.get("answer_ids") or ()))
 
 

@@ -26,7 +26,9 @@ processes with the gloo backend). Each process takes every N-th example; DDP ave
 Legs (``kvviz.studies.legs``): with ``--minutes M`` the run stops after M minutes of training, saves
 its state and exits; the same command with ``--resume`` continues it (give ``--resume`` from the
 first leg on: there is nothing to resume yet, so it starts). Each leg is a line of
-``legs_<kind>.jsonl`` (its steps and seconds).
+``legs_<kind>.jsonl`` (its steps and seconds). ``--fuser-now DIR`` trains nothing: it writes the
+checkpoint's fuser as it stands into ``DIR/<kind>`` (measured and recorded as a finished run's, its
+config's ``steps_done`` saying how far it got), so a partly trained fuser can be evaluated.
 
 Outputs in ``--out``: ``c2c/`` or ``control/`` (the fuser checkpoint),
 ``loss_<kind>.csv``, ``loss_<kind>.html`` (plotly), ``summary_<kind>.json`` and ``checkpoint_<kind>/``
@@ -54,7 +56,7 @@ from kvviz.handoffs.c2c.fuser import C2CFuser, annealed_temperature, new_fuser
 from kvviz.studies import legs
 from kvviz.studies.c2c.examples import SPLIT_DEFAULTS, Example, build_examples, split_records
 from kvviz.studies.c2c.scoring import response_nll
-from kvviz.studies.c2c.train_report import finish, log_loss, start_loss_log
+from kvviz.studies.c2c.train_report import finish, log_loss, save_measured, start_loss_log
 
 DEFAULTS = {
     **SPLIT_DEFAULTS,
@@ -132,6 +134,10 @@ def configure_parser(parser) -> None:
     parser.add_argument("--minutes", type=float, default=0,
                         help="end this leg after M minutes of training, saving its state (rerun with --resume; 0: no limit)")
     parser.add_argument("--fp16", action="store_true", help="store the final weights in float16 (half the size)")
+    parser.add_argument("--fuser-now", default=None, metavar="DIR",
+                        help="train nothing: write DIR/c2c (or DIR/control) from OUT's checkpoint as it stands, measured "
+                             "as a finished run's (a partly trained fuser; its config says at which step), e.g. for "
+                             "eval-fuser --fuser DIR/c2c or bench --fuser DIR/c2c")
     parser.add_argument("--no-progress", action="store_true")
 
 
@@ -314,11 +320,30 @@ def train_steps(run: Run, model, optimizer, scheduler, train: list[Example], sta
     return budget.seconds, step
 
 
+def fuser_now(run: Run, fuser: C2CFuser, optimizer, heldout: list[Example]) -> int:
+    """``--fuser-now DIR``: the checkpoint's fuser as it stands, in ``DIR/<kind>``, nothing trained
+    (the legs' records, the loss curve and the checkpoint are left as they are: the run resumes)."""
+    folder = checkpoint_folder(run)
+    if not legs.has_state(folder):
+        raise SystemExit(f"--fuser-now: no checkpoint in {folder} (train a leg first)")
+    step = int(legs.load_state(folder, dict(fuser.named_parameters()), optimizer)["step"])
+    recorded = [leg for leg in legs.legs(run.out, name=f"legs_{run.kind}.jsonl") if leg["to_step"] <= step]
+    seconds, steps_run = sum(leg["seconds"] for leg in recorded), sum(leg["to_step"] - leg["from_step"] for leg in recorded)
+    run.log(f"the {run.kind} fuser as it stands at step {step} of {run.args.steps} (no training)")
+    fuser.eval()
+    summary, _ = save_measured(run, fuser, heldout, seconds, steps_run, Path(run.args.fuser_now) / run.kind, step)
+    (Path(run.args.fuser_now) / f"summary_{run.kind}.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
 def main(args) -> int:
     run = start(args)
     train, heldout = training_examples(run)
     fuser = initial_fuser(run)
     optimizer, scheduler = optimizer_for(args, fuser)
+    if args.fuser_now:
+        return fuser_now(run, fuser, optimizer, heldout) if run.is_main else 0
     start_step = resume(run, fuser, optimizer, scheduler)
     model, optimizer = run.accelerator.prepare(fuser, optimizer)
     _, step = train_steps(run, model, optimizer, scheduler, train, start_step)

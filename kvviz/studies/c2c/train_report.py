@@ -52,10 +52,14 @@ def write_loss_plot(csv_path: Path, html_path: Path, heldout: dict | None = None
     figure.write_html(str(html_path), include_plotlyjs="cdn")
 
 
-def training_record(run, core: C2CFuser, heldout: list[Example], measured: dict, seconds: float, steps_run: int) -> dict:
+def training_record(run, core: C2CFuser, heldout: list[Example], measured: dict, seconds: float, steps_run: int,
+                    steps_done: int | None = None) -> dict:
     """How the fuser was trained, for its config (``FuserConfig.training``). ``run``: the trainer's
-    ``Run``; ``seconds``: the training time of every leg together."""
+    ``Run``; ``seconds``: the training time of every leg together, over ``steps_run`` steps;
+    ``steps_done``: the step its weights are at (a partly trained fuser, ``--fuser-now``; default:
+    the schedule's last)."""
     args = run.args
+    steps_done = args.steps if steps_done is None else steps_done
     applied = core.open_gates().cpu()
     record = {
         "data": args.data, "steps": args.steps, "batch_size": args.batch_size, "processes": run.accelerator.num_processes,
@@ -69,6 +73,7 @@ def training_record(run, core: C2CFuser, heldout: list[Example], measured: dict,
         "train_seconds": round(seconds, 1), "open_gates_k": int(applied[:, 0].sum()), "open_gates_v": int(applied[:, 1].sum()),
         "control": args.control, "storage": "float16" if args.fp16 else "float32",
         "seconds_per_step": round(seconds / max(steps_run, 1), 3),
+        "steps_done": steps_done, "finished": steps_done >= args.steps,
     }
     if measured["communication"] is not None:
         record["communication"] = measured["communication"]
@@ -88,13 +93,22 @@ def measure_heldout(run, core: C2CFuser, heldout: list[Example]) -> dict:
 
 def finish(run, core: C2CFuser, heldout: list[Example], seconds: float, steps_run: int) -> dict:
     """Measure, save the fuser with its training record, the loss plot and the summary."""
-    args, kind = run.args, run.kind
-    measured = measure_heldout(run, core, heldout)
-    core.config.training = training_record(run, core, heldout, measured, seconds, steps_run)
-    target = run.out / kind
-    core.save(target, dtype=torch.float16 if args.fp16 else torch.float32)
+    kind = run.kind
+    summary, measured = save_measured(run, core, heldout, seconds, steps_run, run.out / kind)
     write_loss_plot(run.out / f"loss_{kind}.csv", run.out / f"loss_{kind}.html",
                     {f"held-out NLL ({kind})": measured["heldout_nll"], "held-out NLL (receiver alone)": measured["receiver_nll"]})
+    (run.out / f"summary_{kind}.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def save_measured(run, core: C2CFuser, heldout: list[Example], seconds: float, steps_run: int, target: Path,
+                  steps_done: int | None = None) -> tuple[dict, dict]:
+    """Measure the fuser on the held-out examples, save it in ``target`` with its training record;
+    (its summary, what was measured)."""
+    args, kind = run.args, run.kind
+    measured = measure_heldout(run, core, heldout)
+    core.config.training = training_record(run, core, heldout, measured, seconds, steps_run, steps_done)
+    core.save(target, dtype=torch.float16 if args.fp16 else torch.float32)
     gates = core.gate_logits.detach().cpu()
     summary = {
         "fuser": str(target),
@@ -107,6 +121,6 @@ def finish(run, core: C2CFuser, heldout: list[Example], seconds: float, steps_ru
         "open_gates": {"k": core.config.training["open_gates_k"], "v": core.config.training["open_gates_v"], "layers": gates.shape[0]},
         "gate_logits": [[round(float(x), 4) for x in row] for row in gates.tolist()],
         "communication": measured["communication"],
+        "steps_done": core.config.training["steps_done"], "steps": args.steps,
     }
-    (run.out / f"summary_{kind}.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return summary, measured
