@@ -216,18 +216,12 @@ _special_ids_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _special_ids(tokenizer) -> set[int]:
     """Ids of the tokenizer's special tokens (the named ones and every added token marked special),
     read again only when tokens were added to it since."""
-    try:
-        size, ids = _special_ids_of.get(tokenizer, (None, None))
-    except TypeError:  # a tokenizer that cannot be weakly referenced: read it every time
-        size, ids = None, None
-    if ids is not None and size == len(tokenizer):
-        return ids
-    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    ids = frozenset(tokenizer.all_special_ids) | {token_id for token_id, token in added.items() if getattr(token, "special", False)}
-    try:
+    size, ids = _special_ids_of.get(tokenizer, (None, None))
+    if ids is None or size != len(tokenizer):
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        ids = frozenset(tokenizer.all_special_ids) | {token_id for token_id, token in added.items()
+                                                      if getattr(token, "special", False)}
         _special_ids_of[tokenizer] = (len(tokenizer), ids)
-    except TypeError:
-        pass
     return ids
 
 
