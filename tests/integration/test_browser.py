@@ -131,8 +131,11 @@ def overlapping(one, two, slack: float = 1.0) -> bool:
 def low_contrast(page) -> list[dict]:
     """The texts under MIN_CONTRAST once the page's events are done (a pending event's tracker is not
     text a learner reads)."""
-    page.wait_for_function(f"() => !({EVENTS_PENDING_JS})()", timeout=30_000)
-    return [t for t in page.evaluate(CONTRAST_JS) if t["ratio"] < MIN_CONTRAST]
+    # One JS turn: the page is checked for pending events and read in the same task, so a queued event
+    # (a tab's recording) cannot start its tracker between the two.
+    texts = page.wait_for_function(f"() => ({EVENTS_PENDING_JS})() ? null : ({CONTRAST_JS})()",
+                                   timeout=30_000).json_value()
+    return [t for t in texts if t["ratio"] < MIN_CONTRAST]
 
 
 # --- the first screen, contrast, the phone ----------------------------------------------------------
