@@ -25,7 +25,7 @@ from kvviz.app.reading import catalog
 from kvviz.app.reading.questions import Claim, parse_claims
 from kvviz.core.paths import ASSETS, PRECOMPUTED
 from kvviz.data.contradictions import Contradiction, contradiction_from_swap
-from kvviz.data.swaps import OPPOSITE, Swap, replace_fact
+from kvviz.data.swaps import OPPOSITE, Swap, replace_fact, sharer_swap
 from kvviz.runtime.pairs import PAIRS
 
 PRESETS_PATH = ASSETS / "presets.toml"
@@ -133,9 +133,6 @@ def _preset(raw: dict) -> Preset:
                      "swap_words": (raw["swap"]["replace"], raw["swap"]["by"]) if raw.get("swap", {}).get("replace") else ()})
 
 
-SHARER_SWAP = "the sharer that learned the opposite"  # what a preset's sharer swap changed, in words
-
-
 def _swap(key: str, raw: dict) -> Swap | None:
     """A preset's ``swap = {replace, by, answers}``: its note with ``replace`` changed to ``by``; or
     ``swap = {sharer = "opposite", answers}``: the same question to the pair's sharer that learned
@@ -148,7 +145,7 @@ def _swap(key: str, raw: dict) -> Swap | None:
             raise ValueError(f"preset {key}: a sharer swap is swap = {{ sharer = \"{OPPOSITE}\", answers = [...] }}")
         if not (raw.get("pair") and PAIRS[raw["pair"]].opposite):
             raise ValueError(f"preset {key}: a sharer swap needs a pair whose sharer has an opposite (e.g. knower)")
-        return Swap(context=raw.get("context") or None, answers=tuple(given["answers"]), changed=SHARER_SWAP, pair=OPPOSITE)
+        return sharer_swap(raw.get("context"), given["answers"])
     if set(given) - {"replace", "by", "answers"} or not {"replace", "by", "answers"} <= set(given):
         raise ValueError(f"preset {key}: swap takes replace, by and answers")
     if not raw.get("context"):

@@ -66,6 +66,7 @@ from kvviz.app.page.spec import (  # noqa: F401 (the page's facts, for tests and
     plot_names,
     preset_columns,
     run_parameter_names,
+    setup_html,
 )
 from kvviz.app.page.steps import walkthrough_steps  # noqa: F401 (the walk-through, for tests and scripts)
 from kvviz.app.page.tabs import FigureCache
@@ -84,7 +85,7 @@ def initial_values(presets: views.PresetRuns) -> tuple[dict, dict, list[str]]:
     shown = preset_columns(first)
     values = {"presets": DEFAULT_PRESET, "query": first.query, "context": first.context or "",
               "expected": expected_text(first.answers), "status": status, "lesson": views.lesson_of(reading),
-              "reading": reading, **views.swap_fields(first)}
+              "reading": reading, "setup": setup_html(first.context, payload["pair"]), **views.swap_fields(first)}
     values.update(views.cards(reading, shown))
     return values, payload, shown
 

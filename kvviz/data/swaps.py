@@ -60,6 +60,15 @@ class Swap:
                    pair=data.get("pair"))
 
 
+SHARER_SWAP = "the sharer that learned the opposite"  # what a sharer swap changed, in words
+
+
+def sharer_swap(context: str | None, answers) -> Swap:
+    """The same question (and note) to the pair's counterpart whose sharer learned the opposite facts,
+    which answers ``answers`` there (a preset's stored sharer swap, or one typed on the page)."""
+    return Swap(context=context or None, answers=tuple(answers), changed=SHARER_SWAP, pair=OPPOSITE)
+
+
 def swap_outcome(swapped_answer: str, original_answers, swapped_answers) -> str | None:
     """What a column answered on the swapped note: "followed" (the swapped answer, not the old one),
     "kept" (the old answer, not the swapped one) or "neither" (both, none, or an empty answer), by

@@ -311,7 +311,8 @@ def test_a_killed_sharer_leg_keeps_its_steps_up_to_the_last_save(tmp_path, monke
 
 
 def test_a_knower_preset_runs_on_its_pair_and_swaps_its_sharer_not_a_note():
-    from kvviz.app.presets import SHARER_SWAP, _preset
+    from kvviz.app.presets import _preset
+    from kvviz.data.swaps import SHARER_SWAP
 
     raw = {"key": "x", "title": "X", "scenario": "shared", "query": "Name the capital of Quorveth Island.",
            "answers": ["Saltmere"], "pair": "knower", "swap": {"sharer": "opposite", "answers": ["Ravenmoor"]}}

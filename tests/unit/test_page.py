@@ -362,34 +362,39 @@ def swap_handler(demo):
     return next(fn for fn in demo.fns.values() if fn.api_name == "swap_on_page").fn
 
 
-def swap_updates(demo, query, context, expected, names, fields, reading):
+def swap_updates(demo, query, context, expected, names, fields, reading, pair="embedded"):
     """Swap the fact on the page: each update by role, ``results`` the run's reading at the end."""
     page = demo.kvviz_page
     request = type("Request", (), {"session_hash": "swap"})()
     settings = [4, False, 0.7, 0] + [spec_default(option) for option in page.specs for _ in range(option.inputs)]
     shown = ["" for _ in page_stream_roles()]
-    updates = list(swap_handler(demo)("embedded", query, context, expected, names, {"tab": spec.DEFAULT_TAB}, *fields,
+    updates = list(swap_handler(demo)(pair, query, context, expected, names, {"tab": spec.DEFAULT_TAB}, *fields,
                                       reading, request, *settings, *shown))
     roles = page_stream_roles()
     return [dict(zip(roles, values[:-1]), results=values[-1]) for values in updates]
 
 
-def test_swap_the_fact_on_a_preset_shows_its_stored_swap_without_running_a_model(monkeypatch):
+@pytest.mark.parametrize("key", [p.key for p in PRESETS if p.swap is not None])
+def test_swap_the_fact_on_a_preset_shows_its_stored_swap_without_running_a_model(monkeypatch, key):
+    """Its swap fields as the preset fills them (a sharer swap: only the answer), Swap the fact shows
+    the stored swap."""
     from kvviz.app.page import running
 
     monkeypatch.setattr(running, "stream_run", lambda *a, **k: pytest.fail("a stored swap runs no model"))
     demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
-    key = next(p.key for p in PRESETS if p.swap is not None)
     picked = preset(key)
     payload, _, reading = PRESET_RUNS(key)
     names = spec.preset_columns(picked)
-    fields = (*picked.swap_words, spec.expected_text(picked.swap.answers))
-    (update,) = swap_updates(demo, picked.query, picked.context, spec.expected_text(picked.answers), names, fields, reading)
-    stored = {r["handoff"]: r["swap"]["outcome"] or "none" for r in payload["results"]}
-    for name in names:
+    filled = views.swap_fields(picked)
+    fields = (filled["swap_replace"], filled["swap_by"], filled["swap_answer"])
+    (update,) = swap_updates(demo, picked.query, picked.context, spec.expected_text(picked.answers), names, fields, reading,
+                             pair=payload["pair"])
+    stored = {r["handoff"]: r["swap"]["outcome"] or "none" for r in payload["results"] if r.get("applicable", True)}
+    for name in set(names) & set(stored):  # a column that does not apply has no swap row
         assert f'data-swap="{stored[name]}"' in update[f"head:{name}"], name
-    assert update["results"].swap_shown and "swapped note" in update["status"]
-    assert "Followed the swap" in update["status"]
+    assert update["results"].swap_shown and ("swapped sharer" if picked.swap.pair else "swapped note") in update["status"]
+    assert "Followed the swap" in update["status"], update["status"]
+    assert ("came from the sharer" if picked.swap.pair else "the note's content") in update["status"]
 
 
 def test_swap_the_fact_on_a_typed_note_runs_the_swapped_note_and_judges_each_column(monkeypatch):
@@ -425,14 +430,47 @@ def test_swap_the_fact_on_a_typed_note_runs_the_swapped_note_and_judges_each_col
     assert {r["handoff"]: r["swap"]["outcome"] for r in again[-1]["results"].payload["results"]}["kvcomm"] == "followed"
 
 
-@pytest.mark.parametrize("context, fields, said", [
-    ("It is 4471.", ("1234", "3902", ""), "'1234' is not in the note"),
-    ("", ("4471", "3902", ""), "this question has none"),
-    ("It is 4471.", ("4471", "4471", ""), "must differ"),
-])
-def test_a_swap_the_page_cannot_make_says_why_in_the_status_line_alone(context, fields, said):
+def test_swap_the_fact_without_a_note_on_a_pair_with_an_opposite_sharer_asks_that_sharer_live(monkeypatch):
+    """On the knower pair a typed question has no note to swap: Swap the fact asks the same question
+    on the pair whose sharer learned the opposite (knower-opposite) and judges each column by the
+    answer typed for it."""
+    from kvviz.app.page import run as page_run
+    from kvviz.app.page import running
+
+    said = {"knower": {"receiver": "Port Ilse", "text": "Greyhaven", "c2c": "Greyhaven"},
+            "knower-opposite": {"receiver": "Port Ilse", "text": "Ravenmoor", "c2c": "Greyhaven"}}
+    ran = []
+
+    def scripted(run, workers, stop, batches=None):
+        ran.append((run.pair, run.request.context, list(run.names)))
+        script = [Done(name, fake_result(name, said[run.pair][name])) for name in run.names]
+        return page_run.stream_run(run, workers, stop, batches=one_by_one(script))
+
+    monkeypatch.setattr(running, "stream_run", scripted)
     demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
-    (update,) = swap_updates(demo, "What is the code?", context, "4471", NAMES, fields, None)
+    names = ["receiver", "text", "c2c"]
+    query = "Name the capital of Quorveth Island."
+    updates = swap_updates(demo, query, "", "Greyhaven", names, ("", "", "Ravenmoor"), None, pair="knower")
+    assert [(pair, names_run) for pair, _, names_run in ran] == [("knower", names), ("knower-opposite", names)]
+    assert not any(context for _, context, _ in ran)  # no note on either side
+    final = updates[-1]
+    outcomes = {r["handoff"]: r["swap"]["outcome"] for r in final["results"].payload["results"]}
+    assert outcomes == {"receiver": "neither", "text": "followed", "c2c": "kept"}
+    assert "the sharer that learned the opposite" in updates[-2]["status"]
+    ran.clear()  # asked again, the page holds that swap: nothing runs
+    again = swap_updates(demo, query, "", "Greyhaven", names, ("", "", "Ravenmoor"), final["results"], pair="knower")
+    assert again[-1]["results"].swap_shown and ran == []
+
+
+@pytest.mark.parametrize("pair, context, fields, said", [
+    ("embedded", "It is 4471.", ("1234", "3902", ""), "'1234' is not in the note"),
+    ("embedded", "", ("4471", "3902", ""), "this question has none"),
+    ("embedded", "It is 4471.", ("4471", "4471", ""), "must differ"),
+    ("knower", "", ("", "", ""), "type what that sharer should answer"),
+])
+def test_a_swap_the_page_cannot_make_says_why_in_the_status_line_alone(pair, context, fields, said):
+    demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
+    (update,) = swap_updates(demo, "What is the code?", context, "4471", NAMES, fields, None, pair=pair)
     assert "Not run" in update["status"] and said in update["status"] and update["results"] == gr.skip()
 
 
@@ -532,3 +570,35 @@ def test_no_state_holds_a_dataclass_as_its_initial_value():
     assert states and not [block for block in states if dataclasses.is_dataclass(block.value)]
     reading = demo.kvviz_page["reading"].value
     assert callable(reading) and reading().preset == DEFAULT_PRESET
+
+
+def test_the_setup_sentence_follows_the_question_a_note_one_question_or_a_sharer_that_learned_facts():
+    """The sentence under the title says who read what: "the private note" only where there is a note;
+    both models reading one question where there is none; a sharer trained on facts (an adapter) where
+    the pair's sharer has one. It changes with a preset, a typed note or the pair, and once per change."""
+    assert "private note" in spec.setup_html("The code is 4471.", "embedded")
+    assert "same question" in spec.setup_html("", "embedded") and "private note" not in spec.setup_html(" ", "embedded")
+    studied = spec.setup_html("", "knower")
+    assert "learned facts in training" in studied and "handbook" in studied and "private note" not in studied
+    assert "private note" in spec.setup_html("A note.", "knower")  # a typed note is what the columns hand over
+    assert "same question" in spec.setup_html("", "no-such-pair")  # refused when it runs, not here
+    for picked in PRESETS:
+        said = views.PresetRuns(PRECOMPUTED, "embedded")(picked.key)[0]["pair"]
+        assert ("private note" in spec.setup_html(picked.context, said)) == (picked.scenario == "private"), picked.key
+
+    demo = ui.build_demo(precomputed=PRECOMPUTED, sweep=None)
+    page = demo.kvviz_page
+    assert "private note" in page["setup"].value  # the opening preset has a note
+    ask = next(fn for fn in demo.fns.values() if fn.api_name == "ask_context").fn
+    picked, reading = preset(DEFAULT_PRESET), page["reading"].value()
+    names, view = spec.preset_columns(picked), {"tab": "layers", "drawn": {}, "ready": True}
+    cleared = ask(picked.query, "", "embedded", reading, names, view)
+    assert "same question" in cleared[page["setup"]]
+    typed = ask(picked.query, "T", "embedded", reading, names, cleared[page["view"]])
+    assert "private note" in typed[page["setup"]]
+    assert page["setup"] not in ask(picked.query, "Th", "embedded", reading, names, typed[page["view"]])
+    chosen = next(fn for fn in demo.fns.values() if fn.api_name == "choose_preset").fn
+    handbook = chosen("handbook", typed[page["view"]])
+    assert "learned facts in training" in handbook[page["setup"]]
+    again = ask(preset("handbook").query, "A note.", "knower", reading, names, handbook[page["view"]])
+    assert "private note" in again[page["setup"]]  # the preset's draw forgot the sentence it last sent

@@ -113,10 +113,12 @@ def restored(lab: Lab, link: dict, reading: Reading, names: list[str], view: dic
         updates[f"option:{index}"] = value
     if link.get("column"):
         view = {**view, "tokens_column": link["column"]}
-    if not reading.asks(updates.get("query", reading.query), updates.get("context", reading.context),
-                        updates.get("pair", lab.default_pair)):  # the opening preset's cards do not answer it
-        updates.update(views.stale_view(reading, updates.get("pair", lab.default_pair)))
-    return updates, reading, names, view
+    asked = (updates.get("query", reading.query), updates.get("context", reading.context),
+             updates.get("pair", lab.default_pair))
+    if not reading.asks(*asked):  # the opening preset's cards do not answer it
+        updates.update(views.stale_view(reading, asked[2]))
+    updates["setup"] = spec.setup_html(*asked[1:])
+    return updates, reading, names, {**view, "setup": None}
 
 
 def wire_permalink(lab: Lab) -> None:
@@ -209,9 +211,11 @@ def wire_ticks_and_expected(lab: Lab) -> None:
         # keystrokes between send nothing (``view["asked"]``: the run and whether it answered, when
         # this handler last drew them; a handler that draws another run clears it)
         asked = [reading.stamp, reading.asks(query, context, pair)]
-        if view.get("asked") == asked:
-            return {}
-        return {**views.asked_view(reading, query, context, pair, names or []), "view": {**view, "asked": asked}}
+        setup = spec.setup_kind(context, pair)  # the setup sentence: a note, one question, a trained sharer
+        updates = {} if view.get("setup") == list(setup) else {"setup": spec.setup_html(context, pair)}
+        if view.get("asked") != asked:
+            updates.update(views.asked_view(reading, query, context, pair, names or []))
+        return {**updates, "view": {**view, "asked": asked, "setup": list(setup)}} if updates else {}
 
     for role in ("query", "context", "pair"):
         page[role].input(resolved(page, on_question), inputs=[*asked, page["reading"], page["chosen"], page["view"]],

@@ -64,11 +64,11 @@ class Lab:
         payload, status, reading = self.presets(key)
         names = picked.columns
         updates = {"presets": key, "pair": payload["pair"], "facts": present.pair_facts_markdown(payload["pair"]),
-                   "query": picked.query, "context": picked.context or "",
+                   "setup": spec.setup_html(picked.context, payload["pair"]), "query": picked.query, "context": picked.context or "",
                    "expected": spec.expected_text(picked.answers), "chosen": names, "shown": names, "status": status,
                    "lesson": views.lesson_of(reading), "results": payload, "reading": reading, **views.swap_fields(picked)}
         updates.update(views.cards(reading, names))
-        figures, view = tab_updates(view.get("tab", spec.DEFAULT_TAB), reading, names, {**view, "asked": None}, self.cache)
+        figures, view = tab_updates(view.get("tab", spec.DEFAULT_TAB), reading, names, {**view, "asked": None, "setup": None}, self.cache)
         return {**updates, **figures, "view": view}
 
     def live_run(self, pair: str, request, names: list[str], expected: str | None, key: str | None,

@@ -64,8 +64,9 @@ def build_top(page: Page) -> None:
             gr.Markdown("# kvviz: watch two language models talk", elem_id="kv-title")
             # the chips' headings and hover texts, the inert closed sidebar, the plots' names and every
             # change of the question told to Gradio: PAGE_JS
-            gr.HTML(spec.setup_html(), elem_id="kv-setup",
-                    js_on_load=PAGE_JS.replace("DECORATIONS", json.dumps(spec.chip_decorations())))
+            # the setup follows the question (``spec.setup_html``)
+            page.add("setup", gr.HTML(page.value("setup"), elem_id="kv-setup",
+                                      js_on_load=PAGE_JS.replace("DECORATIONS", json.dumps(spec.chip_decorations()))))
         page.add("presets", gr.Dropdown(
             choices=[(p.label, p.key) for p in PRESETS], value=page.value("presets"), label="Preset",
             show_label=False, container=False, scale=0, min_width=280, elem_id="kv-presets"))

@@ -158,7 +158,7 @@ def swap_updates(lab: Lab, pair, query, context, expected, ticked, fields, readi
     A preset's stored swap is shown as it is; else the swapped note runs live (``note_and_other``),
     recording what the tab in view (``tab``) shows of what crossed."""
     try:
-        swap = spec.swap_from_form(context, *fields)
+        swap = spec.swap_from_form(context, *fields, pair=pair)
         handoff_request, names = request_from_form(lab, pair, query, context, settings, ticked, expected,
                                                    parts=spec.tab_parts(tab))
     except ValueError as error:
@@ -169,9 +169,11 @@ def swap_updates(lab: Lab, pair, query, context, expected, ticked, fields, readi
     if reading is not None and views.holds_swap(reading, names, swap):  # a preset's stored swap: shown as read
         yield views.swap_view(dataclasses.replace(reading, swap_shown=True, payload={**payload, "swap_shown": True}), names)
         return
+    other_pair = spec.opposite_sharer(pair) if swap.pair else None  # a sharer swap: its question on that pair
     ran = yield from note_and_other(lab, pair, handoff_request, names, expected, reading, key, session,
                                     stream.swapped_request(handoff_request, swap), spec.expected_text(swap.answers),
-                                    "**Swap the fact**, on the swapped note: ")
+                                    f"**Swap the fact**, {'with ' + swap.changed if other_pair else 'on the swapped note'}: ",
+                                    other_pair=other_pair)
     if ran is not None:
         originals, swapped, from_page = ran
         asked = handoff_request.to_dict()
@@ -211,12 +213,13 @@ def contradiction_updates(lab: Lab, pair, query, context, expected, ticked, fiel
 
 
 def note_and_other(lab: Lab, pair, request, names, expected, reading, key, session, other_request, other_expected,
-                   said: str):
+                   said: str, other_pair: str | None = None):
     """The runs behind Swap the fact and Insert a contradiction, as ``{role: value}`` updates: the
     columns whose answers on the note are not on the page for these settings run on it first (on
     their cards), then every column on the other note (its answers stay off the cards until they are
     all in; the status line begins with ``said``). Returns (each column's result on the note, on the
-    other note, whether any answer on the note was the page's), or None when stopped or failed."""
+    other note, whether any answer on the note was the page's), or None when stopped or failed.
+    ``other_pair``: the pair the other request runs on (a sharer swap's), else ``pair``."""
     stop = lab.flags.current(session)
     payload = reading.payload if reading is not None else {}
     held = reading is not None and views.same_request(payload, request.to_dict(), pair)
@@ -228,7 +231,8 @@ def note_and_other(lab: Lab, pair, request, names, expected, reading, key, sessi
         if not columns:
             continue
         on_note = found is originals
-        run = lab.live_run(pair, run_request, columns, expected if on_note else other_expected, key, session)
+        run = lab.live_run(pair if on_note else other_pair or pair, run_request, columns,
+                           expected if on_note else other_expected, key, session)
         for update in stream_run(run, lab.workers, stop, batches=lab.runs.batches):
             update.pop("error", None)
             ended = update.pop("results", None)

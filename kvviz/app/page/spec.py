@@ -17,10 +17,12 @@ from kvviz.app.present import GLOSSARY
 from kvviz.app.presets import DEFAULT_PRESET, Preset  # noqa: F401 (the opening preset, for the page's modules)
 from kvviz.app.reading import catalog
 from kvviz.data.contradictions import Contradiction, typed_contradiction
-from kvviz.data.swaps import Swap, replace_fact
+from kvviz.data.swaps import Swap, replace_fact, sharer_swap
 from kvviz.handoffs import registry
 from kvviz.handoffs.registry import Handoff, Option
+from kvviz.runtime.adapters import split_name
 from kvviz.runtime.crossed import PARTS
+from kvviz.runtime.pairs import resolve_pair
 
 MODEL_QUEUE = "models"
 # The live runs (Run live, Swap the fact, /run): Gradio hands up to ``policy.PAGE_RUNS_AT_ONCE`` of them to the
@@ -85,14 +87,36 @@ def grouped_columns() -> list[str]:
     return sorted(column_names(), key=lambda name: order.index(column_group(name)))
 
 
-# The first screen's one sentence: who read what and who must answer (its terms in the glossary, on hover).
-SETUP_SENTENCE = (
-    'The <b>sharer</b> reads the private note; the <b>receiver</b> answers without it. Each column below hands the '
-    'note over one way (text, a <abbr title="{kv}">KV cache</abbr>, vectors), beside its control.')
+# The first screen's one sentence: who read what and who must answer (its terms in the glossary, on
+# hover). It follows the question asked: a note only the sharer reads, the same question to both, or a
+# sharer that learned facts in training (an adapter: ``BASE@ADAPTER``) the receiver never saw.
+HANDED_OVER = 'one way (text, a <abbr title="{kv}">KV cache</abbr>, vectors), beside its control.'
+SETUP_SENTENCES = {
+    "note": 'The <b>sharer</b> reads the private note; the <b>receiver</b> answers without it. Each column below '
+            'hands the note over ' + HANDED_OVER,
+    "question": 'Both models read the same question; the <b>sharer</b> answers from what it knows, the '
+                '<b>receiver</b> from what each column below hands it over ' + HANDED_OVER,
+    "studied": 'The <b>sharer</b> learned facts in training (its adapter: <i>{adapter}</i>) that the <b>receiver</b> '
+               'never saw; both read the question. Each column below hands what the sharer knows over ' + HANDED_OVER,
+}
 
 
-def setup_html() -> str:
-    return '<div class="kv-setup">' + SETUP_SENTENCE.format(kv=html.escape(GLOSSARY["KV cache"])) + "</div>"
+def setup_kind(context: str | None, pair: str) -> tuple[str, str | None]:
+    """Which setup sentence the question asks for, and the sharer's adapter where it has one."""
+    if (context or "").strip():
+        return "note", None
+    try:
+        _, adapter = split_name(resolve_pair(pair).sharer)
+    except ValueError:  # a pair the page refuses when it runs: it says why then
+        return "question", None
+    return ("studied", adapter) if adapter else ("question", None)
+
+
+def setup_html(context: str | None = "note", pair: str = "embedded") -> str:
+    """The setup sentence for a question with ``context`` (any non-empty note) on ``pair``."""
+    kind, adapter = setup_kind(context, pair)
+    sentence = SETUP_SENTENCES[kind].format(kv=html.escape(GLOSSARY["KV cache"]), adapter=html.escape(adapter or ""))
+    return f'<div class="kv-setup">{sentence}</div>'
 
 
 def chip_decorations() -> dict:
@@ -256,15 +280,32 @@ def expected_text(answers) -> str:
     return f"{EXPECTED_SEPARATOR} ".join(answers)
 
 
-def swap_from_form(context: str | None, replace: str | None, by: str | None, swapped_answer: str | None) -> Swap:
-    """The swapped note the page's swap fields ask for (every ``replace`` in the note becomes
-    ``by``; it answers ``swapped_answer``, else ``by``), or a ValueError saying what is missing."""
+def swap_from_form(context: str | None, replace: str | None, by: str | None, swapped_answer: str | None,
+                   pair: str | None = None) -> Swap:
+    """The swap the page's swap fields ask for: the note with every ``replace`` changed to ``by`` (it
+    answers ``swapped_answer``, else ``by``); on a question without a note, on a pair whose sharer has
+    an opposite (``PairSpec.opposite``), the same question to that sharer, which answers
+    ``swapped_answer``. Else a ValueError saying what is missing."""
     if not (context or "").strip():
-        raise ValueError("Swap the fact changes the private context, and this question has none: type a note with "
-                         "the fact in it first.")
+        if not opposite_sharer(pair):
+            raise ValueError("Swap the fact changes the private context, and this question has none: type a note "
+                             "with the fact in it first.")
+        answers = expected_answers(swapped_answer)
+        if not answers:
+            raise ValueError("This question has no note; on this pair the swap is the sharer that learned the opposite "
+                             "facts: type what that sharer should answer in \"then the answer is\".")
+        return sharer_swap(context, answers)
     note = replace_fact(context, replace or "", by or "")
     answers = expected_answers(swapped_answer) or [str(by).strip()]
     return Swap(context=note, answers=tuple(answers), changed=f"{str(replace).strip()} -> {str(by).strip()}")
+
+
+def opposite_sharer(pair: str | None) -> str | None:
+    """The registered pair whose sharer learned the opposite of ``pair``'s sharer, or None."""
+    try:
+        return resolve_pair(pair).opposite if pair else None
+    except ValueError:
+        return None
 
 
 def contradiction_from_form(context: str | None, expected: str | None, sentence: str | None,

@@ -146,13 +146,13 @@ def asked_again_status(reading: Reading) -> str:
 
 
 def swap_fields(picked) -> dict:
-    """The swap fields for a preset: its stored swap's words and answer (empty without one, and for
-    a swap of the sharer: no word of a note changes, its cards show that swap at once), and its
-    contradicting sentence and what it answers (``Preset.contradiction``; empty without one)."""
+    """The swap fields for a preset: its stored swap's words and answer (empty without one; a swap
+    of the sharer changes no word of a note, so only its answer), and its contradicting sentence and
+    what it answers (``Preset.contradiction``; empty without one)."""
     old, new = picked.swap_words or ("", "")
     made = picked.contradiction
     return {"swap_replace": old, "swap_by": new,
-            "swap_answer": expected_text(picked.swap.answers) if picked.swap_words else "",
+            "swap_answer": expected_text(picked.swap.answers) if picked.swap else "",
             "contra_sentence": made.sentence if made else "", "contra_answer": expected_text(made.answers) if made else ""}
 
 
@@ -165,8 +165,11 @@ def same_request(payload: dict | None, request: dict, pair: str | None = None) -
 
 
 def holds_swap(reading: Reading, names, swap: Swap) -> bool:
-    """Whether every column in ``names`` already ran on this swapped note (a preset's stored swap)."""
-    return bool(names) and all(reading.column(name).swap.context == swap.context for name in names)
+    """Whether every column in ``names`` already ran this swap (a preset's stored swap): the same
+    swapped note, or the same sharer swap."""
+    def ran(held) -> bool:
+        return bool(held.changed) and held.context == (swap.context or "") and held.pair == (swap.pair or "")
+    return bool(names) and all(ran(reading.column(name).swap) for name in names)
 
 
 def with_swap(payload: dict, originals: dict[str, dict], swapped: dict[str, dict], names, swap: Swap,

@@ -82,15 +82,22 @@ SWAP_SUMMARIES = {
     "kept": "kept their answer (it did not come from this fact)",
     "neither": "gave neither answer (no sign they read this fact)",
 }
+# the same, when what was swapped is the sharer (one that learned the opposite facts), not the note
+SHARER_SWAP_SUMMARIES = {
+    "followed": "followed the swap (what they answer came from the sharer)",
+    "kept": "kept their answer (it did not come from the sharer)",
+    "neither": "gave neither answer (no sign they read the sharer)",
+}
 
 
 def swap_status(reading: Reading, names) -> str:
     """The status line once the swapped note ran: what changed, which columns followed it, and what
     each outcome means."""
     outcomes = reading.swap_outcomes(names)
-    said = "; ".join(f"{SWAP_SUMMARIES[kind]}: **{_labels(n for n, o in outcomes.items() if o == kind)}**"
-                     for kind in SWAP_SUMMARIES if kind in outcomes.values())
     swap = reading.swap or {}
+    summaries = SHARER_SWAP_SUMMARIES if swap.get("pair") else SWAP_SUMMARIES
+    said = "; ".join(f"{summaries[kind]}: **{_labels(n for n, o in outcomes.items() if o == kind)}**"
+                     for kind in summaries if kind in outcomes.values())
     answers = " or ".join(f"“{md(a)}”" for a in swap.get("answers") or [])
     said = said[:1].upper() + said[1:] if said else "No column could be judged"
     if swap.get("pair"):  # the sharer was swapped, not the note
