@@ -354,6 +354,26 @@ def test_swap_the_fact_on_a_preset_marks_every_card_with_what_it_did_on_the_swap
     assert not page.errors, page.errors
 
 
+def test_a_preset_without_a_note_says_so_and_the_handbooks_swap_is_its_sharer_that_learned_the_opposite(page):
+    """The sentence under the title follows the preset (no "private note" where there is none); the
+    handbook preset fills its swap's answer, and Swap the fact shows its stored sharer swap."""
+    from kvviz.app.presets import preset
+
+    setup = page.locator("#kv-setup")
+    assert "private note" in setup.inner_text()  # the opening preset has one
+    picked = preset("handbook")
+    choose_preset(page, picked.label)
+    setup.get_by_text("learned facts in training").wait_for(timeout=30_000)
+    assert "private note" not in setup.inner_text()
+    answer = page.locator("#kv-swap-answer textarea, #kv-swap-answer input").first
+    assert answer.input_value() == picked.swap.answers[0]
+    page.locator("#kv-swap-button").click()
+    page.locator("#kv-status").get_by_text("swapped sharer").wait_for(timeout=60_000)
+    assert "came from the sharer" in page.locator("#kv-status").inner_text()
+    page.screenshot(path=str(artifacts_dir() / "browser-handbook-swap.png"), full_page=False)
+    assert not page.errors, page.errors
+
+
 def registry_label(name: str) -> str:
     from kvviz.handoffs import registry
 
