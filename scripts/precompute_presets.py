@@ -138,6 +138,16 @@ def machine_of(pair) -> str:
     return f"{platform.machine()} CPU" if str(pair.receiver.device) == "cpu" else str(pair.receiver.device)
 
 
+def same_numerics(out: dict, pair) -> None:
+    """A partial update keeps the file in one numeric mode (``kvviz.runtime.numerics``): refused when
+    this process computes in another mode than the file was written in."""
+    stored, now = out.get("numerics", "fp32"), pair.receiver.numerics
+    if stored != now:
+        raise SystemExit(f"{PRECOMPUTED_PATH.relative_to(ROOT)} was computed in the {stored} numeric mode and this "
+                         f"process computes in {now}: regenerate every preset (python scripts/precompute_presets.py) "
+                         f"or run this with KVVIZ_NUMERICS={stored}.")
+
+
 def update_presets(pairs: Pairs, keys: list[str], max_new_tokens: int) -> int:
     """Re-run the presets ``keys`` (every column, their stored runs) and replace their entries in
     assets/precomputed/presets.json, the other presets' kept as they are."""
@@ -147,6 +157,7 @@ def update_presets(pairs: Pairs, keys: list[str], max_new_tokens: int) -> int:
     if unknown:
         raise SystemExit(f"unknown preset(s) {', '.join(unknown)}; the presets: {', '.join(by_key)}")
     for key in keys:
+        same_numerics(out, pairs(by_key[key]))
         entry = pairs.entry(by_key[key], max_new_tokens)
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         out["presets"][key] = {**entry, "generated": f"{stamp}, {machine_of(pairs(by_key[key]))}, warm, one handoff at a time"}
@@ -162,6 +173,7 @@ def update_columns(pairs: Pairs, names: list[str], max_new_tokens: int) -> int:
     out = json.loads(PRECOMPUTED_PATH.read_text(encoding="utf-8"))
     for preset in PRESETS:
         pair = pairs(preset)
+        same_numerics(out, pair)
         entry = out["presets"][preset.key]
         fresh = preset_run(pair, preset, names, max_new_tokens)
         replaced = {result["handoff"]: result for result in fresh["results"]}
@@ -203,8 +215,9 @@ def main(argv=None) -> int:
     if not args.sweep_only:
         # "timed": each handoff ran by itself on a warm process, so its time is its own cost (the
         # page says "alone"; a live run's columns share the CPU, kvviz.app.present.time_text)
+        # "numerics": the mode the models computed in (the page's live runs match these in that mode)
         out = {"pair": pair.name, "generated": f"{stamp}, {machine}, warm, one handoff at a time", "timed": "alone",
-               "max_new_tokens": args.max_new_tokens, "presets": {}}
+               "numerics": pair.receiver.numerics, "max_new_tokens": args.max_new_tokens, "presets": {}}
         pairs = Pairs(args.pair, column_names())
         pairs.loaded[pair.name] = pair
         warm_up(pair, column_names())
@@ -223,6 +236,7 @@ def main(argv=None) -> int:
 
         sweep = run_sweep(pair, series, args.sweep_tokens, progress=progress)
         sweep["generated"] = f"{stamp}, {machine}"
+        sweep["numerics"] = pair.receiver.numerics
         sweep["precomputed"] = True
         PRECOMPUTED_SWEEP_PATH.write_text(json.dumps(sweep, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"wrote {PRECOMPUTED_SWEEP_PATH.relative_to(ROOT)} in {sweep['seconds']:.0f} s; baselines {sweep['baselines']}")
