@@ -182,7 +182,7 @@ def table(out: Path, mode: str, datasets: dict[str, int], command: str,
                     f"{'within' if result['within'] else '**outside**'} |")
         if (smallest or 0) < needed.get(dataset, 0):
             short.append(f"{dataset} n = {smallest or 0} of {needed[dataset]}")
-        every_one = " (every question of the file with a swapped fact)" if needed.get(dataset, 0) < 100 else ""
+        every_one = ": every question of the file with a swapped fact" if needed.get(dataset, 0) < 100 else ""
         lines += ["", f"Paired samples: at least {smallest or 0} per row (the gate needs {needed.get(dataset, 0)}{every_one}). "
                   f"Answers word for word the same in both modes (on the original note): {', '.join(same)}.", ""]
     verdict = gate_verdict(every, short)

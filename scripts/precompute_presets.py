@@ -135,7 +135,9 @@ def write_and_check(out: dict, said: str) -> None:
 
 
 def machine_of(pair) -> str:
-    return f"{platform.machine()} CPU" if str(pair.receiver.device) == "cpu" else str(pair.receiver.device)
+    """Where the stored runs were computed, with the numeric mode (the page's status line shows it)."""
+    device = f"{platform.machine()} CPU" if str(pair.receiver.device) == "cpu" else str(pair.receiver.device)
+    return f"{device}, {pair.receiver.numerics}"
 
 
 def same_numerics(out: dict, pair) -> None:

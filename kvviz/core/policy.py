@@ -73,10 +73,11 @@ def batched_decode_enabled() -> bool:
 
 # The numeric mode of the models' decoder stacks on the CPU (``kvviz.runtime.numerics``): "fp32", "bf16"
 # (bfloat16 weights through oneDNN, where the CPU multiplies bfloat16 natively) or "auto" (bf16 where it
-# pays, else fp32). ``KVVIZ_NUMERICS`` overrides. The default stays "fp32" until the stored presets
-# (assets/precomputed) are regenerated in the chosen mode: the live page must give what they show.
-# Flipping it to "auto" together with that regeneration is the lead's step (docs/SPEED.md section 13).
-DEFAULT_NUMERICS = "fp32"
+# pays, else fp32). ``KVVIZ_NUMERICS`` overrides. "auto" since issue 42's gates held (docs/RESULTS.md
+# "Numeric mode bf16 against fp32"): every handoff's tokens the same alone and in any batch, accuracy
+# and follow rates within fp32's paired intervals, and the stored presets computed in the mode they
+# name (assets/precomputed/presets.json "numerics").
+DEFAULT_NUMERICS = "auto"
 NUMERICS_SETTINGS = ("auto", "fp32", "bf16")
 
 

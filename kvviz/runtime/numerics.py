@@ -4,8 +4,8 @@ A *numeric mode* is chosen once per process, when a model loads (``kvviz.runtime
 from ``KVVIZ_NUMERICS`` (``kvviz.core.policy.numerics_setting``) and what the CPU has:
 
 * ``fp32``: the weights as loaded; prompt passes through the transformers forward (MKL), decode steps
-  through the weights packed once for oneDNN (``kvviz.runtime.step``). Everywhere, and the default
-  until the stored presets are regenerated in the chosen mode (``policy.DEFAULT_NUMERICS``).
+  through the weights packed once for oneDNN (``kvviz.runtime.step``). Everywhere; what ``auto`` gives
+  on a CPU without native bfloat16.
 * ``bf16``: every linear layer of the decoder stack keeps its weights in bfloat16, packed once for
   oneDNN (``PackedLinear``); a product rounds its input rows to bfloat16, accumulates in fp32 and
   gives its output back in fp32. Everything between the products stays fp32: the embedding, the norms,
@@ -13,7 +13,8 @@ from ``KVVIZ_NUMERICS`` (``kvviz.core.policy.numerics_setting``) and what the CP
   stream, and the output head (its greedy choice stays the exact argmax of its fp32 logits,
   ``kvviz.runtime.head``). Prompt passes and decode steps both use these products. Needs bfloat16
   dot products in the CPU (AVX-512-BF16 or AMX-BF16): elsewhere oneDNN emulates them, slower than fp32.
-* ``auto``: ``bf16`` where the CPU has native bfloat16 dot products, else ``fp32``.
+* ``auto`` (the default, ``policy.DEFAULT_NUMERICS``): ``bf16`` where the CPU has native bfloat16 dot
+  products, else ``fp32``.
 
 Why bf16 and not int8 (``PYTHONPATH=. python research/numerics.py kernels``, one thread, one pass over
 Gemma-3-270M's stack matrices; docs/SPEED.md section 13): 16 ms for six rows in bf16 against 26 ms

@@ -36,9 +36,9 @@ def in_bf16(loaded):
     return loaded
 
 
-def test_the_setting_defaults_to_fp32_and_refuses_what_it_does_not_know(monkeypatch):
+def test_the_setting_defaults_to_auto_and_refuses_what_it_does_not_know(monkeypatch):
     monkeypatch.delenv("KVVIZ_NUMERICS", raising=False)
-    assert policy.numerics_setting() == policy.DEFAULT_NUMERICS == "fp32"
+    assert policy.numerics_setting() == policy.DEFAULT_NUMERICS == "auto"  # bf16 where the CPU has it
     monkeypatch.setenv("KVVIZ_NUMERICS", " BF16 ")
     assert policy.numerics_setting() == "bf16"
     monkeypatch.setenv("KVVIZ_NUMERICS", "int4")
