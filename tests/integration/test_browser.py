@@ -123,6 +123,9 @@ EVENTS_PENDING_JS = r"""() => [...document.querySelectorAll('body *')].some(e =>
   && /^(queue:|processing\b|\d+(\.\d+)?(\/\d+(\.\d+)?)?s$)/.test((e.textContent || '').trim()))"""
 
 
+TRANSITIONS_RUNNING_JS = "() => document.getAnimations().some(a => a instanceof CSSTransition && a.playState === 'running')"
+
+
 def overlapping(one, two, slack: float = 1.0) -> bool:
     """Two boxes [left, top, right, bottom] that share more than ``slack`` px each way."""
     return (one[0] < two[2] - slack and two[0] < one[2] - slack and one[1] < two[3] - slack and two[1] < one[3] - slack)
@@ -131,10 +134,11 @@ def overlapping(one, two, slack: float = 1.0) -> bool:
 def low_contrast(page) -> list[dict]:
     """The texts under MIN_CONTRAST once the page's events are done (a pending event's tracker is not
     text a learner reads)."""
-    # One JS turn: the page is checked for pending events and read in the same task, so a queued event
-    # (a tab's recording) cannot start its tracker between the two.
-    texts = page.wait_for_function(f"() => ({EVENTS_PENDING_JS})() ? null : ({CONTRAST_JS})()",
-                                   timeout=30_000).json_value()
+    # One JS turn: the page is checked for pending events and running CSS transitions (a button fading
+    # in as it is enabled again) and read in the same task, so a queued event (a tab's recording) cannot
+    # start its tracker between the two.
+    settling = f"({EVENTS_PENDING_JS})() || ({TRANSITIONS_RUNNING_JS})()"
+    texts = page.wait_for_function(f"() => {settling} ? null : ({CONTRAST_JS})()", timeout=30_000).json_value()
     return [t for t in texts if t["ratio"] < MIN_CONTRAST]
 
 
