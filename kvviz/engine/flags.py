@@ -30,6 +30,15 @@ def add_model_arguments(parser: argparse.ArgumentParser, pair_help: str = "pair 
     parser.add_argument("--threads", type=int, default=None, help=threads_help)
 
 
+def add_optimizer_arguments(parser: argparse.ArgumentParser, defaults: dict) -> None:
+    """``--lr``, ``--weight-decay``, ``--warmup`` and ``--clip`` (AdamW with a linear warm-up and a
+    gradient norm clip, as the trainers run it), their defaults from the trainer's ``defaults``."""
+    parser.add_argument("--lr", type=float, default=defaults["lr"])
+    parser.add_argument("--weight-decay", type=float, default=defaults["weight_decay"])
+    parser.add_argument("--warmup", type=float, default=defaults["warmup"], help="share of steps for linear warm-up")
+    parser.add_argument("--clip", type=float, default=defaults["clip"], help="gradient norm clip")
+
+
 def apply_threads(args) -> None:
     """``torch.set_num_threads(args.threads)`` when ``--threads`` was given."""
     if getattr(args, "threads", None):
