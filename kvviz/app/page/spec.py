@@ -112,7 +112,7 @@ def setup_kind(context: str | None, pair: str) -> tuple[str, str | None]:
     return ("studied", adapter) if adapter else ("question", None)
 
 
-def setup_html(context: str | None = "note", pair: str = "embedded") -> str:
+def setup_html(context: str | None, pair: str) -> str:
     """The setup sentence for a question with ``context`` (any non-empty note) on ``pair``."""
     kind, adapter = setup_kind(context, pair)
     sentence = SETUP_SENTENCES[kind].format(kv=html.escape(GLOSSARY["KV cache"]), adapter=html.escape(adapter or ""))
