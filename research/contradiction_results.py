@@ -72,7 +72,7 @@ def dataset_section(name: str, folders: list[Path]) -> str:
     first = configs[0]
     made = first.get("contradict") or {}
     pairs = ", ".join(f"`{c['pair']}` ({', '.join(c.get('variants', []))}; `--limit {c.get('limit')}`, rows for "
-                      f"{c['measured']} samples)" for c in configs)
+                      f"{c['measured']} samples; numeric mode {c.get('numerics', 'not recorded')})" for c in configs)
     parts = [f"### {DATASET_NAMES.get(name, name)}", "",
              f"{made.get('samples', '?')} samples with a contradiction in the first {first.get('limit')} (seed {first.get('seed')}, "
              f"{first.get('max_new_tokens')} new tokens; {made.get('rule', '')}); runs {pairs}. A run stopped before its "

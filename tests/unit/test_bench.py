@@ -415,3 +415,22 @@ def test_the_swap_arm_runs_each_sample_again_on_its_swapped_note(tmp_path, tiny_
     again = bench.main(args)  # resumed: nothing runs twice
     assert again == 0 and len(calls) == 12
 
+
+
+def test_a_run_records_its_numeric_mode_and_refuses_to_resume_in_another(tmp_path, tiny_engine, monkeypatch):
+    """config.json says the mode the rows were computed in (kvviz.runtime.numerics); resuming keeps it,
+    and a process in another mode is refused before it writes a row."""
+    pair, calls = tiny_engine
+    dataset = write_jsonl(tmp_path / "open.jsonl", OPEN_RECORDS)
+    out = tmp_path / "run"
+    assert bench.main(bench_args(dataset, out, "--handoffs", "receiver", "--limit", "2")) == 0
+    mode = pair.receiver.numerics
+    assert json.loads((out / "config.json").read_text())["numerics"] == mode
+    assert bench.main(bench_args(dataset, out, "--handoffs", "receiver", "--limit", "3")) == 0  # extended, same mode
+    assert json.loads((out / "config.json").read_text())["numerics"] == mode and len(read_csv(out / "rows.csv")) == 3
+    other = "bf16" if mode == "fp32" else "fp32"
+    monkeypatch.setattr(pair.receiver, "numerics", other)
+    done = len(calls)
+    with pytest.raises(ValueError, match=f"computed in the {mode} numeric mode.*KVVIZ_NUMERICS={mode}"):
+        bench.main(bench_args(dataset, out, "--handoffs", "receiver", "--limit", "4"))
+    assert len(calls) == done and len(read_csv(out / "rows.csv")) == 3

@@ -122,10 +122,33 @@ def check_config(out: Path, config: dict) -> None:
         # the same run, extended: remember every variant (in order); the limit is the latest one
         merged = dict(config)
         merged["variants"] = list(dict.fromkeys(list(config.get("variants", [])) + list(old.get("variants", []))))
+        if "numerics" in old:  # checked once the models load (``record_numerics``)
+            merged["numerics"] = old["numerics"]
         config = merged
+    write_config(path, config)
+
+
+def write_config(path: Path, config: dict) -> None:
+    """config.json replaced at once (ranks of one run may write it together)."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_text(json.dumps(config, indent=2), encoding="utf-8")
     os.replace(temporary, path)
+
+
+def record_numerics(out: Path, mode: str, has_rows: bool) -> None:
+    """The numeric mode the run computes in (``kvviz.runtime.numerics``), kept in its config.json: a
+    run resumed in another mode is refused (its rows would mix two modes). A folder written before
+    runs recorded their mode keeps none (its rows' mode is not known); a new one records it."""
+    path = out / "config.json"
+    if not path.exists():  # a rank other than 0 before rank 0 wrote it: rank 0 records the mode
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    stored = config.get("numerics")
+    if stored is not None and stored != mode:
+        raise ValueError(f"{out} holds rows computed in the {stored} numeric mode and this process computes in {mode}: "
+                         f"run it with KVVIZ_NUMERICS={stored}, or use another --out.")
+    if stored is None and not has_rows:
+        write_config(path, {**config, "numerics": mode})
 
 
 def distributed_rank() -> tuple[int, int, int]:
@@ -274,6 +297,7 @@ def write_rows(args, run: Plan) -> None:
     if device is None and run.world > 1:
         device = f"cuda:{run.local}" if torch.cuda.is_available() else "cpu"
     pair = runner.load_pair(args.pair, device, args.dtype, progress=lambda message: print(message, file=sys.stderr))
+    record_numerics(run.out, pair.receiver.numerics, has_rows=bool(done))
     writer = RowWriter(part_path(run.out, run.rank, run.world))
     bar = tqdm(total=todo, desc=f"bench {args.dataset}" + (f" [{run.rank}/{run.world}]" if run.world > 1 else ""),
                position=run.rank if run.world > 1 else 0, disable=args.quiet)
