@@ -4,7 +4,7 @@
     python scripts/precompute_presets.py --no-sweep # presets only (about a minute on a CPU)
     python scripts/precompute_presets.py --no-sweep --only c2c_translate,c2c_translate_control
                                                     # re-run these columns only; the others keep theirs
-    python scripts/precompute_presets.py --no-sweep --preset handbook-capital
+    python scripts/precompute_presets.py --no-sweep --preset handbook
                                                     # re-run these presets only (comma-separated); the others keep theirs
 
 A preset that names its own pair (``pair`` in assets/presets.toml, e.g. the knower pair) runs on it;
@@ -159,10 +159,11 @@ def update_presets(pairs: Pairs, keys: list[str], max_new_tokens: int) -> int:
     if unknown:
         raise SystemExit(f"unknown preset(s) {', '.join(unknown)}; the presets: {', '.join(by_key)}")
     for key in keys:
-        same_numerics(out, pairs(by_key[key]))
+        pair = pairs(by_key[key])
+        same_numerics(out, pair)
         entry = pairs.entry(by_key[key], max_new_tokens)
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        out["presets"][key] = {**entry, "generated": f"{stamp}, {machine_of(pairs(by_key[key]))}, warm, one handoff at a time"}
+        out["presets"][key] = {**entry, "generated": f"{stamp}, {machine_of(pair)}, warm, one handoff at a time"}
     out["presets"] = {preset.key: out["presets"][preset.key] for preset in PRESETS if preset.key in out["presets"]}
     out["updated"] = f"presets {', '.join(keys)} re-run {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"
     write_and_check(out, f"updated {', '.join(keys)} in")
