@@ -162,23 +162,34 @@ class StackSampler:
 
 
 def update_costs(demo, repeats: int = 20) -> dict:
-    """Milliseconds the server's event loop spends on one streamed update (``Blocks.postprocess_data``,
-    no model, this process idle otherwise): ``/run`` with 2 of its outputs set and the rest left as
-    they were (Gradio's skip: it builds a fresh component for each), ``/run`` with every output given a
-    value, and the page's run (``run_on_page``) with one output set."""
+    """Milliseconds one streamed update costs, no model, this process idle otherwise. ``/run`` and the
+    page's run are wired ``SENT_AS_IS`` (``kvviz.app.page.lab``): their values are serialized in the
+    run's worker thread (``as_sent``), then Gradio's ``Blocks.postprocess_data`` in the event loop only
+    stores them; both are timed, each update with every output given a value. For comparison, the same
+    update as Gradio's own postprocess takes it (one thread hop per output, in the event loop), and ``/run``
+    with 2 of its outputs set and the rest left as they were (Gradio's skip: a fresh component each).
+    Also the page's tabs drawn after a run, one output set."""
     import asyncio
 
     from gradio.state_holder import SessionState
+
+    from kvviz.app.page.lab import as_sent
 
     fns = {fn.name: fn for fn in (demo.fns.values() if isinstance(demo.fns, dict) else demo.fns)}
     api, page, drawn = fns["run"], fns["run_on_page"], fns["show_finished_run"]
     state = SessionState(demo)
 
-    async def timed(fn, update) -> float:
-        started = time.perf_counter()
-        for index in range(repeats):
-            await demo.postprocess_data(fn, update(index), state)
-        return (time.perf_counter() - started) / repeats * 1000
+    async def timed(fn, update, postprocess=None) -> float:
+        """ms per update; ``postprocess``: the event's wiring for this measure (None: as the page wires it)."""
+        wired = fn.postprocess
+        fn.postprocess = wired if postprocess is None else postprocess
+        try:
+            started = time.perf_counter()
+            for index in range(repeats):
+                await demo.postprocess_data(fn, update(index), state)
+            return (time.perf_counter() - started) / repeats * 1000
+        finally:
+            fn.postprocess = wired
 
     def every_output(fn):
         def values(index):
@@ -187,12 +198,27 @@ def update_costs(demo, repeats: int = 20) -> dict:
             return given
         return values
 
+    def serialized_ms(fn) -> float:
+        started = time.perf_counter()
+        for index in range(repeats):
+            as_sent(fn.outputs, every_output(fn)(index))
+        return (time.perf_counter() - started) / repeats * 1000
+
+    def sent(fn):
+        return lambda index: as_sent(fn.outputs, every_output(fn)(index))
+
     async def measure():
         return {
             "run_outputs": len(api.outputs), "page_run_outputs": len(page.outputs),
-            "run_two_set_rest_skipped_ms": await timed(api, lambda i: {api.outputs[0]: f"s{i}", api.outputs[1]: "a" * i}),
-            "run_every_output_given_ms": await timed(api, every_output(api)),
-            "page_run_every_output_given_ms": await timed(page, every_output(page)),
+            "run_wired_as_is": not api.postprocess, "page_run_wired_as_is": not page.postprocess,
+            "run_serialized_in_worker_ms": serialized_ms(api),
+            "run_event_loop_ms": await timed(api, sent(api)),
+            "page_run_serialized_in_worker_ms": serialized_ms(page),
+            "page_run_event_loop_ms": await timed(page, sent(page)),
+            "run_gradio_postprocess_ms": await timed(api, every_output(api), postprocess=True),
+            "page_run_gradio_postprocess_ms": await timed(page, every_output(page), postprocess=True),
+            "run_two_set_rest_skipped_ms": await timed(api, lambda i: {api.outputs[0]: f"s{i}", api.outputs[1]: "a" * i},
+                                                       postprocess=True),
             # what the page's run cost per update before it gave every output a value (its tabs now draw once, after)
             "page_tabs_one_set_rest_skipped_ms": await timed(drawn, lambda i: {drawn.outputs[0]: f"s{i}"}),
         }
@@ -508,11 +534,13 @@ def finish(report: dict, args) -> int:
             print(f"  {name:<9} not applicable: {row['reason'][:90]}")
     if "update_costs" in report:
         costs = report["update_costs"]
-        print(f"one streamed update in the event loop: /run ({costs['run_outputs']} outputs) 2 set, the rest skipped "
-              f"{costs['run_two_set_rest_skipped_ms']:.1f} ms; every output given {costs['run_every_output_given_ms']:.1f} ms; "
-              f"the page's run ({costs['page_run_outputs']} outputs) every output given "
-              f"{costs['page_run_every_output_given_ms']:.1f} ms; its tabs drawn after it, 1 set, the rest skipped "
-              f"{costs['page_tabs_one_set_rest_skipped_ms']:.1f} ms")
+        print(f"one streamed update, every output given a value: /run ({costs['run_outputs']} outputs) "
+              f"{costs['run_serialized_in_worker_ms']:.2f} ms serialized in its worker + {costs['run_event_loop_ms']:.2f} ms "
+              f"in the event loop (Gradio's own postprocess, a thread hop per output: {costs['run_gradio_postprocess_ms']:.1f} ms; "
+              f"2 set and the rest skipped: {costs['run_two_set_rest_skipped_ms']:.1f} ms); the page's run "
+              f"({costs['page_run_outputs']} outputs) {costs['page_run_serialized_in_worker_ms']:.2f} + "
+              f"{costs['page_run_event_loop_ms']:.2f} ms (Gradio's own: {costs['page_run_gradio_postprocess_ms']:.1f} ms); "
+              f"its tabs drawn after it, 1 set, the rest skipped {costs['page_tabs_one_set_rest_skipped_ms']:.1f} ms")
     if "stacks" in report:
         busy = report["stacks"]["busy_samples_by_thread"]
         print("busy samples by thread (busy / sampled): " + ", ".join(f"{name} {b}/{n}" for name, (b, n) in busy.items() if b))

@@ -66,8 +66,8 @@ def test_run_endpoint_records_nothing_without_attention_and_every_part_with_it(d
     recorded = list(run(*form, True))[-1]
     assert asked[0].inspect is None and inspection_for(asked[0]) is None
     assert inspection_for(asked[1]).parts == frozenset(PARTS)  # every part, as before
-    results = demo.kvviz_page["results"]
-    assert plain[results]["request"]["inspect"] is None and recorded[results]["request"]["inspect"] is not None
+    # /run's last update, as sent: one value per output (running.api_outputs), the results last
+    assert plain[-1]["request"]["inspect"] is None and recorded[-1]["request"]["inspect"] is not None
     monkeypatch.setenv("KVVIZ_RECORD_CROSSED", "0")  # still means: record nothing
     list(run(*form, True))
     assert asked[2].inspect is None
@@ -233,3 +233,36 @@ def test_a_tab_opening_names_only_what_a_tab_draws_as_its_outputs(demo):
         assert list(event.outputs) == drawn, tab
         updates, view = tabs.tab_updates(tab, reading, ["kvcomm", "kvcomm_control"], {"drawn": {}}, tabs.FigureCache())
         assert set(page.resolve({**updates, "view": view})) <= set(drawn), tab
+
+
+# --- what a streamed update sends ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api_name", ["run", "run_on_page", "swap_on_page", "contradict_on_page"])
+def test_a_run_sent_as_is_sends_what_gradios_own_postprocess_would(demo, api_name):
+    """The live runs serialize their values in their worker (``as_sent``) and are wired not to be
+    postprocessed again: what the event loop then sends must be what Gradio's postprocess makes of
+    the same values (a figure, a table, text with its indentation, a JSON payload, None)."""
+    import asyncio
+
+    import plotly.graph_objects as go
+    from gradio.state_holder import SessionState
+
+    from kvviz.app.page.lab import as_sent
+
+    fn = next(fn for fn in demo.fns.values() if fn.api_name == api_name)
+    assert fn.postprocess is False  # wired SENT_AS_IS
+    samples = {"Markdown": "  **status**\n    indented", "Textbox": " 4471 ", "HTML": "<b>seen</b>",
+               "Plot": go.Figure(go.Bar(x=["a", "b"], y=[1, 2])), "Dataframe": [["receiver", "4471"]],
+               "JSON": {"pair": "embedded", "results": [1, 2]}, "State": {"kept": True}}
+    for empty in (False, True):
+        raw = [None if empty else samples[type(output).__name__] for output in fn.outputs]
+
+        def sent(values, postprocess):
+            fn.postprocess = postprocess
+            try:
+                return asyncio.run(demo.postprocess_data(fn, values, SessionState(demo)))
+            finally:
+                fn.postprocess = False
+
+        assert sent(as_sent(fn.outputs, raw), False) == sent(raw, True)

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 
 import gradio as gr
+from gradio.data_classes import GradioModel, GradioRootModel
 
 from kvviz.app import present
 from kvviz.app.page import spec, views
@@ -26,6 +27,11 @@ from kvviz.engine.shared_runs import SharedRuns
 
 PRIVATE = dict(api_visibility="private", show_progress="hidden")
 LOG = logging.getLogger("kvviz.app.page")
+# A streaming event wired with these hands Gradio values already as they are sent (``as_sent``): Gradio
+# otherwise postprocesses each output of each update in a thread of its own, from the server's event loop
+# (a thread hop per output: about 10 ms of the loop for /run's 57 outputs, with the models waiting on it;
+# scripts/bench_app.py --update-costs).
+SENT_AS_IS = dict(postprocess=False)
 
 
 @dataclass
@@ -106,6 +112,19 @@ def drawn_outputs(page: Page, roles=()) -> list:
     wanted.update({f"figure:{name}": None for name in page.figures})
     components = set(page.resolve(wanted))
     return [component for component in page.outputs() if component in components]
+
+
+def as_sent(components: list, values: list) -> list:
+    """``values`` (one per component, in order) as Gradio sends them: each component's own postprocess,
+    called here, in the handler's worker thread, for an event wired with ``SENT_AS_IS``. A stateful
+    component (``gr.State``) keeps its value: Gradio stores it in the session, not in the update."""
+    sent = []
+    for component, value in zip(components, values, strict=True):
+        if not component.stateful:
+            value = component.postprocess(value)
+            value = value.model_dump() if isinstance(value, (GradioModel, GradioRootModel)) else value
+        sent.append(value)
+    return sent
 
 
 def resolved(page: Page, handler, said_in: str = "status"):

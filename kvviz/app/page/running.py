@@ -15,7 +15,7 @@ import gradio as gr
 from kvviz.app import plots, present, tokenview
 from kvviz.app.methods import registry as methods
 from kvviz.app.page import spec, views
-from kvviz.app.page.lab import LOG, PRIVATE, Lab, drawn_outputs, resolved
+from kvviz.app.page.lab import LOG, PRIVATE, SENT_AS_IS, Lab, as_sent, drawn_outputs, resolved
 from kvviz.app.page.named import Page
 from kvviz.app.page.run import LiveRun, stream_run
 from kvviz.app.page.tabs import sweep_figure
@@ -52,6 +52,7 @@ def wire_run(lab: Lab) -> None:
     asked = [page["pair"], page["query"], page["context"], page["expected"], page["chosen"], page["view"]]
     streamed = page_stream_roles()
     streamed_components = page_stream_outputs(page)
+    stream_outputs = [*streamed_components, page["finished_run"]]  # each live run's outputs (chain_live_run)
 
     def streamed_to_page(updates, rest: tuple):
         """Each ``{role: value}`` update as the stream's outputs: what it sets, else what the output
@@ -60,7 +61,7 @@ def wire_run(lab: Lab) -> None:
 
         def every_output(update: dict) -> list:
             shown.update({role: value for role, value in update.items() if role in shown})
-            return [shown[role] for role in streamed] + [update["reading"] if "reading" in update else gr.skip()]
+            return as_sent(stream_outputs, [shown[role] for role in streamed] + [update["reading"] if "reading" in update else gr.skip()])
 
         try:
             for update in updates:
@@ -128,7 +129,7 @@ def chain_live_run(lab: Lab, button, show_finished, handler, inputs: list, name:
     live = button.click(begin, outputs=[page["run_button"]], queue=False, api_name=f"begin_{name}", **PRIVATE).then(
         handler, inputs=[*inputs, *page.settings_inputs, *streamed_components],
         outputs=[*streamed_components, page["finished_run"]], api_name=f"{name}_on_page",
-        concurrency_id=spec.RUN_QUEUE, concurrency_limit=policy.PAGE_RUNS_AT_ONCE, **PRIVATE)
+        concurrency_id=spec.RUN_QUEUE, concurrency_limit=policy.PAGE_RUNS_AT_ONCE, **PRIVATE, **SENT_AS_IS)
     shown = live.then(show_finished, inputs=[page["finished_run"], page["view"], page["chosen"]],
                       outputs=finished_run_outputs(page), api_name=f"show_finished_{name}", **PRIVATE)
     shown.then(finish, outputs=[page["run_button"]], queue=False, api_name=f"end_{name}", **PRIVATE)
@@ -315,7 +316,7 @@ def wire_run_api(lab: Lab, form: list) -> None:
                 changed = {page.cards[name].answer: update[f"answer:{name}"] for name in names if f"answer:{name}" in update} | (
                     {page["status"]: update["status"]} if "status" in update else {})
                 streamed.update(changed)
-                yield list(streamed.values())  # a value for every output: Gradio builds a component per skipped one
+                yield as_sent(outputs, list(streamed.values()))  # a value for every output: Gradio builds a component per skipped one
                 continue
             reading, payload = update["reading"], update["results"]
             drawn.update({name: lab.cache.figure(name, reading, spec.column_names(), False) for name in spec.FIXED_PLOTS})
@@ -326,13 +327,13 @@ def wire_run_api(lab: Lab, form: list) -> None:
                 values += [card[f"answer:{name}"], card[f"stats:{name}"], card[f"seen:{name}"]]
             values += [figures[name] for name in spec.plot_names()]
             shown = payload if attention else tokenview.payload_without_arrays(payload)
-            yield dict(zip(outputs, values + [present.reading_frame(reading), shown, payload]))
+            yield as_sent(outputs, values + [present.reading_frame(reading), shown, payload])
 
     run.__signature__ = inspect.Signature(  # the API's parameter names
         [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
          for name in spec.run_parameter_names(page.specs) + ["attention"]])
     page["run_api"].click(run, inputs=[*form, page["api_attention"]], outputs=outputs, api_name="run", concurrency_id=spec.RUN_QUEUE,
-                          concurrency_limit=policy.PAGE_RUNS_AT_ONCE, show_progress="hidden")
+                          concurrency_limit=policy.PAGE_RUNS_AT_ONCE, show_progress="hidden", **SENT_AS_IS)
 
     def run_counts() -> dict:
         """How this server answered its live runs: computed, joined (a run in flight), cached, refused
