@@ -29,7 +29,9 @@ Serving rules kept here:
   ``kvviz.app.page.running.api_outputs``, the last one the structured results), ``/sweep``, ``/stop``,
   ``/export``, ``/pair_facts`` and ``/load_preset``; the page's own events are private;
 * user text (query, context, expected answer, answers, prompts) only ever goes into text boxes or
-  escaped markdown and HTML: it is shown as text, never run as HTML.
+  escaped markdown and HTML: it is shown as text, never run as HTML;
+* the queue looks for new events every ``QUEUE_POLL_SECONDS`` (Gradio's own 1 ms on Linux wakes the
+  event loop a thousand times a second, and every wake takes the interpreter from the models' threads).
 """
 
 from __future__ import annotations
@@ -74,6 +76,13 @@ from kvviz.app.page.theme import launch_kwargs  # noqa: F401
 from kvviz.app.presets import DEFAULT_PRESET, load_precomputed, load_precomputed_sweep, preset
 from kvviz.core import policy
 from kvviz.engine.stream import default_workers
+
+# How often Gradio's queue looks for a new event, and for progress to send, while it has none (its
+# defaults on Linux: 1 ms and 10 ms). At 1 ms the idle event loop takes 5% of a core, and during a run
+# each wake takes the interpreter from the models' threads: a warm /run cost 3.4-3.6 CPU-s at 1 ms and
+# 3.2 at 5-20 ms, 2.45-2.6 s against 2.29-2.35 s (docs/SPEED.md 13.7). A new event now waits at most 10 ms.
+QUEUE_POLL_SECONDS = 0.01
+PROGRESS_POLL_SECONDS = 0.05
 
 
 def initial_values(presets: views.PresetRuns) -> tuple[dict, dict, list[str]]:
@@ -130,4 +139,6 @@ def build_demo(
         wire_all(lab)
     # light events (presets, tabs, facts, export, walk-through) run side by side; model runs share one queue
     demo.queue(max_size=policy.caps().queue_size, default_concurrency_limit=4)
+    demo._queue.sleep_when_free = QUEUE_POLL_SECONDS
+    demo._queue.progress_update_sleep_when_free = PROGRESS_POLL_SECONDS
     return demo

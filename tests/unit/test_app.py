@@ -38,6 +38,21 @@ def test_model_runs_share_one_queue_and_every_public_event_is_named():
         assert page_run.concurrency_id == RUN_QUEUE and page_run.api_visibility == "private"
 
 
+def test_the_queue_looks_for_events_every_10_ms_not_every_1_ms():
+    """Gradio's queue polls for new events while it has none; its Linux default (1 ms) costs the
+    models' threads the interpreter a thousand times a second. The page sets its own interval on
+    the attributes Gradio reads: were they renamed by an upgrade, the page would silently poll at
+    1 ms again, so this fails instead."""
+    from gradio.queueing import Queue
+
+    demo = ui.build_demo(precomputed={}, sweep=None)
+    fresh = Queue(live_updates=False, concurrency_count=1, update_intervals=1, max_size=None, blocks=demo,
+                  default_concurrency_limit=1)
+    assert hasattr(fresh, "sleep_when_free") and hasattr(fresh, "progress_update_sleep_when_free")  # what Gradio reads
+    assert demo._queue.sleep_when_free == ui.QUEUE_POLL_SECONDS == 0.01
+    assert demo._queue.progress_update_sleep_when_free == ui.PROGRESS_POLL_SECONDS
+
+
 def test_walkthrough_steps_forward_and_back_load_their_presets_and_tabs():
     demo = ui.build_demo()
     page = demo.kvviz_page
