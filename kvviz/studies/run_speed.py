@@ -59,6 +59,11 @@ def engine_run(pair, request: HandoffRequest, handoffs: list[str], workers: int 
     return clock() - started, done, first
 
 
+def plain_run(pair) -> float:
+    """The wall seconds of one warm run of the page's default handoffs recording nothing (``/run`` as served)."""
+    return engine_run(pair, full_run_request(), list(default_handoffs()), default_workers())[0]
+
+
 def full_run(pair, repeats: int, handoffs: list[str] | None = None) -> dict:
     """The warm run, three ways per repeat (the module docstring)."""
     handoffs = list(handoffs or default_handoffs())

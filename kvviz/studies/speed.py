@@ -9,9 +9,9 @@ in the servers it starts):
 * ``full_run``: the warm run of the page's default handoffs on the locker preset, in this process,
   plain and recording what crossed as the page does, and one handoff after another
   (``kvviz.studies.run_speed``);
-* ``page_run``: the same run through the served page's ``/run``, and ``page_over_process_ratio``: that
-  over the in-process run recording what crossed (the same work); ``page_over_plain_ratio``: over
-  the plain in-process run (``kvviz.studies.page_speed``);
+* ``page_run``: the same run through the served page's ``/run``, each round right after the same plain run
+  in this process, and ``page_over_process_ratio``: the median of the rounds' ratios (``/run`` as served
+  records nothing, as the plain run; ``page_over_plain_ratio`` is the same number) (``kvviz.studies.page_speed``);
 * ``runs_at_once``: 1, 4 and 8 distinct runs at once in this process;
 * ``class_load``: 30 learners with 30 questions through the page (``scripts/load_test.py --class 30
   --distinct``);
@@ -72,8 +72,12 @@ def measure(pair, repeats: int, progress=None, page: bool = False, at_once: bool
         torch.set_num_threads(threads)
     report["run_threads"] = "one torch thread per handoff, as the page serves (KVVIZ_THREADS overrides)"
     if page:
-        progress("the same warm run through the page (python app.py)")
-        report["page_run"] = page_speed.page_run(pair.name, repeats)
+        progress("the same warm run through the page (python app.py), each round beside the run in this process")
+        use_one_thread_per_handoff()
+        try:
+            report["page_run"] = page_speed.page_run(pair.name, repeats, beside=lambda: run_speed.plain_run(pair))
+        finally:
+            torch.set_num_threads(threads)
         progress("thirty learners, thirty questions (scripts/load_test.py --class 30 --distinct)")
         report["class_load"] = page_speed.class_load()
     report["machine_load"]["end"] = list(os.getloadavg())
@@ -96,8 +100,10 @@ def summarize(report: dict) -> None:
     report["warm_page_run_seconds"] = page["warm_page_run_seconds"]["median"] if page else None
     paged = report["warm_page_run_seconds"]
     # /run as served records nothing (what crossed only with attention=True): the same work in process is the
-    # plain run, so the two ratios are one (both kept for the reports that read them)
-    report["page_over_process_ratio"] = paged / report["warm_full_run_seconds"] if paged else None
+    # plain run, run right before each /run call (page_speed.page_run), so the two ratios are one (both kept for
+    # the reports that read them); a report from before the pairing divides the medians
+    paired = (page or {}).get("page_over_process", {}).get("median")
+    report["page_over_process_ratio"] = paired if paired else (paged / report["warm_full_run_seconds"] if paged else None)
     report["page_over_plain_ratio"] = report["page_over_process_ratio"]
     report["targets"] = targets(report)
 
@@ -195,7 +201,9 @@ def markdown(speed: dict) -> str:
         lines.append(f"Through the page (python app.py, /run): **{_fmt(page['warm_page_run_seconds'], 2)} s**"
                      + (f" (not measured: {page['skipped']})" if "skipped" in page else
                         f", {speed['page_over_process_ratio']:.2f}x the same run in process (as served, /run records "
-                        "nothing without attention=True)") + ".")
+                        "nothing without attention=True; "
+                        + (f"each round beside the run in this process, {_fmt(page['in_process_seconds'], 2)} s, the ratio "
+                           "within each round" if "in_process_seconds" in page else "the medians' ratio") + ")") + ".")
     together = speed.get("runs_at_once", {"counts": {}, "max_new_tokens": 0})
     lines += [] if not together["counts"] else ["", "**Distinct runs at once**, in this process (each run its own locker code; "
               f"{together['max_new_tokens']} new tokens):", "", "| runs at once | wall s | over one run | over one after another | "
