@@ -4,17 +4,20 @@
 
 This machine's speed drifts by up to 2x over minutes, so two benchmarks run one after the other
 cannot tell a 10% change. This serves both checkouts at once (``python app.py`` of each, its own
-process, on a free loopback port, the idle one costs nothing) and alternates between them: warm
-``/run`` calls of the page's default handoffs on the locker preset (``gradio_client``), A then B
-then A..., and with ``--browser-runs`` warm live runs of each page pressed in Chromium (seconds to
-the Run button's return). It reports each side's median and the median of the paired ratios
-(this checkout / the other), each pair measured within seconds of each other.
+process, on a free loopback port) and alternates between them: warm ``/run`` calls of the page's
+default handoffs on the locker preset (``gradio_client``), A then B then A..., and with
+``--browser-runs`` warm live runs of each page pressed in Chromium (seconds to the Run button's
+return). It reports each side's median and the median of the paired ratios (this checkout / the
+other), each pair measured within seconds of each other; and, from ``/proc`` (Linux), the CPU
+seconds each server spent on each ``/run`` call and in 10 s with no request (an idle server is not
+free: before kvviz set Gradio's queue to poll every 10 ms, its event loop woke every 1 ms).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -24,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_app import CHROMIUM, CHROMIUM_FLAGS, press_run  # noqa: E402
 
 HERE = Path(__file__).resolve().parent.parent
+IDLE_SECONDS = 10
 
 
 def api_run(client, pair: str, preset, max_new_tokens: int) -> float:
@@ -31,6 +35,12 @@ def api_run(client, pair: str, preset, max_new_tokens: int) -> float:
     client.predict(pair=pair, query=preset.query, context=preset.context or "", max_new_tokens=max_new_tokens,
                    api_name="/run")
     return time.perf_counter() - started
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and all its threads, the finished ones too (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def page_run(page) -> float:
@@ -77,12 +87,19 @@ def main(argv=None) -> int:
         for side, client in clients.items():  # loads the models, then warms them
             api_run(client, args.pair, preset, args.max_new_tokens)
             api_run(client, args.pair, preset, args.max_new_tokens)
-        api = {"this": [], "other": []}
+        api, cpu = {"this": [], "other": []}, {"this": [], "other": []}
         for index in range(args.runs):
             order = ("this", "other") if index % 2 == 0 else ("other", "this")
             for side in order:
+                before = process_cpu_seconds(servers[side][0].pid)
                 api[side].append(api_run(clients[side], args.pair, preset, args.max_new_tokens))
+                cpu[side].append(process_cpu_seconds(servers[side][0].pid) - before)
         report["api_run_seconds"] = paired(api)
+        report["server_cpu_seconds_per_run"] = paired(cpu)
+        before = {side: process_cpu_seconds(server.pid) for side, (server, _) in servers.items()}
+        time.sleep(IDLE_SECONDS)
+        report[f"server_cpu_seconds_idle_{IDLE_SECONDS}_s"] = {
+            side: process_cpu_seconds(server.pid) - before[side] for side, (server, _) in servers.items()}
         if args.browser_runs and Path(CHROMIUM).exists():
             from playwright.sync_api import sync_playwright
 
@@ -106,12 +123,16 @@ def main(argv=None) -> int:
     finally:
         for server, _ in servers.values():
             stop_page(server)
-    for key, title in (("api_run_seconds", "warm /run"), ("page_run_seconds", "warm live run on the page (Chromium)")):
+    for key, title in (("api_run_seconds", "warm /run"), ("server_cpu_seconds_per_run", "server CPU per /run"),
+                       ("page_run_seconds", "warm live run on the page (Chromium)")):
         if key in report:
             row = report[key]
             print(f"{title}: this {row['median_this']:.2f} s, other {row['median_other']:.2f} s, median paired ratio "
                   f"this/other x{row['median_paired_ratio']:.3f} (this: {', '.join(f'{v:.2f}' for v in row['this'])}; "
                   f"other: {', '.join(f'{v:.2f}' for v in row['other'])})")
+    idle = report.get(f"server_cpu_seconds_idle_{IDLE_SECONDS}_s")
+    if idle:
+        print(f"server CPU in {IDLE_SECONDS} s with no request: this {idle['this']:.2f} s, other {idle['other']:.2f} s")
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
         print(f"wrote {args.out}")

@@ -31,7 +31,7 @@ Serving rules kept here:
 * user text (query, context, expected answer, answers, prompts) only ever goes into text boxes or
   escaped markdown and HTML: it is shown as text, never run as HTML;
 * the queue looks for new events every ``QUEUE_POLL_SECONDS`` (Gradio's own 1 ms on Linux wakes the
-  event loop a thousand times a second, and every wake takes the interpreter from the models' threads).
+  event loop a thousand times a second, busy or idle).
 """
 
 from __future__ import annotations
@@ -78,9 +78,9 @@ from kvviz.core import policy
 from kvviz.engine.stream import default_workers
 
 # How often Gradio's queue looks for a new event, and for progress to send, while it has none (its
-# defaults on Linux: 1 ms and 10 ms). At 1 ms the idle event loop takes 5% of a core, and during a run
-# each wake takes the interpreter from the models' threads: a warm /run cost 3.4-3.6 CPU-s at 1 ms and
-# 3.2 at 5-20 ms, 2.45-2.6 s against 2.29-2.35 s (docs/SPEED.md 13.7). A new event now waits at most 10 ms.
+# defaults on Linux: 1 ms and 10 ms). At 1 ms a server with no request takes 4% of a core (0.44 CPU-s in
+# 10 s; 0.14 at these), which a 2-core machine shares with everything else; a /run's own time and CPU
+# did not change measurably (docs/SPEED.md 13.7). A new event now waits at most 10 ms.
 QUEUE_POLL_SECONDS = 0.01
 PROGRESS_POLL_SECONDS = 0.05
 

@@ -39,10 +39,9 @@ def test_model_runs_share_one_queue_and_every_public_event_is_named():
 
 
 def test_the_queue_looks_for_events_every_10_ms_not_every_1_ms():
-    """Gradio's queue polls for new events while it has none; its Linux default (1 ms) costs the
-    models' threads the interpreter a thousand times a second. The page sets its own interval on
-    the attributes Gradio reads: were they renamed by an upgrade, the page would silently poll at
-    1 ms again, so this fails instead."""
+    """Gradio's queue polls for new events while it has none; its Linux default (1 ms) keeps an idle
+    server at 4% of a core. The page sets its own interval on the attributes Gradio reads: were they
+    renamed by an upgrade, the page would silently poll at 1 ms again, so this fails instead."""
     from gradio.queueing import Queue
 
     demo = ui.build_demo(precomputed={}, sweep=None)
