@@ -52,7 +52,7 @@ def wire_run(lab: Lab) -> None:
     asked = [page["pair"], page["query"], page["context"], page["expected"], page["chosen"], page["view"]]
     streamed = page_stream_roles()
     streamed_components = page_stream_outputs(page)
-    stream_outputs = [*streamed_components, page["finished_run"]]  # each live run's outputs (chain_live_run)
+    stream_outputs = live_run_outputs(page)
 
     def streamed_to_page(updates, rest: tuple):
         """Each ``{role: value}`` update as the stream's outputs: what it sets, else what the output
@@ -128,7 +128,7 @@ def chain_live_run(lab: Lab, button, show_finished, handler, inputs: list, name:
 
     live = button.click(begin, outputs=[page["run_button"]], queue=False, api_name=f"begin_{name}", **PRIVATE).then(
         handler, inputs=[*inputs, *page.settings_inputs, *streamed_components],
-        outputs=[*streamed_components, page["finished_run"]], api_name=f"{name}_on_page",
+        outputs=live_run_outputs(page), api_name=f"{name}_on_page",
         concurrency_id=spec.RUN_QUEUE, concurrency_limit=policy.PAGE_RUNS_AT_ONCE, **PRIVATE, **SENT_AS_IS)
     shown = live.then(show_finished, inputs=[page["finished_run"], page["view"], page["chosen"]],
                       outputs=finished_run_outputs(page), api_name=f"show_finished_{name}", **PRIVATE)
@@ -262,6 +262,11 @@ def page_stream_roles() -> list[str]:
 def page_stream_outputs(page: Page) -> list:
     """The components of ``page_stream_roles``, in that order."""
     return list(page.resolve(dict.fromkeys(page_stream_roles(), "")))
+
+
+def live_run_outputs(page: Page) -> list:
+    """A live run's outputs, in order: ``page_stream_outputs``, then the finished run on its way to the tabs."""
+    return [*page_stream_outputs(page), page["finished_run"]]
 
 
 def finished_run_outputs(page: Page) -> list:
