@@ -4,8 +4,8 @@
   serves; it keeps no finished run, so every timed request is computed), its ``/run`` endpoint called
   with ``gradio_client`` once to warm up, then ``repeats`` times: the wall seconds of each call. As
   served, ``/run`` records nothing of what crossed (only with ``attention=True``), as the in-process
-  ``warm_full_run_seconds`` does. Given the in-process run too, each round runs it right before its
-  ``/run`` call, and the page's cost is the ratio within each round (this machine's speed drifts by
+  ``warm_full_run_seconds`` does. Each round runs that in-process run right before its ``/run`` call,
+  and the page's cost is the ratio within each round (this machine's speed drifts by
   up to 2x over minutes: a ratio of two medians measured minutes apart measures the drift).
 * ``class_load``: ``scripts/load_test.py --class N --distinct`` (N learners, a question each, pressed
   within 10 s; then a fresh server asks each question alone: every answer must equal that one), its
@@ -78,7 +78,7 @@ def stop_page(server: subprocess.Popen) -> None:
         server.kill()
 
 
-def page_run(pair_name: str, repeats: int, beside: Callable[[], float] | None = None) -> dict:
+def page_run(pair_name: str, repeats: int, beside: Callable[[], float]) -> dict:
     """The warm run through the page (the module docstring): the wall seconds of each ``/run`` call.
     ``beside``: one run of the same request in this process (its wall seconds), made right before each
     ``/run`` call, so that each round pairs the two and the machine's drift falls on both; then
@@ -96,7 +96,7 @@ def page_run(pair_name: str, repeats: int, beside: Callable[[], float] | None = 
         client = Client(url, verbose=False)
         walls, in_process = [], []
         for repeat in range(repeats + 1):
-            alone = beside() if beside is not None else None
+            alone = beside()
             started = time.perf_counter()
             try:
                 client.predict(pair=pair_name, query=FULL_RUN_QUERY, context=FULL_RUN_CONTEXT,
@@ -105,13 +105,11 @@ def page_run(pair_name: str, repeats: int, beside: Callable[[], float] | None = 
                 return {"warm_page_run_seconds": spread([]), "skipped": f"the page's /run failed: {error}"}
             if repeat:
                 walls.append(time.perf_counter() - started)
-                in_process += [alone] if alone is not None else []
-        report = {"warm_page_run_seconds": spread(walls), "how": "python app.py, /run through gradio_client"}
-        if in_process:
-            report |= {"in_process_seconds": spread(in_process),
-                       "page_over_process": spread([page / alone for page, alone in zip(walls, in_process)]),
-                       "paired": "each round: the run in this process, then the same request through /run"}
-        return report
+                in_process.append(alone)
+        return {"warm_page_run_seconds": spread(walls), "how": "python app.py, /run through gradio_client",
+                "in_process_seconds": spread(in_process),
+                "page_over_process": spread([page / alone for page, alone in zip(walls, in_process)]),
+                "paired": "each round: the run in this process, then the same request through /run"}
     finally:
         stop_page(server)
 

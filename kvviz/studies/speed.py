@@ -98,12 +98,10 @@ def summarize(report: dict) -> None:
     report["warm_serial_run_seconds"] = run["warm_serial_run_seconds"]["median"]
     page = report.get("page_run")
     report["warm_page_run_seconds"] = page["warm_page_run_seconds"]["median"] if page else None
-    paged = report["warm_page_run_seconds"]
     # /run as served records nothing (what crossed only with attention=True): the same work in process is the
     # plain run, run right before each /run call (page_speed.page_run), so the two ratios are one (both kept for
-    # the reports that read them); a report from before the pairing divides the medians
-    paired = (page or {}).get("page_over_process", {}).get("median")
-    report["page_over_process_ratio"] = paired if paired else (paged / report["warm_full_run_seconds"] if paged else None)
+    # the reports that read them); None when the page was not measured
+    report["page_over_process_ratio"] = (page or {}).get("page_over_process", {}).get("median")
     report["page_over_plain_ratio"] = report["page_over_process_ratio"]
     report["targets"] = targets(report)
 
@@ -201,9 +199,8 @@ def markdown(speed: dict) -> str:
         lines.append(f"Through the page (python app.py, /run): **{_fmt(page['warm_page_run_seconds'], 2)} s**"
                      + (f" (not measured: {page['skipped']})" if "skipped" in page else
                         f", {speed['page_over_process_ratio']:.2f}x the same run in process (as served, /run records "
-                        "nothing without attention=True; "
-                        + (f"each round beside the run in this process, {_fmt(page['in_process_seconds'], 2)} s, the ratio "
-                           "within each round" if "in_process_seconds" in page else "the medians' ratio") + ")") + ".")
+                        f"nothing without attention=True; each round beside the run in this process, "
+                        f"{_fmt(page['in_process_seconds'], 2)} s, the ratio within each round)") + ".")
     together = speed.get("runs_at_once", {"counts": {}, "max_new_tokens": 0})
     lines += [] if not together["counts"] else ["", "**Distinct runs at once**, in this process (each run its own locker code; "
               f"{together['max_new_tokens']} new tokens):", "", "| runs at once | wall s | over one run | over one after another | "

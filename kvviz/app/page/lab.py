@@ -29,7 +29,7 @@ PRIVATE = dict(api_visibility="private", show_progress="hidden")
 LOG = logging.getLogger("kvviz.app.page")
 # A streaming event wired with these hands Gradio values already as they are sent (``as_sent``): Gradio
 # otherwise postprocesses each output of each update in a thread of its own, from the server's event loop
-# (a thread hop per output: about 10 ms of the loop for /run's 57 outputs, with the models waiting on it;
+# (a thread hop per output: 7-10 ms of the loop for /run's 57 outputs, with the models waiting on it;
 # scripts/bench_app.py --update-costs).
 SENT_AS_IS = dict(postprocess=False)
 
