@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_app import CHROMIUM, CHROMIUM_FLAGS, press_run  # noqa: E402
+from load_test import cpu_seconds  # noqa: E402
 
 HERE = Path(__file__).resolve().parent.parent
 IDLE_SECONDS = 10
@@ -35,12 +35,6 @@ def api_run(client, pair: str, preset, max_new_tokens: int) -> float:
     client.predict(pair=pair, query=preset.query, context=preset.context or "", max_new_tokens=max_new_tokens,
                    api_name="/run")
     return time.perf_counter() - started
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process and all its threads, the finished ones too (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def page_run(page) -> float:
@@ -91,15 +85,15 @@ def main(argv=None) -> int:
         for index in range(args.runs):
             order = ("this", "other") if index % 2 == 0 else ("other", "this")
             for side in order:
-                before = process_cpu_seconds(servers[side][0].pid)
+                before = cpu_seconds(servers[side][0].pid)
                 api[side].append(api_run(clients[side], args.pair, preset, args.max_new_tokens))
-                cpu[side].append(process_cpu_seconds(servers[side][0].pid) - before)
+                cpu[side].append(cpu_seconds(servers[side][0].pid) - before)
         report["api_run_seconds"] = paired(api)
         report["server_cpu_seconds_per_run"] = paired(cpu)
-        before = {side: process_cpu_seconds(server.pid) for side, (server, _) in servers.items()}
+        before = {side: cpu_seconds(server.pid) for side, (server, _) in servers.items()}
         time.sleep(IDLE_SECONDS)
         report[f"server_cpu_seconds_idle_{IDLE_SECONDS}_s"] = {
-            side: process_cpu_seconds(server.pid) - before[side] for side, (server, _) in servers.items()}
+            side: cpu_seconds(server.pid) - before[side] for side, (server, _) in servers.items()}
         if args.browser_runs and Path(CHROMIUM).exists():
             from playwright.sync_api import sync_playwright
 
