@@ -56,22 +56,31 @@ def main(argv=None) -> None:
     from kvviz.app.workshop import api as workshop
     from kvviz.app.workshop import joining
     from kvviz.core import policy
+    from kvviz.engine import run_processes
     from kvviz.engine.stream import use_one_thread_per_handoff
 
     if args.public:
         policy.set_public_mode()
 
     use_one_thread_per_handoff()
-    demo = build_demo(default_pair=args.pair)
+    # On a CPU the live runs are computed in worker processes: threads of one process on two cores
+    # spend about half their CPU handing the interpreter lock across cores (docs/SPEED.md 13.9).
+    processes = run_processes.default_count()
+    workers = run_processes.RunProcesses(processes) if processes else None
+    demo = build_demo(default_pair=args.pair, compute=None if workers is None else workers.run)
     if zerogpu.on_zerogpu():
         # ZeroGPU: the models go to CUDA now, on the main thread, where the `spaces` package
         # intercepts `.to("cuda")`; each @spaces.GPU call then finds them on its GPU.
         _preload(args.pair)
     elif not args.no_preload:
-        threading.Thread(target=_preload, args=(args.pair,), daemon=True, name="kvviz-preload").start()
+        if workers is not None:  # each worker loads the pair; this process loads it only for a sweep
+            workers.warm(args.pair)
+        else:
+            threading.Thread(target=_preload, args=(args.pair,), daemon=True, name="kvviz-preload").start()
     mode = "public mode" if policy.public_mode() else "local mode"
     runs = policy.model_concurrency()
-    print(f"kvviz: {mode}, {runs} run(s) at once, queue of {policy.caps().queue_size}", flush=True)
+    computed = f"in {processes} worker processes" if processes else "in this process"
+    print(f"kvviz: {mode}, {runs} run(s) at once ({computed}), queue of {policy.caps().queue_size}", flush=True)
     classes = workshop.Service(listen_host=args.host)
     print(f"kvviz: workshop at http://{args.host}:{args.port}/workshop (store: {classes.store_label})", flush=True)
     if joining.is_loopback(args.host):

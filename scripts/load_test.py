@@ -91,10 +91,36 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (Linux /proc): a server and its worker processes
+    (``kvviz.engine.run_processes``)."""
+    found, todo = [], [pid]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except FileNotFoundError:
+            continue
+        for task in tasks:
+            try:
+                todo += [int(child) for child in (task / "children").read_text().split()]
+            except (FileNotFoundError, ProcessLookupError):  # a thread that just ended
+                pass
+    return found
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used so far (Linux /proc), all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds a process and its live worker processes have used so far (Linux
+    /proc), all their threads. A worker that has ended no longer counts."""
+    total = 0.0
+    for each in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def own_cpu_seconds() -> float:
@@ -103,11 +129,17 @@ def own_cpu_seconds() -> float:
 
 
 def rss_mib(pid: int) -> float:
-    """Resident memory of the server process (Linux /proc), MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    """Memory of the server and its worker processes (Linux /proc), MiB: the sum of their proportional
+    set sizes (each page shared between them, the models' mapped files, counted once in all); for a
+    server without workers, about its resident memory."""
+    total_kib = 0
+    for each in process_tree(pid):
+        try:
+            rollup = Path(f"/proc/{each}/smaps_rollup").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total_kib += sum(int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:"))
+    return total_kib / 1024 if total_kib else float("nan")
 
 
 class MemoryWatch(threading.Thread):

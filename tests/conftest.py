@@ -143,7 +143,7 @@ def served_on_loopback(demo):
 @pytest.fixture()
 def tiny_engine(monkeypatch):
     """Point the engine's load_pair at the tiny gemma pair (for the bench and perf CLIs) and count
-    handoff calls; one torch thread."""
+    handoff calls; one torch thread; runs computed in this process (``KVVIZ_RUN_PROCESSES=0``)."""
     import torch
 
     from kvviz.engine import runner
@@ -158,6 +158,7 @@ def tiny_engine(monkeypatch):
         return real(name, loaded, request, on_token, on_message, run)
 
     monkeypatch.setattr(runner, "run_handoff", counting)
+    monkeypatch.setenv("KVVIZ_RUN_PROCESSES", "0")  # the tiny pair lives in this process: no worker could load it
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: threads only add overhead, badly so on a busy machine
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "ACCELERATE_PROCESS_INDEX", "ACCELERATE_NUM_PROCESSES"):

@@ -36,6 +36,8 @@ Serving rules kept here:
 
 from __future__ import annotations
 
+from typing import Callable, Iterator
+
 import gradio as gr
 
 from kvviz.app import compare
@@ -75,6 +77,7 @@ from kvviz.app.page.tabs import FigureCache
 from kvviz.app.page.theme import launch_kwargs  # noqa: F401
 from kvviz.app.presets import DEFAULT_PRESET, load_precomputed, load_precomputed_sweep, preset
 from kvviz.core import policy
+from kvviz.engine.shared_runs import SharedRuns
 from kvviz.engine.stream import default_workers
 
 # How often Gradio's queue looks for a new event, and for progress to send, while it has none (its
@@ -104,13 +107,17 @@ def build_demo(
     sweep: dict | None = None,
     default_pair: str = "embedded",
     default_max_new_tokens: int = 32,
+    compute: Callable[..., Iterator[list]] | None = None,
 ) -> gr.Blocks:
     """Build the Blocks app. ``precomputed``/``sweep`` default to the files in assets/;
-    ``default_max_new_tokens`` sets the slider's start value (tests use a small one)."""
+    ``default_max_new_tokens`` sets the slider's start value (tests use a small one); ``compute``
+    computes a live run, called as ``kvviz.engine.stream.run`` is (default: that, in this process;
+    ``app.py`` gives ``kvviz.engine.run_processes.RunProcesses.run``)."""
     precomputed = load_precomputed() if precomputed is None else precomputed
     sweep = load_precomputed_sweep() if sweep is None else sweep
     lab = Lab(Page(initial={}, specs=page_options()), precomputed, default_pair, default_workers(),
-              policy.model_concurrency(), walkthrough_steps(), FigureCache(sweep), StopFlags())
+              policy.model_concurrency(), walkthrough_steps(), FigureCache(sweep), StopFlags(),
+              runs=SharedRuns() if compute is None else SharedRuns(compute=compute))
     values, payload, shown = initial_values(lab.presets)
     page = lab.page
     page.initial.update(values)

@@ -91,6 +91,22 @@ def numerics_setting() -> str:
     return given
 
 
+def run_processes_setting() -> int | None:
+    """``KVVIZ_RUN_PROCESSES``: how many worker processes compute a served page's runs (0: the
+    server's own process), or None where it is not set (``kvviz.engine.run_processes.default_count``
+    chooses for the machine)."""
+    given = os.environ.get("KVVIZ_RUN_PROCESSES", "").strip()
+    if not given:
+        return None
+    try:
+        count = int(given)
+    except ValueError as error:
+        raise ValueError(f"KVVIZ_RUN_PROCESSES must be a whole number of worker processes (0: none), got {given!r}.") from error
+    if count < 0:
+        raise ValueError(f"KVVIZ_RUN_PROCESSES must be 0 or more, got {count}.")
+    return count
+
+
 def model_concurrency() -> int:
     """Runs at once: ``KVVIZ_CONCURRENCY``, else ``DEFAULT_CONCURRENCY`` (``DEFAULT_CONCURRENCY_UNSHARED``
     without shared decode steps)."""

@@ -26,7 +26,7 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -153,7 +153,7 @@ def _last(done: list[tuple[str, dict]], handoff: str) -> dict:
 
 class _RunWorker:
     """One run's worker thread (``_batches``): it loads the pair, runs the handoffs in a pool,
-    finishes what crossed, and puts every event on ``events``, then ``_END``."""
+    finishes what crossed, and puts every event on ``events``, then ``END``."""
 
     def __init__(self, pair_name: str, request: HandoffRequest, names: list[str], workers: int,
                  max_seconds: float | None, loaded: LoadedPair | None):
@@ -208,7 +208,7 @@ class _RunWorker:
             said = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
             self.put(Failed(said))
         finally:
-            self.events.put(_END)
+            self.events.put(END)
 
     def run_one(self, pair: LoadedPair, name: str, run: runner.RunContext) -> None:
         # The pool starts a thread per handoff as it is submitted; a handoff that began at once would
@@ -230,7 +230,7 @@ class _RunWorker:
         self.put(Done(name, result.to_dict()))
 
 
-_END = object()  # on a worker's queue after its last event
+END = object()  # on a run's queue after its last event (``queued_batches``)
 
 
 def _run(pair_name: str, request: dict, names: list[str], workers: int = 1, max_seconds: float | None = None,
@@ -246,42 +246,52 @@ def _batches(
 ) -> Iterator[list[Event]]:
     """The run in its worker thread (``_RunWorker``) and its events in batches, as ``run`` says."""
     worker = _RunWorker(pair_name, request, list(names), workers, max_seconds, loaded)
-    events = worker.events
     thread = threading.Thread(target=worker.run, name="kvviz-run", daemon=True)
     thread.start()
-    waits = [wait for wait in (None if stop is None else STOP_POLL_SECONDS, idle) if wait is not None]
-    quiet_since = time.monotonic()
     try:
-        while True:
-            try:
-                batch = [events.get(timeout=min(waits) if waits else None)]
-            except queue.Empty:
-                if stop is not None and stop.is_set():
-                    return
-                if idle is not None and time.monotonic() - quiet_since >= idle:
-                    quiet_since = time.monotonic()
-                    yield []
-                continue
-            while batch[-1] is not _END:
-                try:
-                    batch.append(events.get_nowait())
-                except queue.Empty:
-                    break
-            if stop is not None and stop.is_set():
-                return
-            ended = batch[-1] is _END
-            if ended:
-                batch.pop()
-                # the worker has put its last event: let it finish before the caller goes on (a
-                # command that exits right after its run must not leave a thread inside torch)
-                thread.join()
-            if batch:
-                yield batch
-            if ended:
-                return
-            quiet_since = time.monotonic()
+        # the worker has put its last event: let it finish before the caller goes on (a command that
+        # exits right after its run must not leave a thread inside torch)
+        yield from queued_batches(worker.events, stop, idle, on_end=thread.join)
     finally:
         worker.cancel.set()
+
+
+def queued_batches(items: queue.Queue, stop: threading.Event | None = None, idle: float | None = None,
+                   on_end: Callable[[], None] | None = None) -> Iterator[list[Event]]:
+    """What a run puts on ``items`` (events, or lists of events), in batches: each batch all that waited
+    when the consumer asked (at least one event), until ``END``. ``stop`` set: the batches end within
+    ``STOP_POLL_SECONDS``; ``idle``: an empty batch after ``idle`` seconds without events; ``on_end``:
+    called when ``END`` comes, before the last batch goes out."""
+    waits = [wait for wait in (None if stop is None else STOP_POLL_SECONDS, idle) if wait is not None]
+    quiet_since = time.monotonic()
+    while True:
+        try:
+            waiting = [items.get(timeout=min(waits) if waits else None)]
+        except queue.Empty:
+            if stop is not None and stop.is_set():
+                return
+            if idle is not None and time.monotonic() - quiet_since >= idle:
+                quiet_since = time.monotonic()
+                yield []
+            continue
+        while waiting[-1] is not END:
+            try:
+                waiting.append(items.get_nowait())
+            except queue.Empty:
+                break
+        if stop is not None and stop.is_set():
+            return
+        ended = waiting[-1] is END
+        if ended:
+            waiting.pop()
+            if on_end is not None:
+                on_end()
+        batch = [event for item in waiting for event in (item if isinstance(item, list) else [item])]
+        if batch:
+            yield batch
+        if ended:
+            return
+        quiet_since = time.monotonic()
 
 
 def run_seconds(pair_name: str, request: dict, names: list[str], workers: int = 1, max_seconds: float | None = None) -> int:

@@ -12,7 +12,8 @@
   - ``warm_serial_run_seconds``: one handoff after another (each alone).
 * ``runs_at_once``: ``k`` learners' distinct runs (the locker preset with its own code each: nothing
   shared but the models) started together, each in its own thread, as ``k`` runs on a server whose
-  models take ``k`` at once; the wall seconds until every run finished, over one run's (the target: 8
+  models take ``k`` at once, computed where the served page computes them (``compute``: in its
+  worker processes, ``kvviz.engine.run_processes``, or in this process); the wall seconds until every run finished, over one run's (the target: 8
   at once <= 3x one) and over ``k`` runs one after another, and whether every handoff's answer equals
   its answer when its run is alone. Rounds interleave the counts, so the machine's load falls on all.
 """
@@ -42,12 +43,17 @@ def full_run_request(code: str = FULL_RUN_GOLD, record: bool = False, tokens: in
                           generation=GenerationSettings(max_new_tokens=tokens), inspect={"gold": code} if record else None)
 
 
-def engine_run(pair, request: HandoffRequest, handoffs: list[str], workers: int = ALL_AT_ONCE) -> tuple[float, dict, dict]:
+def engine_run(pair, request: HandoffRequest, handoffs: list[str], workers: int = ALL_AT_ONCE,
+               compute=None) -> tuple[float, dict, dict]:
     """One run through the page's engine: (wall seconds, each handoff's result, each one's first
-    streamed answer token in wall seconds from the start)."""
+    streamed answer token in wall seconds from the start). ``compute``: where the run is computed,
+    called as ``kvviz.engine.stream.run`` is (``RunProcesses.run``: in worker processes, as
+    ``python app.py`` computes it); by default on ``pair`` in this process."""
     started = clock()
     done, first = {}, {}
-    for event in (event for batch in run(pair.name, request, handoffs, workers, loaded=pair) for event in batch):
+    batches = (run(pair.name, request, handoffs, workers, loaded=pair) if compute is None
+               else compute(pair.name, request, handoffs, workers))
+    for event in (event for batch in batches for event in batch):
         match event:
             case Token(name) if name not in first:
                 first[name] = clock() - started
@@ -119,12 +125,13 @@ def full_run(pair, repeats: int, handoffs: list[str] | None = None) -> dict:
     }
 
 
-def runs_together(pair, requests: list[HandoffRequest], handoffs: list[str]) -> tuple[float, list[dict]]:
-    """Every request's run at once, each in its own thread: (wall seconds, each run's results)."""
+def runs_together(pair, requests: list[HandoffRequest], handoffs: list[str], compute=None) -> tuple[float, list[dict]]:
+    """Every request's run at once, each in its own thread: (wall seconds, each run's results);
+    ``compute`` as ``engine_run`` takes it."""
     found: list[dict] = [{} for _ in requests]
 
     def one(index, request):
-        found[index] = engine_run(pair, request, handoffs)[1]
+        found[index] = engine_run(pair, request, handoffs, compute=compute)[1]
 
     threads = [threading.Thread(target=one, args=(i, r)) for i, r in enumerate(requests)]
     started = clock()
@@ -136,17 +143,20 @@ def runs_together(pair, requests: list[HandoffRequest], handoffs: list[str]) -> 
 
 
 def runs_at_once(pair, counts=RUNS_AT_ONCE, repeats: int = 2, tokens: int = FULL_RUN_TOKENS,
-                 handoffs: list[str] | None = None) -> dict:
-    """``k`` distinct runs at once for each ``k`` of ``counts`` (the module docstring)."""
+                 handoffs: list[str] | None = None, compute=None) -> dict:
+    """``k`` distinct runs at once for each ``k`` of ``counts`` (the module docstring); ``compute`` as
+    ``engine_run`` takes it."""
     handoffs = list(handoffs or default_handoffs())
     requests = [full_run_request(str(int(FULL_RUN_GOLD) + index), tokens=tokens) for index in range(max(counts))]
-    alone = [runs_together(pair, [request], handoffs)[1][0] for request in requests]  # also warms up
+    if compute is not None:  # every worker process loads the models and warms up before anything is timed
+        runs_together(pair, requests, handoffs, compute)
+    alone = [runs_together(pair, [request], handoffs, compute)[1][0] for request in requests]  # also warms up
     walls: dict[int, list[float]] = {count: [] for count in counts}
     differ = {count: 0 for count in counts}
     receiver_batches: dict[int, list[int]] = {count: [] for count in counts}
     for _ in range(repeats):
         for count in counts:
-            wall, found = runs_together(pair, requests[:count], handoffs)
+            wall, found = runs_together(pair, requests[:count], handoffs, compute)
             walls[count].append(wall)
             for index, results in enumerate(found):
                 for name, result in results.items():

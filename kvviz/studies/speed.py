@@ -12,7 +12,8 @@ in the servers it starts):
 * ``page_run``: the same run through the served page's ``/run``, each round right after the same plain run
   in this process, and ``page_over_process_ratio``: the median of the rounds' ratios (``/run`` as served
   records nothing, as the plain run; ``page_over_plain_ratio`` is the same number) (``kvviz.studies.page_speed``);
-* ``runs_at_once``: 1, 4 and 8 distinct runs at once in this process;
+* ``runs_at_once``: 1, 4 and 8 distinct runs at once, computed where ``python app.py`` computes them (in its
+  worker processes, ``kvviz.engine.run_processes``, or in this process; ``computed`` says which);
 * ``class_load``: 30 learners with 30 questions through the page (``scripts/load_test.py --class 30
   --distinct``);
 * ``targets``: each of issue 42's targets that this report measured, met or missed;
@@ -28,6 +29,7 @@ import os
 
 import torch
 
+from kvviz.engine import run_processes
 from kvviz.engine.stream import use_one_thread_per_handoff
 from kvviz.runtime.numerics import MODES, describe, mode_for
 from kvviz.studies import model_speed, page_speed, run_speed
@@ -50,6 +52,21 @@ def modes_to_compare(pair) -> list[str]:
     return [mode for mode in MODES if mode in ("fp32", chosen, pair.receiver.numerics)]
 
 
+def runs_at_once_as_served(pair, repeats: int, progress) -> dict:
+    """``run_speed.runs_at_once`` computed where the served page computes its runs: in as many worker
+    processes as ``python app.py`` starts here (``run_processes.default_count``), or in this process."""
+    count = run_processes.default_count()
+    computed = f"in {count} worker processes, as python app.py computes them" if count else "in this process"
+    progress(f"runs at once, {computed}")
+    workers = run_processes.RunProcesses(count) if count else None
+    try:
+        found = run_speed.runs_at_once(pair, repeats=max(1, min(repeats, 2)), compute=workers and workers.run)
+    finally:
+        if workers is not None:
+            workers.close()
+    return {**found, "computed": computed}
+
+
 def measure(pair, repeats: int, progress=None, page: bool = False, at_once: bool = True) -> dict:
     """The speed report (the module docstring); ``page``: also what needs the served page; ``at_once``:
     also the runs at once (the performance study leaves them to the speed report)."""
@@ -66,8 +83,7 @@ def measure(pair, repeats: int, progress=None, page: bool = False, at_once: bool
         progress("warm run of the page's handoffs, in this process")
         report["full_run"] = run_speed.full_run(pair, repeats)
         if at_once:
-            progress("runs at once, in this process")
-            report["runs_at_once"] = run_speed.runs_at_once(pair, repeats=max(1, min(repeats, 2)))
+            report["runs_at_once"] = runs_at_once_as_served(pair, repeats, progress)
     finally:
         torch.set_num_threads(threads)
     report["run_threads"] = "one torch thread per handoff, as the page serves (KVVIZ_THREADS overrides)"
@@ -130,7 +146,8 @@ def targets(report: dict) -> list[dict]:
         add(f"{name}: decode step <= {STEP_OVER_STREAM}x the stream of the weights it reads ({report['numeric_mode']})",
             value, STEP_OVER_STREAM, f"{value:.2f}x (stack alone {report['stack_stream_ratio'][name]:.2f}x its stream)")
     eight = report.get("runs_at_once", {"counts": {}})["counts"].get("8", {})
-    add(f"8 distinct runs at once <= {EIGHT_OVER_ONE}x one (in process)", eight.get("over_one_run"), EIGHT_OVER_ONE,
+    where = report.get("runs_at_once", {}).get("computed", "in this process")
+    add(f"8 distinct runs at once <= {EIGHT_OVER_ONE}x one ({where})", eight.get("over_one_run"), EIGHT_OVER_ONE,
         f"{eight.get('over_one_run') or 0:.2f}x ({eight.get('answers_different_from_alone', 0)} answers differ from alone)")
     load = report.get("class_load")
     if load and "skipped" not in load:
@@ -202,7 +219,7 @@ def markdown(speed: dict) -> str:
                         f"nothing without attention=True; each round beside the run in this process, "
                         f"{_fmt(page['in_process_seconds'], 2)} s, the ratio within each round)") + ".")
     together = speed.get("runs_at_once", {"counts": {}, "max_new_tokens": 0})
-    lines += [] if not together["counts"] else ["", "**Distinct runs at once**, in this process (each run its own locker code; "
+    lines += [] if not together["counts"] else ["", f"**Distinct runs at once**, {together.get('computed', 'in this process')} (each run its own locker code; "
               f"{together['max_new_tokens']} new tokens):", "", "| runs at once | wall s | over one run | over one after another | "
               "receiver's largest batch | answers != alone |", "|---|---|---|---|---|---|"]
     for count, entry in together["counts"].items():  # (none in the performance study)

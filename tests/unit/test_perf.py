@@ -97,6 +97,7 @@ def test_speed_only_prints_the_speed_table_and_nothing_else(tiny_engine, capsys,
                            "page_over_plain_ratio", "runs_at_once", "class_load", "targets"}
     # runs at once: 1, 4 and 8 distinct runs, every answer as alone
     counts = report["runs_at_once"]["counts"]
+    assert report["runs_at_once"]["computed"] == "in this process"  # KVVIZ_RUN_PROCESSES=0 (tiny_engine)
     assert set(counts) == {"1", "4", "8"} and all(c["answers_different_from_alone"] == 0 for c in counts.values())
     assert counts["1"]["over_one_run"] == pytest.approx(1.0)
     assert report["warm_page_run_seconds"] is None and report["page_over_process_ratio"] is None  # --no-page

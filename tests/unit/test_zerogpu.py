@@ -194,7 +194,8 @@ def test_on_zerogpu_models_default_to_cuda_bfloat16_without_asking_cuda(with_spa
 
 def test_app_loads_the_models_on_the_main_thread_on_zerogpu(with_spaces, monkeypatch):
     """ZeroGPU intercepts `.to("cuda")` on the main thread only: the preload must run there, before launch.
-    Each run goes to a GPU worker of its own there, so the server lets one at a time onto the models."""
+    Each run goes to a GPU worker of its own there, so the server lets one at a time onto the models, and
+    computes none in worker processes of its own (they would each hold the models)."""
     import app
     from kvviz.app import ui
     from kvviz.core import policy
@@ -209,8 +210,12 @@ def test_app_loads_the_models_on_the_main_thread_on_zerogpu(with_spaces, monkeyp
         def launch(self, **kwargs):
             order.append(("launch",))
 
-    monkeypatch.setattr(ui, "build_demo", lambda default_pair: Demo())
+    def build_demo(default_pair, compute):
+        order.append(("runs computed", "in this process" if compute is None else "in worker processes"))
+        return Demo()
+
+    monkeypatch.setattr(ui, "build_demo", build_demo)
     monkeypatch.setattr(stream, "use_one_thread_per_handoff", lambda: None)  # no thread change for the session
     app.main(["--pair", "embedded-gemma"])
-    assert order == [("preload", "embedded-gemma", True), ("launch",)]
+    assert order == [("runs computed", "in this process"), ("preload", "embedded-gemma", True), ("launch",)]
     assert policy.model_concurrency() == 1
