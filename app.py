@@ -67,6 +67,8 @@ def main(argv=None) -> None:
     # spend about half their CPU handing the interpreter lock across cores (docs/SPEED.md 13.9).
     processes = run_processes.default_count()
     workers = run_processes.RunProcesses(processes) if processes else None
+    if processes:  # more runs at once share each worker's decode steps (measured: kvviz.core.policy)
+        os.environ.setdefault("KVVIZ_CONCURRENCY", str(policy.RUNS_PER_WORKER_PROCESS * processes))
     demo = build_demo(default_pair=args.pair, compute=None if workers is None else workers.run)
     if zerogpu.on_zerogpu():
         # ZeroGPU: the models go to CUDA now, on the main thread, where the `spaces` package

@@ -110,11 +110,11 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process and its live worker processes have used so far (Linux
-    /proc), all their threads. A worker that has ended no longer counts."""
+def cpu_seconds(pid: int, workers: bool = True) -> float:
+    """User + system CPU seconds a process and (``workers``) its live worker processes have used so far
+    (Linux /proc), all their threads. A worker that has ended no longer counts."""
     total = 0.0
-    for each in process_tree(pid):
+    for each in process_tree(pid) if workers else [pid]:
         try:
             fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError):
@@ -297,6 +297,7 @@ def class_at_once(url: str, server: subprocess.Popen, args) -> dict:
     memory.peak = before = rss_mib(server.pid)
     memory.start()
     server_cpu, clients_cpu = cpu_seconds(server.pid), own_cpu_seconds()
+    own_process_cpu = cpu_seconds(server.pid, workers=False)
     began = time.perf_counter()
 
     def press(index: int):
@@ -318,6 +319,7 @@ def class_at_once(url: str, server: subprocess.Popen, args) -> dict:
         thread.join(args.request_timeout + args.window)
     wall = time.perf_counter() - began
     server_cpu, clients_cpu = cpu_seconds(server.pid) - server_cpu, own_cpu_seconds() - clients_cpu
+    own_process_cpu = cpu_seconds(server.pid, workers=False) - own_process_cpu
     memory.stop.set()
     counts_after = clients[0].predict(api_name="/run_counts")
     ok = [o for o in outcomes if o.get("ok")]
@@ -329,7 +331,7 @@ def class_at_once(url: str, server: subprocess.Popen, args) -> dict:
               "rss_before_mib": before, "rss_peak_mib": memory.peak, "rss_after_mib": rss_mib(server.pid),
               # the machine's CPU over the class: the server's, and these simulated learners' own (on one
               # machine here; in a room each learner's browser is on its own laptop)
-              "server_cpu_s": server_cpu, "clients_cpu_s": clients_cpu,
+              "server_cpu_s": server_cpu, "server_own_process_cpu_s": own_process_cpu, "clients_cpu_s": clients_cpu,
               "failures": [o["status"] for o in outcomes if not o.get("ok")][:5]}
     report["load_average"] = os.getloadavg()
     report["outcomes"] = outcomes
@@ -390,8 +392,8 @@ def class_markdown(r: dict) -> str:
             ("p95 over one after another", f"{r['p95_over_serial_all']:.2f}x"),
             ("wall time", f"{r['wall_s']:.1f} s"),
             ("server memory before / peak / after", f"{r['rss_before_mib']:.0f} / {r['rss_peak_mib']:.0f} / {r['rss_after_mib']:.0f} MiB"),
-            ("CPU seconds over the class: server / these simulated learners (one machine here)",
-             f"{r['server_cpu_s']:.1f} / {r['clients_cpu_s']:.1f}"),
+            ("CPU seconds over the class: server with its workers (its own process) / these simulated learners "
+             "(one machine here)", f"{r['server_cpu_s']:.1f} ({r['server_own_process_cpu_s']:.1f}) / {r['clients_cpu_s']:.1f}"),
             ("load average (1, 5, 15 min) at the end", ", ".join(f"{x:.2f}" for x in r["load_average"]))]
     lines = [f"`{r['command']}`", "", "| measure | value |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
     if r["failures"]:

@@ -62,6 +62,13 @@ def caps() -> Caps:
 # ``KVVIZ_CONCURRENCY=1``. Not measured on a GPU (four there too).
 DEFAULT_CONCURRENCY = 4
 DEFAULT_CONCURRENCY_UNSHARED = 1
+# A server that computes its runs in worker processes (``kvviz.engine.run_processes``) lets this many runs a
+# worker onto the models (``python app.py`` sets ``KVVIZ_CONCURRENCY`` to it times its workers, where not
+# set). Thirty distinct questions through two workers (``scripts/load_test.py --class 30 --distinct
+# --concurrency N``, 2026-12-07 00:20-00:33 UTC, docs/SPEED.md 13.9): 2 at once p95 29.0 s, 4 at once 26.6-27.0 s
+# (three classes), 6 at once 22.9 and 26.8 s, 8 at once 22.7 s, the server's CPU falling from 66 to 53 s as more
+# runs share each worker's decode steps.
+RUNS_PER_WORKER_PROCESS = 4
 
 
 def batched_decode_enabled() -> bool:
@@ -95,16 +102,22 @@ def run_processes_setting() -> int | None:
     """``KVVIZ_RUN_PROCESSES``: how many worker processes compute a served page's runs (0: the
     server's own process), or None where it is not set (``kvviz.engine.run_processes.default_count``
     chooses for the machine)."""
-    given = os.environ.get("KVVIZ_RUN_PROCESSES", "").strip()
+    return _not_negative("KVVIZ_RUN_PROCESSES", int, "a whole number of worker processes (0: none)")
+
+
+def _not_negative(name: str, parse, what: str):
+    """The setting ``name`` read with ``parse``, or None where it is not set; refused, saying ``what``
+    it must be, where it does not read or is negative."""
+    given = os.environ.get(name, "").strip()
     if not given:
         return None
     try:
-        count = int(given)
+        value = parse(given)
     except ValueError as error:
-        raise ValueError(f"KVVIZ_RUN_PROCESSES must be a whole number of worker processes (0: none), got {given!r}.") from error
-    if count < 0:
-        raise ValueError(f"KVVIZ_RUN_PROCESSES must be 0 or more, got {count}.")
-    return count
+        raise ValueError(f"{name} must be {what}, got {given!r}.") from error
+    if value < 0:
+        raise ValueError(f"{name} must be 0 or more, got {given!r}.")
+    return value
 
 
 def model_concurrency() -> int:
@@ -126,16 +139,8 @@ def run_cache_bytes() -> int:
     """How many bytes of finished runs the server keeps (``kvviz.engine.shared_runs``):
     ``KVVIZ_RUN_CACHE_MB`` (0 keeps none; identical runs in flight are still computed once), else
     ``DEFAULT_RUN_CACHE_MB``."""
-    given = os.environ.get("KVVIZ_RUN_CACHE_MB", "").strip()
-    if not given:
-        return DEFAULT_RUN_CACHE_MB * 1024 * 1024
-    try:
-        megabytes = float(given)
-    except ValueError as error:
-        raise ValueError(f"KVVIZ_RUN_CACHE_MB must be a number of megabytes (0 keeps no finished run), got {given!r}.") from error
-    if megabytes < 0:
-        raise ValueError(f"KVVIZ_RUN_CACHE_MB must be 0 or more megabytes, got {given!r}.")
-    return int(megabytes * 1024 * 1024)
+    megabytes = _not_negative("KVVIZ_RUN_CACHE_MB", float, "a number of megabytes (0 keeps no finished run)")
+    return int((DEFAULT_RUN_CACHE_MB if megabytes is None else megabytes) * 1024 * 1024)
 
 
 # How many live runs Gradio hands to the engine at once: the engine (kvviz.engine.shared_runs) computes

@@ -59,3 +59,42 @@ def test_a_pair_loaded_here_runs_here_without_a_worker(tiny):
     done = [event for event in there if isinstance(event, Done)]
     assert len(done) == 1 and done[0].result["answer_ids"] == next(e for e in here if isinstance(e, Done)).result["answer_ids"]
     assert workers._workers == [None]
+
+
+def test_the_app_computes_in_its_workers_with_four_runs_each(monkeypatch):
+    """``python app.py`` on a CPU with two cores: two workers, each loading the pair at start, the page's
+    runs computed through them, and four runs a worker let onto the models (where not set)."""
+    import app
+    from kvviz.app import ui
+    from kvviz.engine import stream
+
+    monkeypatch.setenv("KVVIZ_CONCURRENCY", "")  # restored after the test: app.main sets it
+    monkeypatch.delenv("KVVIZ_CONCURRENCY")
+    made, warmed, computed = [], [], []
+
+    class Workers:  # no process started
+        def __init__(self, count):
+            made.append(count)
+
+        def warm(self, pair):
+            warmed.append(pair)
+
+        def run(self, *args, **kwargs):
+            raise AssertionError("no run here")
+
+    class Demo:
+        def launch(self, **kwargs):
+            pass
+
+    def build_demo(default_pair, compute):
+        computed.append(compute)
+        return Demo()
+
+    monkeypatch.setattr(run_processes, "default_count", lambda: 2)
+    monkeypatch.setattr(run_processes, "RunProcesses", Workers)
+    monkeypatch.setattr(ui, "build_demo", build_demo)
+    monkeypatch.setattr(stream, "use_one_thread_per_handoff", lambda: None)
+    app.main(["--pair", "embedded"])
+    assert made == [2] and warmed == ["embedded"]
+    assert computed[0].__func__ is Workers.run
+    assert policy.model_concurrency() == 2 * policy.RUNS_PER_WORKER_PROCESS
