@@ -43,6 +43,7 @@ from kvviz.engine import stream
 from kvviz.engine.events import Event, Failed
 from kvviz.engine.runner import load_pair
 
+
 def default_count() -> int:
     """Worker processes for a served page: ``KVVIZ_RUN_PROCESSES`` where set; else none on a GPU or a
     Space (one process holds the models there; several would each hold a copy) or on one core; else
