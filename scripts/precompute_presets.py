@@ -7,11 +7,16 @@
     python scripts/precompute_presets.py --no-sweep --preset handbook
                                                     # re-run these presets only (comma-separated); the others keep theirs
 
+    KVVIZ_NUMERICS=fp32 python scripts/precompute_presets.py
+                                                    # the stored runs of the fp32 mode (any CPU)
+
 A preset that names its own pair (``pair`` in assets/presets.toml, e.g. the knower pair) runs on it;
 the others on ``--pair``.
 
-Writes assets/precomputed/presets.json (every page column of the registry, shown or not at first,
-and each preset's extra ``runs``; assets/presets.toml) and assets/precomputed/sweep.json, then says
+Writes the files of the numeric mode this process computes in (``kvviz.runtime.numerics``; the page
+shows the ones of its own mode, ``kvviz.app.presets.stored_in``): assets/precomputed/presets.json and
+sweep.json in bf16, presets-fp32.json and sweep-fp32.json in fp32. Each holds every page column of the
+registry, shown or not at first, and each preset's extra ``runs`` (assets/presets.toml). Then it says
 whether every preset's lesson still holds in the new results (``kvviz.app.lessons``; the tests check
 the same). The app marks every result from these files as precomputed on
 screen. Rerun after a handoff changes or a new one is registered, so that its column is
@@ -28,12 +33,14 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kvviz.app.lessons import failures  # noqa: E402
 from kvviz.app.methods.registry import column_names  # noqa: E402
-from kvviz.app.presets import PRECOMPUTED_PATH, PRECOMPUTED_SWEEP_PATH, PRESETS  # noqa: E402
+from kvviz.app.presets import PRECOMPUTED_PATH, PRECOMPUTED_SWEEP_PATH, PRESETS, live_mode, stored_in  # noqa: E402
 from kvviz.app.sweep import default_handoff, run_sweep  # noqa: E402
 from kvviz.engine import stream  # noqa: E402
 from kvviz.engine.runner import load_pair  # noqa: E402
@@ -125,10 +132,12 @@ def stored_run(pair, preset, run, max_new_tokens: int) -> dict:
 
 
 def write_and_check(out: dict, said: str) -> None:
-    """Writes the presets file, then says whether every preset's lesson still holds in it."""
-    PRECOMPUTED_PATH.parent.mkdir(parents=True, exist_ok=True)
-    PRECOMPUTED_PATH.write_text(compact_dumps(out) + "\n", encoding="utf-8")
-    print(f"{said} {PRECOMPUTED_PATH.relative_to(ROOT)}")
+    """Writes the presets file of ``out``'s numeric mode, then says whether every preset's lesson still
+    holds in it."""
+    path = stored_in(PRECOMPUTED_PATH, out["numerics"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(compact_dumps(out) + "\n", encoding="utf-8")
+    print(f"{said} {path.relative_to(ROOT)}")
     broken = [failure for preset in PRESETS for failure in failures(preset, out["presets"][preset.key])]
     print("every preset's lesson holds in these results" if not broken else
           "LESSONS THAT NO LONGER HOLD (fix the preset in assets/presets.toml or its lesson):\n  " + "\n  ".join(broken))
@@ -136,24 +145,36 @@ def write_and_check(out: dict, said: str) -> None:
 
 def machine_of(pair) -> str:
     """Where the stored runs were computed, with the numeric mode (the page's status line shows it)."""
-    device = f"{platform.machine()} CPU" if str(pair.receiver.device) == "cpu" else str(pair.receiver.device)
+    # the CPU's kernel family too (AVX2, AVX512): fp32 products of two families can differ in the last bits
+    device = (f"{platform.machine()} CPU ({torch.backends.cpu.get_cpu_capability()})" if str(pair.receiver.device) == "cpu"
+              else str(pair.receiver.device))
     return f"{device}, {pair.receiver.numerics}"
+
+
+def stored_file() -> dict:
+    """The presets file of the numeric mode this process computes in, read (a partial update starts
+    from it); refused with what to run when there is none yet."""
+    path = stored_in(PRECOMPUTED_PATH, live_mode())
+    if not path.is_file():
+        raise SystemExit(f"{path.relative_to(ROOT)} does not exist yet: compute every preset in this mode first "
+                         f"(KVVIZ_NUMERICS={live_mode()} python scripts/precompute_presets.py --no-sweep).")
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def same_numerics(out: dict, pair) -> None:
     """A partial update keeps the file in one numeric mode (``kvviz.runtime.numerics``): refused when
-    this process computes in another mode than the file was written in."""
+    a pair computes in another mode than the file was written in (a pair on a GPU)."""
     stored, now = out.get("numerics", "fp32"), pair.receiver.numerics
     if stored != now:
-        raise SystemExit(f"{PRECOMPUTED_PATH.relative_to(ROOT)} was computed in the {stored} numeric mode and this "
-                         f"process computes in {now}: regenerate every preset (python scripts/precompute_presets.py) "
-                         f"or run this with KVVIZ_NUMERICS={stored}.")
+        raise SystemExit(f"{stored_in(PRECOMPUTED_PATH, stored).relative_to(ROOT)} holds the {stored} numeric mode and "
+                         f"the pair {pair.name} computes in {now}: regenerate every preset in that mode "
+                         f"(KVVIZ_NUMERICS={now} python scripts/precompute_presets.py).")
 
 
 def update_presets(pairs: Pairs, keys: list[str], max_new_tokens: int) -> int:
     """Re-run the presets ``keys`` (every column, their stored runs) and replace their entries in
-    assets/precomputed/presets.json, the other presets' kept as they are."""
-    out = json.loads(PRECOMPUTED_PATH.read_text(encoding="utf-8"))
+    this mode's presets file, the other presets' kept as they are."""
+    out = stored_file()
     by_key = {preset.key: preset for preset in PRESETS}
     unknown = [key for key in keys if key not in by_key]
     if unknown:
@@ -172,8 +193,8 @@ def update_presets(pairs: Pairs, keys: list[str], max_new_tokens: int) -> int:
 
 def update_columns(pairs: Pairs, names: list[str], max_new_tokens: int) -> int:
     """Re-run ``names`` on every preset (and each stored run that holds one of them) and replace their
-    results in assets/precomputed/presets.json, the other columns' results kept as they are."""
-    out = json.loads(PRECOMPUTED_PATH.read_text(encoding="utf-8"))
+    results in this mode's presets file, the other columns' results kept as they are."""
+    out = stored_file()
     for preset in PRESETS:
         pair = pairs(preset)
         same_numerics(out, pair)
@@ -241,8 +262,9 @@ def main(argv=None) -> int:
         sweep["generated"] = f"{stamp}, {machine}"
         sweep["numerics"] = pair.receiver.numerics
         sweep["precomputed"] = True
-        PRECOMPUTED_SWEEP_PATH.write_text(json.dumps(sweep, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        print(f"wrote {PRECOMPUTED_SWEEP_PATH.relative_to(ROOT)} in {sweep['seconds']:.0f} s; baselines {sweep['baselines']}")
+        sweep_path = stored_in(PRECOMPUTED_SWEEP_PATH, sweep["numerics"])
+        sweep_path.write_text(json.dumps(sweep, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        print(f"wrote {sweep_path.relative_to(ROOT)} in {sweep['seconds']:.0f} s; baselines {sweep['baselines']}")
         for point in sweep["points"]:
             print("  " + " ".join(f"{key}={value}" for key, value in point.items()))
     return 0

@@ -11,7 +11,11 @@ for this project (none is copied from a dataset). Two scenarios:
 
 Precomputed results for the presets (``scripts/precompute_presets.py``) live in
 ``assets/precomputed/presets.json`` and paint the page before any model has run;
-``tests/unit/test_presets.py`` checks each preset's ``check`` against them.
+``tests/unit/test_presets.py`` checks each preset's ``check`` against them. They are stored once per
+numeric mode (``kvviz.runtime.numerics``): ``presets.json`` in bf16 (a CPU with bfloat16 products),
+``presets-fp32.json`` in fp32 (any other CPU), and the same for the sweep; a page shows the ones of
+the mode its live runs compute in, so that **Run live** on a preset gives the answers its lesson was
+checked against.
 """
 
 from __future__ import annotations
@@ -21,16 +25,20 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
+
 from kvviz.app.reading import catalog
 from kvviz.app.reading.questions import Claim, parse_claims
 from kvviz.core.paths import ASSETS, PRECOMPUTED
 from kvviz.data.contradictions import Contradiction, contradiction_from_swap
 from kvviz.data.swaps import OPPOSITE, Swap, replace_fact, sharer_swap
+from kvviz.runtime import numerics
 from kvviz.runtime.pairs import PAIRS
 
 PRESETS_PATH = ASSETS / "presets.toml"
-PRECOMPUTED_PATH = PRECOMPUTED / "presets.json"
+PRECOMPUTED_PATH = PRECOMPUTED / "presets.json"  # the stored runs of FIRST_MODE; another mode's beside it
 PRECOMPUTED_SWEEP_PATH = PRECOMPUTED / "sweep.json"
+FIRST_MODE = "bf16"  # the numeric mode of the files without a mode in their name
 SCENARIOS = ("private", "shared")
 TABS = ("layers", "cost")
 
@@ -192,9 +200,33 @@ SWEEP_METRIC = "answer contains a gold answer"
 # --- precomputed results --------------------------------------------------------------------
 
 
-def load_precomputed(path: Path = PRECOMPUTED_PATH) -> dict:
-    """``{"pair": ..., "generated": ..., "presets": {key: {"request": ..., "results": [...]}}}``;
+def stored_in(path: Path, mode: str) -> Path:
+    """The file of numeric mode ``mode`` that stands beside ``path`` (``PRECOMPUTED_PATH`` or
+    ``PRECOMPUTED_SWEEP_PATH``): the path itself for ``FIRST_MODE``, ``NAME-MODE.json`` otherwise."""
+    return path if mode == FIRST_MODE else path.with_name(f"{path.stem}-{mode}{path.suffix}")
+
+
+def live_mode() -> str:
+    """The numeric mode this machine's live runs compute in on the CPU (``numerics.mode_for``:
+    ``KVVIZ_NUMERICS`` against what the CPU has); ``FIRST_MODE`` where that setting is refused (the
+    models' load then says why)."""
+    try:
+        return numerics.mode_for("cpu", torch.float32)
+    except ValueError:
+        return FIRST_MODE
+
+
+def stored_for_this_machine(path: Path) -> Path:
+    """``path``'s file in ``live_mode()`` where it exists, else ``path``."""
+    own = stored_in(path, live_mode())
+    return own if own.is_file() else path
+
+
+def load_precomputed(path: Path | None = None) -> dict:
+    """``{"pair": ..., "generated": ..., "numerics": ..., "presets": {key: {"request": ..., "results":
+    [...]}}}``, by default the stored runs of this machine's numeric mode (``stored_for_this_machine``);
     an empty dict when the file is missing or unreadable (the page then starts blank)."""
+    path = stored_for_this_machine(PRECOMPUTED_PATH) if path is None else path
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -205,7 +237,9 @@ def load_precomputed(path: Path = PRECOMPUTED_PATH) -> dict:
     return data
 
 
-def load_precomputed_sweep(path: Path = PRECOMPUTED_SWEEP_PATH) -> dict | None:
+def load_precomputed_sweep(path: Path | None = None) -> dict | None:
+    """The stored sweep, by default of this machine's numeric mode; None when missing or unreadable."""
+    path = stored_for_this_machine(PRECOMPUTED_SWEEP_PATH) if path is None else path
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -1,6 +1,7 @@
 """The workshop's exercises hold in the stored runs, and a bad exercises file is refused field by field.
 
-Each shipped exercise (assets/exercises.toml) is checked against assets/precomputed/presets.json:
+Each shipped exercise (assets/exercises.toml) is checked against the presets' stored runs of every
+numeric mode (assets/precomputed/presets.json in bf16, presets-fp32.json in fp32; a page shows its own mode's):
 the answer its explanation is written for (``expected``) is what the stored run gives, and what
 else the explanation claims (``claims``) is there too. A regenerated presets file in which the
 models answer otherwise fails here: then rewrite the exercise, never these definitions.
@@ -23,12 +24,22 @@ from kvviz.app.exercises import (
     stored_results,
     untrue_claims,
 )
-from kvviz.app.presets import load_precomputed
+from kvviz.app.presets import PRECOMPUTED_PATH, load_precomputed, stored_in
+from kvviz.runtime.numerics import MODES
 from tests.lesson_words import contradictions
 
-PRECOMPUTED = load_precomputed()
+STORED = {mode: load_precomputed(stored_in(PRECOMPUTED_PATH, mode)) for mode in MODES}
+PRECOMPUTED: dict = {}  # the stored runs the running test reads: ``stored_runs`` sets it, once per mode
 SHIPPED = EXERCISES.exercises
 TOPICS = ("text vs cache", "KVComm's layers", "C2C and its control", "the translator and its swap", "cost")
+
+
+@pytest.fixture(autouse=True, params=MODES)
+def stored_runs(request):
+    """Every test of this module, once on each numeric mode's stored runs."""
+    global PRECOMPUTED
+    PRECOMPUTED = STORED[request.param]
+    assert PRECOMPUTED.get("numerics") == request.param, f"no stored runs in {request.param}"
 
 
 @pytest.mark.parametrize("exercise", SHIPPED, ids=[e.key for e in SHIPPED])

@@ -1,6 +1,7 @@
 """The presets' lessons hold in their precomputed results, with no model run.
 
-Two layers of checks over assets/precomputed/presets.json, the file the page paints from:
+Two layers of checks over the stored runs the page paints from, every numeric mode's file
+(assets/precomputed/presets.json in bf16, presets-fp32.json in fp32: ``kvviz.app.presets.stored_in``):
 
 * each preset's own ``check`` (assets/presets.toml), the claims its lesson line makes;
 * the kinds of lesson the issue asks the set to have, each defined here independently of the
@@ -18,13 +19,15 @@ import pytest
 
 from kvviz.app.lessons import failures, stored_reading
 from kvviz.app.page import views
-from kvviz.app.presets import PRESETS, _preset, load_precomputed, preset
+from kvviz.app.presets import PRECOMPUTED_PATH, PRESETS, _preset, load_precomputed, preset, stored_in
 from kvviz.app.reading import catalog, evidence
 from kvviz.handoffs import registry
 from kvviz.handoffs.common import CONTENT_FREE_WORDS, content_free_note
+from kvviz.runtime.numerics import MODES
 from tests.lesson_words import contradictions
 
-PRECOMPUTED = load_precomputed()
+STORED = {mode: load_precomputed(stored_in(PRECOMPUTED_PATH, mode)) for mode in MODES}
+PRECOMPUTED: dict = {}  # the stored runs the running test reads: ``stored_runs`` sets it, once per mode
 
 
 def reading(key: str, entry: dict | None = None):
@@ -110,10 +113,15 @@ KINDS = {
 REQUIRED = ("only-text-crosses", "right-without-content", "shared-reference", "c2c-differs-from-control")
 
 
-@pytest.fixture(autouse=True)
-def precomputed_file():
+@pytest.fixture(autouse=True, params=MODES)
+def stored_runs(request):
+    """Every test of this module, once on each numeric mode's stored runs (a page shows its own mode's)."""
+    global PRECOMPUTED
+    mode, PRECOMPUTED = request.param, STORED[request.param]
     if not PRECOMPUTED.get("presets"):
-        pytest.fail("assets/precomputed/presets.json is missing or unreadable: python scripts/precompute_presets.py")
+        pytest.fail(f"{stored_in(PRECOMPUTED_PATH, mode).name} is missing or unreadable: "
+                    f"KVVIZ_NUMERICS={mode} python scripts/precompute_presets.py")
+    assert PRECOMPUTED.get("numerics") == mode
 
 
 @pytest.mark.parametrize("key", [p.key for p in PRESETS])
