@@ -6,11 +6,17 @@ test_exercises.py, once per mode.)"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
+
+import pytest
 
 from kvviz.app.presets import (FIRST_MODE, PRECOMPUTED_PATH, PRECOMPUTED_SWEEP_PATH, PRESETS, live_mode,
                                load_precomputed, load_precomputed_sweep, stored_for_this_machine, stored_in)
 from kvviz.runtime import numerics
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_each_mode_has_its_own_files_beside_the_first_modes():
@@ -64,3 +70,23 @@ def test_every_mode_stores_the_same_questions_and_runs():
         assert all(sorted(entry.get("runs") or {}) == sorted(entries[0].get("runs") or {}) for entry in entries), preset.key
         assert all({r["handoff"] for r in entry["results"]} == {r["handoff"] for r in entries[0]["results"]}
                    for entry in entries), preset.key
+
+
+def precompute_script():
+    spec = importlib.util.spec_from_file_location("precompute_presets", REPO_ROOT / "scripts" / "precompute_presets.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_precompute_script_writes_and_updates_only_the_file_of_its_own_mode(tmp_path, monkeypatch, capsys):
+    script = precompute_script()
+    monkeypatch.setattr(script, "ROOT", tmp_path)
+    monkeypatch.setattr(script, "PRECOMPUTED_PATH", tmp_path / "presets.json")
+    monkeypatch.setenv("KVVIZ_NUMERICS", "fp32")
+    with pytest.raises(SystemExit, match="presets-fp32.json does not exist yet"):
+        script.stored_file()  # a partial update (--preset, --only) needs this mode's file
+    script.write_and_check(load_precomputed(stored_in(PRECOMPUTED_PATH, "fp32")), "wrote")
+    assert "every preset's lesson holds" in capsys.readouterr().out
+    assert (tmp_path / "presets-fp32.json").is_file() and not (tmp_path / "presets.json").exists()
+    assert script.stored_file()["numerics"] == "fp32"
