@@ -217,6 +217,24 @@ def test_at_390_px_no_plot_title_or_legend_is_cut_or_overlaps_another_and_the_fi
 # --- errors and stops ---------------------------------------------------------------------------
 
 
+def test_every_presets_whole_label_fits_in_the_preset_box_at_1280_px(page):
+    """Each preset's label (title and scenario) is shown whole in the preset box on a laptop: at 300 px
+    the box cut "Capital of Truxbiwaesk (shared question)" and "Capital of Australia (shared question)"."""
+    from kvviz.app.presets import PRESETS
+
+    cut = page.locator("#kv-presets input").first.evaluate(
+        """(input, labels) => {
+            const shown = input.value, cut = [];
+            for (const label of labels) {
+                input.value = label;
+                if (input.scrollWidth > input.clientWidth) cut.push(label);
+            }
+            input.value = shown;
+            return cut;
+        }""", [preset.label for preset in PRESETS])
+    assert cut == []
+
+
 def test_an_empty_query_gives_exactly_one_message_in_the_status_line(page):
     before = {name: textbox_value(page, f"kv-answer-{name}") for name in ("receiver", "kvcomm")}
     page.locator("#kv-query textarea").fill("   ")

@@ -52,7 +52,7 @@ CSS = """
 #kv-heading {gap: 2px !important}
 #kv-title h1 {font-size: 20px; margin: 0; line-height: 1.2}
 #kv-title {min-width: 0 !important}
-#kv-presets {max-width: 300px}
+#kv-presets {max-width: 345px}  /* the longest preset label, "Capital of Truxbiwaesk (shared question)", fits at 1280 px */
 #kv-ask {gap: 8px; align-items: stretch}
 #kv-runbox {gap: 6px; justify-content: flex-start}
 #kv-status {font-size: 13.5px; min-height: 20px}
