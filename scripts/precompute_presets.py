@@ -154,10 +154,11 @@ def machine_of(pair) -> str:
 def stored_file() -> dict:
     """The presets file of the numeric mode this process computes in, read (a partial update starts
     from it); refused with what to run when there is none yet."""
-    path = stored_in(PRECOMPUTED_PATH, live_mode())
+    mode = live_mode()
+    path = stored_in(PRECOMPUTED_PATH, mode)
     if not path.is_file():
         raise SystemExit(f"{path.relative_to(ROOT)} does not exist yet: compute every preset in this mode first "
-                         f"(KVVIZ_NUMERICS={live_mode()} python scripts/precompute_presets.py --no-sweep).")
+                         f"(KVVIZ_NUMERICS={mode} python scripts/precompute_presets.py --no-sweep).")
     return json.loads(path.read_text(encoding="utf-8"))
 
 

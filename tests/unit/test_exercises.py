@@ -24,11 +24,10 @@ from kvviz.app.exercises import (
     stored_results,
     untrue_claims,
 )
-from kvviz.app.presets import PRECOMPUTED_PATH, load_precomputed, stored_in
 from kvviz.runtime.numerics import MODES
 from tests.lesson_words import contradictions
+from tests.stored_runs import STORED_BY_MODE
 
-STORED = {mode: load_precomputed(stored_in(PRECOMPUTED_PATH, mode)) for mode in MODES}
 PRECOMPUTED: dict = {}  # the stored runs the running test reads: ``stored_runs`` sets it, once per mode
 SHIPPED = EXERCISES.exercises
 TOPICS = ("text vs cache", "KVComm's layers", "C2C and its control", "the translator and its swap", "cost")
@@ -38,7 +37,7 @@ TOPICS = ("text vs cache", "KVComm's layers", "C2C and its control", "the transl
 def stored_runs(request):
     """Every test of this module, once on each numeric mode's stored runs."""
     global PRECOMPUTED
-    PRECOMPUTED = STORED[request.param]
+    PRECOMPUTED = STORED_BY_MODE[request.param]
     assert PRECOMPUTED.get("numerics") == request.param, f"no stored runs in {request.param}"
 
 

@@ -19,14 +19,14 @@ import pytest
 
 from kvviz.app.lessons import failures, stored_reading
 from kvviz.app.page import views
-from kvviz.app.presets import PRECOMPUTED_PATH, PRESETS, _preset, load_precomputed, preset, stored_in
+from kvviz.app.presets import PRECOMPUTED_PATH, PRESETS, _preset, preset, stored_in
 from kvviz.app.reading import catalog, evidence
 from kvviz.handoffs import registry
 from kvviz.handoffs.common import CONTENT_FREE_WORDS, content_free_note
 from kvviz.runtime.numerics import MODES
 from tests.lesson_words import contradictions
+from tests.stored_runs import STORED_BY_MODE
 
-STORED = {mode: load_precomputed(stored_in(PRECOMPUTED_PATH, mode)) for mode in MODES}
 PRECOMPUTED: dict = {}  # the stored runs the running test reads: ``stored_runs`` sets it, once per mode
 
 
@@ -117,7 +117,7 @@ REQUIRED = ("only-text-crosses", "right-without-content", "shared-reference", "c
 def stored_runs(request):
     """Every test of this module, once on each numeric mode's stored runs (a page shows its own mode's)."""
     global PRECOMPUTED
-    mode, PRECOMPUTED = request.param, STORED[request.param]
+    mode, PRECOMPUTED = request.param, STORED_BY_MODE[request.param]
     if not PRECOMPUTED.get("presets"):
         pytest.fail(f"{stored_in(PRECOMPUTED_PATH, mode).name} is missing or unreadable: "
                     f"KVVIZ_NUMERICS={mode} python scripts/precompute_presets.py")

@@ -15,6 +15,7 @@ import pytest
 from kvviz.app.presets import (FIRST_MODE, PRECOMPUTED_PATH, PRECOMPUTED_SWEEP_PATH, PRESETS, live_mode,
                                load_precomputed, load_precomputed_sweep, stored_for_this_machine, stored_in)
 from kvviz.runtime import numerics
+from tests.stored_runs import STORED_BY_MODE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,9 +64,8 @@ def test_a_mode_without_stored_runs_falls_back_to_the_first_modes(tmp_path, monk
 def test_every_mode_stores_the_same_questions_and_runs():
     """Only the numbers differ between the modes' files: every preset, asked the same way, with the
     same extra runs."""
-    stored = {mode: load_precomputed(stored_in(PRECOMPUTED_PATH, mode)) for mode in numerics.MODES}
     for preset in PRESETS:
-        entries = [files["presets"][preset.key] for files in stored.values()]
+        entries = [files["presets"][preset.key] for files in STORED_BY_MODE.values()]
         assert all(entry["request"] == entries[0]["request"] for entry in entries), preset.key
         assert all(sorted(entry.get("runs") or {}) == sorted(entries[0].get("runs") or {}) for entry in entries), preset.key
         assert all({r["handoff"] for r in entry["results"]} == {r["handoff"] for r in entries[0]["results"]}
@@ -86,7 +86,7 @@ def test_the_precompute_script_writes_and_updates_only_the_file_of_its_own_mode(
     monkeypatch.setenv("KVVIZ_NUMERICS", "fp32")
     with pytest.raises(SystemExit, match="presets-fp32.json does not exist yet"):
         script.stored_file()  # a partial update (--preset, --only) needs this mode's file
-    script.write_and_check(load_precomputed(stored_in(PRECOMPUTED_PATH, "fp32")), "wrote")
+    script.write_and_check(STORED_BY_MODE["fp32"], "wrote")
     assert "every preset's lesson holds" in capsys.readouterr().out
     assert (tmp_path / "presets-fp32.json").is_file() and not (tmp_path / "presets.json").exists()
     assert script.stored_file()["numerics"] == "fp32"
