@@ -24,7 +24,8 @@ from kvviz.app import present
 from kvviz.app.page.spec import column_names, expected_text
 from kvviz.app.page.tabs import live_stamp, shared_stamp  # noqa: F401 (the run's stamps, for kvviz.app.page.run)
 from kvviz.app.presets import PRESETS, preset
-from kvviz.app.reading import catalog
+from kvviz.app.reading import against, catalog
+from kvviz.app.reading.questions import Claim
 from kvviz.app.reading.reading import Column, Reading, read
 from kvviz.data.contradictions import Contradiction
 from kvviz.data.swaps import Swap, swap_record
@@ -88,13 +89,59 @@ def cards_and_verdict(payload: dict | None, names, answers, subject: str | None 
 
 def lesson_of(reading: Reading | None) -> str:
     """The lesson line for results that answer a preset's question (empty otherwise). A live run
-    may use other settings than the precomputed one that shows the lesson: then the line says so."""
+    may use other settings than the precomputed run the lesson was written from: its line says
+    whether the live run shows the lesson's claims too, which of them it contradicts, or what it
+    would need to answer the rest."""
     key = reading.preset if reading is not None else None
     if not key:
         return ""
+    picked = preset(key)
+    lesson = present.md(picked.lesson)
     if reading.precomputed or not reading.finished():
-        return f"**Lesson:** {present.md(preset(key).lesson)}"
-    return f"**The preset's lesson** (its precomputed run, at the page's defaults): {present.md(preset(key).lesson)}"
+        return f"**Lesson:** {lesson}"
+    held, contradicted, unanswered = against.sort_claims(reading, picked.claims, swap_expected=bool(picked.swap or picked.swap_words))
+    if contradicted:
+        shown = "; ".join(claim_against(claim, reading) for claim in contradicted[:3])
+        more = f"; and {len(contradicted) - 3} more" if len(contradicted) > 3 else ""
+        return (f"**The preset's lesson**, from its precomputed run at the page's defaults. **This live run shows "
+                f"otherwise** ({shown}{more}): {lesson}")
+    if unanswered:
+        return (f"**The preset's lesson** (its precomputed run, at the page's defaults; this live run agrees with "
+                f"{len(held)} of its {len(held) + len(unanswered)} claims and cannot answer the others without "
+                f"{' or '.join(needed_for(unanswered, reading))}): {lesson}")
+    return f"**Lesson** (this live run shows it too): {lesson}"
+
+
+def claim_against(claim: Claim, reading: Reading) -> str:
+    """A lesson's claim beside what a run shows, in words ("KVComm: right in the lesson, wrong here")."""
+    question = claim.question
+    if question.kind == "crossed":
+        judgeable = against.judged(reading)
+
+        def named(names):
+            return ", ".join(catalog.label_of(name) for name in catalog.in_page_order(set(names) & judgeable)) or "no column"
+        return f"the note crossed by {named(claim.expected)} in the lesson, by {named(reading.crossed())} here"
+    subject = catalog.label_of(question.column) if question.column else question.kind
+    kind = "" if question.kind in ("verdict", "which") else f" {question.kind}"
+    return (f"{present.md(subject)}{kind}: {present.md(str(claim.expected))} in the lesson, "
+            f"{present.md(str(reading.answer(question)))} here")
+
+
+def needed_for(unanswered: list[Claim], reading: Reading) -> list[str]:
+    """What a run lacks to answer ``unanswered`` claims: the columns it did not run, a swapped note,
+    an inserted contradiction."""
+    missing = sorted({name for claim in unanswered if claim.question.kind != "crossed"  # judged on what ran
+                      for name in claim.question.columns() if reading.column(name).result is None},
+                     key=catalog.names().index)
+    needs = []
+    if missing:
+        needs.append(f"the columns it did not run ({', '.join(catalog.label_of(name) for name in missing)})"
+                     if len(missing) <= 3 else f"the {len(missing)} columns it did not run")
+    if reading.swap is None and any(against.depends_on_swap(claim) for claim in unanswered):
+        needs.append("the swapped note (**Swap the fact**)")
+    if any(claim.question.kind == "contradicted" for claim in unanswered):
+        needs.append("an inserted contradiction (**Insert a contradiction**)")
+    return needs or ["another run"]
 
 
 def stale_view(reading: Reading, pair: str) -> dict:

@@ -38,6 +38,7 @@ OWN = "own"
 MISREAD = "misread"
 KINDS = (CROSSED, KNOWN, DIFFERS, DID_NOT_FOLLOW, NOT_NEEDED, UNCHECKED, PENDING, OWN, MISREAD)
 GOT_THROUGH = (CROSSED, KNOWN)  # the kinds a strip lists under "got through by"
+SHOWN_BY_SWAP = (CROSSED, KNOWN, DID_NOT_FOLLOW, MISREAD)  # the kinds only a run with a swapped note gives
 
 # a control's state while the run has not finished it: its column's evidence waits for it
 UNFINISHED = ("waiting", "running")
