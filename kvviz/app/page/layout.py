@@ -69,11 +69,11 @@ def build_top(page: Page) -> None:
                                       js_on_load=PAGE_JS.replace("DECORATIONS", json.dumps(spec.chip_decorations()))))
         page.add("presets", gr.Dropdown(
             choices=[(p.label, p.key) for p in PRESETS], value=page.value("presets"), label="Preset",
-            show_label=False, container=False, scale=0, min_width=330, elem_id="kv-presets"))
+            show_label=False, container=False, scale=0, min_width=355, elem_id="kv-presets"))
         page.add("walk_open", gr.Button("Walk-through", size="sm", scale=0, min_width=105, elem_id="kv-walkthrough"))
-        page.add("copy_link", gr.Button("Copy link", size="sm", scale=0, min_width=85, elem_id="kv-copy-link"))
+        page.add("copy_link", gr.Button("Copy link", size="sm", scale=0, min_width=72, elem_id="kv-copy-link"))
         page.add("link", gr.Textbox("", visible=False, elem_id="kv-link"))  # the page's state as a query string
-        page.add("save_run", gr.Button("Save run", size="sm", scale=0, min_width=85, elem_id="kv-save-run"))
+        page.add("save_run", gr.Button("Save run", size="sm", scale=0, min_width=72, elem_id="kv-save-run"))
         page.add("saved_link", gr.Textbox("", visible=False, elem_id="kv-saved-link"))  # /r/<id> of the saved run
 
 

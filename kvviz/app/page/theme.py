@@ -52,7 +52,7 @@ CSS = """
 #kv-heading {gap: 2px !important}
 #kv-title h1 {font-size: 20px; margin: 0; line-height: 1.2}
 #kv-title {min-width: 0 !important}
-#kv-presets {max-width: 345px}  /* the longest preset label, "Capital of Truxbiwaesk (shared question)", fits at 1280 px */
+#kv-presets {max-width: 360px}  /* the longest preset label, "Capital of Truxbiwaesk (shared question)", fits at 1280 px, clear of the arrow */
 #kv-ask {gap: 8px; align-items: stretch}
 #kv-runbox {gap: 6px; justify-content: flex-start}
 #kv-status {font-size: 13.5px; min-height: 20px}
@@ -167,6 +167,9 @@ CSS = """
   #kv-lesson-row {order: 2}
   #kv-inside {order: 3}
   #kv-presets {max-width: none; flex: 1 1 100% !important}
+  /* the longest preset label stays clear of the box's arrow on a 390 px phone */
+  #kv-presets .wrap-inner {padding-left: 8px !important}
+  #kv-presets input {font-size: 13px !important}
   /* the three page buttons share one row under the preset box */
   #kv-walkthrough, #kv-copy-link, #kv-save-run {min-width: 0 !important; flex: 1 1 0 !important; padding: 4px 6px !important}
   #kv-ask {flex-direction: column}
