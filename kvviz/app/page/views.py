@@ -141,7 +141,7 @@ def needed_for(unanswered: list[Claim], reading: Reading) -> list[str]:
         needs.append("the swapped note (**Swap the fact**)")
     if any(claim.question.kind == "contradicted" for claim in unanswered):
         needs.append("an inserted contradiction (**Insert a contradiction**)")
-    return needs or ["another run"]
+    return needs or ["what this run did not measure"]
 
 
 def stale_view(reading: Reading, pair: str) -> dict:
