@@ -2,7 +2,7 @@
 kernel's products, its weight-stream time and its row invariance, measured side by side in one run.
 
     PYTHONPATH=. nice -n 10 python research/numerics.py kernels [--models gemma3-270m,smollm2-135m] [--rounds 7] [--rows 1,6,16,64,128]
-    PYTHONPATH=. nice -n 10 python research/numerics.py head [--rounds 7]
+    PYTHONPATH=. nice -n 10 python research/numerics.py head [--rounds 7] [--rows 1,6]
     PYTHONPATH=. python research/numerics.py classes [--threads 1,2]
     PYTHONPATH=. nice -n 10 python research/numerics.py prompts [--rounds 7]
 
@@ -136,7 +136,7 @@ def kernels(models: list[str], rounds: int, rows: tuple[int, ...] = DECODE_ROWS 
                   + f" | {med[rows[0]] / own:.2f} | {med[rows[1]] / own:.2f} | {med[rows[-1]] / rows[-1]:.2f} |")
 
 
-def head(rounds: int) -> None:
+def head(rounds: int, rows: tuple[int, ...] = (1, 6)) -> None:
     from kvviz.runtime.head import GROUP_SIZE
 
     torch.set_num_threads(1)
@@ -144,16 +144,20 @@ def head(rounds: int) -> None:
         loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
         weight = loaded.head.linear.weight.detach()
         index = loaded.head.scan_index()
-        bf16 = torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), None)
         q8, s8 = int8_rows(weight)
         scans = {"fp32 MKL (exact)": lambda x: F.linear(x, weight),
-                 "bf16 oneDNN": lambda x: torch.ops.mkldnn._linear_pointwise(x.bfloat16(), bf16, None, "none", [], ""),
-                 "int8 weight-only": lambda x: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), q8, s8.bfloat16())}
+                 "int8 weight-only": lambda x: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), q8, s8.bfloat16()),
+                 "int8 weight-only, fp32 rows": lambda x: torch.ops.aten._weight_int8pack_mm(x, q8, s8)}
+        try:
+            bf16 = torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), None)
+            scans["bf16 oneDNN"] = lambda x: torch.ops.mkldnn._linear_pointwise(x.bfloat16(), bf16, None, "none", [], "")
+        except RuntimeError as error:  # this CPU has no bfloat16 product (AVX2)
+            print(f"{name}: bf16 oneDNN unavailable ({str(error)[:80]})")
         if index is not None:
             scans["int4 weight-only (today, <= 4 rows)"] = (
                 lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), index[0], GROUP_SIZE, index[1]))
         copies = {"fp32": weight, "bf16": weight.bfloat16(), "int8": q8}
-        inputs = {m: torch.randn(m, weight.shape[1]) for m in (1, 6)}
+        inputs = {m: torch.randn(m, weight.shape[1]) for m in rows}
         times = {(k, m): [] for k in scans for m in inputs}
         streams = {p: [] for p in copies}
         for scan in scans.values():
@@ -167,7 +171,7 @@ def head(rounds: int) -> None:
                     times[(k, m)].append(thread_ms(lambda: scan(x)))
         print(f"\n{name} head {list(weight.shape)}: stream once " + ", ".join(f"{p} {statistics.median(v):.1f} ms" for p, v in streams.items()))
         for k in scans:
-            print(f"| {k} | M=1 {statistics.median(times[(k, 1)]):.1f} | M=6 {statistics.median(times[(k, 6)]):.1f} |")
+            print(f"| {k} | " + " | ".join(f"M={m} {statistics.median(times[(k, m)]):.1f}" for m in rows) + " |")
 
 
 def prompts(rounds: int) -> None:
@@ -238,13 +242,15 @@ def main():
     parser.add_argument("--models", default="gemma3-270m,smollm2-135m")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--rows", default=",".join(map(str, DECODE_ROWS + PROMPT_ROWS)),
-                        help="kernels: the row counts M (at least two)")
+    parser.add_argument("--rows", default=None,
+                        help="kernels: the row counts M (at least two; default "
+                             f"{','.join(map(str, DECODE_ROWS + PROMPT_ROWS))}); head: the row counts (default 1,6)")
     args = parser.parse_args()
     if args.what == "kernels":
-        kernels(args.models.split(","), args.rounds, tuple(int(m) for m in args.rows.split(",")))
+        kernels(args.models.split(","), args.rounds,
+                tuple(int(m) for m in args.rows.split(",")) if args.rows else DECODE_ROWS + PROMPT_ROWS)
     elif args.what == "head":
-        head(args.rounds)
+        head(args.rounds, tuple(int(m) for m in args.rows.split(",")) if args.rows else (1, 6))
     elif args.what == "prompts":
         prompts(args.rounds)
     else:
