@@ -1,87 +1,156 @@
-"""A live run of a preset's question is read against the preset's lesson (``views.lesson_of``): the
-line says the live run shows it, names the claims it contradicts, or says what it would need to
-answer the rest; it never repeats the lesson as if the live run had shown it."""
+"""A live run of a preset's question is read against the claims of the stored run whose settings it
+repeats (``views.lesson_of``, ``kvviz.app.reading.against``): the line says the live run shows the
+lesson, names the claims it contradicts, or says what it lacks to check the rest; at other settings
+or against another expected answer it says the lesson is not checked. It never repeats the lesson
+as if the live run had shown it."""
 
 from dataclasses import replace
 
 import pytest
 
+from kvviz.app import lessons
 from kvviz.app.page import views
-from kvviz.app.presets import PRESETS, load_precomputed
+from kvviz.app.presets import PRESETS, load_precomputed, preset
 from kvviz.app.reading import catalog
-from kvviz.app.reading.against import depends_on_swap, judged, sort_claims
+from kvviz.app.reading.against import depends_on_swap, sort_claims
 from kvviz.app.reading.reading import Swapped
 
-STORED = views.PresetRuns(load_precomputed(), "embedded")
+PRECOMPUTED = load_precomputed()
+STORED = views.PresetRuns(PRECOMPUTED, "embedded")
 
 
-def live(reading, columns=None):
-    """``reading`` as a live run would give it: not precomputed, no swapped note, only ``columns``."""
-    kept = {name: replace(column, swap=Swapped()) for name, column in reading.columns.items()
+def live(reading, columns=None, swap: bool = False):
+    """``reading`` as a live run at its stored settings would give it: not precomputed, only
+    ``columns``, with its swap or without one."""
+    kept = {name: column if swap else replace(column, swap=Swapped()) for name, column in reading.columns.items()
             if columns is None or name in columns}
-    return replace(reading, precomputed=False, swap=None, swap_shown=False, columns=kept)
+    return replace(reading, precomputed=False, preset_settings="", columns=kept,
+                   swap=reading.swap if swap else None, swap_shown=swap)
+
+
+def with_column(reading, name, **changed):
+    return replace(reading, columns={**reading.columns, name: replace(reading.columns[name], **changed)})
+
+
+def claimed_right(picked) -> str:
+    return next(claim.question.column for claim in picked.claims
+                if claim.question.kind == "verdict" and claim.expected == "right" and claim.question.column != "text")
 
 
 @pytest.mark.parametrize("key", [p.key for p in PRESETS])
-def test_the_stored_run_read_as_live_shows_its_own_lesson(key):
+def test_the_stored_run_read_as_a_live_one_shows_its_own_lesson(key):
     _, _, reading = STORED(key)
     assert views.lesson_of(reading).startswith("**Lesson:**")
-    assert views.lesson_of(replace(reading, precomputed=False)).startswith("**Lesson** (this live run shows it too)")
+    assert views.lesson_of(live(reading, swap=True)).startswith("**Lesson** (this live run shows it too)")
 
 
 @pytest.mark.parametrize("picked", PRESETS, ids=lambda p: p.key)
-def test_a_live_run_at_the_presets_ticks_says_what_it_cannot_answer(picked):
+def test_a_live_run_at_the_presets_ticks_without_its_swap_says_what_it_cannot_check(picked):
     _, _, reading = STORED(picked.key)
-    has_swap = bool(picked.swap or picked.swap_words)
-    line = views.lesson_of(live(reading, picked.columns))
-    held, contradicted, unanswered = sort_claims(live(reading, picked.columns), picked.claims, swap_expected=has_swap)
-    assert not contradicted
+    run = live(reading, picked.columns)
+    line = views.lesson_of(run)
+    held, contradicted, unanswered = sort_claims(run, picked.claims, picked.swap is not None, False)
+    assert not contradicted and "shows otherwise" not in line
     if not unanswered:
         assert line.startswith("**Lesson** (this live run shows it too)")
         return
-    assert "shows otherwise" not in line and f"agrees with {len(held)} of its {len(held) + len(unanswered)} claims" in line
-    assert ("Swap the fact" in line) == (has_swap and any(depends_on_swap(claim) for claim in picked.claims))
-    if has_swap:  # what only a swap shows is not claimed for a run without one
+    assert f"bears out {len(held)} of the {len(picked.claims)} points" in line
+    needs_swap = picked.swap is not None and any(depends_on_swap(claim) for claim in picked.claims)
+    assert ("the preset's swap" in line) == needs_swap
+    if picked.swap is not None:  # what only a swap shows is not claimed for a run without one
         assert all(claim in unanswered for claim in picked.claims if depends_on_swap(claim))
-    unticked_claimed = {name for claim in unanswered if claim.question.kind != "crossed"  # judged on what ran
-                        for name in claim.question.columns()} - set(picked.columns)
-    for name in unticked_claimed:
-        assert catalog.label_of(name) in line or "columns it did not run" in line
 
 
 def test_a_live_run_that_contradicts_the_lesson_names_the_column_and_both_answers():
     picked = PRESETS[0]
     _, _, reading = STORED(picked.key)
-    right = next(claim.question.column for claim in picked.claims
-                 if claim.question.kind == "verdict" and claim.expected == "right")
-    columns = dict(reading.columns)
-    columns[right] = replace(columns[right], mark="wrong")
-    line = views.lesson_of(replace(reading, precomputed=False, columns=columns))
-    assert line.startswith("**The preset's lesson**, from its precomputed run") and "**This live run shows otherwise**" in line
+    right = claimed_right(picked)
+    line = views.lesson_of(with_column(live(reading, swap=True), right, mark="wrong"))
+    assert line.startswith("**The preset's lesson**, from its precomputed run.") and "**This live run shows otherwise**" in line
     assert f"{catalog.label_of(right)}: right in the lesson, wrong here" in line
 
 
-def test_a_crossed_claim_counts_only_the_columns_a_live_run_can_judge():
-    """A column whose control did not run cannot be said to have crossed: the lesson's list is
-    compared on the columns that ran with their controls."""
+def test_a_failed_column_is_not_a_contradiction_but_a_point_it_cannot_check():
+    picked = PRESETS[0]
+    _, _, reading = STORED(picked.key)
+    right = claimed_right(picked)
+    line = views.lesson_of(with_column(live(reading, swap=True), right, mark="failed"))
+    assert "shows otherwise" not in line and f"a result from {catalog.label_of(right)}" in line
+
+
+def test_what_the_note_got_through_by_is_not_checked_without_every_column_it_names_and_its_control():
+    """A column whose control did not run cannot be said to have got the note through: the lesson's
+    "got through by" waits for it, and the line names the control."""
     picked = next(p for p in PRESETS if any(c.question.kind == "crossed" and c.expected for c in p.claims))
     _, _, reading = STORED(picked.key)
     crossed = next(c for c in picked.claims if c.question.kind == "crossed")
-    one = crossed.expected[0]
+    one = next(name for name in crossed.expected if catalog.control_of(name))
     control = catalog.control_of(one)
-    assert control, f"{one} has a control"
-    columns = {name: column for name, column in reading.columns.items() if name != control}
-    columns[one] = replace(columns[one], evidence="unchecked")  # as a run without its control reads it
-    partial = replace(reading, precomputed=False, columns=columns)  # with its swapped note
-    assert one not in judged(partial) and one not in partial.crossed()
-    held, contradicted, _ = sort_claims(partial, [crossed], swap_expected=True)
-    assert held == [crossed] and not contradicted
+    partial = live(reading, set(reading.columns) - {control}, swap=True)
+    partial = with_column(partial, one, evidence="unchecked")  # as a run without its control reads it
+    held, contradicted, unanswered = sort_claims(partial, [crossed], True, True)
+    assert unanswered == [crossed] and not held and not contradicted
+    assert catalog.label_of(control) in views.needed_for(partial, [crossed], True, True)
 
 
-def test_a_preset_without_a_swap_judges_its_evidence_without_one():
+def test_a_column_with_no_result_on_the_swap_leaves_its_swap_claims_unchecked():
+    picked = next(p for p in PRESETS if p.swap and any(c.question.kind == "follow" for c in p.claims))
+    _, _, reading = STORED(picked.key)
+    follow = next(c for c in picked.claims if c.question.kind == "follow")
+    run = with_column(live(reading, swap=True), follow.question.column, swap=Swapped())
+    assert sort_claims(run, [follow], True, True)[2] == [follow]
+
+
+def test_another_swap_than_the_presets_does_not_answer_what_its_swap_showed():
+    picked = next(p for p in PRESETS if p.swap and p.swap_words)
+    _, _, reading = STORED(picked.key)
+    other = live(reading, swap=True)
+    other = replace(other, swap={**other.swap, "changed": "something -> else"})
+    line = views.lesson_of(other)
+    assert "the preset's swap" in line and "shows otherwise" not in line
+
+
+def test_a_preset_without_a_swap_checks_its_evidence_without_one():
     """A shared question has no note to swap: its stored run has none, and a live run answers its
     evidence and crossing claims as the stored run did."""
-    picked = next(p for p in PRESETS if not (p.swap or p.swap_words) and any(depends_on_swap(c) for c in p.claims))
+    picked = next(p for p in PRESETS if p.swap is None and any(depends_on_swap(c) for c in p.claims))
     _, _, reading = STORED(picked.key)
-    held, contradicted, unanswered = sort_claims(live(reading), picked.claims, swap_expected=False)
+    held, contradicted, unanswered = sort_claims(live(reading), picked.claims, False, False)
     assert len(held) == len(picked.claims) and not contradicted and not unanswered
+
+
+def test_at_other_settings_or_against_another_expected_answer_the_lesson_is_not_checked():
+    picked = PRESETS[0]
+    _, _, reading = STORED(picked.key)
+    broken = with_column(live(reading, swap=True), claimed_right(picked), mark="wrong")
+    other_settings = views.lesson_of(replace(broken, preset_settings=None))
+    assert "other settings" in other_settings and "shows otherwise" not in other_settings
+    other_answer = views.lesson_of(replace(broken, answers=("9999",)))
+    assert "another expected answer" in other_answer and "shows otherwise" not in other_answer
+
+
+def test_a_live_run_at_a_stored_what_if_runs_settings_is_read_against_that_runs_claims():
+    """The locker's lesson says KVComm at ratio 0.3 answers 12 with 6 layers: a live run there shows
+    the lesson, though the main run's claims (right, 9 layers) would not hold."""
+    picked = preset("locker")
+    run = picked.runs[-1]
+    entry = PRECOMPUTED["presets"]["locker"]["runs"][run.label]
+    stored = lessons.stored_reading(picked, entry)
+    what_if = replace(stored, precomputed=False, preset="locker", preset_settings=run.label)
+    assert views.lesson_of(what_if).startswith(f"**Lesson** (this live run shows it too, at the settings of its stored run *{run.label}")
+    assert "shows otherwise" in views.lesson_of(replace(what_if, preset_settings=""))
+
+
+def test_which_stored_run_a_live_request_repeats_the_settings_of():
+    picked = preset("locker")
+    payload, _, _ = STORED("locker")
+    request, pair = payload["request"], payload["pair"]
+    assert views.stored_settings(picked, payload, request, pair) == ""
+    for run in picked.runs:
+        options = {**request["options"], "kvcomm": {**request["options"]["kvcomm"], **run.options["kvcomm"]}}
+        assert views.stored_settings(picked, payload, {**request, "options": options}, pair) == run.label
+    odd = {**request["options"], "kvcomm": {**request["options"]["kvcomm"], "ratio": 0.2}}
+    assert views.stored_settings(picked, payload, {**request, "options": odd}, pair) is None
+    assert views.stored_settings(picked, payload, {**request, "generation": {**request["generation"], "max_new_tokens": 8}},
+                                 pair) is None
+    assert views.stored_settings(picked, payload, request, "another-pair") is None

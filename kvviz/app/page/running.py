@@ -181,7 +181,8 @@ def swap_updates(lab: Lab, pair, query, context, expected, ticked, fields, readi
         recorded = spec.recorded_parts(asked)  # what the runs just made recorded
         if from_page:  # the answers the page held recorded what their own run did
             recorded &= spec.recorded_parts(payload.get("request"))
-        base = {**payload, "pair": pair, "request": spec.request_recording(asked, recorded), "preset": key}
+        base = {**payload, "pair": pair, "request": spec.request_recording(asked, recorded), "preset": key,
+                "preset_settings": lab.stored_settings(key, asked, pair)}
         yield views.swap_view(views.reading_of(views.with_swap(base, originals, swapped, names, swap, answers), answers),
                               names)
 
@@ -208,7 +209,8 @@ def contradiction_updates(lab: Lab, pair, query, context, expected, ticked, fiel
     if ran is not None:
         originals, contradicted, _ = ran
         payload = reading.payload if reading is not None else {}
-        base = {**payload, "pair": pair, "request": handoff_request.to_dict(), "preset": key}
+        base = {**payload, "pair": pair, "request": handoff_request.to_dict(), "preset": key,
+                "preset_settings": lab.stored_settings(key, handoff_request.to_dict(), pair)}
         yield views.contradiction_view(views.reading_of(views.with_contradiction(base, originals, contradicted, names, made,
                                                                                  answers), answers), names)
 

@@ -89,9 +89,10 @@ def cards_and_verdict(payload: dict | None, names, answers, subject: str | None 
 
 def lesson_of(reading: Reading | None) -> str:
     """The lesson line for results that answer a preset's question (empty otherwise). A live run
-    may use other settings than the precomputed run the lesson was written from: its line says
-    whether the live run shows the lesson's claims too, which of them it contradicts, or what it
-    would need to answer the rest."""
+    is read against the claims of the stored run whose settings it repeats (``stored_settings``):
+    its line says whether it shows the lesson too, names each claim it contradicts with both
+    answers, or says what it lacks to check the rest; at other settings, or marked against another
+    expected answer, it says the lesson is not checked against it."""
     key = reading.preset if reading is not None else None
     if not key:
         return ""
@@ -99,49 +100,73 @@ def lesson_of(reading: Reading | None) -> str:
     lesson = present.md(picked.lesson)
     if reading.precomputed or not reading.finished():
         return f"**Lesson:** {lesson}"
-    held, contradicted, unanswered = against.sort_claims(reading, picked.claims, swap_expected=bool(picked.swap or picked.swap_words))
+    if [a.strip().casefold() for a in reading.answers] != [a.strip().casefold() for a in picked.answers]:
+        return (f"**The preset's lesson** (from its precomputed run, marked against {present.md(expected_text(picked.answers))}; "
+                f"this run is marked against another expected answer, so it is not checked against the lesson): {lesson}")
+    if reading.preset_settings is None:
+        return (f"**The preset's lesson** (from its precomputed run; this live run used other settings or another pair, "
+                f"which the lesson says nothing about): {lesson}")
+    what_if = reading.preset_settings
+    claims = next(run.claims for run in picked.runs if run.label == what_if) if what_if else picked.claims
+    at = f", at the settings of its stored run *{present.md(what_if)}*" if what_if else ""
+    swap_expected = not what_if and picked.swap is not None  # the what-if runs ran no swap
+    swap_ran = swap_expected and reading.swap_changed == picked.swap.changed
+    held, contradicted, unanswered = against.sort_claims(reading, claims, swap_expected, swap_ran)
     if contradicted:
-        shown = "; ".join(claim_against(claim, reading) for claim in contradicted[:3])
+        shown = "; ".join(claim_against(claim, reading, swap_expected) for claim in contradicted[:3])
         more = f"; and {len(contradicted) - 3} more" if len(contradicted) > 3 else ""
-        return (f"**The preset's lesson**, from its precomputed run at the page's defaults. **This live run shows "
-                f"otherwise** ({shown}{more}): {lesson}")
+        return (f"**The preset's lesson**, from its precomputed run{at}. **This live run shows otherwise** "
+                f"({shown}{more}): {lesson}")
     if unanswered:
-        return (f"**The preset's lesson** (its precomputed run, at the page's defaults; this live run agrees with "
-                f"{len(held)} of its {len(held) + len(unanswered)} claims and cannot answer the others without "
-                f"{' or '.join(needed_for(unanswered, reading))}): {lesson}")
-    return f"**Lesson** (this live run shows it too): {lesson}"
+        needs = needed_for(reading, unanswered, swap_expected, swap_ran)
+        return (f"**The preset's lesson** (from its precomputed run{at}; this live run bears out {len(held)} of the "
+                f"{len(claims)} points it is checked by, and cannot check the rest without {needs}): {lesson}")
+    return f"**Lesson** (this live run shows it too{at}): {lesson}"
 
 
-def claim_against(claim: Claim, reading: Reading) -> str:
+# how a claim's kind reads after a column's name ("KVComm layers sent: 9 in the lesson, 6 here")
+KIND_WORDS = {"verdict": "", "follow": " on the swap", "says": " says", "writes": " writes", "layers": " layers sent",
+              "sent": " sends layers", "evidence": " evidence", "contradicted": " on the contradicted note",
+              "gain": " gain", "beats": " beats its control", "seconds": " seconds", "bytes": " bytes"}
+
+
+def said(value) -> str:
+    """An answer to a claim's question, in words."""
+    if value is None or value == "":
+        return "no answer"
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "none"
+    return {"na": "not applicable"}.get(str(value), str(value))
+
+
+def claim_against(claim: Claim, reading: Reading, swap_expected: bool = False) -> str:
     """A lesson's claim beside what a run shows, in words ("KVComm: right in the lesson, wrong here")."""
     question = claim.question
     if question.kind == "crossed":
-        judgeable = against.judged(reading)
+        judgeable = against.judged(reading, swap_expected)
 
         def named(names):
             return ", ".join(catalog.label_of(name) for name in catalog.in_page_order(set(names) & judgeable)) or "no column"
-        return f"the note crossed by {named(claim.expected)} in the lesson, by {named(reading.crossed())} here"
-    subject = catalog.label_of(question.column) if question.column else question.kind
-    kind = "" if question.kind in ("verdict", "which") else f" {question.kind}"
-    return (f"{present.md(subject)}{kind}: {present.md(str(claim.expected))} in the lesson, "
-            f"{present.md(str(reading.answer(question)))} here")
+        return f"got through by {named(claim.expected)} in the lesson, by {named(reading.crossed())} here"
+    subject = catalog.label_of(question.column) if question.column else "the column"
+    kind = KIND_WORDS.get(question.kind, f" {question.kind}")
+    return (f"{present.md(subject)}{kind}: {present.md(said(claim.expected))} in the lesson, "
+            f"{present.md(said(reading.answer(question)))} here")
 
 
-def needed_for(unanswered: list[Claim], reading: Reading) -> list[str]:
-    """What a run lacks to answer ``unanswered`` claims: the columns it did not run, a swapped note,
-    an inserted contradiction."""
-    missing = sorted({name for claim in unanswered if claim.question.kind != "crossed"  # judged on what ran
-                      for name in claim.question.columns() if reading.column(name).result is None},
-                     key=catalog.names().index)
+def needed_for(reading: Reading, unanswered: list[Claim], swap_expected: bool, swap_ran: bool) -> str:
+    """What a run lacks to check ``unanswered`` claims: the preset's swap, results of some columns,
+    an inserted contradiction, in words."""
     needs = []
-    if missing:
-        needs.append(f"the columns it did not run ({', '.join(catalog.label_of(name) for name in missing)})"
-                     if len(missing) <= 3 else f"the {len(missing)} columns it did not run")
-    if reading.swap is None and any(against.depends_on_swap(claim) for claim in unanswered):
-        needs.append("the swapped note (**Swap the fact**)")
+    if swap_expected and not swap_ran and any(against.depends_on_swap(claim) for claim in unanswered):
+        needs.append("the preset's swap (**Swap the fact** with its words)")
+    lacking = against.lacking(reading, unanswered, swap_expected, swap_ran)
+    if lacking:
+        labels = [catalog.label_of(name) for name in lacking]
+        needs.append(f"a result from {', '.join(labels)}" if len(labels) <= 4 else f"results from {len(labels)} more columns")
     if any(claim.question.kind == "contradicted" for claim in unanswered):
         needs.append("an inserted contradiction (**Insert a contradiction**)")
-    return needs or ["what this run did not measure"]
+    return " or ".join(needs) or "what this run did not measure"
 
 
 def stale_view(reading: Reading, pair: str) -> dict:
@@ -211,6 +236,21 @@ def same_request(payload: dict | None, request: dict, pair: str | None = None) -
     return same_pair and all(held.get(part) == request.get(part) for part in ("query", "context", "generation", "options"))
 
 
+def stored_settings(picked, payload: dict, request: dict, pair: str) -> str | None:
+    """Which of ``picked``'s stored runs a live ``request`` on ``pair`` repeats the settings of: ""
+    its main run (``payload``, the one its lesson is about), a stored run's label (the same with that
+    run's options, as "KVComm at ratio 0.35"), or None (other settings: its lesson says nothing of them)."""
+    if same_request(payload, request, pair):
+        return ""
+    held = payload.get("request") or {}
+    for run in picked.runs:
+        options = {name: {**held.get("options", {}).get(name, {}), **run.options.get(name, {})}
+                   for name in held.get("options", {})}
+        if same_request({**payload, "request": {**held, "options": options}}, request, pair):
+            return run.label
+    return None
+
+
 def holds_swap(reading: Reading, names, swap: Swap) -> bool:
     """Whether every column in ``names`` already ran this swap (a preset's stored swap): the same
     swapped note, or the same sharer swap."""
@@ -248,6 +288,8 @@ def _with_other_note(payload: dict, originals: dict[str, dict], others: dict[str
         other = others.get(name) or {"applicable": False, "reason": f"it did not run on {NOTE_OF[kind]}"}
         results.append({**originals[name], kind: judged(originals[name], other)})
     data = present.payload(payload["pair"], payload["request"], results, False, payload.get("preset"))
+    if "preset_settings" in payload:  # which stored run's settings it repeats (``stored_settings``)
+        data["preset_settings"] = payload["preset_settings"]
     kept = next(k for k in NOTE_OF if k != kind)
     if payload.get(f"{kept}_shown") and all(result.get(kept) for result in results):
         data.update({kept: payload.get(kept), f"{kept}_shown": True})

@@ -1,11 +1,12 @@
 """A run read against claims made from another run: a live run of a preset's question against the
 lesson its stored run shows (``kvviz.app.page.views.lesson_of``).
 
-The stored run ran every column and, where the preset has one, a swapped note; a live run may have
-run fewer columns, no swapped note, other settings. So each claim is held, contradicted, or
-unanswered by the live run: unanswered when a column it depends on did not run, or when its answer
-needs a swapped note the live run did not have. A "crossed" claim (which columns the note crossed
-by) is compared on the columns the live run can judge: those that ran with their controls.
+The stored run ran every column and, where the preset has one, its swap; a live run may have run
+fewer columns, no swap or another one, and a column may have failed. So each claim is held,
+contradicted, or unanswered by the live run: unanswered when a column it depends on has no usable
+result, or when its answer needs the preset's swap and the live run did not run it for that column.
+A "crossed" claim (which columns the note got through by) is answered only when every column it names
+can be judged, and is then compared on the columns the live run can judge.
 Plain Python: no torch, no Gradio.
 """
 
@@ -17,45 +18,73 @@ from kvviz.app.reading.reading import Reading
 
 
 def depends_on_swap(claim: Claim) -> bool:
-    """Whether ``claim``'s answer needs a swapped note: what a column did with it, which columns the
-    note crossed by, and the evidence kinds only a swap shows (``evidence.SHOWN_BY_SWAP``)."""
+    """Whether ``claim``'s answer needs the swap: what a column did with it, which columns the note
+    got through by, and the evidence kinds only a swap shows (``evidence.SHOWN_BY_SWAP``)."""
     kind = claim.question.kind
     return kind in ("follow", "crossed") or (kind == "evidence" and claim.expected in evidence.SHOWN_BY_SWAP)
 
 
-def judged(reading: Reading) -> set[str]:
-    """The columns whose crossing ``reading`` can judge: finished, with their control finished too
-    (a column without a control needs none)."""
-    return {name for name, column in reading.columns.items() if column.result is not None
-            and (not catalog.control_of(name) or reading.column(catalog.control_of(name)).result is not None)}
+def usable(reading: Reading, name: str) -> bool:
+    """Whether column ``name`` finished with a result that can be judged (not failed)."""
+    column = reading.column(name)
+    return column.result is not None and column.mark != "failed"
 
 
-def can_answer(reading: Reading, claim: Claim, swap_expected: bool = False) -> bool:
-    """Whether ``reading`` can say whether ``claim`` holds: every column it depends on finished and
-    the run has what it asks about (an inserted contradiction for "contradicted"); a "crossed" claim,
-    when it can judge any column. ``swap_expected``: the claim was read from a run with a swapped
-    note, so a run without one cannot answer what depends on it. A "which" question with no single
-    answer is answered: by "none of them"."""
-    if swap_expected and reading.swap is None and depends_on_swap(claim):
+def judged(reading: Reading, swap_expected: bool = False) -> set[str]:
+    """The columns whose crossing ``reading`` can judge: usable, with their control usable (a column
+    without a control needs none) and, where the claims were read with a swap, a result on it."""
+    return {name for name, column in reading.columns.items() if usable(reading, name)
+            and (not catalog.control_of(name) or usable(reading, catalog.control_of(name)))
+            and (not swap_expected or column.swap.outcome != "none")}
+
+
+def can_answer(reading: Reading, claim: Claim, swap_expected: bool = False, swap_ran: bool = False) -> bool:
+    """Whether ``reading`` can say whether ``claim`` holds. ``swap_expected``: the claim was read
+    from a run with a swap; ``swap_ran``: this run ran that same swap."""
+    question = claim.question
+    if swap_expected and depends_on_swap(claim):
+        if not swap_ran:
+            return False
+        if question.column and reading.column(question.column).swap.outcome == "none":
+            return False
+    if question.kind == "crossed":
+        return set(claim.expected) <= judged(reading, swap_expected)
+    if not all(usable(reading, name) for name in question.columns()):
         return False
-    if claim.question.kind == "crossed":
-        return bool(judged(reading))
-    if any(reading.column(name).result is None for name in claim.question.columns()):
-        return False
-    return claim.question.kind == "which" or reading.answer(claim.question) is not None
+    return reading.answer(question) is not None
 
 
-def sort_claims(reading: Reading, claims: list[Claim], swap_expected: bool = False
+def sort_claims(reading: Reading, claims: list[Claim], swap_expected: bool = False, swap_ran: bool = False
                 ) -> tuple[list[Claim], list[Claim], list[Claim]]:
-    """``claims`` as (held, contradicted, unanswered) by ``reading``."""
+    """``claims`` as (held, contradicted, unanswered) by ``reading`` (``can_answer``)."""
     held, contradicted, unanswered = [], [], []
-    judgeable = judged(reading)
+    judgeable = judged(reading, swap_expected)
     for claim in claims:
-        if not can_answer(reading, claim, swap_expected):
+        if not can_answer(reading, claim, swap_expected, swap_ran):
             unanswered.append(claim)
         elif claim.question.kind == "crossed":
-            same = set(claim.expected) & judgeable == set(reading.crossed()) & judgeable
+            same = set(claim.expected) == set(reading.crossed()) & judgeable
             (held if same else contradicted).append(claim)
         else:
             (held if reading.holds(claim) else contradicted).append(claim)
     return held, contradicted, unanswered
+
+
+def lacking(reading: Reading, unanswered: list[Claim], swap_expected: bool = False, swap_ran: bool = False) -> list[str]:
+    """The columns (in page order) that the ``unanswered`` claims lack a usable result of (their
+    own or their control's) or, when the swap ran, a result on the swap."""
+    def lacks(name: str) -> bool:
+        return not usable(reading, name) or (swap_expected and swap_ran and reading.column(name).swap.outcome == "none")
+
+    names = set()
+    for claim in unanswered:
+        question = claim.question
+        if question.kind == "crossed":
+            for name in set(claim.expected) - judged(reading, swap_expected):
+                control = catalog.control_of(name)
+                names.update(n for n in (name, control) if n and (lacks(n) if n == name else not usable(reading, n)))
+        else:
+            names.update(name for name in question.columns() if not usable(reading, name))
+            if swap_ran and depends_on_swap(claim) and question.column and lacks(question.column):
+                names.add(question.column)
+    return catalog.in_page_order(names)
