@@ -96,7 +96,7 @@ def initial_values(presets: views.PresetRuns) -> tuple[dict, dict, list[str]]:
     payload, status, reading = presets(DEFAULT_PRESET)
     shown = preset_columns(first)
     values = {"presets": DEFAULT_PRESET, "query": first.query, "context": first.context or "",
-              "expected": expected_text(first.answers), "status": status, "lesson": views.lesson_of(reading),
+              "expected": expected_text(first.answers), "status": status, "lesson": views.lesson_of(reading, presets),
               "reading": reading, "setup": setup_html(first.context, payload["pair"]), **views.swap_fields(first)}
     values.update(views.cards(reading, shown))
     return values, payload, shown

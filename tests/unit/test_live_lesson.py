@@ -24,8 +24,21 @@ def live(reading, columns=None, swap: bool = False):
     ``columns``, with its swap or without one."""
     kept = {name: column if swap else replace(column, swap=Swapped()) for name, column in reading.columns.items()
             if columns is None or name in columns}
-    return replace(reading, precomputed=False, preset_settings="", columns=kept,
-                   swap=reading.swap if swap else None, swap_shown=swap)
+    return replace(reading, precomputed=False, columns=kept, swap=reading.swap if swap else None, swap_shown=swap)
+
+
+def lesson(reading) -> str:
+    return views.lesson_of(reading, STORED)
+
+
+def with_options(reading, handoff: str, **values):
+    """``reading`` as run with other options for ``handoff`` (or other decoding, for "generation")."""
+    request = dict(reading.request)
+    if handoff == "generation":
+        request["generation"] = {**request["generation"], **values}
+    else:
+        request["options"] = {**request["options"], handoff: {**request["options"].get(handoff, {}), **values}}
+    return replace(reading, request=request)
 
 
 def with_column(reading, name, **changed):
@@ -40,19 +53,19 @@ def claimed_right(picked) -> str:
 @pytest.mark.parametrize("key", [p.key for p in PRESETS])
 def test_the_stored_run_read_as_a_live_one_shows_its_own_lesson(key):
     _, _, reading = STORED(key)
-    assert views.lesson_of(reading).startswith("**Lesson:**")
-    assert views.lesson_of(live(reading, swap=True)).startswith("**Lesson** (this live run shows it too)")
+    assert lesson(reading).startswith("**Lesson:**") and views.lesson_of(reading).startswith("**Lesson:**")
+    assert lesson(live(reading, swap=True)).startswith("**Lesson** (this run shows it too)")
 
 
 @pytest.mark.parametrize("picked", PRESETS, ids=lambda p: p.key)
 def test_a_live_run_at_the_presets_ticks_without_its_swap_says_what_it_cannot_check(picked):
     _, _, reading = STORED(picked.key)
     run = live(reading, picked.columns)
-    line = views.lesson_of(run)
+    line = lesson(run)
     held, contradicted, unanswered = sort_claims(run, picked.claims, picked.swap is not None, False)
     assert not contradicted and "shows otherwise" not in line
     if not unanswered:
-        assert line.startswith("**Lesson** (this live run shows it too)")
+        assert line.startswith("**Lesson** (this run shows it too)")
         return
     assert f"bears out {len(held)} of the {len(picked.claims)} points" in line
     needs_swap = picked.swap is not None and any(depends_on_swap(claim) for claim in picked.claims)
@@ -65,8 +78,8 @@ def test_a_live_run_that_contradicts_the_lesson_names_the_column_and_both_answer
     picked = PRESETS[0]
     _, _, reading = STORED(picked.key)
     right = claimed_right(picked)
-    line = views.lesson_of(with_column(live(reading, swap=True), right, mark="wrong"))
-    assert line.startswith("**The preset's lesson**, from its precomputed run.") and "**This live run shows otherwise**" in line
+    line = lesson(with_column(live(reading, swap=True), right, mark="wrong"))
+    assert line.startswith("**The preset's lesson**, from its precomputed run.") and "**This run shows otherwise**" in line
     assert f"{catalog.label_of(right)}: right in the lesson, wrong here" in line
 
 
@@ -74,7 +87,7 @@ def test_a_failed_column_is_not_a_contradiction_but_a_point_it_cannot_check():
     picked = PRESETS[0]
     _, _, reading = STORED(picked.key)
     right = claimed_right(picked)
-    line = views.lesson_of(with_column(live(reading, swap=True), right, mark="failed"))
+    line = lesson(with_column(live(reading, swap=True), right, mark="failed"))
     assert "shows otherwise" not in line and f"a result from {catalog.label_of(right)}" in line
 
 
@@ -106,7 +119,7 @@ def test_another_swap_than_the_presets_does_not_answer_what_its_swap_showed():
     _, _, reading = STORED(picked.key)
     other = live(reading, swap=True)
     other = replace(other, swap={**other.swap, "changed": "something -> else"})
-    line = views.lesson_of(other)
+    line = lesson(other)
     assert "the preset's swap" in line and "shows otherwise" not in line
 
 
@@ -123,34 +136,65 @@ def test_at_other_settings_or_against_another_expected_answer_the_lesson_is_not_
     picked = PRESETS[0]
     _, _, reading = STORED(picked.key)
     broken = with_column(live(reading, swap=True), claimed_right(picked), mark="wrong")
-    other_settings = views.lesson_of(replace(broken, preset_settings=None))
+    other_settings = lesson(with_options(broken, "kvcomm", ratio=0.2))
     assert "other settings" in other_settings and "shows otherwise" not in other_settings
-    other_answer = views.lesson_of(replace(broken, answers=("9999",)))
+    other_answer = lesson(replace(broken, answers=("9999",)))
     assert "another expected answer" in other_answer and "shows otherwise" not in other_answer
+    unmarked = lesson(replace(broken, answers=()))
+    assert "unmarked" in unmarked and "shows otherwise" not in unmarked
+    assert "not checked" in views.lesson_of(broken)  # no stored runs to read it against
+
+
+def test_settings_that_cannot_change_the_runs_columns_do_not_count_as_other_settings():
+    """The temperature of a greedy run and the options of a handoff it did not run change nothing."""
+    picked = PRESETS[0]
+    _, _, reading = STORED(picked.key)
+    run = live(reading, picked.columns, swap=True)
+    unrun = next(name for name in (run.request.get("options") or {}) if name not in run.columns
+                 and catalog.control_of(name) not in run.columns)
+    for changed in (with_options(run, "generation", temperature=1.3), with_options(run, unrun, unlikely_option=1)):
+        assert "other settings" not in lesson(changed)
+    assert "other settings" in lesson(with_options(run, "generation", max_new_tokens=5))
 
 
 def test_a_live_run_at_a_stored_what_if_runs_settings_is_read_against_that_runs_claims():
-    """The locker's lesson says KVComm at ratio 0.3 answers 12 with 6 layers: a live run there shows
-    the lesson, though the main run's claims (right, 9 layers) would not hold."""
+    """The locker's lesson says KVComm at ratio 0.3 answers 12 with 6 layers: a run there shows the
+    lesson, though the main run's claims (right, 9 layers) would not hold."""
     picked = preset("locker")
     run = picked.runs[-1]
+    _, _, main = STORED("locker")
     entry = PRECOMPUTED["presets"]["locker"]["runs"][run.label]
     stored = lessons.stored_reading(picked, entry)
-    what_if = replace(stored, precomputed=False, preset="locker", preset_settings=run.label)
-    assert views.lesson_of(what_if).startswith(f"**Lesson** (this live run shows it too, at the settings of its stored run *{run.label}")
-    assert "shows otherwise" in views.lesson_of(replace(what_if, preset_settings=""))
+    what_if = with_options(replace(stored, precomputed=False, preset="locker", request=main.request, pair=main.pair),
+                           "kvcomm", **run.options["kvcomm"])
+    assert lesson(what_if).startswith(f"**Lesson** (this run shows it too, at the settings of its stored run *{run.label}")
+    at_main = replace(what_if, request=main.request)
+    assert "shows otherwise" in lesson(at_main)
 
 
 def test_which_stored_run_a_live_request_repeats_the_settings_of():
     picked = preset("locker")
     payload, _, _ = STORED("locker")
-    request, pair = payload["request"], payload["pair"]
-    assert views.stored_settings(picked, payload, request, pair) == ""
+    request, pair, columns = payload["request"], payload["pair"], list(picked.columns)
+    assert views.stored_settings(picked, payload, request, pair, columns) == ""
     for run in picked.runs:
         options = {**request["options"], "kvcomm": {**request["options"]["kvcomm"], **run.options["kvcomm"]}}
-        assert views.stored_settings(picked, payload, {**request, "options": options}, pair) == run.label
+        assert views.stored_settings(picked, payload, {**request, "options": options}, pair, columns) == run.label
+        assert views.stored_settings(picked, payload, {**request, "options": options}, pair, ["text"]) == ""
     odd = {**request["options"], "kvcomm": {**request["options"]["kvcomm"], "ratio": 0.2}}
-    assert views.stored_settings(picked, payload, {**request, "options": odd}, pair) is None
-    assert views.stored_settings(picked, payload, {**request, "generation": {**request["generation"], "max_new_tokens": 8}},
-                                 pair) is None
-    assert views.stored_settings(picked, payload, request, "another-pair") is None
+    assert views.stored_settings(picked, payload, {**request, "options": odd}, pair, columns) is None
+    shorter = {**request, "generation": {**request["generation"], "max_new_tokens": 8}}
+    assert views.stored_settings(picked, payload, shorter, pair, columns) is None
+    assert views.stored_settings(picked, payload, request, "another-pair", columns) is None
+
+
+def test_a_saved_run_reopened_from_its_link_is_read_against_the_lesson_too():
+    from kvviz.app.page import saved
+
+    picked = preset("locker")
+    payload, _, reading = STORED("locker")
+    saved_payload = dict(payload, precomputed=False, stamp="saved")
+    updates = saved.restored_run("abc123", saved_payload, list(picked.columns), list(picked.answers), STORED)
+    assert updates["lesson"].startswith("**Lesson** (this run shows it too)")
+    odd = dict(saved_payload, request=with_options(reading, "kvcomm", ratio=0.2).request)
+    assert "other settings" in saved.restored_run("abc123", odd, list(picked.columns), list(picked.answers), STORED)["lesson"]

@@ -60,7 +60,7 @@ def wire_load(lab: Lab) -> None:
         kept = saved.saved_results(params or {})
         if kept:  # a saved run (/r/<id>): its own results, not the preset's
             answers = spec.expected_answers(updates.get("expected", page.value("expected")))
-            updates.update(saved.restored_run(kept[0], kept[1], names, answers))
+            updates.update(saved.restored_run(kept[0], kept[1], names, answers, lab.presets))
             reading = updates["reading"]
         tab = link.get("tab") if link.get("tab") in dict(spec.TABS) else view.get("tab", spec.DEFAULT_TAB)
         return {**updates, **lab.tab_view(tab, reading, names, view)}
@@ -193,7 +193,7 @@ def wire_ticks_and_expected(lab: Lab) -> None:
 
     def on_ticks(names, reading, view, query, context, pair):
         names = [name for name in spec.column_names() if name in (names or [])]
-        updates = {"shown": names, **views.question_view(reading, query, context, pair, names)}
+        updates = {"shown": names, **views.question_view(reading, query, context, pair, names, lab.presets)}
         return {**updates, **lab.tab_view(view.get("tab", spec.DEFAULT_TAB), reading, names, view)}
 
     page["chosen"].input(resolved(page, on_ticks), inputs=[page["chosen"], page["reading"], page["view"], *asked],
@@ -201,7 +201,7 @@ def wire_ticks_and_expected(lab: Lab) -> None:
 
     def on_expected(expected, reading, names, query, context, pair):
         reading = views.reading_of(reading.payload, spec.expected_answers(expected))
-        return {"reading": reading, **views.question_view(reading, query, context, pair, names or [])}
+        return {"reading": reading, **views.question_view(reading, query, context, pair, names or [], lab.presets)}
 
     page["expected"].input(resolved(page, on_expected), inputs=[page["expected"], page["reading"], page["chosen"], *asked],
                            outputs=page.outputs(), api_name="mark", trigger_mode="always_last", **PRIVATE)
@@ -214,7 +214,7 @@ def wire_ticks_and_expected(lab: Lab) -> None:
         setup = spec.setup_kind(context, pair)  # the setup sentence: a note, one question, a trained sharer
         updates = {} if view.get("setup") == list(setup) else {"setup": spec.setup_html(context, pair)}
         if view.get("asked") != asked:
-            updates.update(views.asked_view(reading, query, context, pair, names or []))
+            updates.update(views.asked_view(reading, query, context, pair, names or [], lab.presets))
         return {**updates, "view": {**view, "asked": asked, "setup": list(setup)}} if updates else {}
 
     for role in ("query", "context", "pair"):

@@ -72,31 +72,25 @@ class Lab:
         updates = {"presets": key, "pair": payload["pair"], "facts": present.pair_facts_markdown(payload["pair"]),
                    "setup": spec.setup_html(picked.context, payload["pair"]), "query": picked.query, "context": picked.context or "",
                    "expected": spec.expected_text(picked.answers), "chosen": names, "shown": names, "status": status,
-                   "lesson": views.lesson_of(reading), "results": payload, "reading": reading, **views.swap_fields(picked)}
+                   "lesson": views.lesson_of(reading, self.presets), "results": payload, "reading": reading, **views.swap_fields(picked)}
         updates.update(views.cards(reading, names))
         figures, view = tab_updates(view.get("tab", spec.DEFAULT_TAB), reading, names, {**view, "asked": None, "setup": None}, self.cache)
         return {**updates, **figures, "view": view}
 
     def live_run(self, pair: str, request, names: list[str], expected: str | None, key: str | None,
                  session: str = "") -> LiveRun:
-        """A live run of ``names``; on a preset's question, which of its stored runs it repeats the
-        settings of (``views.stored_settings``: its lesson line reads it against that run's claims),
-        and, at its main run's settings and pair, each column's time alone (the stored run's) beside
-        its time in the shared run."""
-        alone, settings = {}, self.stored_settings(key, request.to_dict(), pair)
+        """A live run of ``names``; on a preset's question, on the pair and at the settings its
+        stored run was measured on, each column's time alone (the stored run's) goes beside its
+        time in the shared run."""
+        alone = {}
         if key:
             payload, _, reading = self.presets(key)
-            if settings == "":
+            if views.same_request(payload, request.to_dict(), pair):
                 alone = {column.name: column.timing.total for column in reading.finished()
                          if column.timing is not None and column.name in names}
         subject = preset(key).subject if key else views.OTHER_SUBJECT
         return LiveRun(pair, request, names, spec.expected_answers(expected), subject, key, alone=alone,
-                       session=session, own=self.own, preset_settings=settings)
-
-    def stored_settings(self, key: str | None, request: dict, pair: str) -> str | None:
-        """Which stored run of preset ``key`` a live ``request`` on ``pair`` repeats the settings of
-        (``views.stored_settings``); None off a preset's question."""
-        return views.stored_settings(preset(key), self.presets(key)[0], request, pair) if key else None
+                       session=session, own=self.own)
 
     def tab_view(self, tab: str, reading: Reading, names: list[str], view: dict) -> dict:
         figures, view = tab_updates(tab, reading, names, view, self.cache)

@@ -118,7 +118,6 @@ class LiveRun:
     timed: str = "shared"  # "alone" when one column ran at a time: what its times are (``present.time_text``)
     shared: str = ""  # how this request shares a run computed before (``kvviz.engine.shared_runs``), if it does
     session: str = ""  # the browser session that asked (its own earlier runs are not another learner's)
-    preset_settings: str | None = None  # on a preset's question: which stored run's settings it repeats (``views.stored_settings``)
     own: OwnRuns | None = None
     identity: str = ""  # the computation the server's shared runs name for it (a greedy run)
     reading: Reading | None = None  # the run read so far (``refresh``)
@@ -134,8 +133,7 @@ class LiveRun:
     def payload(self) -> dict:
         ordered = [self.results[name] for name in self.names if name in self.results]
         data = present.payload(self.pair, self.request.to_dict(), ordered, False, self.preset_key)
-        return dict(data, stamp=self.stamp, **({"shared": self.shared} if self.shared else {}),
-                    **({"preset_settings": self.preset_settings} if self.preset_key else {}))
+        return dict(data, stamp=self.stamp, **({"shared": self.shared} if self.shared else {}))
 
     def refresh(self) -> Reading:
         """The run read as it stands (each unfinished column by its state); the finished columns'

@@ -93,7 +93,7 @@ def wire_run(lab: Lab) -> None:
         if reading is None:  # refused or failed: the status line said why
             return {}
         update = {**lab.tab_view(view.get("tab", spec.DEFAULT_TAB), reading, names, {**view, "asked": None}),
-                  "results": reading.payload, "reading": reading, "finished_run": None, "lesson": views.lesson_of(reading)}
+                  "results": reading.payload, "reading": reading, "finished_run": None, "lesson": views.lesson_of(reading, lab.presets)}
         update.pop("tab")
         return update
 
@@ -181,8 +181,7 @@ def swap_updates(lab: Lab, pair, query, context, expected, ticked, fields, readi
         recorded = spec.recorded_parts(asked)  # what the runs just made recorded
         if from_page:  # the answers the page held recorded what their own run did
             recorded &= spec.recorded_parts(payload.get("request"))
-        base = {**payload, "pair": pair, "request": spec.request_recording(asked, recorded), "preset": key,
-                "preset_settings": lab.stored_settings(key, asked, pair)}
+        base = {**payload, "pair": pair, "request": spec.request_recording(asked, recorded), "preset": key}
         yield views.swap_view(views.reading_of(views.with_swap(base, originals, swapped, names, swap, answers), answers),
                               names)
 
@@ -209,8 +208,7 @@ def contradiction_updates(lab: Lab, pair, query, context, expected, ticked, fiel
     if ran is not None:
         originals, contradicted, _ = ran
         payload = reading.payload if reading is not None else {}
-        base = {**payload, "pair": pair, "request": handoff_request.to_dict(), "preset": key,
-                "preset_settings": lab.stored_settings(key, handoff_request.to_dict(), pair)}
+        base = {**payload, "pair": pair, "request": handoff_request.to_dict(), "preset": key}
         yield views.contradiction_view(views.reading_of(views.with_contradiction(base, originals, contradicted, names, made,
                                                                                  answers), answers), names)
 

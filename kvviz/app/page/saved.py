@@ -78,7 +78,9 @@ def saved_results(params: dict) -> tuple[str, dict] | None:
     return run["id"], run["results"]
 
 
-def restored_run(run_id: str, payload: dict, names: list[str], answers) -> dict:
-    """The page's updates that paint a saved run's results (its cards, strip and status)."""
-    return {"results": payload, **views.cards_and_verdict(payload, names, answers, views.subject_of(payload)),
+def restored_run(run_id: str, payload: dict, names: list[str], answers, presets: views.PresetRuns | None = None) -> dict:
+    """The page's updates that paint a saved run's results (its cards, strip, its preset's lesson line
+    read against them, and status)."""
+    shown = views.cards_and_verdict(payload, names, answers, views.subject_of(payload))
+    return {"results": payload, **shown, "lesson": views.lesson_of(shown["reading"], presets),
             "status": f"Saved run **{run_id}**: its results as they were saved, no model run."}

@@ -87,12 +87,13 @@ def cards_and_verdict(payload: dict | None, names, answers, subject: str | None 
     return {**cards(reading, names), "reading": reading}
 
 
-def lesson_of(reading: Reading | None) -> str:
+def lesson_of(reading: Reading | None, presets: PresetRuns | None = None) -> str:
     """The lesson line for results that answer a preset's question (empty otherwise). A live run
-    is read against the claims of the stored run whose settings it repeats (``stored_settings``):
-    its line says whether it shows the lesson too, names each claim it contradicts with both
-    answers, or says what it lacks to check the rest; at other settings, or marked against another
-    expected answer, it says the lesson is not checked against it."""
+    (or a saved one) is read against the claims of the stored run whose settings it repeats
+    (``stored_settings``, against ``presets``' stored runs): its line says whether it shows the
+    lesson too, names each claim it contradicts with both answers, or says what it lacks to check
+    the rest; at other settings, unmarked or marked against another expected answer, it says the
+    lesson is not checked against it."""
     key = reading.preset if reading is not None else None
     if not key:
         return ""
@@ -100,28 +101,40 @@ def lesson_of(reading: Reading | None) -> str:
     lesson = present.md(picked.lesson)
     if reading.precomputed or not reading.finished():
         return f"**Lesson:** {lesson}"
+    stored = presets(key)[0] if presets is not None else {}
+    if not stored.get("request"):
+        return f"**The preset's lesson** (not checked: this server has no precomputed run of it): {lesson}"
+    if not reading.answers:
+        return f"**The preset's lesson** (not checked: this run is unmarked, with no expected answer): {lesson}"
     if [a.strip().casefold() for a in reading.answers] != [a.strip().casefold() for a in picked.answers]:
         return (f"**The preset's lesson** (from its precomputed run, marked against {present.md(expected_text(picked.answers))}; "
                 f"this run is marked against another expected answer, so it is not checked against the lesson): {lesson}")
-    if reading.preset_settings is None:
-        return (f"**The preset's lesson** (from its precomputed run; this live run used other settings or another pair, "
+    what_if = stored_settings(picked, stored, reading.request, reading.pair or stored.get("pair", ""), list(reading.columns))
+    if what_if is None:
+        return (f"**The preset's lesson** (from its precomputed run; this run used other settings or another pair, "
                 f"which the lesson says nothing about): {lesson}")
-    what_if = reading.preset_settings
-    claims = next(run.claims for run in picked.runs if run.label == what_if) if what_if else picked.claims
+    claims = next((run.claims for run in picked.runs if run.label == what_if), []) if what_if else picked.claims
     at = f", at the settings of its stored run *{present.md(what_if)}*" if what_if else ""
     swap_expected = not what_if and picked.swap is not None  # the what-if runs ran no swap
-    swap_ran = swap_expected and reading.swap_changed == picked.swap.changed
+    swap_ran = swap_expected and same_swap(reading, picked.swap)
     held, contradicted, unanswered = against.sort_claims(reading, claims, swap_expected, swap_ran)
     if contradicted:
         shown = "; ".join(claim_against(claim, reading, swap_expected) for claim in contradicted[:3])
         more = f"; and {len(contradicted) - 3} more" if len(contradicted) > 3 else ""
-        return (f"**The preset's lesson**, from its precomputed run{at}. **This live run shows otherwise** "
+        return (f"**The preset's lesson**, from its precomputed run{at}. **This run shows otherwise** "
                 f"({shown}{more}): {lesson}")
     if unanswered:
-        needs = needed_for(reading, unanswered, swap_expected, swap_ran)
-        return (f"**The preset's lesson** (from its precomputed run{at}; this live run bears out {len(held)} of the "
+        needs = needed_for(reading, unanswered, swap_expected, swap_ran, bool(picked.swap_words))
+        return (f"**The preset's lesson** (from its precomputed run{at}; this run bears out {len(held)} of the "
                 f"{len(claims)} points it is checked by, and cannot check the rest without {needs}): {lesson}")
-    return f"**Lesson** (this live run shows it too{at}): {lesson}"
+    return f"**Lesson** (this run shows it too{at}): {lesson}"
+
+
+def same_swap(reading: Reading, swap: Swap) -> bool:
+    """Whether ``reading`` ran ``swap`` (a preset's): the same change, with the same answers."""
+    def folded(answers):
+        return [str(answer).strip().casefold() for answer in answers]
+    return reading.swap_changed == swap.changed and folded(reading.swap_answers) == folded(swap.answers)
 
 
 # how a claim's kind reads after a column's name ("KVComm layers sent: 9 in the lesson, 6 here")
@@ -154,12 +167,12 @@ def claim_against(claim: Claim, reading: Reading, swap_expected: bool = False) -
             f"{present.md(said(reading.answer(question)))} here")
 
 
-def needed_for(reading: Reading, unanswered: list[Claim], swap_expected: bool, swap_ran: bool) -> str:
+def needed_for(reading: Reading, unanswered: list[Claim], swap_expected: bool, swap_ran: bool, words: bool = True) -> str:
     """What a run lacks to check ``unanswered`` claims: the preset's swap, results of some columns,
     an inserted contradiction, in words."""
     needs = []
     if swap_expected and not swap_ran and any(against.depends_on_swap(claim) for claim in unanswered):
-        needs.append("the preset's swap (**Swap the fact** with its words)")
+        needs.append("the preset's swap (**Swap the fact**" + (" with its words)" if words else ")"))
     lacking = against.lacking(reading, unanswered, swap_expected, swap_ran)
     if lacking:
         labels = [catalog.label_of(name) for name in lacking]
@@ -180,11 +193,11 @@ def stale_view(reading: Reading, pair: str) -> dict:
                       "**Run live** answers this one."}
 
 
-def question_view(reading: Reading, query: str, context: str, pair: str, names) -> dict:
+def question_view(reading: Reading, query: str, context: str, pair: str, names, presets: PresetRuns | None = None) -> dict:
     """What the page shows for the question, note and pair it now asks: the run as it is when it
     answers them (marks, strip, the preset's lesson), else ``stale_view``."""
     if reading.asks(query, context, pair):
-        return {**cards(reading, names), "lesson": lesson_of(reading),
+        return {**cards(reading, names), "lesson": lesson_of(reading, presets),
                 "presets": reading.preset if reading.precomputed else None}
     return stale_view(reading, pair)
 
@@ -195,7 +208,7 @@ def cleared_question() -> dict:
     return {"expected": "", "swap_replace": "", "swap_by": "", "swap_answer": "", "contra_sentence": "", "contra_answer": ""}
 
 
-def asked_view(reading: Reading, query: str, context: str, pair: str, names) -> dict:
+def asked_view(reading: Reading, query: str, context: str, pair: str, names, presets: PresetRuns | None = None) -> dict:
     """The page after the question, the note or the pair changed: while the run answers what is
     asked, its cards, marks, preset, lesson, expected answer and swap words (the run's own, so that
     asking its question again brings them back); else every card greyed and none of them."""
@@ -204,7 +217,7 @@ def asked_view(reading: Reading, query: str, context: str, pair: str, names) -> 
     kept = {"expected": expected_text(reading.answers), "status": asked_again_status(reading)}
     if reading.preset and reading.precomputed:
         kept.update(swap_fields(preset(reading.preset)))
-    return {**question_view(reading, query, context, pair, names), **kept}
+    return {**question_view(reading, query, context, pair, names, presets), **kept}
 
 
 def asked_again_status(reading: Reading) -> str:
@@ -236,19 +249,34 @@ def same_request(payload: dict | None, request: dict, pair: str | None = None) -
     return same_pair and all(held.get(part) == request.get(part) for part in ("query", "context", "generation", "options"))
 
 
-def stored_settings(picked, payload: dict, request: dict, pair: str) -> str | None:
-    """Which of ``picked``'s stored runs a live ``request`` on ``pair`` repeats the settings of: ""
-    its main run (``payload``, the one its lesson is about), a stored run's label (the same with that
-    run's options, as "KVComm at ratio 0.35"), or None (other settings: its lesson says nothing of them)."""
-    if same_request(payload, request, pair):
-        return ""
+def stored_settings(picked, payload: dict, request: dict, pair: str, columns: list[str]) -> str | None:
+    """Which of ``picked``'s stored runs a run of ``columns`` (``request`` on ``pair``) repeats the
+    settings of: "" its main run (``payload``, the one its lesson is about), a stored run's label
+    (the same with that run's options, as "KVComm at ratio 0.35"), or None (other settings: its
+    lesson says nothing of them). Only what can change the run's columns counts (``run_settings``)."""
     held = payload.get("request") or {}
+    if (payload.get("pair") or pair) != pair or not held:
+        return None
+    asked = run_settings(request, columns)
+    if run_settings(held, columns) == asked:
+        return ""
     for run in picked.runs:
-        options = {name: {**held.get("options", {}).get(name, {}), **run.options.get(name, {})}
-                   for name in held.get("options", {})}
-        if same_request({**payload, "request": {**held, "options": options}}, request, pair):
+        options = {name: {**values, **run.options.get(name, {})} for name, values in (held.get("options") or {}).items()}
+        if run_settings({**held, "options": options}, columns) == asked:
             return run.label
     return None
+
+
+def run_settings(request: dict, columns: list[str]) -> dict:
+    """What of a request can change the answers of ``columns``: its question and note, its decoding
+    (the temperature, top-p and seed only when it samples) and the options of the handoffs behind
+    those columns (a control runs on its handoff's options)."""
+    generation = dict(request.get("generation") or {})
+    if generation.get("greedy", True):
+        generation = {"max_new_tokens": generation.get("max_new_tokens"), "greedy": True}
+    behind = set(columns) | {name for name in catalog.names() if catalog.control_of(name) in columns}
+    options = {name: values for name, values in (request.get("options") or {}).items() if name in behind}
+    return {"query": request.get("query"), "context": request.get("context"), "generation": generation, "options": options}
 
 
 def holds_swap(reading: Reading, names, swap: Swap) -> bool:
@@ -288,8 +316,6 @@ def _with_other_note(payload: dict, originals: dict[str, dict], others: dict[str
         other = others.get(name) or {"applicable": False, "reason": f"it did not run on {NOTE_OF[kind]}"}
         results.append({**originals[name], kind: judged(originals[name], other)})
     data = present.payload(payload["pair"], payload["request"], results, False, payload.get("preset"))
-    if "preset_settings" in payload:  # which stored run's settings it repeats (``stored_settings``)
-        data["preset_settings"] = payload["preset_settings"]
     kept = next(k for k in NOTE_OF if k != kind)
     if payload.get(f"{kept}_shown") and all(result.get(kept) for result in results):
         data.update({kept: payload.get(kept), f"{kept}_shown": True})

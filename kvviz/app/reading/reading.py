@@ -146,9 +146,6 @@ class Reading:
     contradiction_shown: bool = False  # the page shows what each column did with it (after Insert a contradiction)
     shared: str = ""  # how this run shares another learner's (the server's shared runs), if it does
     payload: dict = field(default_factory=dict, repr=False, compare=False)  # what it was read from (the JSON)
-    # a live run of a preset's question: "" at its stored run's settings, a stored what-if run's label at
-    # that run's, None at others (``kvviz.app.page.views.stored_settings``)
-    preset_settings: str | None = None
 
     def __deepcopy__(self, memo):  # read-only once built: a session's copy is the same reading
         return self
@@ -174,6 +171,11 @@ class Reading:
     def swap_changed(self) -> str:
         """What the swapped note changed ("4471 -> 3902", "the sharer that learned the opposite"), when one ran."""
         return str((self.swap or {}).get("changed") or "")
+
+    @property
+    def swap_answers(self) -> tuple[str, ...]:
+        """The answers the swapped note should give, when one ran."""
+        return tuple(str(answer) for answer in (self.swap or {}).get("answers") or ())
 
     # --- its columns ---
     def column(self, name: str) -> Column:
@@ -383,4 +385,4 @@ def read(payload: dict | None, answers=(), subject: str = "The expected answer",
     return Reading(_evidence(ordered), answers, subject, pair, str(payload.get("stamp") or ""), payload.get("preset"),
                    bool(payload.get("precomputed")), dict(payload.get("request") or {}), payload.get("swap"),
                    bool(payload.get("swap_shown")), payload.get("contradiction"), bool(payload.get("contradiction_shown")),
-                   str(payload.get("shared") or ""), payload, payload.get("preset_settings"))
+                   str(payload.get("shared") or ""), payload)
