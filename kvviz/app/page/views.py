@@ -106,7 +106,7 @@ def lesson_of(reading: Reading | None, presets: PresetRuns | None = None) -> str
         return f"**The preset's lesson** (not checked: this server has no precomputed run of it): {lesson}"
     if not reading.answers:
         return f"**The preset's lesson** (not checked: this run is unmarked, with no expected answer): {lesson}"
-    if [a.strip().casefold() for a in reading.answers] != [a.strip().casefold() for a in picked.answers]:
+    if folded(reading.answers) != folded(picked.answers):
         return (f"**The preset's lesson** (from its precomputed run, marked against {present.md(expected_text(picked.answers))}; "
                 f"this run is marked against another expected answer, so it is not checked against the lesson): {lesson}")
     what_if = stored_settings(picked, stored, reading.request, reading.pair or stored.get("pair", ""), list(reading.columns))
@@ -130,10 +130,13 @@ def lesson_of(reading: Reading | None, presets: PresetRuns | None = None) -> str
     return f"**Lesson** (this run shows it too{at}): {lesson}"
 
 
+def folded(answers) -> list[str]:
+    """Expected answers as compared with a preset's: case and surrounding space aside."""
+    return [str(answer).strip().casefold() for answer in answers]
+
+
 def same_swap(reading: Reading, swap: Swap) -> bool:
     """Whether ``reading`` ran ``swap`` (a preset's): the same change, with the same answers."""
-    def folded(answers):
-        return [str(answer).strip().casefold() for answer in answers]
     return reading.swap_changed == swap.changed and folded(reading.swap_answers) == folded(swap.answers)
 
 
