@@ -10,12 +10,13 @@ import pytest
 
 from kvviz.app import lessons
 from kvviz.app.page import views
-from kvviz.app.presets import PRESETS, load_precomputed, preset
+from kvviz.app.presets import PRESETS, live_mode, preset
 from kvviz.app.reading import catalog
 from kvviz.app.reading.against import depends_on_swap, sort_claims
 from kvviz.app.reading.reading import Swapped
+from tests.stored_runs import STORED_BY_MODE
 
-PRECOMPUTED = load_precomputed()
+PRECOMPUTED = STORED_BY_MODE[live_mode()]  # the stored runs a page on this machine shows
 STORED = views.PresetRuns(PRECOMPUTED, "embedded")
 
 
