@@ -68,7 +68,7 @@ def test_a_live_run_at_the_presets_ticks_without_its_swap_says_what_it_cannot_ch
     if not unanswered:
         assert line.startswith("**Lesson** (this run shows it too)")
         return
-    assert f"bears out {len(held)} of the {len(picked.claims)} points" in line
+    assert f"agrees with {len(held)} of the lesson's {len(picked.claims)} checks, and the other {len(unanswered)} need" in line
     needs_swap = picked.swap is not None and any(depends_on_swap(claim) for claim in picked.claims)
     assert ("the preset's swap" in line) == needs_swap
     if picked.swap is not None:  # what only a swap shows is not claimed for a run without one
@@ -113,6 +113,20 @@ def test_a_column_with_no_result_on_the_swap_leaves_its_swap_claims_unchecked():
     follow = next(c for c in picked.claims if c.question.kind == "follow")
     run = with_column(live(reading, swap=True), follow.question.column, swap=Swapped())
     assert sort_claims(run, [follow], True, True)[2] == [follow]
+
+
+def test_a_swap_outcome_it_contradicts_is_said_in_words():
+    """"followed in the lesson, neither here" reads as nothing: each outcome is said as the card says it."""
+    picked = next(p for p in PRESETS if p.swap and any(c.question.kind == "follow" and c.expected == "followed"
+                                                        for c in p.claims))
+    _, _, reading = STORED(picked.key)
+    follow = next(c for c in picked.claims if c.question.kind == "follow" and c.expected == "followed")
+    column = reading.columns[follow.question.column]
+    run = with_column(live(reading, swap=True), follow.question.column,
+                      swap=replace(column.swap, outcome="neither", answer="Paris"))
+    line = lesson(run)
+    assert "**This run shows otherwise**" in line
+    assert f"{catalog.label_of(follow.question.column)} on the swap: followed in the lesson, gave neither answer here" in line
 
 
 def test_another_swap_than_the_presets_does_not_answer_what_its_swap_showed():

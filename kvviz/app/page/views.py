@@ -125,8 +125,8 @@ def lesson_of(reading: Reading | None, presets: PresetRuns | None = None) -> str
                 f"({shown}{more}): {lesson}")
     if unanswered:
         needs = needed_for(reading, unanswered, swap_expected, swap_ran, bool(picked.swap_words))
-        return (f"**The preset's lesson** (from its precomputed run{at}; this run bears out {len(held)} of the "
-                f"{len(claims)} points it is checked by, and cannot check the rest without {needs}): {lesson}")
+        return (f"**The preset's lesson** (from its precomputed run{at}; this run agrees with {len(held)} of the "
+                f"lesson's {len(claims)} checks, and the other {len(unanswered)} need {needs}): {lesson}")
     return f"**Lesson** (this run shows it too{at}): {lesson}"
 
 
@@ -146,13 +146,23 @@ KIND_WORDS = {"verdict": "", "follow": " on the swap", "says": " says", "writes"
               "gain": " gain", "beats": " beats its control", "seconds": " seconds", "bytes": " bytes"}
 
 
-def said(value) -> str:
-    """An answer to a claim's question, in words."""
+# a claim's answer in words where the reading's own word would not read as one ("neither here")
+ANSWER_WORDS = {
+    "verdict": {"none": "no answer", "na": "not applicable", "unmarked": "not marked", "failed": "failed"},
+    "follow": {"kept": "kept its answer", "neither": "gave neither answer", "none": "no result on the swap"},
+    "contradicted": {"gold": "gave the original", "counter": "gave the inserted value", "both": "gave both",
+                     "neither": "gave neither", "none": "not judged"},
+    "evidence": {"none": "no evidence"},
+}
+
+
+def said(value, kind: str = "") -> str:
+    """An answer to a claim's question of ``kind``, in words."""
     if value is None or value == "":
         return "no answer"
     if isinstance(value, list):
         return ", ".join(map(str, value)) or "none"
-    return {"na": "not applicable"}.get(str(value), str(value))
+    return ANSWER_WORDS.get(kind, {}).get(str(value)) or {"na": "not applicable"}.get(str(value), str(value))
 
 
 def claim_against(claim: Claim, reading: Reading, swap_expected: bool = False) -> str:
@@ -166,8 +176,8 @@ def claim_against(claim: Claim, reading: Reading, swap_expected: bool = False) -
         return f"got through by {named(claim.expected)} in the lesson, by {named(reading.crossed())} here"
     subject = catalog.label_of(question.column) if question.column else "the column"
     kind = KIND_WORDS.get(question.kind, f" {question.kind}")
-    return (f"{present.md(subject)}{kind}: {present.md(said(claim.expected))} in the lesson, "
-            f"{present.md(said(reading.answer(question)))} here")
+    return (f"{present.md(subject)}{kind}: {present.md(said(claim.expected, question.kind))} in the lesson, "
+            f"{present.md(said(reading.answer(question), question.kind))} here")
 
 
 def needed_for(reading: Reading, unanswered: list[Claim], swap_expected: bool, swap_ran: bool, words: bool = True) -> str:
