@@ -5,6 +5,7 @@ kernel's products, its weight-stream time and its row invariance, measured side 
     PYTHONPATH=. nice -n 10 python research/numerics.py head [--rounds 7] [--rows 1,6]
     PYTHONPATH=. python research/numerics.py classes [--threads 1,2]
     PYTHONPATH=. nice -n 10 python research/numerics.py prompts [--rounds 7]
+    PYTHONPATH=. nice -n 10 python research/numerics.py compiled [--models gemma3-270m] [--layers 3] [--rows 6]
 
 ``kernels``: per model, one pass over every decoder-stack matrix for M rows (M = 1, 6, 16 for decode
 steps, 64 and 128 for prompt passes), per kernel, in thread CPU ms (the time the process held a core:
@@ -30,6 +31,14 @@ prefix) each through the model's own forward, one after another, against one for
 tokens as one sequence (an upper bound on what batching them could gain: the same rows through every
 product in one call, one set of per-layer overheads; attention aside), per numeric mode (both loaded
 here: model-level work only), thread CPU ms, median of interleaved rounds.
+
+``compiled``: does PyTorch's own compiler write a faster product for this CPU than the kernels above?
+``torch.compile`` with max-autotune and frozen weights, so that Inductor may choose its C++ GEMM
+templates (micro-kernels for AVX2 and AVX-512: fp32, bf16 activations with bf16 weights, and int8
+weight-only with a small-M kernel) or ATen's, by its own benchmark. One compiled product per matrix of
+the first ``--layers`` decoder layers (enough matrices that they do not stay in the CPU's caches),
+against MKL's and oneDNN's products of the same matrices, thread CPU ms, median of interleaved rounds.
+Needs a C++ compiler; compiling takes minutes.
 
 ``classes``: for each kernel and each of the embedded models' matrix shapes, the row counts M in 1..32
 and 48..512 whose rows get identical bits (a row's result must not depend on how many rows the kernel
@@ -203,6 +212,81 @@ def prompts(rounds: int) -> None:
               f"({statistics.median(together) / statistics.median(apart):.2f}x)")
 
 
+class _Product(torch.nn.Module):
+    """One matrix's product for ``torch.compile``: fp32, bf16 (activations and weights) or int8
+    weight-only (per-channel int8 weights, bf16 activations: the pattern Inductor lowers to its
+    weight-only-int8 GEMM)."""
+
+    def __init__(self, weight: torch.Tensor, kind: str):
+        super().__init__()
+        self.kind = kind
+        if kind == "int8":
+            quantised, scale = int8_rows(weight)
+            self.register_buffer("weight", quantised)
+            self.register_buffer("scale", scale.bfloat16())
+        else:
+            self.register_buffer("weight", weight.bfloat16() if kind == "bf16" else weight.clone())
+
+    def forward(self, x):
+        if self.kind == "fp32":
+            return F.linear(x, self.weight)
+        if self.kind == "bf16":
+            return F.linear(x.bfloat16(), self.weight).float()
+        return (F.linear(x.bfloat16(), self.weight.to(torch.bfloat16)) * self.scale).float()
+
+
+def compiled(models: list[str], rounds: int, layers: int, rows: tuple[int, ...]) -> None:
+    import torch._dynamo.config as dynamo
+    import torch._inductor.config as inductor
+
+    # one compiled graph per matrix, all from the same forward: past dynamo's default of 8
+    # recompilations the rest would silently run eager
+    dynamo.recompile_limit = dynamo.accumulated_recompile_limit = 10_000
+    inductor.max_autotune = True
+    inductor.max_autotune_gemm_backends = "CPP,ATEN"
+    inductor.freezing = True
+    torch.set_num_threads(1)
+    for name in models:
+        loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
+        weights = [m.weight.detach() for layer in loaded.model.model.layers[:layers]
+                   for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+        inputs = {m: [torch.randn(m, w.shape[1]) for w in weights] for m in rows}
+        products = {k: v for k, v in kernels_for(weights).items() if k in ("fp32 MKL", "fp32 oneDNN")}
+        runs = {}
+        for kernel, (prepare, product, _) in products.items():
+            prepared = [prepare(w) for w in weights]
+            runs[kernel] = lambda m, product=product, prepared=prepared: [product(x, w) for x, w in zip(inputs[m], prepared)]
+        for kind in ("fp32", "bf16", "int8"):
+            started = time.perf_counter()
+            try:
+                with torch.no_grad():
+                    modules = [torch.compile(_Product(w, kind).eval(), dynamic=False) for w in weights]
+                    for m in rows:
+                        [module(x) for module, x in zip(modules, inputs[m])]
+            except Exception as error:  # no compiler, or no kernel Inductor can write here
+                print(f"{name}: compiled {kind} unavailable ({str(error)[:120]})")
+                continue
+            print(f"{name}: compiled {kind}: {time.perf_counter() - started:.0f} s to compile", flush=True)
+            runs[f"compiled {kind}"] = lambda m, modules=modules: [module(x) for module, x in zip(modules, inputs[m])]
+        copies = {"fp32": weights, "bf16": [w.bfloat16() for w in weights], "int8": [int8_rows(w)[0] for w in weights]}
+        times = {(k, m): [] for k in runs for m in rows}
+        streams = {p: [] for p in copies}
+        with torch.no_grad():
+            for _ in range(rounds):
+                for precision, matrices in copies.items():
+                    streams[precision].append(thread_ms(lambda: [stream(w) for w in matrices]))
+                for kernel, run in runs.items():
+                    for m in rows:
+                        times[(kernel, m)].append(thread_ms(lambda: run(m)))
+        mb = sum(w.numel() * 4 for w in weights) / 1e6
+        print(f"\n{name}, the {len(weights)} matrices of the first {layers} layers ({mb:.0f} MB in fp32); stream once "
+              f"(thread ms, median of {rounds}): " + ", ".join(f"{p} {statistics.median(v):.1f}" for p, v in streams.items()))
+        print("| kernel | " + " | ".join(f"M={m}" for m in rows) + " |")
+        print("|---|" + "---|" * len(rows))
+        for kernel in runs:
+            print(f"| {kernel} | " + " | ".join(f"{statistics.median(times[(kernel, m)]):.2f}" for m in rows) + " |")
+
+
 def classes(thread_counts: list[int]) -> None:
     shapes = {"gemma3-270m": [(1536, 640), (640, 1024), (4096, 640), (640, 2048)],
               "smollm2-135m": [(960, 576), (576, 576), (3072, 576), (576, 1536)]}
@@ -238,7 +322,8 @@ def classes(thread_counts: list[int]) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["kernels", "head", "classes", "prompts"])
+    parser.add_argument("what", choices=["kernels", "head", "classes", "prompts", "compiled"])
+    parser.add_argument("--layers", type=int, default=3, help="compiled: how many decoder layers' matrices")
     parser.add_argument("--models", default="gemma3-270m,smollm2-135m")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", default="1,2")
@@ -253,6 +338,9 @@ def main():
         head(args.rounds, tuple(int(m) for m in args.rows.split(",")) if args.rows else (1, 6))
     elif args.what == "prompts":
         prompts(args.rounds)
+    elif args.what == "compiled":
+        compiled(args.models.split(","), args.rounds, args.layers,
+                 tuple(int(m) for m in args.rows.split(",")) if args.rows else (6,))
     else:
         classes([int(t) for t in args.threads.split(",")])
 

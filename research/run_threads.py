@@ -5,6 +5,7 @@ thread per handoff, ``kvviz.engine.stream.use_one_thread_per_handoff``):
     PYTHONPATH=. python research/run_threads.py cores [--runs 8] [--tokens 8]
     PYTHONPATH=. python research/run_threads.py switch [--runs 8] [--tokens 8] [--rounds 4] [--intervals 5,0.2]
     PYTHONPATH=. python research/run_threads.py team [--runs 8] [--tokens 8] [--rounds 4]
+    PYTHONPATH=. python research/run_threads.py intra [--tokens 32] [--rounds 4]
 
 ``cores``: ``--runs`` distinct locker runs at once (``run_speed.runs_together``), the process's CPU
 seconds per wall second every 0.25 s: whether the cores idle throughout or only in the tail.
@@ -20,6 +21,12 @@ default (every core) until torch's own parallel loops set it. First a new thread
 are fp32 products (the CPU seconds of the whole process against the thread's own), then the runs at once
 as served against the same runs with every new thread set to torch's count before it runs
 (``torch.set_num_threads(torch.get_num_threads())`` at the start of each thread), rounds interleaved.
+
+``intra``: would a run alone finish sooner with two torch threads per product (the other core is not
+idle: the run's handoffs are threads)? First, which products keep a row's bits at one and at two threads
+(MKL's ``F.linear``, the prompt passes; oneDNN's packed product, the decode step) on the stack's matrix
+shapes; then one locker run alone at one and at two threads, rounds interleaved, the order reversed
+every other round: wall and CPU seconds, and whether every answer is the same.
 """
 
 from __future__ import annotations
@@ -153,17 +160,58 @@ def team(args) -> None:
     print("every answer the same both ways:", answers["as served"] == answers["every thread set first"])
 
 
+def intra(args) -> None:
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    for out_features, in_features in ((2048, 640), (640, 2048), (1024, 640), (256, 640)):
+        weight = torch.randn(out_features, in_features) * 0.02
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        same = {"MKL": [], "oneDNN packed": []}
+        for rows in (1, 6, 16, 33, 97):
+            x = torch.randn(rows, in_features)
+            outputs = {}
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                outputs[threads] = (F.linear(x, weight), torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
+            for index, kernel in enumerate(same):
+                if torch.equal(outputs[1][index], outputs[2][index]):
+                    same[kernel].append(rows)
+        print(f"[{out_features} x {in_features}] rows whose bits are the same at 1 and 2 threads: "
+              + "; ".join(f"{kernel} {rows}" for kernel, rows in same.items()))
+    torch.set_num_threads(1)
+    pair, handoffs, requests = the_runs(1, args.tokens)
+    rows: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
+    answers: dict[int, list] = {}
+    for round_index in range(args.rounds):
+        for threads in (1, 2) if round_index % 2 == 0 else (2, 1):
+            torch.set_num_threads(threads)
+            wall, cpu, found = timed(pair, handoffs, requests)
+            answers.setdefault(threads, found)
+            rows[threads].append((wall, cpu))
+            print(f"round {round_index + 1}, {threads} thread(s): {wall:.2f} s ({cpu:.2f} CPU-s)", flush=True)
+    torch.set_num_threads(1)
+    for threads, measured in rows.items():
+        print(f"{threads} thread(s): median {statistics.median(r[0] for r in measured):.2f} s, "
+              f"{statistics.median(r[1] for r in measured):.2f} CPU-s; per round over one thread "
+              f"{[round(r[0] / b[0], 3) for r, b in zip(measured, rows[1])]}")
+    print("every answer the same at 1 and 2 threads:", answers[1] == answers[2])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("cores", "switch", "team"))
+    parser.add_argument("what", choices=("cores", "switch", "team", "intra"))
     parser.add_argument("--runs", type=int, default=8, help="distinct runs at once")
-    parser.add_argument("--tokens", type=int, default=8, help="new tokens per answer (the class load test's 8)")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="new tokens per answer (default: 8, the class load test's; intra: 32, the speed report's)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--intervals", default="5,0.2", help="switch intervals in milliseconds, the first is the baseline")
     args = parser.parse_args()
-    if args.what != "team":
+    if args.tokens is None:
+        args.tokens = run_speed.FULL_RUN_TOKENS if args.what == "intra" else 8
+    if args.what not in ("team", "intra"):
         use_one_thread_per_handoff()
-    {"cores": cores, "switch": switch, "team": team}[args.what](args)
+    {"cores": cores, "switch": switch, "team": team, "intra": intra}[args.what](args)
 
 
 if __name__ == "__main__":
