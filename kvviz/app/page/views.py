@@ -140,31 +140,6 @@ def same_swap(reading: Reading, swap: Swap) -> bool:
     return reading.swap_changed == swap.changed and folded(reading.swap_answers) == folded(swap.answers)
 
 
-# how a claim's kind reads after a column's name ("KVComm layers sent: 9 in the lesson, 6 here")
-KIND_WORDS = {"verdict": "", "follow": " on the swap", "says": " says", "writes": " writes", "layers": " layers sent",
-              "sent": " sends layers", "evidence": " evidence", "contradicted": " on the contradicted note",
-              "gain": " gain", "beats": " beats its control", "seconds": " seconds", "bytes": " bytes"}
-
-
-# a claim's answer in words where the reading's own word would not read as one ("neither here")
-ANSWER_WORDS = {
-    "verdict": {"none": "no answer", "na": "not applicable", "unmarked": "not marked", "failed": "failed"},
-    "follow": {"kept": "kept its answer", "neither": "gave neither answer", "none": "no result on the swap"},
-    "contradicted": {"gold": "gave the original", "counter": "gave the inserted value", "both": "gave both",
-                     "neither": "gave neither", "none": "not judged"},
-    "evidence": {"none": "no evidence"},
-}
-
-
-def said(value, kind: str = "") -> str:
-    """An answer to a claim's question of ``kind``, in words."""
-    if value is None or value == "":
-        return "no answer"
-    if isinstance(value, list):
-        return ", ".join(map(str, value)) or "none"
-    return ANSWER_WORDS.get(kind, {}).get(str(value)) or {"na": "not applicable"}.get(str(value), str(value))
-
-
 def claim_against(claim: Claim, reading: Reading, swap_expected: bool = False) -> str:
     """A lesson's claim beside what a run shows, in words ("KVComm: right in the lesson, wrong here")."""
     question = claim.question
@@ -175,9 +150,9 @@ def claim_against(claim: Claim, reading: Reading, swap_expected: bool = False) -
             return ", ".join(catalog.label_of(name) for name in catalog.in_page_order(set(names) & judgeable)) or "no column"
         return f"got through by {named(claim.expected)} in the lesson, by {named(reading.crossed())} here"
     subject = catalog.label_of(question.column) if question.column else "the column"
-    kind = KIND_WORDS.get(question.kind, f" {question.kind}")
-    return (f"{present.md(subject)}{kind}: {present.md(said(claim.expected, question.kind))} in the lesson, "
-            f"{present.md(said(reading.answer(question), question.kind))} here")
+    kind = present.CLAIM_KIND_WORDS.get(question.kind, f" {question.kind}")
+    return (f"{present.md(subject)}{kind}: {present.md(present.claim_answer(claim.expected, question.kind))} in the "
+            f"lesson, {present.md(present.claim_answer(reading.answer(question), question.kind))} here")
 
 
 def needed_for(reading: Reading, unanswered: list[Claim], swap_expected: bool, swap_ran: bool, words: bool = True) -> str:

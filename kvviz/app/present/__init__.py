@@ -7,7 +7,7 @@ Gradio, no models, and no mark or evidence computed here. One room each:
 * ``data``: the payload, its table and the export files;
 * ``facts``: a pair's models and their architecture facts;
 * ``how``: the "How it works" tab and the glossary;
-* ``text``: escaping, seconds, what each model saw, a method's own facts.
+* ``text``: escaping, seconds, what each model saw, a method's own facts, a lesson's claims in words.
 
 The names below are the package's public face (``from kvviz.app import present``).
 """
@@ -20,11 +20,12 @@ from kvviz.app.present.facts import model_facts_row, pair_facts_markdown
 from kvviz.app.present.how import GLOSSARY, HOW_INTRO, diagram_html, glossary_markdown, how_it_works_markdown, how_it_works_page
 from kvviz.app.present.strip import (contradiction_status, finished_status, live_status, precomputed_status,
                                      refused_status, stale_strip_html, stopped_status, swap_status, verdict_strip_html)
-from kvviz.app.present.text import SEEN_TITLES, format_seconds, md, notes_of, seen_text, short_pair
+from kvviz.app.present.text import (CLAIM_KIND_WORDS, SEEN_TITLES, claim_answer, format_seconds, md, notes_of, seen_text,
+                                    short_pair)
 
 __all__ = [
-    "GLOSSARY", "HOW_INTRO", "MARK_HINTS", "MARK_WORDS", "RESULT_COLUMNS", "SEEN_TITLES", "SWAP_MEANINGS", "SWAP_WORDS",
-    "attention_of", "card", "card_head_html", "card_stats", "contradiction_status", "diagram_html", "finished_status",
+    "CLAIM_KIND_WORDS", "GLOSSARY", "HOW_INTRO", "MARK_HINTS", "MARK_WORDS", "RESULT_COLUMNS", "SEEN_TITLES", "SWAP_MEANINGS", "SWAP_WORDS",
+    "attention_of", "card", "card_head_html", "card_stats", "claim_answer", "contradiction_status", "diagram_html", "finished_status",
     "format_seconds", "glossary_markdown", "how_it_works_markdown", "how_it_works_page", "live_status", "md", "model_facts_row", "notes_of",
     "pair_facts_markdown", "payload", "precomputed_status", "reading_frame", "refused_status", "results_frame", "seen_text",
     "short_pair", "stale_strip_html", "stats_markdown", "stopped_status", "swap_meaning", "swap_row_html", "swap_status",

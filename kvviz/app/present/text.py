@@ -1,6 +1,6 @@
 """Text for people, escaped: markdown cells, seconds, what each model saw, a pair's short name,
-and each method's own facts under its answer. User text (queries, contexts, answers, prompts) only
-ever goes out escaped (``md``) or into plain text boxes: it is shown as text, never run as HTML."""
+each method's own facts under its answer, and a lesson's claims in words. User text (queries, contexts, answers,
+prompts) only ever goes out escaped (``md``) or into plain text boxes: it is shown as text, never run as HTML."""
 
 from __future__ import annotations
 
@@ -51,3 +51,29 @@ def seen_text(result: HandoffResult | None) -> str:
     blocks = [f"--- {SEEN_TITLES[key]} ---\n{result.seen[key]}" for key in SEEN_TITLES if key in result.seen]
     blocks += [f"--- {key} ---\n{value}" for key, value in result.seen.items() if key not in SEEN_TITLES]
     return "\n\n".join(blocks)
+
+
+# how a claim's kind reads after a column's name ("KVComm layers sent: 9 in the lesson, 6 here")
+CLAIM_KIND_WORDS = {"verdict": "", "follow": " on the swap", "says": " says", "writes": " writes",
+                    "layers": " layers sent", "sent": " sends layers", "evidence": " evidence",
+                    "contradicted": " on the contradicted note", "gain": " gain", "beats": " beats its control",
+                    "seconds": " seconds", "bytes": " bytes"}
+
+
+# a claim's answer in words where the reading's own word would not read as one ("neither here")
+CLAIM_ANSWER_WORDS = {
+    "verdict": {"none": "no answer", "na": "not applicable", "unmarked": "not marked", "failed": "failed"},
+    "follow": {"kept": "kept its answer", "neither": "gave neither answer", "none": "no result on the swap"},
+    "contradicted": {"gold": "gave the original", "counter": "gave the inserted value", "both": "gave both",
+                     "neither": "gave neither", "none": "not judged"},
+    "evidence": {"none": "no evidence"},
+}
+
+
+def claim_answer(value, kind: str = "") -> str:
+    """An answer to a claim's question of ``kind``, in words."""
+    if value is None or value == "":
+        return "no answer"
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "none"
+    return CLAIM_ANSWER_WORDS.get(kind, {}).get(str(value)) or {"na": "not applicable"}.get(str(value), str(value))
