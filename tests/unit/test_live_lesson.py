@@ -68,7 +68,8 @@ def test_a_live_run_at_the_presets_ticks_without_its_swap_says_what_it_cannot_ch
     if not unanswered:
         assert line.startswith("**Lesson** (this run shows it too)")
         return
-    assert f"agrees with {len(held)} of the lesson's {len(picked.claims)} checks, and the other {len(unanswered)} need" in line
+    rest = "the other one needs" if len(unanswered) == 1 else f"the other {len(unanswered)} need"
+    assert f"agrees with {len(held)} of the lesson's {len(picked.claims)} checks, and {rest} " in line
     needs_swap = picked.swap is not None and any(depends_on_swap(claim) for claim in picked.claims)
     assert ("the preset's swap" in line) == needs_swap
     if picked.swap is not None:  # what only a swap shows is not claimed for a run without one

@@ -125,8 +125,9 @@ def lesson_of(reading: Reading | None, presets: PresetRuns | None = None) -> str
                 f"({shown}{more}): {lesson}")
     if unanswered:
         needs = needed_for(reading, unanswered, swap_expected, swap_ran, bool(picked.swap_words))
+        rest = "the other one needs" if len(unanswered) == 1 else f"the other {len(unanswered)} need"
         return (f"**The preset's lesson** (from its precomputed run{at}; this run agrees with {len(held)} of the "
-                f"lesson's {len(claims)} checks, and the other {len(unanswered)} need {needs}): {lesson}")
+                f"lesson's {len(claims)} checks, and {rest} {needs}): {lesson}")
     return f"**Lesson** (this run shows it too{at}): {lesson}"
 
 
