@@ -82,7 +82,10 @@ def lacking(reading: Reading, unanswered: list[Claim], swap_expected: bool = Fal
         if question.kind == "crossed":
             for name in set(claim.expected) - judged(reading, swap_expected):
                 control = catalog.control_of(name)
-                names.update(n for n in (name, control) if n and (lacks(n) if n == name else not usable(reading, n)))
+                if lacks(name):
+                    names.add(name)
+                if control and not usable(reading, control):  # a control is judged on its own result only
+                    names.add(control)
         else:
             names.update(name for name in question.columns() if not usable(reading, name))
             if swap_ran and depends_on_swap(claim) and question.column and lacks(question.column):
