@@ -102,9 +102,11 @@ def thread_ms(function) -> float:
     return 1000 * (time.thread_time() - started)
 
 
-def stack_matrices(name: str) -> list[torch.Tensor]:
+def stack_matrices(name: str, layers: int | None = None) -> list[torch.Tensor]:
+    """The fp32 weight of every linear layer in the model's decoder stack (its first ``layers`` layers)."""
     loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
-    return [m.weight.detach() for layer in loaded.model.model.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    return [m.weight.detach() for layer in loaded.model.model.layers[:layers] for m in layer.modules()
+            if isinstance(m, torch.nn.Linear)]
 
 
 def kernels(models: list[str], rounds: int, rows: tuple[int, ...] = DECODE_ROWS + PROMPT_ROWS) -> None:
@@ -247,9 +249,7 @@ def compiled(models: list[str], rounds: int, layers: int, rows: tuple[int, ...])
     inductor.freezing = True
     torch.set_num_threads(1)
     for name in models:
-        loaded = load_model(name, "cpu", "float32", progress=lambda *a: None)
-        weights = [m.weight.detach() for layer in loaded.model.model.layers[:layers]
-                   for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+        weights = stack_matrices(name, layers)
         inputs = {m: [torch.randn(m, w.shape[1]) for w in weights] for m in rows}
         products = {k: v for k, v in kernels_for(weights).items() if k in ("fp32 MKL", "fp32 oneDNN")}
         runs = {}
